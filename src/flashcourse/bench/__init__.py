@@ -1,0 +1,166 @@
+"""Measuring: FLOP and byte formulas, timers, a peak-memory probe, results saved as JSON.
+
+Imports no Jupyter or widget package, so benchmarks run as plain scripts on a GPU machine.
+The GPU benchmark itself is ``python -m flashcourse.bench attention`` (see ``bench/__main__.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = [
+    "Timing",
+    "attention_flops",
+    "naive_attention_hbm_bytes",
+    "peak_memory",
+    "results_dir",
+    "save_results",
+    "load_results",
+    "time_cpu",
+    "tflops",
+]
+
+BACKWARD_OVER_FORWARD = 2.5  # backward = 2 matmuls recomputed/reused + 3 new ones, vs 2 in the forward
+
+
+def attention_flops(batch: int, heads: int, n: int, head_dim: int, *, causal: bool = False,
+                    mode: str = "fwd") -> float:
+    """Matmul FLOPs of attention: forward 4*B*H*N^2*D (QK^T and PV, 2 FLOPs per multiply-add), halved
+    for causal; backward 2.5x forward; ``mode`` is ``"fwd"``, ``"bwd"`` or ``"fwd_bwd"``."""
+    forward = 4.0 * batch * heads * n * n * head_dim * (0.5 if causal else 1.0)
+    factors = {"fwd": 1.0, "bwd": BACKWARD_OVER_FORWARD, "fwd_bwd": 1.0 + BACKWARD_OVER_FORWARD}
+    if mode not in factors:
+        raise ValueError(f"mode must be one of {sorted(factors)}, got {mode!r}")
+    return forward * factors[mode]
+
+
+def naive_attention_hbm_bytes(batch: int, heads: int, n: int, head_dim: int, *, bytes_per_element: int = 2
+                              ) -> dict[str, int]:
+    """Bytes the three-step implementation moves through HBM, line by line.
+
+    S = Q K^T (read Q, K; write S), P = softmax(S) (read S; write P), O = P V (read P, V; write O).
+    Returns each step's bytes and the total.
+    """
+    nd = batch * heads * n * head_dim * bytes_per_element
+    nn = batch * heads * n * n * bytes_per_element
+    steps = {
+        "S = QK^T: read Q, K": 2 * nd,
+        "S = QK^T: write S": nn,
+        "P = softmax(S): read S": nn,
+        "P = softmax(S): write P": nn,
+        "O = PV: read P": nn,
+        "O = PV: read V": nd,
+        "O = PV: write O": nd,
+    }
+    steps["total"] = sum(steps.values())
+    return steps
+
+
+def tflops(flops: float, seconds: float) -> float:
+    """Rate in TFLOP/s."""
+    return flops / seconds / 1e12
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock times of repeated calls, in seconds."""
+
+    best: float
+    median: float
+    repeats: int
+
+
+def time_cpu(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> Timing:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times; return best and median wall time."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return Timing(best=min(times), median=statistics.median(times), repeats=repeats)
+
+
+def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before.
+
+    CPU: tracemalloc (NumPy reports its buffers to it). GPU: ``torch.cuda.max_memory_allocated``.
+    """
+    if device == "cpu":
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            fn()
+            return tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def results_dir() -> Path:
+    """``benchmarks/results`` of the repository this package was installed from (editable install)."""
+    return Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
+def environment_info() -> dict:
+    """Device name, library versions and date: the metadata every saved result carries."""
+    info = {"date": _dt.date.today().isoformat(), "python": platform.python_version(),
+            "machine": platform.machine()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    except ImportError:
+        info["device"] = "cpu"
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def save_results(name: str, rows: list[dict], *, directory: Path | None = None, extra: dict | None = None) -> Path:
+    """Write ``rows`` with :func:`environment_info` to ``<directory>/<date>-<device>-<name>.json``."""
+    meta = environment_info()
+    if extra:
+        meta.update(extra)
+    directory = Path(directory) if directory is not None else results_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    device = "".join(c if c.isalnum() else "-" for c in meta["device"]).strip("-").lower()
+    path = directory / f"{meta['date']}-{device}-{name}.json"
+    rows = [asdict(r) if hasattr(r, "__dataclass_fields__") else r for r in rows]
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    return path
+
+
+def load_results(pattern: str = "*.json", *, directory: Path | None = None) -> list[dict]:
+    """Every saved result file matching ``pattern``, newest name last, each as {"meta", "rows", "path"}."""
+    directory = Path(directory) if directory is not None else results_dir()
+    found = []
+    for path in sorted(directory.glob(pattern)):
+        data = json.loads(path.read_text())
+        data["path"] = str(path)
+        found.append(data)
+    return found

@@ -1,0 +1,62 @@
+"""Where the course's kernels run: a CUDA GPU if there is one, else the Triton interpreter on the CPU.
+
+Call :func:`setup` before any Triton kernel is defined (``flashcourse.kernels`` does so on import): Triton reads
+``TRITON_INTERPRET`` when a kernel is decorated, so switching it on later has no effect.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+
+__all__ = ["has_gpu", "require_triton", "setup", "triton_available", "TritonUnavailableError"]
+
+
+class TritonUnavailableError(ImportError):
+    """Triton is not installed here (it ships Linux wheels only)."""
+
+
+def triton_available() -> bool:
+    """True when the `triton` package can be imported."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def require_triton() -> None:
+    """Raise a TritonUnavailableError that says what to do when Triton cannot be imported."""
+    if triton_available():
+        return
+    raise TritonUnavailableError(
+        f"The Triton lessons need the `triton` package, which ships for Linux only (this is {sys.platform}). "
+        "Lessons 00-05 work here as they are. For 06 onwards use a Linux machine, WSL 2 on Windows, or a hosted "
+        "notebook (Colab, Binder); there `pip install triton` and, without a GPU, the interpreter runs the "
+        "kernels on the CPU."
+    )
+
+
+@functools.cache
+def has_gpu() -> bool:
+    """True when PyTorch sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@functools.cache
+def setup() -> str:
+    """Choose where kernels run and return ``"cuda"`` or ``"cpu"``; says once when it falls back to the CPU.
+
+    Without a GPU it sets ``TRITON_INTERPRET=1`` (unless you set it yourself), so Triton kernels run in its
+    interpreter on CPU tensors: slow but exact, good for learning and testing at small sizes.
+    """
+    if has_gpu() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return "cuda"
+    if not has_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        print("flashcourse: no CUDA GPU found, so Triton kernels run in its CPU interpreter (slow: keep sizes small).")
+        return "cpu"
+    print("flashcourse: TRITON_INTERPRET=1 is set, so Triton kernels run in the CPU interpreter on CPU tensors.")
+    return "cpu"
