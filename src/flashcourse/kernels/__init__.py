@@ -1,0 +1,94 @@
+"""The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
+
+Public API (torch tensors; q, k, v of shape (B, H, N, D), any strides; D in 16, 32, 64, 80, 96, 128)::
+
+    flash_attention(q, k, v, *, causal=False, scale=None) -> o                 # differentiable
+    flash_attention_forward(q, k, v, *, causal=False, scale=None) -> (o, lse)   # lse (B, H, N) float32
+    flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
+                 num_splits=None) -> o                                            # q (B, H_q, D)
+
+Every numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the version history with
+measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
+"""
+
+from flashcourse import device as _device
+
+_device.require_triton()  # a clear ImportError on macOS/Windows, before `import triton` fails obscurely
+_device.setup()  # must run before any @triton.jit below: the interpreter is chosen at decoration time
+
+import torch  # noqa: E402
+
+from . import configs  # noqa: E402
+from ._checks import check_qkv  # noqa: E402
+from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402
+from .decode import flash_decode  # noqa: E402
+from .forward import FORWARD_VERSIONS, run_forward  # noqa: E402
+
+__all__ = [
+    "BACKWARD_VERSIONS",
+    "DEFAULT_BACKWARD",
+    "DEFAULT_FORWARD",
+    "FORWARD_VERSIONS",
+    "configs",
+    "flash_attention",
+    "flash_attention_forward",
+    "flash_decode",
+]
+
+DEFAULT_FORWARD = "v6"  # the fastest measured version (docs/KERNELS.md); it falls back to v5 off Hopper
+
+
+def _forward_version(version: str | None):
+    name = DEFAULT_FORWARD if version is None else version
+    if name not in FORWARD_VERSIONS:
+        raise ValueError(f"unknown forward version {name!r}: expected one of {sorted(FORWARD_VERSIONS)}")
+    return FORWARD_VERSIONS[name]
+
+
+def _backward_version(version: str | None):
+    name = DEFAULT_BACKWARD if version is None else version
+    if name not in BACKWARD_VERSIONS:
+        raise ValueError(f"unknown backward version {name!r}: expected one of {sorted(BACKWARD_VERSIONS)}")
+    return BACKWARD_VERSIONS[name]
+
+
+def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
+                            version: str | None = None):
+    """FlashAttention forward: o (B, H, N_q, D) like q and lse (B, H, N_q) float32 (natural log).
+
+    q: (B, H, N_q, D); k, v: (B, H, N_kv, D); ``causal`` masks key j > query i (top-left aligned);
+    ``scale`` defaults to 1/sqrt(D); ``version`` picks a numbered kernel ("v1".."v6", default the fastest).
+    Not differentiable: use :func:`flash_attention` for that. Rows with no visible key give 0 and -inf.
+    """
+    check_qkv(q, k, v)
+    return run_forward(_forward_version(version), q, k, v, causal=causal, scale=scale)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Saves (q, k, v, o, lse) in the forward; the backward recomputes P from them (no N x N matrix)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, forward_version, backward_version):
+        o, lse = run_forward(_forward_version(forward_version), q, k, v, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.backward_version = causal, scale, backward_version
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = run_backward(_backward_version(ctx.backward_version), q, k, v, o, lse, do,
+                                  causal=ctx.causal, scale=ctx.scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
+                    forward_version: str | None = None, backward_version: str | None = None):
+    """Differentiable FlashAttention, a drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)``.
+
+    q: (B, H, N_q, D); k, v: (B, H, N_kv, D) -> o (B, H, N_q, D). Gradients flow to q, k and v.
+    """
+    check_qkv(q, k, v)
+    _forward_version(forward_version)
+    _backward_version(backward_version)
+    return FlashAttentionFunction.apply(q, k, v, causal, scale, forward_version, backward_version)

@@ -1,0 +1,73 @@
+"""Input checks shared by the kernels: errors say what was expected, what came and what to do."""
+
+from __future__ import annotations
+
+import torch
+
+from . import configs
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """The power of two a head dim is padded to inside the kernels (tl.arange needs one): 80 and 96 -> 128."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 inputs get IEEE products (tf32 would miss float32 tolerances); 16-bit types ignore this."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_device(t: torch.Tensor, name: str) -> None:
+    """On a machine with a GPU the kernels need CUDA tensors; without one, CPU tensors (the interpreter)."""
+    from flashcourse.device import setup
+
+    where = setup()
+    if where == "cuda" and t.device.type != "cuda":
+        raise ValueError(
+            f"{name} is on {t.device}, but the kernels run on the GPU here: move the inputs with "
+            f"{name}.cuda() (or set TRITON_INTERPRET=1 before importing flashcourse to use the CPU interpreter)"
+        )
+    if where == "cpu" and t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}, but the Triton interpreter runs on CPU tensors: use {name}.cpu()")
+
+
+def check_dtype(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected float16, bfloat16 or float32")
+    if t.dtype == torch.bfloat16 and not configs.supports_bf16(configs.device_props(t.device)):
+        where = "the CPU interpreter (its bf16 dot is wrong)" if t.device.type == "cpu" else "this GPU (sm < 80)"
+        raise TypeError(f"{name} is bfloat16, which {where} cannot run: use float16 instead")
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(
+            f"head dim {head_dim} is not supported: expected one of {SUPPORTED_HEAD_DIMS} "
+            "(80 and 96 are padded to 128 inside)"
+        )
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q (B, H, N_q, D), k and v (B, H, N_kv, D), one dtype, one device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor of shape (B, H, N, D)")
+        if t.dim() != 4:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected 4 dims (B, H, N, D)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}: they must be one dtype")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}: they must be on one device")
+    if k.shape != v.shape:
+        raise ValueError(f"k has shape {tuple(k.shape)} but v has shape {tuple(v.shape)}: they must match")
+    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(
+            f"q has shape {tuple(q.shape)} but k has shape {tuple(k.shape)}: batch, heads and head dim "
+            "(dims 0, 1 and 3) must match"
+        )
+    check_head_dim(q.shape[3])
+    check_device(q, "q")
+    check_dtype(q, "q")

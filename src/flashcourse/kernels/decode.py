@@ -1,0 +1,207 @@
+"""Split-KV decoding (Flash-Decoding): one new query token per sequence against a long KV cache.
+
+A decode step has one query row per head, so a FlashAttention launch would have B * H programs: far too few
+to fill a GPU at batch 1. Flash-Decoding also splits the KV length: program (split s, batch b, KV head h)
+attends the query heads of h's group to keys [s * split_len, (s + 1) * split_len) and writes a partial output,
+normalised over its own keys, with its logsumexp. A second kernel combines the splits of each row with the
+merge rule of lesson 02 (``reference.merge_partials``), applied to all splits at once:
+    lse = log(sum_s exp(lse_s)),    o = sum_s exp(lse_s - lse) * o_s;   empty splits have lse_s = -inf.
+
+Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
+tile is read from memory once for the whole group (the bytes that bound decoding). Paged cache: K/V live in
+pages of ``page_size`` rows, ``k_cache[block_table[b, pos // page_size], h, pos % page_size]``, as vLLM's
+PagedAttention stores them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from ._checks import check_device, check_dtype, check_head_dim, dot_precision, padded_head_dim
+from .forward import LOG2E, MASKED_FILL
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, BLOCK_TABLE, SEQLENS, O_PART, LSE_PART, qk_scale,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_bt_b, stride_bt_p,
+    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_split = tl.program_id(0)
+    pid_bh = tl.program_id(1)  # over B * H_kv
+    b = (pid_bh // H_KV).to(tl.int64)
+    h_kv = (pid_bh % H_KV).to(tl.int64)
+    seqlen = N_MAX
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b)
+    start = pid_split * SPLIT_LEN
+    end = tl.minimum(start + SPLIT_LEN, seqlen)
+
+    offs_g = tl.arange(0, BLOCK_G)  # query heads of this KV head's group, padded to a dot-able 16
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = h_kv * GROUP + offs_g
+    q_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
+
+    m_i = tl.full([BLOCK_G], MASKED_FILL, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)  # logical key positions
+        col_ok = cols < end
+        if PAGED:  # logical position -> (page from the block table, row inside the page)
+            page = tl.load(BLOCK_TABLE + b * stride_bt_b + (cols // PAGE_SIZE) * stride_bt_p, mask=col_ok, other=0)
+            row = cols % PAGE_SIZE
+            k_off = page.to(tl.int64) * stride_kb + row * stride_kn
+            v_off = page.to(tl.int64) * stride_vb + row * stride_vn
+        else:
+            k_off = b * stride_kb + cols * stride_kn
+            v_off = b * stride_vb + cols * stride_vn
+        kv_mask = col_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+        k = tl.load(K + h_kv * stride_kh + k_off[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
+        qk = tl.where(col_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
+    tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=offs_g[:, None] < GROUP)
+    tl.store(LSE_PART + row, lse, mask=offs_g < GROUP)
+
+
+@triton.jit
+def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_od, H_Q, NUM_SPLITS,
+                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    pid = tl.program_id(0)  # one (batch, query head) row
+    b = pid // H_Q
+    h = pid % H_Q
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    lse_s = tl.load(LSE_PART + pid * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))  # (BLOCK_S,)
+    o_s = tl.load(O_PART + (pid * NUM_SPLITS + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=s_ok[:, None], other=0.0)  # (BLOCK_S, BLOCK_D)
+    lse_max = tl.max(lse_s, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights all 0 below
+    w = tl.exp(lse_s - lse_max)  # exp(-inf) = 0: empty splits add nothing
+    total = tl.sum(w, 0)
+    o = tl.sum(w[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d * stride_od,
+             o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
+    if q.dim() != 3:
+        raise ValueError(f"q has shape {tuple(q.shape)}, expected (B, H_q, D): one query token per sequence")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape, "
+            "(B, H_kv, N_max, D) or, with block_table, (num_blocks, H_kv, page_size, D)"
+        )
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one")
+    batch, h_q, head_dim = q.shape
+    h_kv = k_cache.shape[1]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"q has head dim {head_dim} but the cache has {k_cache.shape[3]}: they must match")
+    if h_q % h_kv:
+        raise ValueError(f"H_q = {h_q} is not a multiple of H_kv = {h_kv}: grouped-query attention needs it")
+    if block_table is None and k_cache.shape[0] != batch:
+        raise ValueError(f"q has batch {batch} but k_cache has {k_cache.shape[0]}: without block_table they match")
+    if block_table is not None:
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
+            raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
+                             f"expected ({batch}, max_blocks) int32")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table is on {block_table.device}, q on {q.device}: move it with .to(q.device)")
+    if cache_seqlens is not None:
+        if cache_seqlens.shape != (batch,) or cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                             f"{cache_seqlens.dtype}: expected ({batch},) int32")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: move it to q's device")
+    check_head_dim(head_dim)
+    check_device(q, "q")
+    check_dtype(q, "q")
+    if k_cache.device != q.device or v_cache.device != q.device:
+        raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")
+
+
+def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
+                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    """Attention of one query token per sequence over its KV cache, split along the cache length.
+
+    q: (B, H_q, D). Contiguous cache: k_cache, v_cache (B, H_kv, N_max, D). Paged cache: k_cache, v_cache
+    (num_blocks, H_kv, page_size, D) with ``block_table`` (B, max_blocks) int32 naming each sequence's pages
+    in order. ``cache_seqlens`` (B,) int32: keys in use per sequence (default: all of N_max, or of
+    max_blocks * page_size). H_q must be a multiple of H_kv (grouped-query attention). ``num_splits``: pieces
+    of the KV length (default: enough programs for two waves over the SMs). ``block_n``, ``num_warps``,
+    ``num_stages`` override the launch (for tuning). Returns o (B, H_q, D) in q's dtype. No causal mask: the
+    new token sees every cached key. A sequence of length 0 gives o = 0.
+    """
+    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table)
+    batch, h_q, head_dim = q.shape
+    h_kv = k_cache.shape[1]
+    group = h_q // h_kv
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    block_d = padded_head_dim(head_dim)
+    props = configs.device_props(q.device)
+    cfg = configs.decode_config(props, block_d, q.element_size())
+    block_n = block_n or cfg.block_n
+    paged = block_table is not None
+    page_size = k_cache.shape[2] if paged else 1
+    n_max = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    if num_splits is None:
+        num_splits = configs.decode_num_splits(props, batch * h_kv, n_max, block_n)
+    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(n_max, block_n))))
+    split_len = triton.cdiv(triton.cdiv(max(n_max, 1), num_splits), block_n) * block_n
+
+    o = torch.empty_like(q)
+    if batch * h_q == 0:
+        return o
+    o_part = torch.empty((batch, h_q, num_splits, block_d), device=q.device, dtype=torch.float32)
+    lse_part = torch.empty((batch, h_q, num_splits), device=q.device, dtype=torch.float32)
+    # Unused pointers still need a tensor: q stands in for the absent block table / lengths.
+    table = block_table if paged else q
+    seqlens = cache_seqlens if cache_seqlens is not None else q
+    _decode_split_kernel[(num_splits, batch * h_kv)](
+        q, k_cache, v_cache, table, seqlens, o_part, lse_part, scale * LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        *k_cache.stride(), *v_cache.stride(),
+        table.stride(0) if paged else 0, table.stride(1) if paged else 0,
+        h_kv, n_max, split_len, num_splits,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages,
+    )
+    _decode_combine_kernel[(batch * h_q,)](
+        o_part, lse_part, o, o.stride(0), o.stride(1), o.stride(2), h_q, num_splits,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+    )
+    return o
