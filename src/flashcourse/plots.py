@@ -1,0 +1,293 @@
+"""Every figure the lessons show: each function takes numbers the algorithms already returned and draws them.
+
+Each returns a :class:`matplotlib.figure.Figure` with a title, labelled axes and units, built without pyplot's
+global state, so it works headless (tests, CI) and in a notebook alike (a Figure displays itself in Jupyter).
+Nothing here computes attention, a softmax or a traffic count: the callers pass states and results in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+__all__ = [
+    "bar_chart",
+    "matrix_heatmaps",
+    "memory_hierarchy",
+    "memory_vs_n",
+    "online_softmax_state",
+    "roofline",
+    "tile_map",
+    "tile_order",
+    "traffic_bars",
+    "traffic_by_step",
+    "traffic_vs",
+]
+
+# One colour per tile kind, used by every tile figure so the lessons read alike.
+TILE_COLOURS = {"skipped": "#eeeeee", "full": "#9ecae1", "diagonal": "#fdd49e"}
+_CURRENT, _DONE = "#d62728", "#6baed6"
+
+
+def _figure(width: float = 6.4, height: float = 4.0, ncols: int = 1) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = [fig.add_subplot(1, ncols, c + 1) for c in range(ncols)]
+    return fig, axes
+
+
+# --------------------------------------------------------------------------------------------- lesson 00
+def roofline(machines: Mapping[str, tuple[float, float]], intensities: Mapping[str, float] | None = None, *,
+             title: str = "Roofline: attainable compute rate vs arithmetic intensity") -> Figure:
+    """Log-log roofline: min(peak, bandwidth x intensity) for each machine.
+
+    machines: name -> (peak compute in GFLOP/s, memory bandwidth in GB/s).
+    intensities: operation name -> arithmetic intensity in FLOP/byte, drawn as vertical lines.
+    """
+    fig, (ax,) = _figure(7.5, 4.8)
+    all_ridges = [peak / bw for peak, bw in machines.values()]
+    spots = list((intensities or {}).values())
+    low = min([*all_ridges, *spots, 1.0]) / 8
+    high = max([*all_ridges, *spots, 1.0]) * 8
+    x = np.geomspace(low, high, 200)
+    for name, (peak, bandwidth) in machines.items():
+        line = ax.plot(x, np.minimum(peak, bandwidth * x), label=f"{name}: {peak:,.0f} GFLOP/s, "
+                       f"{bandwidth:,.0f} GB/s")[0]
+        ax.plot([peak / bandwidth], [peak], "o", color=line.get_color())
+    for name, intensity in (intensities or {}).items():
+        ax.axvline(intensity, color="grey", linestyle=":", linewidth=1)
+        # x in data units, y in axes fraction: the label sits at the top of its line whatever the y range.
+        ax.text(intensity, 0.98, f"{name} ", rotation=90, va="top", ha="right", fontsize=8, color="dimgrey",
+                transform=ax.get_xaxis_transform())
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable rate (GFLOP/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def memory_hierarchy(levels: Mapping[str, tuple[float, float]], *,
+                     title: str = "Memory hierarchy: capacity vs bandwidth") -> Figure:
+    """Each memory level as a point: capacity (bytes) against bandwidth (GB/s), both on log axes.
+
+    levels: name -> (capacity in bytes, bandwidth in GB/s).
+    """
+    fig, (ax,) = _figure(6.4, 4.2)
+    for name, (capacity, bandwidth) in levels.items():
+        ax.plot([capacity], [bandwidth], "o", markersize=8)
+        ax.annotate(name, (capacity, bandwidth), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("capacity (bytes)")
+    ax.set_ylabel("bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.margins(0.3)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- lesson 01
+def matrix_heatmaps(matrices: Mapping[str, np.ndarray], *, title: str, xlabel: str = "key index j",
+                    ylabel: str = "query index i", colorbar_label: str = "value") -> Figure:
+    """Several 2-D arrays side by side as heatmaps (scores, probabilities); -inf entries show blank."""
+    fig, axes = _figure(4.0 * len(matrices), 3.8, ncols=len(matrices))
+    for ax, (name, matrix) in zip(axes, matrices.items(), strict=True):
+        shown = np.where(np.isfinite(matrix), matrix, np.nan)
+        image = ax.imshow(shown, cmap="viridis", interpolation="nearest")
+        ax.set_title(name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        fig.colorbar(image, ax=ax, shrink=0.8, label=colorbar_label)
+    fig.suptitle(title)
+    return fig
+
+
+def memory_vs_n(ns: Sequence[int], measured_bytes: Sequence[float],
+                predicted_bytes: Sequence[float] | None = None, *,
+                title: str = "Peak memory of naive attention vs sequence length") -> Figure:
+    """Measured peak memory (MB) against N on log-log axes, with an optional predicted curve."""
+    fig, (ax,) = _figure()
+    ax.plot(ns, np.asarray(measured_bytes) / 1e6, "o-", label="measured peak")
+    if predicted_bytes is not None:
+        ax.plot(ns, np.asarray(predicted_bytes) / 1e6, "--", label="predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N (tokens)")
+    ax.set_ylabel("peak memory (MB)")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def traffic_by_step(steps: Mapping[str, float], *, unit: str = "MB", scale: float = 1e6,
+                    title: str = "HBM traffic of the three-step implementation") -> Figure:
+    """Horizontal bars, one per line of the algorithm (bytes / ``scale``); a "total" entry is left out."""
+    items = [(name, value) for name, value in steps.items() if name != "total"]
+    fig, (ax,) = _figure(7.0, 0.45 * len(items) + 1.5)
+    names = [name for name, _ in items][::-1]
+    values = [value / scale for _, value in items][::-1]
+    ax.barh(names, values, color="#6baed6")
+    for y, value in enumerate(values):
+        ax.text(value, y, f" {value:,.1f}", va="center", fontsize=8)
+    ax.set_xlabel(f"bytes moved ({unit})")
+    ax.set_ylabel("step")
+    ax.set_title(title)
+    ax.margins(x=0.2)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- lesson 02
+def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
+                         title: str = "Online softmax, block by block") -> Figure:
+    """The row x with the blocks read so far, and the running max m and sum l after each step up to ``index``.
+
+    steps: the states from ``reference.softmax_online_steps`` (each with start, stop, m, l, rescale).
+    """
+    fig, (ax_row, ax_stats) = _figure(9.0, 3.6, ncols=2)
+    step = steps[index]
+    positions = np.arange(len(x))
+    colours = np.where(positions < step.start, _DONE, "#dddddd").astype(object)
+    colours[step.start:step.stop] = _CURRENT
+    ax_row.bar(positions, x, color=list(colours), width=0.9)
+    ax_row.axhline(step.m, color="black", linestyle="--", linewidth=1, label=f"running max m = {step.m:.3g}")
+    ax_row.set_xlabel("position in the row")
+    ax_row.set_ylabel("score x (logit)")
+    ax_row.set_title(f"block {step.index}: x[{step.start}:{step.stop}] read")
+    ax_row.legend(fontsize=8, loc="lower right")
+    seen = steps[:index + 1]
+    blocks = [s.index for s in seen]
+    ax_stats.plot(blocks, [s.m for s in seen], "o-", label="m (running max)")
+    ax_stats.plot(blocks, [s.l for s in seen], "s-", label="l (running sum of exp(x - m))")
+    ax_stats.plot(blocks, [s.rescale for s in seen], "^:", label="rescale exp(m_prev - m)")
+    ax_stats.set_xlim(-0.5, len(steps) - 0.5)
+    ax_stats.set_xlabel("block index")
+    ax_stats.set_ylabel("value (dimensionless)")
+    ax_stats.set_title("running statistics")
+    ax_stats.legend(fontsize=8)
+    ax_stats.grid(True, alpha=0.3)
+    fig.suptitle(title)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- lesson 03
+def _tile_grid(ax, tiles: Sequence, n_q: int, n_k: int) -> None:
+    for tile in tiles:
+        ax.add_patch(Rectangle((tile.k_start, tile.q_start), tile.k_stop - tile.k_start,
+                               tile.q_stop - tile.q_start, facecolor=TILE_COLOURS[tile.kind],
+                               edgecolor="white", linewidth=1.5))
+    ax.set_xlim(0, n_k)
+    ax.set_ylim(n_q, 0)  # query 0 at the top, as a matrix is written
+    ax.set_aspect("equal")
+    ax.set_xlabel("key index j (token)")
+    ax.set_ylabel("query index i (token)")
+
+
+def tile_map(tiles: Sequence, *, current=None, done: Sequence = (), sram_note: str | None = None,
+             title: str = "Tiles of the score matrix") -> Figure:
+    """The N_q x N_k score matrix cut into tiles coloured by kind (full, diagonal, skipped).
+
+    tiles: from ``tiled.tile_schedule``; ``current``: the tile in SRAM now (outlined red, with its Q rows and
+    K/V columns marked on the margins); ``done``: tiles already folded into the running output.
+    """
+    n_q = max(t.q_stop for t in tiles)
+    n_k = max(t.k_stop for t in tiles)
+    fig, (ax,) = _figure(5.6, 5.0)
+    _tile_grid(ax, tiles, n_q, n_k)
+    for tile in done:
+        ax.add_patch(Rectangle((tile.k_start, tile.q_start), tile.k_stop - tile.k_start,
+                               tile.q_stop - tile.q_start, facecolor=_DONE, edgecolor="white", linewidth=1.5))
+    if current is not None:
+        width, height = current.k_stop - current.k_start, current.q_stop - current.q_start
+        ax.add_patch(Rectangle((current.k_start, current.q_start), width, height, facecolor=_CURRENT,
+                               alpha=0.6, edgecolor=_CURRENT, linewidth=2.5))
+        ax.axhspan(current.q_start, current.q_stop, color=_CURRENT, alpha=0.08)
+        ax.axvspan(current.k_start, current.k_stop, color=_CURRENT, alpha=0.08)
+    handles = [Patch(facecolor=colour, label=kind) for kind, colour in TILE_COLOURS.items()]
+    handles += [Patch(facecolor=_DONE, label="done"), Patch(facecolor=_CURRENT, label="in SRAM now")]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title if sram_note is None else f"{title}\n{sram_note}", fontsize=10)
+    return fig
+
+
+def tile_order(orders: Mapping[str, Sequence], *, title: str = "Order in which tiles are visited") -> Figure:
+    """One panel per loop order; each computed tile carries its visit number (skipped tiles stay blank).
+
+    orders: name -> the tiles in the order the algorithm visits them (skipped ones included or not).
+    """
+    fig, axes = _figure(5.0 * len(orders), 4.6, ncols=len(orders))
+    for ax, (name, tiles) in zip(axes, orders.items(), strict=True):
+        n_q = max(t.q_stop for t in tiles)
+        n_k = max(t.k_stop for t in tiles)
+        _tile_grid(ax, tiles, n_q, n_k)
+        visited = [t for t in tiles if t.kind != "skipped"]
+        for number, tile in enumerate(visited):
+            ax.text((tile.k_start + tile.k_stop) / 2, (tile.q_start + tile.q_stop) / 2, str(number),
+                    ha="center", va="center", fontsize=8)
+        ax.set_title(name)
+    fig.suptitle(title)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- lesson 04
+def traffic_vs(x_values: Sequence[float], measured: Mapping[str, Sequence[float]],
+               formulas: Mapping[str, Sequence[float]] | None = None, *, xlabel: str, title: str,
+               ylabel: str = "HBM traffic (elements)", log_x: bool = True) -> Figure:
+    """Counted traffic (markers) and formula curves (dashed) against one varying quantity, log-log."""
+    fig, (ax,) = _figure(6.8, 4.4)
+    for name, values in measured.items():
+        ax.plot(x_values, values, "o-", label=f"{name} (counted)")
+    for name, values in (formulas or {}).items():
+        ax.plot(x_values, values, "--", label=name)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
+def traffic_bars(stats: Mapping[str, object], *, title: str = "HBM traffic: reads and writes",
+                 unit: str = "elements") -> Figure:
+    """Stacked reads + writes per algorithm; stats: name -> an object with ``.reads`` and ``.writes``."""
+    fig, (ax,) = _figure(5.6, 3.8)
+    names = list(stats)
+    reads = np.array([stats[n].reads for n in names], dtype=float)
+    writes = np.array([stats[n].writes for n in names], dtype=float)
+    ax.bar(names, reads, label="reads (HBM -> SRAM)", color="#6baed6")
+    ax.bar(names, writes, bottom=reads, label="writes (SRAM -> HBM)", color="#fd8d3c")
+    for position, total in enumerate(reads + writes):
+        ax.text(position, total, f"{total:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"HBM traffic ({unit})")
+    ax.set_xlabel("algorithm")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.margins(y=0.15)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- lesson 05
+def bar_chart(values: Mapping[str, float], *, xlabel: str, ylabel: str, title: str,
+              log: bool = False) -> Figure:
+    """One bar per entry with its value written on top (FLOP counts, peak memory in MB, ...)."""
+    fig, (ax,) = _figure(6.0, 3.8)
+    names = list(values)
+    heights = [values[n] for n in names]
+    ax.bar(names, heights, color="#6baed6")
+    for position, height in enumerate(heights):
+        ax.text(position, height, f"{height:,.3g}", ha="center", va="bottom", fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.margins(y=0.15)
+    return fig

@@ -1,0 +1,104 @@
+"""Each widget driven through its controls, as a learner would click, and what it shows checked against the
+states the algorithm itself yields (computed afresh here, on fresh random inputs)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from flashcourse import iomodel, reference, tiled, widgets
+
+
+def _shown(readout_html: str, css_class: str):
+    """The exact value behind the element with ``css_class`` in a readout (its data-value attribute)."""
+    match = re.search(rf'class="{css_class}" data-value="([^"]*)"', readout_html)
+    assert match, f"no element with class {css_class} in the readout"
+    raw = match.group(1).replace("&quot;", '"').replace("&#x27;", "'").replace("&amp;", "&")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def test_online_softmax_stepper_walks_the_algorithm_states():
+    rng = np.random.default_rng()
+    x = rng.standard_normal(20) * 4  # spread out, so the running max grows several times
+    values = rng.standard_normal((20, 3))
+    stepper = widgets.online_softmax_stepper(x, block=6, values=values)
+    expected = list(reference.softmax_online_steps(x, 6, values))
+    assert len(stepper.steps) == len(expected) == 4
+    assert stepper.prev_button.disabled and not stepper.next_button.disabled
+    for index, state in enumerate(expected):
+        html = stepper.readout.value
+        assert _shown(html, "fc-step") == index
+        assert _shown(html, "fc-m") == state.m
+        assert _shown(html, "fc-l") == state.l
+        assert _shown(html, "fc-rescale") == state.rescale
+        assert _shown(html, "fc-block") == f"{state.start}:{state.stop}"
+        np.testing.assert_array_equal(_shown(html, "fc-output"), state.output)
+        assert stepper.image.value[:4] == b"\x89PNG"
+        stepper.next_button.click()
+    assert stepper.index == len(expected) - 1 and stepper.next_button.disabled
+    final = expected[-1]
+    assert final.m == np.max(x)
+    np.testing.assert_allclose(final.output, reference.softmax_safe(x) @ values, rtol=1e-12)
+    stepper.prev_button.click()
+    assert _shown(stepper.readout.value, "fc-m") == expected[-2].m and not stepper.next_button.disabled
+
+
+def test_online_softmax_stepper_without_values_shows_no_output():
+    stepper = widgets.online_softmax_stepper(np.random.default_rng().standard_normal(8), block=4)
+    assert 'class="fc-output"' not in stepper.readout.value
+
+
+def test_tile_explorer_shows_the_forward_states_and_follows_its_controls():
+    explorer = widgets.tile_explorer(n=48, d=8, block_q=16, block_k=16, causal=False, seed=3)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((48, 8)) for _ in range(3))
+    expected = list(tiled.forward_steps(q, k, v, block_q=16, block_k=16))
+    assert explorer.step_slider.max == len(expected) - 1 == 8
+    explorer.step_slider.value = 4
+    html, state = explorer.readout.value, expected[4]
+    assert _shown(html, "fc-tile") == f"({state.tile.i}, {state.tile.j})"
+    assert _shown(html, "fc-q-rows") == f"{state.tile.q_start}:{state.tile.q_stop}"
+    assert _shown(html, "fc-k-rows") == f"{state.tile.k_start}:{state.tile.k_stop}"
+    assert _shown(html, "fc-m") == float(state.m[0]) and _shown(html, "fc-l") == float(state.l[0])
+
+    explorer.causal_checkbox.value = True
+    causal_tiles = tiled.tile_schedule(48, 48, 16, 16, causal=True)
+    causal_states = list(tiled.forward_steps(q, k, v, causal=True, block_q=16, block_k=16))
+    assert explorer.step_slider.value == 0 and explorer.step_slider.max == len(causal_states) - 1 == 5
+    assert _shown(explorer.readout.value, "fc-skipped") == sum(t.kind == "skipped" for t in causal_tiles) == 3
+    explorer.step_slider.value = 2
+    assert _shown(explorer.readout.value, "fc-kind") == causal_states[2].tile.kind == "diagonal"
+
+    explorer.block_k_slider.value = 8
+    assert explorer.step_slider.max == len(list(tiled.forward_steps(q, k, v, causal=True, block_q=16,
+                                                                     block_k=8))) - 1
+    explorer.n_slider.value = 64
+    assert explorer.states[-1].tile.q_stop == 64
+
+
+def test_io_explorer_reports_the_simulator_counts():
+    explorer = widgets.io_explorer(n_values=(64, 128), d_values=(8, 16), sram_values=(1024, 4096), n=64, d=8,
+                                   sram=1024, seed=5)
+    for n, d, sram in ((64, 8, 1024), (128, 8, 1024), (128, 16, 1024), (128, 16, 4096)):
+        explorer.n_slider.value, explorer.d_slider.value, explorer.sram_slider.value = n, d, sram
+        rng = np.random.default_rng(5)
+        q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+        standard = iomodel.simulate("standard", q, k, v, sram=sram)[1]
+        flash = iomodel.simulate("flash", q, k, v, sram=sram)[1]
+        html = explorer.readout.value
+        assert (_shown(html, "fc-n"), _shown(html, "fc-d"), _shown(html, "fc-sram")) == (n, d, sram)
+        assert _shown(html, "fc-standard") == standard.total
+        assert _shown(html, "fc-flash") == flash.total
+        assert _shown(html, "fc-ratio") == pytest.approx(standard.total / flash.total)
+    assert explorer.image.value[:4] == b"\x89PNG"
+
+
+def test_io_explorer_says_when_the_sram_is_too_small():
+    explorer = widgets.io_explorer(n_values=(64,), d_values=(128,), sram_values=(256,), n=64, d=128, sram=256)
+    assert "SRAM" in _shown(explorer.readout.value, "fc-error")
