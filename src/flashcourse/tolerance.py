@@ -24,6 +24,8 @@ def _dtype_name(x) -> str:
     """The dtype name of a dtype name, a NumPy or torch dtype, or an array or tensor: e.g. "float16"."""
     if isinstance(x, str):
         return x
+    if isinstance(x, type):  # np.float16 and friends
+        return np.dtype(x).name
     if hasattr(x, "dtype"):  # an array or tensor
         x = x.dtype
     if type(x).__module__.startswith("torch"):

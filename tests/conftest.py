@@ -1,0 +1,14 @@
+"""Shared fixtures: a fresh random generator per test (seeded from the test's name, so a failure reproduces)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded from the test id: fresh inputs per test, the same ones on a re-run."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

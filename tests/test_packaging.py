@@ -1,0 +1,73 @@
+"""The conda environments and pyproject.toml name the same packages with the same constraints, both ways."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tomllib
+import yaml
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _conda_requirements(path: Path) -> tuple[set[str], bool]:
+    """Normalised requirements of a conda environment file, and whether it installs the course (`-e .`)."""
+    env = yaml.safe_load(path.read_text())
+    assert env["channels"] == ["conda-forge"], f"{path.name}: use conda-forge only"
+    found, editable = set(), False
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            for line in dep["pip"]:
+                if line.strip() == "-e .":
+                    editable = True
+                else:
+                    found.add(str(Requirement(line)))
+        elif dep == "pip":
+            continue
+        else:
+            found.add(str(Requirement(dep)))
+    return found, editable
+
+
+def _project_requirements() -> set[str]:
+    project = _pyproject()["project"]
+    reqs = {str(Requirement(r)) for r in project["dependencies"]}
+    reqs.add(str(Requirement(f"python{project['requires-python']}")))
+    return reqs
+
+
+def test_environment_yml_matches_pyproject():
+    conda, editable = _conda_requirements(ROOT / "environment.yml")
+    project = _project_requirements()
+    assert conda - project == set(), f"in environment.yml but not pyproject.toml: {sorted(conda - project)}"
+    assert project - conda == set(), f"in pyproject.toml but not environment.yml: {sorted(project - conda)}"
+    assert editable, "environment.yml must install the course itself with `-e .` in its pip section"
+
+
+def test_binder_environment_matches_and_post_build_installs_the_course():
+    binder, editable = _conda_requirements(ROOT / ".binder" / "environment.yml")
+    assert binder == _project_requirements()
+    assert not editable, "Binder builds the environment before the repository exists: install it in postBuild"
+    post_build = (ROOT / ".binder" / "postBuild").read_text()
+    assert "pip install" in post_build and " ." in post_build
+
+
+def test_triton_is_linux_only_and_version_is_consistent():
+    import flashcourse
+
+    deps = [Requirement(r) for r in _pyproject()["project"]["dependencies"]]
+    triton = next(r for r in deps if r.name == "triton")
+    assert triton.marker is not None and triton.marker.evaluate({"sys_platform": "darwin"}) is False
+    assert _pyproject()["project"]["version"] == flashcourse.__version__
+    assert f"## {flashcourse.__version__}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()
+    assert "make lab" in (ROOT / "README.md").read_text()
