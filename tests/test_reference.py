@@ -171,3 +171,13 @@ def test_bad_dtype_and_block_are_explained():
         reference.softmax_online(np.zeros(4), block=0)
     with pytest.raises(TypeError, match="positive int"):
         reference.softmax_online(np.zeros(4), block=2.5)
+
+
+def test_a_block_of_all_minus_inf_changes_nothing(rng):
+    x = rng.standard_normal(12)
+    x[4:8] = -np.inf
+    steps = list(reference.softmax_online_steps(x, 4))
+    assert (steps[1].m, steps[1].l) == (steps[0].m, steps[0].l)
+    assert_close(reference.softmax_online(x, block=4), reference.softmax_safe(x))
+    m, l = reference.merge(1.5, 2.0, -np.inf, 0.0)
+    assert (m, l) == (1.5, 2.0)
