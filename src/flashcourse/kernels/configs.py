@@ -13,6 +13,7 @@ an RTX 4090 or an H100/H200 would get without owning one. The numbers for sm_90 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = [
@@ -70,7 +71,14 @@ def device_props(device) -> DeviceProps:
     device = torch.device(device)
     if device.type != "cuda":
         return INTERPRETER
-    p = torch.cuda.get_device_properties(device)
+    return _cuda_props(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_props(index: int) -> DeviceProps:  # cached: it is asked on every launch
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
     # Older torch has no opt-in field; the architecture's documented maximum then stands in.
     smem = getattr(p, "shared_memory_per_block_optin", 0) or _smem_by_capability(p.major, p.minor)
     return DeviceProps(p.name, (p.major, p.minor), int(smem), int(p.multi_processor_count))

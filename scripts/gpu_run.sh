@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# What runs on the GPU machine (the `run` tool), from the repository root: one stage per call, each well
+# under 10 minutes. Results land in $OUT (at most 8 files come back); copy them into benchmarks/results/.
+#   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
+#   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
+#   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
+set -uo pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/flashcourse-out}
+mkdir -p "$OUT"
+py=python3
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee "$OUT/gpu.txt"
+$py -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+    local name=$1 limit=$2; shift 2
+    echo "=== $name (limit ${limit}s)"
+    local t0=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -60
+    echo "=== $name took $((SECONDS - t0)) s (rc ${PIPESTATUS[0]})"
+}
+
+case "${1:-check}" in
+check)
+    stage pytest_gpu 260 $py -m pytest -m gpu -x -q -p no:cacheprovider tests/test_kernels_forward.py \
+        tests/test_kernels_backward.py tests/test_decode.py
+    stage tune 200 $py -m flashcourse.bench tune --out "$OUT" --n 8192
+    stage decode_tune 90 $py -m flashcourse.bench decode --tune --out "$OUT"
+    ;;
+bench)
+    stage versions 150 $py -m flashcourse.bench versions --out "$OUT"
+    stage attention 330 $py -m flashcourse.bench attention --out "$OUT"
+    stage decode 60 $py -m flashcourse.bench decode --out "$OUT"
+    ;;
+*)
+    stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"
+    ;;
+esac

@@ -1,0 +1,121 @@
+"""``python -m flashcourse.bench COMMAND``: the GPU benchmarks and the kernel history table.
+
+    attention [--out DIR] [--dtype float16 bfloat16] [--n 1024 ...] [--head-config 32x64 ...]
+              [--causal both|yes|no] [--providers ...] [--quick]
+    decode    [--out DIR] [--tune]         one query token, GQA, KV 32K and 128K, vs SDPA and copy bandwidth
+    versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
+    tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
+    table     [--write]                    docs/KERNELS.md's version table from the committed JSON
+
+Each GPU command validates before timing, prints a table and writes
+``<out>/<date>-<device>-<what>.json`` (default ``benchmarks/results``) and, for attention and decode, a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from flashcourse.bench import results_dir, save_results
+
+
+def _need_gpu() -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("this benchmark needs a CUDA GPU; the recorded results are in benchmarks/results/")
+
+
+def _attention(args) -> None:
+    from flashcourse.bench import attention
+
+    dtypes = args.dtype
+    seq_lens = args.n or (attention.SEQ_LENS if not args.quick else (1024, 4096))
+    heads = [tuple(int(x) for x in hc.split("x")) for hc in args.head_config] if args.head_config else \
+        attention.HEAD_CONFIGS
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    shapes = attention.shape_grid(dtypes, seq_lens, heads, causals)
+    rows = attention.run(shapes, providers=args.providers)
+    table = attention.format_table(rows)
+    print(table)
+    path = save_results(f"attention{args.tag}", rows, directory=args.out)
+    attention.plot(rows, path.with_suffix(".png"), f"attention, B=4, {path.stem}")
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
+
+
+def _decode(args) -> None:
+    from flashcourse.bench import decode
+
+    if args.tune:
+        rows = decode.tune()
+        path = save_results("decode-tune", rows, directory=args.out)
+    else:
+        rows = decode.run()
+        print(decode.format_table(rows))
+        path = save_results("decode", rows, directory=args.out)
+    print(f"wrote {path}")
+
+
+def _versions(args) -> None:
+    from flashcourse.bench import attention, versions
+
+    shapes = attention.shape_grid(("float16",), args.n or (4096, 16384))
+    rows = versions.run_versions(shapes)
+    path = save_results("versions", rows, directory=args.out)
+    print(versions.kernels_table(path.parent))
+    print(f"wrote {path}")
+
+
+def _tune(args) -> None:
+    from flashcourse.bench import attention, versions
+
+    shapes = attention.shape_grid(("float16",), args.n or (8192,))
+    rows = versions.tune(shapes)
+    print(f"wrote {save_results('tune', rows, directory=args.out)}")
+
+
+def _table(args) -> None:
+    from flashcourse.bench import versions
+
+    text = versions.kernels_table(args.results)
+    if not args.write:
+        print(text)
+        return
+    doc = Path(__file__).resolve().parents[3] / "docs" / "KERNELS.md"
+    marker_start, marker_end = "<!-- versions-table:start -->", "<!-- versions-table:end -->"
+    body = doc.read_text()
+    start, end = body.index(marker_start) + len(marker_start), body.index(marker_end)
+    doc.write_text(body[:start] + "\n" + text + body[end:])
+    print(f"updated {doc}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flashcourse.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("attention", "decode", "versions", "tune"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", type=Path, default=results_dir(), help="folder for the JSON and the plot")
+        p.add_argument("--n", type=int, nargs="+", help="sequence lengths")
+    att = sub.choices["attention"]
+    att.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
+    att.add_argument("--head-config", nargs="+", help="HxD pairs, e.g. 32x64 16x128")
+    att.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    att.add_argument("--providers", nargs="+", default=["flashcourse", "sdpa_flash", "sdpa_cudnn",
+                                                        "sdpa_efficient", "naive"])
+    att.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
+    att.add_argument("--tag", default="", help="suffix of the result name, e.g. -fp16")
+    sub.choices["decode"].add_argument("--tune", action="store_true", help="sweep splits/blocks/warps/stages")
+    table = sub.add_parser("table")
+    table.add_argument("--results", type=Path, default=None, help="results folder (default benchmarks/results)")
+    table.add_argument("--write", action="store_true", help="rewrite the table inside docs/KERNELS.md")
+    args = parser.parse_args(argv)
+    if args.command != "table":
+        _need_gpu()
+    {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune, "table": _table}[
+        args.command](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""GPU benchmark of attention: our kernels against PyTorch SDPA's backends and naive PyTorch, in one run.
+
+Every provider runs the same shapes in the same process; a provider that runs out of memory or does not
+support a shape is recorded as such (``status``), never skipped silently. Our kernel is validated against
+SDPA before it is timed. Times are medians of CUDA-event timings (``triton.testing.do_bench``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from flashcourse.bench import attention_flops, peak_memory, tflops
+
+PROVIDERS = ("flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+HEAD_CONFIGS = ((32, 64), (16, 128))  # (heads, head_dim): the same FLOPs per token
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+MEMORY_SEQ_LENS = (4096, 16384)  # extra memory of fwd+bwd is measured here: linear in N or not
+
+
+@dataclass(frozen=True)
+class Shape:
+    dtype: str
+    batch: int
+    heads: int
+    head_dim: int
+    n: int
+    causal: bool
+
+    def flops(self, mode: str) -> float:
+        return attention_flops(self.batch, self.heads, self.n, self.head_dim, causal=self.causal, mode=mode)
+
+
+def shape_grid(dtypes: Iterable[str] = tuple(DTYPES), seq_lens: Iterable[int] = SEQ_LENS,
+               head_configs: Iterable[tuple[int, int]] = HEAD_CONFIGS, causals: Iterable[bool] = (False, True),
+               batch: int = 4) -> list[Shape]:
+    """The issue's benchmark grid (or a subset of it)."""
+    return [Shape(dt, batch, h, d, n, c) for dt in dtypes for h, d in head_configs for n in seq_lens
+            for c in causals]
+
+
+def naive_attention(q, k, v, causal: bool):
+    """softmax(q k^T / sqrt(D)) v with the full N x N matrix in memory, as lesson 01 writes it."""
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def provider_fn(provider: str, **kernel_kwargs) -> Callable:
+    """fn(q, k, v, causal) -> o for a provider name; SDPA backends are pinned with sdpa_kernel."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if provider == "flashcourse":
+        from flashcourse import kernels
+
+        return lambda q, k, v, causal: kernels.flash_attention(q, k, v, causal=causal, **kernel_kwargs)
+    if provider == "naive":
+        return naive_attention
+    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}[provider]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def make_inputs(shape: Shape, device="cuda", requires_grad: bool = True):
+    dtype = DTYPES[shape.dtype]
+    size = (shape.batch, shape.heads, shape.n, shape.head_dim)
+    q, k, v, do = (torch.randn(size, device=device, dtype=dtype) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(requires_grad)
+    return q, k, v, do
+
+
+def bench_ms(fn: Callable[[], object], grad_to_none=None) -> float:
+    """Median milliseconds of fn over CUDA-event-timed repeats, after warm-up."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+
+
+def _guarded(measure: Callable[[], dict]) -> dict:
+    """Run one measurement; out-of-memory and unsupported shapes become results instead of crashes."""
+    try:
+        return {"status": "ok", **measure()}
+    except torch.cuda.OutOfMemoryError:
+        return {"status": "oom"}
+    except RuntimeError as err:  # e.g. an SDPA backend that refuses this dtype or head dim
+        text = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        return {"status": "oom" if "out of memory" in text.lower() else "unsupported", "error": text}
+    finally:
+        torch.cuda.empty_cache()
+
+
+def measure_shape(shape: Shape, provider: str, modes=("fwd", "bwd"), memory: bool = False,
+                  **kernel_kwargs) -> list[dict]:
+    """Time one provider on one shape: rows with ms and TFLOP/s per mode, plus peak memory if asked."""
+    fn = provider_fn(provider, **kernel_kwargs)
+    base = {"provider": provider, **shape.__dict__, **kernel_kwargs}
+    rows = []
+    for mode in modes:
+        def measure(mode=mode):
+            q, k, v, do = make_inputs(shape, requires_grad=(mode == "bwd"))
+            if mode == "fwd":
+                with torch.no_grad():
+                    ms = bench_ms(lambda: fn(q, k, v, shape.causal))
+            else:
+                o = fn(q, k, v, shape.causal)
+                ms = bench_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            return {"ms": ms, "tflops": tflops(shape.flops(mode), ms * 1e-3)}
+
+        rows.append({**base, "mode": mode, **_guarded(measure)})
+    if memory:
+        def measure_memory():
+            q, k, v, do = make_inputs(shape)
+            inputs = 4 * q.numel() * q.element_size()
+
+            def step():
+                fn(q, k, v, shape.causal).backward(do)
+
+            return {"peak_bytes": peak_memory(step, device="cuda"), "input_bytes": inputs}
+
+        rows.append({**base, "mode": "fwd_bwd_memory", **_guarded(measure_memory)})
+    return rows
+
+
+def validate_ours(shape: Shape, **kernel_kwargs) -> dict:
+    """Forward and gradients of our kernel against SDPA (math backend in float32) on this shape."""
+    small = Shape(shape.dtype, 1, min(shape.heads, 4), shape.head_dim, min(shape.n, 4096), shape.causal)
+    q, k, v, do = make_inputs(small)
+    ours = provider_fn("flashcourse", **kernel_kwargs)
+    o = ours(q, k, v, small.causal)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    o_ref = provider_fn("sdpa_math")(q32, k32, v32, small.causal)
+    grads_ref = torch.autograd.grad(o_ref, (q32, k32, v32), do.float())
+
+    def rel(a, b):
+        return float((a.float() - b).norm() / b.norm())
+
+    errs = {"o": rel(o, o_ref), **{f"d{n}": rel(g, r) for n, g, r in zip("qkv", grads, grads_ref, strict=True)}}
+    errs["ok"] = all(math.isfinite(e) and e < 2e-2 for e in errs.values())
+    return errs
+
+
+def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=print) -> list[dict]:
+    """Validate our kernel on every shape, then time every provider; returns result rows."""
+    rows = []
+    for shape in shapes:
+        check = validate_ours(shape)
+        log(f"validate {shape}: {check}")
+        if not check["ok"]:
+            raise AssertionError(f"flashcourse kernel is wrong on {shape}: relative errors {check}")
+        for provider in providers:
+            memory = shape.n in MEMORY_SEQ_LENS
+            rows += measure_shape(shape, provider, modes=modes, memory=memory)
+        log(format_table([r for r in rows if r["n"] == shape.n and r["causal"] == shape.causal
+                          and r["dtype"] == shape.dtype and r["head_dim"] == shape.head_dim], header=False))
+    add_ratios(rows)
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Give each flashcourse row its speed ratio against every other provider on the same shape and mode."""
+    def key(r):
+        return (r["dtype"], r["batch"], r["heads"], r["head_dim"], r["n"], r["causal"], r["mode"])
+
+    by_key: dict = {}
+    for r in rows:
+        by_key.setdefault(key(r), {})[r["provider"]] = r
+    for group in by_key.values():
+        ours = group.get("flashcourse")
+        if not ours or ours.get("status") != "ok" or "tflops" not in ours:
+            continue
+        for name, other in group.items():
+            if name != "flashcourse" and other.get("status") == "ok" and other.get("tflops"):
+                ours[f"ratio_vs_{name}"] = ours["tflops"] / other["tflops"]
+
+
+def format_table(rows: list[dict], header: bool = True) -> str:
+    """One line per (shape, mode): TFLOP/s of every provider and our ratio against each SDPA backend."""
+    providers = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
+    lines = []
+    if header:
+        cols = "".join(f"{p:>15}" for p in providers)
+        lines.append(f"{'dtype':9}{'H':>4}{'D':>5}{'N':>7}{'causal':>7}{'mode':>5}{cols}   ours/flash cudnn  eff")
+    groups: dict = {}
+    for r in rows:
+        if r["mode"] in ("fwd", "bwd"):
+            k = (r["dtype"], r["heads"], r["head_dim"], r["n"], r["causal"], r["mode"])
+            groups.setdefault(k, {})[r["provider"]] = r
+    for (dt, h, d, n, c, mode), group in groups.items():
+        cells = ""
+        for p in providers:
+            r = group.get(p)
+            cells += f"{r['tflops']:15.1f}" if r and r["status"] == "ok" else f"{(r or {}).get('status', '-'):>15}"
+        ours = group.get("flashcourse", {})
+        ratios = "".join(f"{ours[f'ratio_vs_{p}']:6.2f}" if f"ratio_vs_{p}" in ours else "     -"
+                         for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"))
+        lines.append(f"{dt:9}{h:>4}{d:>5}{n:>7}{c!s:>7}{mode:>5}{cells}   {ratios}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path, title: str) -> None:
+    """TFLOP/s against N, one panel per (head config, mode, causal), one line per provider."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["heads"], r["head_dim"], r["mode"], r["causal"]) for r in rows if r["mode"] in ("fwd", "bwd")})
+    if not panels:
+        return
+    cols = 4
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (h, d, mode, causal) in zip(axes.flat, panels, strict=False):
+        for p in PROVIDERS:
+            pts = sorted((r["n"], r["tflops"]) for r in rows if r["provider"] == p and r["heads"] == h
+                         and r["head_dim"] == d and r["mode"] == mode and r["causal"] == causal
+                         and r["status"] == "ok")
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"H={h} D={d} {mode}{' causal' if causal else ''}")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TFLOP/s")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+

@@ -1,0 +1,183 @@
+"""The kernel version history: time every numbered version, sweep launch configs, and write docs/KERNELS.md.
+
+``python -m flashcourse.bench versions`` validates then times each forward version (v1..v6) and backward
+scheme (b1, b2) beside SDPA's flash and cuDNN backends; ``tune`` sweeps block sizes / warps / stages on the
+current GPU (the source of the sm_90 numbers in ``kernels/configs.py``); ``table`` turns the committed JSON
+into the markdown table of ``docs/KERNELS.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from flashcourse.bench import load_results, tflops
+from flashcourse.bench.attention import Shape, bench_ms, make_inputs, measure_shape, provider_fn, shape_grid
+
+VERSION_SHAPES = shape_grid(dtypes=("float16",), seq_lens=(4096, 16384))
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def _reference(q, k, v, do, causal):
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    o = provider_fn("sdpa_math")(q32, k32, v32, causal)
+    return o, torch.autograd.grad(o, (q32, k32, v32), do.float())
+
+
+def validate_versions(shape: Shape) -> dict:
+    """Relative error of every forward version and backward scheme against SDPA math in float32."""
+    from flashcourse import kernels
+
+    small = Shape(shape.dtype, 1, 2, shape.head_dim, min(shape.n, 2048), shape.causal)
+    q, k, v, do = make_inputs(small)
+    o_ref, grads_ref = _reference(q, k, v, do, small.causal)
+    errors = {}
+    for name in kernels.FORWARD_VERSIONS:
+        o, _ = kernels.flash_attention_forward(q, k, v, causal=small.causal, version=name)
+        errors[name] = _rel(o, o_ref)
+    for name in kernels.BACKWARD_VERSIONS:
+        o = kernels.flash_attention(q, k, v, causal=small.causal, backward_version=name)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        errors[name] = max(_rel(g, r) for g, r in zip(grads, grads_ref, strict=True))
+    return errors
+
+
+def run_versions(shapes=VERSION_SHAPES, log=print) -> list[dict]:
+    """Validate every version on every shape (any error over 2e-2 stops the run), then time them all."""
+    from flashcourse import kernels
+
+    rows = []
+    for shape in shapes:
+        errors = validate_versions(shape)
+        log(f"validate {shape}: " + " ".join(f"{k}={e:.1e}" for k, e in errors.items()))
+        bad = {k: e for k, e in errors.items() if not (math.isfinite(e) and e < 2e-2)}
+        if bad:
+            raise AssertionError(f"versions wrong on {shape}: {bad}")
+        for name in kernels.FORWARD_VERSIONS:
+            rows += measure_shape(shape, "flashcourse", modes=("fwd",), forward_version=name)
+        for name in kernels.BACKWARD_VERSIONS:
+            rows += measure_shape(shape, "flashcourse", modes=("bwd",), backward_version=name)
+        for provider in ("sdpa_flash", "sdpa_cudnn"):
+            rows += measure_shape(shape, provider)
+        for r in rows[-(len(kernels.FORWARD_VERSIONS) + len(kernels.BACKWARD_VERSIONS) + 4):]:
+            label = r.get("forward_version") or r.get("backward_version") or r["provider"]
+            log(f"  {label:12} {r['mode']:4} {r.get('tflops', float('nan')):7.1f} TFLOP/s  {r['status']}")
+    return rows
+
+
+def _forward_candidates(block_d: int):
+    from flashcourse.kernels.configs import KernelConfig
+
+    picks = ((128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+             (128, 128, 8, 3), (128, 128, 4, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 4))
+    return [KernelConfig(*p) for p in picks
+            if 2 * block_d * (p[0] + 2 * p[3] * p[1]) <= 227 * 1024]
+
+
+def _backward_candidates():
+    from flashcourse.kernels.configs import KernelConfig
+
+    dkdv = [KernelConfig(m, n, w, s) for m, n, w, s in
+            ((32, 128, 4, 2), (32, 128, 4, 3), (64, 128, 8, 2), (64, 128, 4, 2), (32, 64, 4, 3))]
+    dq = [KernelConfig(m, n, w, s) for m, n, w, s in
+          ((128, 32, 4, 2), (128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (64, 32, 4, 3))]
+    return dkdv, dq
+
+
+def tune(shapes, log=print) -> list[dict]:
+    """Time the v5 forward and the b1 backward kernels under every candidate launch config."""
+    rows = []
+    for shape in shapes:
+        rows += _tune_shape(shape, log)
+    return rows
+
+
+def _tune_shape(shape: Shape, log) -> list[dict]:
+    from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
+    from flashcourse.kernels._checks import padded_head_dim
+    from flashcourse.kernels.backward import run_backward
+    from flashcourse.kernels.configs import KernelConfig
+    from flashcourse.kernels.forward import run_forward
+
+    fwd, bwd = FORWARD_VERSIONS["v5"], BACKWARD_VERSIONS["b1"]
+    q, k, v, do = make_inputs(shape, requires_grad=False)
+    rows = []
+
+    def record(kernel, cfg, call, flops):
+        try:
+            rate = tflops(flops, bench_ms(call) * 1e-3)
+        except Exception as err:  # noqa: BLE001 - a config that fails to compile is a result too
+            rows.append({**shape.__dict__, "kernel": kernel, "config": cfg.__dict__, "error": str(err)[:120]})
+            return 0.0
+        rows.append({**shape.__dict__, "kernel": kernel, "config": cfg.__dict__, "tflops": rate})
+        return rate
+
+    fwd_rates = {cfg: record("fwd", cfg, lambda cfg=cfg: run_forward(fwd, q, k, v, causal=shape.causal, scale=None,
+                                                                      config=cfg), shape.flops("fwd"))
+                 for cfg in _forward_candidates(padded_head_dim(shape.head_dim))}
+    best_fwd = max(fwd_rates, key=fwd_rates.get)
+    log(f"tune fwd {shape}: best {best_fwd} {fwd_rates[best_fwd]:.1f} TFLOP/s")
+    o, lse = run_forward(fwd, q, k, v, causal=shape.causal, scale=None)
+    dkdv_candidates, dq_candidates = _backward_candidates()
+
+    def backward_call(pair):
+        return lambda: run_backward(bwd, q, k, v, o, lse, do, causal=shape.causal, scale=None,
+                                    configs_override=pair)
+
+    # dK/dV configs with a fixed dQ config, then dQ configs with the best dK/dV one.
+    dkdv_rates = {c: record("bwd_dkdv", c, backward_call((c, dq_candidates[0])), shape.flops("bwd"))
+                  for c in dkdv_candidates}
+    best_dkdv = max(dkdv_rates, key=dkdv_rates.get, default=KernelConfig(32, 128, 4, 2))
+    dq_rates = {c: record("bwd_dq", c, backward_call((best_dkdv, c)), shape.flops("bwd")) for c in dq_candidates}
+    best_dq = max(dq_rates, key=dq_rates.get)
+    log(f"tune bwd {shape}: dkdv {best_dkdv} dq {best_dq} {dq_rates[best_dq]:.1f} TFLOP/s")
+    return rows
+
+
+def kernels_table(directory: Path | None = None) -> str:
+    """Markdown: each version, what it changed, what we predicted and what the newest versions JSON measured."""
+    from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
+
+    found = load_results("*-versions.json", directory=directory)
+    if not found:
+        return "No versions results yet: run `python -m flashcourse.bench versions` on a GPU.\n"
+    data = found[-1]
+    meta, rows = data["meta"], data["rows"]
+    shapes = sorted({(r["heads"], r["head_dim"], r["n"], r["causal"]) for r in rows if r["mode"] == "fwd"})
+
+    def rate(provider, mode, shape, **match):
+        for r in rows:
+            if (r["provider"] == provider and r["mode"] == mode and (r["heads"], r["head_dim"], r["n"], r["causal"])
+                    == shape and all(r.get(k) == v for k, v in match.items()) and r["status"] == "ok"):
+                return r["tflops"]
+        return None
+
+    def fmt(x):
+        return "-" if x is None else f"{x:.0f}"
+
+    head = " | ".join(f"H{h} D{d} N{n}{' c' if c else ''}" for h, d, n, c in shapes)
+    lines = [
+        f"Measured on {meta['device']}, {meta['date']}, torch {meta.get('torch')}, triton {meta.get('triton')}; "
+        f"fp16, B=4, TFLOP/s (file `{Path(data['path']).name}`; `c` = causal).",
+        "",
+        f"| version | what changed | prediction | {head} |",
+        "|---|---|---|" + "---|" * len(shapes),
+    ]
+    for name, ver in FORWARD_VERSIONS.items():
+        cells = " | ".join(fmt(rate("flashcourse", "fwd", s, forward_version=name)) for s in shapes)
+        lines.append(f"| fwd {name} {ver.title} | {ver.changes} | {ver.prediction} | {cells} |")
+    for provider in ("sdpa_flash", "sdpa_cudnn"):
+        cells = " | ".join(fmt(rate(provider, "fwd", s)) for s in shapes)
+        lines.append(f"| fwd {provider} | reference, same run | | {cells} |")
+    for name, ver in BACKWARD_VERSIONS.items():
+        cells = " | ".join(fmt(rate("flashcourse", "bwd", s, backward_version=name)) for s in shapes)
+        lines.append(f"| bwd {name} {ver.title} | {ver.changes} | {ver.prediction} | {cells} |")
+    for provider in ("sdpa_flash", "sdpa_cudnn"):
+        cells = " | ".join(fmt(rate(provider, "bwd", s)) for s in shapes)
+        lines.append(f"| bwd {provider} | reference, same run | | {cells} |")
+    return "\n".join(lines) + "\n"
