@@ -47,7 +47,7 @@ def test_matrix_heatmaps_blank_out_masked_scores():
 
 
 def test_memory_vs_n_plots_megabytes():
-    fig = plots.memory_vs_n([256, 512], [1e6, 4e6], [1.1e6, 4.4e6])
+    fig = plots.memory_vs_n([256, 512], {"naive": [1e6, 4e6]}, {"N^2": [1.1e6, 4.4e6]})
     _check_labelled(fig)
     assert "MB" in fig.axes[0].get_ylabel()
     np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), [1.0, 4.0])

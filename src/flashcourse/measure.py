@@ -15,7 +15,7 @@ from .bench import time_cpu
 __all__ = ["MachineRates", "copy_bandwidth_gbs", "machine_rates", "matmul_gflops"]
 
 
-def matmul_gflops(n: int = 512, *, dtype=np.float32, repeats: int = 5) -> float:
+def matmul_gflops(n: int = 512, *, dtype=np.float32, repeats: int = 20) -> float:
     """Rate of an (n x n) @ (n x n) NumPy matmul in GFLOP/s (2 n^3 FLOPs: a multiply and an add per term)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
@@ -24,7 +24,7 @@ def matmul_gflops(n: int = 512, *, dtype=np.float32, repeats: int = 5) -> float:
     return 2.0 * n**3 / timing.best / 1e9
 
 
-def copy_bandwidth_gbs(megabytes: int = 64, *, repeats: int = 5) -> float:
+def copy_bandwidth_gbs(megabytes: int = 64, *, repeats: int = 10) -> float:
     """Memory bandwidth of a large array copy in GB/s, counting the bytes read plus the bytes written.
 
     The array (``megabytes`` MB) is much larger than the CPU caches, so the copy streams through main memory.

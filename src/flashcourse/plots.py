@@ -107,20 +107,22 @@ def matrix_heatmaps(matrices: Mapping[str, np.ndarray], *, title: str, xlabel: s
     return fig
 
 
-def memory_vs_n(ns: Sequence[int], measured_bytes: Sequence[float],
-                predicted_bytes: Sequence[float] | None = None, *,
-                title: str = "Peak memory of naive attention vs sequence length") -> Figure:
-    """Measured peak memory (MB) against N on log-log axes, with an optional predicted curve."""
+def memory_vs_n(ns: Sequence[int], measured_bytes: Mapping[str, Sequence[float]],
+                predicted_bytes: Mapping[str, Sequence[float]] | None = None, *,
+                title: str = "Peak memory vs sequence length") -> Figure:
+    """Measured peak memory (MB) against N on log-log axes, one line per implementation, with optional
+    predicted curves (dashed). measured_bytes, predicted_bytes: name -> bytes at each N."""
     fig, (ax,) = _figure()
-    ax.plot(ns, np.asarray(measured_bytes) / 1e6, "o-", label="measured peak")
-    if predicted_bytes is not None:
-        ax.plot(ns, np.asarray(predicted_bytes) / 1e6, "--", label="predicted")
+    for name, values in measured_bytes.items():
+        ax.plot(ns, np.asarray(values) / 1e6, "o-", label=f"{name} (measured)")
+    for name, values in (predicted_bytes or {}).items():
+        ax.plot(ns, np.asarray(values) / 1e6, "--", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N (tokens)")
     ax.set_ylabel("peak memory (MB)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     return fig
 
