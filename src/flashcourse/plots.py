@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 __all__ = [
     "bar_chart",
@@ -168,6 +169,7 @@ def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
     ax_stats.plot(blocks, [s.l for s in seen], "s-", label="l (running sum of exp(x - m))")
     ax_stats.plot(blocks, [s.rescale for s in seen], "^:", label="rescale exp(m_prev - m)")
     ax_stats.set_xlim(-0.5, len(steps) - 0.5)
+    ax_stats.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_stats.set_xlabel("block index")
     ax_stats.set_ylabel("value (dimensionless)")
     ax_stats.set_title("running statistics")
