@@ -1,0 +1,15 @@
+// MathJax 3, configured as Jupyter renders math ($...$ inline, $$...$$ display), loaded from the copy that
+// the site ships next to this file, so that formulas render without any network.
+window.MathJax = {
+  tex: {
+    inlineMath: [["$", "$"], ["\\(", "\\)"]],
+    displayMath: [["$$", "$$"], ["\\[", "\\]"]],
+    processEscapes: true,
+  },
+};
+(function loadMathJax() {
+  const script = document.createElement("script");
+  script.src = new URL("mathjax/tex-chtml.js", document.currentScript.src).href;
+  script.async = true;
+  document.head.appendChild(script);
+})();
