@@ -1,0 +1,301 @@
+"""The interview question bank: load it, validate it, render it to Markdown.
+
+The bank is data (``questions.yaml``, shipped in this package). Each entry has an ``id``, a ``section``, and
+these text fields, every one a mapping ``{en: ..., zh: ...}``: ``question``, ``short`` (the 30-second answer),
+``long``; plus ``follow_ups`` (each a ``question`` and an ``answer``), ``wrong_answers`` (each a ``claim`` and
+its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`).
+
+Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
+language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
+not count as a stated number: digits inside names (FA2, H100, FP8, 64K), exponents (N^2), single-digit counts
+(not followed by x, % or 倍), years and arXiv ids in citations, references such as "lesson 04", "section 3.1",
+"第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate` reports every breach.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from . import evidence as ev
+
+__all__ = [
+    "LANGUAGES",
+    "Bank",
+    "evidence_label",
+    "load",
+    "numbers_in",
+    "render_entry",
+    "render_markdown",
+    "text",
+    "validate",
+]
+
+LANGUAGES = ("en", "zh")
+TEXT_FIELDS = ("question", "short", "long")
+CJK = re.compile(r"[\u4e00-\u9fff]")
+ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+LABELS = {
+    "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
+           "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
+           "right_prefix": "Correction:", "cell": "cell", "results": "results", "computed": "computed by"},
+    "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
+           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
+           "results": "结果", "computed": "计算函数"},
+}
+
+
+@dataclass(frozen=True)
+class Bank:
+    """The parsed bank: ``sections`` (id -> title per language) in order, and ``entries`` in order."""
+
+    sections: dict[str, dict[str, str]]
+    entries: list[dict]
+
+    def entry(self, entry_id: str) -> dict:
+        """The entry with this id."""
+        for entry in self.entries:
+            if entry["id"] == entry_id:
+                return entry
+        raise KeyError(f"no entry {entry_id!r}; the bank has {[e['id'] for e in self.entries]}")
+
+    def in_section(self, section: str) -> list[dict]:
+        """Entries of one section, in bank order."""
+        if section not in self.sections:
+            raise KeyError(f"no section {section!r}; the bank has {list(self.sections)}")
+        return [e for e in self.entries if e["section"] == section]
+
+
+@functools.cache
+def _load_packaged() -> Bank:
+    source = resources.files("flashcourse.interview").joinpath("questions.yaml").read_text(encoding="utf-8")
+    return _parse(yaml.safe_load(source))
+
+
+def load(path: str | Path | None = None) -> Bank:
+    """The bank from ``path``, or the one shipped with the package (parsed once, then cached)."""
+    if path is None:
+        return _load_packaged()
+    return _parse(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+
+
+def _parse(data) -> Bank:
+    if not isinstance(data, dict) or "sections" not in data or "entries" not in data:
+        raise ValueError("the question bank must be a mapping with 'sections' and 'entries'")
+    sections = {s["id"]: s["title"] for s in data["sections"]}
+    return Bank(sections=sections, entries=list(data["entries"]))
+
+
+def text(field, lang: str) -> str:
+    """One language of a bilingual text field."""
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
+    return field[lang]
+
+
+# ------------------------------------------------------------------------------------------- numbers
+_FORMULA = re.compile(r"`[^`]*`|\$[^$]*\$")
+_CITATION = re.compile(r"\b\d{4}\.\d{4,5}\b|\b20[0-2]\d\b")
+_REFERENCE = re.compile(
+    r"(?:\blessons?|\bnotebooks?|\bsections?|§|\bAlgorithm|\bTheorem|\bProposition|\bFigure|\bTable|\bexercises?"
+    r"|\bissue|第)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
+)
+# A number, letters glued to it (a name when not "x"), and, looked ahead, a multiplier or percent sign, directly
+# or at the end of a range ("2-4x"), which makes even a single digit a claim.
+_NUMBER = re.compile(
+    r"(?<![A-Za-z_\d.^/])(\d+(?:\.\d+)?)(?P<suffix>[A-Za-z]*)"
+    r"(?=(?P<after>\s*[x×%倍]|[-–]\d+(?:\.\d+)?\s*[x×%倍])?)"
+)
+
+
+def numbers_in(passage: str) -> list[str]:
+    """The numbers a passage states as facts (see the module docstring for what is left out), as written."""
+    passage = _REFERENCE.sub(" ", _CITATION.sub(" ", _FORMULA.sub(" ", passage)))
+    found = []
+    for match in _NUMBER.finditer(passage):
+        number, suffix = match[1], match["suffix"]
+        if suffix and suffix != "x":
+            continue  # part of a name or a size label: 64K, 3rd, 2D
+        if "." not in number and len(number) == 1 and not (suffix or match["after"]):
+            continue  # a small count: "2 passes"
+        found.append(number)
+    return found
+
+
+def _answer_passages(entry: dict, lang: str) -> list[str]:
+    """Every passage of an entry that states facts: answers, follow-up answers, corrections (not the myths)."""
+    passages = [entry["short"][lang], entry["long"][lang]]
+    passages += [f["answer"][lang] for f in entry.get("follow_ups", [])]
+    passages += [w["correction"][lang] for w in entry.get("wrong_answers", [])]
+    return passages
+
+
+# ------------------------------------------------------------------------------------------- validation
+def _check_text(problems: list[str], where: str, field) -> None:
+    if not isinstance(field, dict) or set(field) != set(LANGUAGES):
+        problems.append(f"{where}: expected a mapping with exactly the keys {LANGUAGES}, got {field!r:.80}")
+        return
+    en, zh = field["en"], field["zh"]
+    if not all(isinstance(t, str) and t.strip() for t in (en, zh)):
+        problems.append(f"{where}: both en and zh must be non-empty text")
+        return
+    if en.strip() == zh.strip():
+        problems.append(f"{where}: the zh text is the en text; translate it")
+    if not CJK.search(zh):
+        problems.append(f"{where}: the zh text has no Chinese characters: {zh!r:.80}")
+    if CJK.search(en):
+        problems.append(f"{where}: the en text contains Chinese characters: {en!r:.80}")
+
+
+def evidence_value(item: dict, *, root: Path | None = None):
+    """The number an evidence item holds (None for a pure pointer); raises EvidenceError if it does not resolve.
+
+    A notebook item with ``compute`` must name a function its tagged cell calls.
+    """
+    if "notebook" in item:
+        cell = ev.notebook_cell(item["notebook"], item["cell_tag"], root=root)
+        if "compute" in item:
+            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            if f"{item['compute']}(" not in source:
+                raise ev.EvidenceError(f"{item['notebook']} cell {item['cell_tag']!r} does not call "
+                                       f"{item['compute']}(...), so it does not show the quoted number")
+            return ev.compute(item["compute"], item.get("args"))
+        return None
+    if "results" in item:
+        value = ev.results_value(item["results"], item["key"], root=root)
+        return value * item.get("multiply", 1) if "quote" in item else value
+    if "compute" in item:
+        return ev.compute(item["compute"], item.get("args"))
+    if "paper" in item:
+        if not str(item.get("section", "")).strip():
+            raise ev.EvidenceError(f"paper evidence {item['paper']!r} needs a section")
+        return item.get("value")
+    raise ev.EvidenceError(f"evidence {item!r:.80} is none of notebook, results, compute, paper")
+
+
+def _quote(item: dict) -> str | None:
+    if "quote" in item:
+        return str(item["quote"])
+    if "paper" in item and "value" in item:
+        return str(item["value"])
+    return None
+
+
+def _check_evidence(problems: list[str], entry: dict, root: Path | None) -> set[str]:
+    """Resolve every evidence item of an entry; return the quotes that hold."""
+    where = f"entry {entry['id']}"
+    quotes = set()
+    items = entry.get("evidence") or []
+    if not items:
+        problems.append(f"{where}: no evidence")
+    for index, item in enumerate(items):
+        try:
+            value = evidence_value(item, root=root)
+        except (ev.EvidenceError, TypeError, ValueError) as error:
+            problems.append(f"{where} evidence {index}: {error}")
+            continue
+        quote = _quote(item)
+        if quote is None:
+            if "compute" in item and "notebook" not in item and not value:
+                problems.append(f"{where} evidence {index}: the check {item['compute']} failed (returned {value})")
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            problems.append(f"{where} evidence {index}: quotes {quote!r} but holds no number ({value!r})")
+        elif not ev.quote_matches(quote, value):
+            problems.append(f"{where} evidence {index}: the answer quotes {quote} but the evidence holds {value:.6g}")
+        else:
+            quotes.add(quote)
+    return quotes
+
+
+def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]:
+    """Every problem of the bank, as messages; an empty list means valid.
+
+    Checks: ids unique and well formed; each entry's section exists; every text field has en and zh, the zh is
+    Chinese and not the en; every evidence item resolves (files, cell tags, JSON keys, compute functions);
+    every quoted number matches its evidence and appears in both languages; every number the answers state is
+    quoted by some evidence of the entry.
+    """
+    bank = bank or load()
+    problems: list[str] = []
+    for section, title in bank.sections.items():
+        _check_text(problems, f"section {section} title", title)
+    seen = set()
+    for entry in bank.entries:
+        entry_id = entry.get("id", "?")
+        where = f"entry {entry_id}"
+        if not ID_FORMAT.match(str(entry_id)) or entry_id in seen:
+            problems.append(f"{where}: id must be unique and lower-case-with-dashes")
+        seen.add(entry_id)
+        if entry.get("section") not in bank.sections:
+            problems.append(f"{where}: section {entry.get('section')!r} is not one of {list(bank.sections)}")
+        missing = [f for f in (*TEXT_FIELDS, "follow_ups", "wrong_answers", "evidence") if not entry.get(f)]
+        if missing:
+            problems.append(f"{where}: missing or empty fields {missing}")
+            continue
+        for field in TEXT_FIELDS:
+            _check_text(problems, f"{where} {field}", entry[field])
+        for i, follow in enumerate(entry["follow_ups"]):
+            for part in ("question", "answer"):
+                _check_text(problems, f"{where} follow_ups[{i}].{part}", follow.get(part))
+        for i, wrong in enumerate(entry["wrong_answers"]):
+            for part in ("claim", "correction"):
+                _check_text(problems, f"{where} wrong_answers[{i}].{part}", wrong.get(part))
+        if any(p.startswith(where) and "expected a mapping" in p for p in problems):
+            continue
+        quotes = _check_evidence(problems, entry, root)
+        for lang in LANGUAGES:
+            stated = [n for passage in _answer_passages(entry, lang) for n in numbers_in(passage)]
+            for number in sorted(set(stated) - quotes):
+                problems.append(f"{where} ({lang}): states {number} but no evidence of the entry quotes it")
+            for quote in sorted(quotes - set(stated)):
+                problems.append(f"{where} ({lang}): evidence quotes {quote} but the {lang} answer never states it")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------- rendering
+def evidence_label(item: dict, lang: str = "en") -> str:
+    """One evidence item as a line of Markdown, in ``lang``."""
+    labels = LABELS[lang]
+    if "notebook" in item:
+        name = Path(item["notebook"]).name
+        return f"[{name}](../{item['notebook']}), {labels['cell']} `{item['cell_tag']}`"
+    if "results" in item:
+        return f"{labels['results']} `{item['results']}`, `{item['key']}`"
+    if "compute" in item:
+        args = ", ".join(f"{k}={v}" for k, v in (item.get("args") or {}).items())
+        return f"{labels['computed']} `flashcourse.interview.evidence.{item['compute']}({args})`"
+    return f"{item['paper']}, {item['section']}"
+
+
+def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> str:
+    """One entry as Markdown: question, 30-second answer, longer answer, follow-ups, wrong answers, evidence."""
+    labels = LABELS[lang]
+    hashes = "#" * heading_level
+    lines = [f"{hashes} {entry['question'][lang]}", "", f"**{labels['short']}.** {entry['short'][lang]}", "",
+             f"**{labels['long']}.** {entry['long'][lang].strip()}", "", f"**{labels['follow_ups']}**", ""]
+    for follow in entry["follow_ups"]:
+        lines.append(f"- *{follow['question'][lang]}* {follow['answer'][lang]}")
+    lines += ["", f"**{labels['wrong']}**", ""]
+    for wrong in entry["wrong_answers"]:
+        lines.append(f"- {labels['wrong_prefix']} {wrong['claim'][lang]} {labels['right_prefix']} "
+                     f"{wrong['correction'][lang]}")
+    lines += ["", f"**{labels['evidence']}**: " + "; ".join(evidence_label(i, lang) for i in entry["evidence"]), ""]
+    return "\n".join(lines)
+
+
+def render_markdown(bank: Bank | None = None, lang: str = "en", *, section: str | None = None) -> str:
+    """A whole section (or the whole bank, with section headings) as Markdown, in ``lang``."""
+    bank = bank or load()
+    if section is not None:
+        return "\n".join(render_entry(e, lang) for e in bank.in_section(section))
+    parts = []
+    for section_id, title in bank.sections.items():
+        parts.append(f"## {title[lang]}\n")
+        parts.extend(render_entry(e, lang) for e in bank.in_section(section_id))
+    return "\n".join(parts)

@@ -1,0 +1,268 @@
+"""The evidence behind the interview answers: numbers computed from the course, and resolvers for references.
+
+An answer in the question bank that quotes a number must carry the evidence that holds it. Evidence is one of:
+
+- ``{compute: NAME, args: {...}}``: a function below (registered in :data:`COMPUTE`), run on the spot. These
+  are short and deterministic (IO counts from :mod:`flashcourse.iomodel`, FLOP formulas from
+  :mod:`flashcourse.bench`, arithmetic on published hardware figures), so a test can run every one in seconds.
+- ``{notebook: "notebooks/NN_x.ipynb", cell_tag: TAG}``: a code cell carrying TAG in ``metadata.tags``; the
+  learner sees the number there. When it also has ``compute``, the tagged cell must call that same function
+  (the test reads the cell's source), so the notebook and the bank cannot show different numbers without
+  executing the notebook in the test.
+- ``{results: "benchmarks/results/<file>.json", key: PATH}``: a value in a committed GPU result; PATH is dotted,
+  with ``name[3]`` for a list index or ``name[k=v,k2=v2]`` for the one list element whose fields match.
+- ``{paper: TITLE, section: WHERE, value: X}``: a figure reported in a paper or blog post (cited, not
+  recomputed: we cannot rerun the authors' H100 measurements).
+
+Every kind may carry ``quote``: the number exactly as the answer writes it (``"740"``, ``"2.30"``, ``"16"``).
+:func:`quote_matches` accepts it when the evidence's value rounds to it at the precision the quote is written
+with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .. import bench, iomodel, reference, tiled, tolerance
+
+__all__ = [
+    "COMPUTE",
+    "EvidenceError",
+    "attention_matrix_bytes",
+    "backward_over_forward",
+    "compute",
+    "decode_grid_fill",
+    "exp_overflow_at",
+    "exp_time_over_matmul_time",
+    "flash_block_size",
+    "flash_traffic_growth",
+    "flops_growth",
+    "io_traffic",
+    "io_traffic_ratio",
+    "lse_bytes",
+    "matmul_flops_per_score",
+    "memory_saved_ratio",
+    "notebook_cell",
+    "quote_matches",
+    "repo_root",
+    "rescale_time_share",
+    "resolve_key",
+    "results_value",
+    "sram_sum_mb",
+    "throughput_ratio",
+    "tiled_is_exact",
+]
+
+
+class EvidenceError(LookupError):
+    """An evidence reference that does not resolve: a missing file, cell tag, key or compute function."""
+
+
+def repo_root() -> Path:
+    """The repository this package was installed from (editable install): notebooks/ and benchmarks/ live there."""
+    return Path(__file__).resolve().parents[3]
+
+
+# ------------------------------------------------------------------------------------------- computed numbers
+def _random_qkv(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((n, d)) for _ in range(3))
+
+
+def io_traffic(n: int, d: int, sram: int, algorithm: str = "flash") -> int:
+    """HBM traffic (elements read + written) of one head of attention, (N, d) inputs, in an SRAM of M elements,
+    counted by :func:`flashcourse.iomodel.simulate` (the counts do not depend on the data)."""
+    _, stats = iomodel.simulate(algorithm, *_random_qkv(n, d), sram=sram)
+    return stats.total
+
+
+def io_traffic_ratio(n: int, d: int, sram: int) -> float:
+    """Traffic of the standard three-step attention over FlashAttention's, same N, d and M."""
+    return io_traffic(n, d, sram, "standard") / io_traffic(n, d, sram, "flash")
+
+
+def flash_traffic_growth(n: int, d: int, sram: int) -> float:
+    """How much FlashAttention's HBM traffic grows when N doubles: about 4 (quadratic), not 2 (linear)."""
+    return io_traffic(2 * n, d, sram, "flash") / io_traffic(n, d, sram, "flash")
+
+
+def flash_block_size(sram: int, d: int, which: str = "block_k") -> int:
+    """B_c (``"block_k"``) or B_r (``"block_q"``) that Algorithm 1 of FlashAttention picks for M elements and head
+    dim d, as :func:`flashcourse.iomodel.flash_block_sizes` shrinks it to fit one step in SRAM."""
+    block_q, block_k = iomodel.flash_block_sizes(sram, d)
+    if which not in ("block_q", "block_k"):
+        raise ValueError(f'which must be "block_q" or "block_k", got {which!r}')
+    return block_q if which == "block_q" else block_k
+
+
+def matmul_flops_per_score(d: int) -> float:
+    """Matmul FLOPs per entry of the N x N score matrix in the forward: 4 d (QK^T and PV), from
+    :func:`flashcourse.bench.attention_flops`. Each entry also needs one exponential."""
+    n = 64
+    return bench.attention_flops(1, 1, n, d) / (n * n)
+
+
+def exp_time_over_matmul_time(d: int, matmul_tflops: float, exp_tflops: float) -> float:
+    """Time of the exponentials as a percentage of the time of the matmuls in the forward, if each ran alone at
+    its peak rate: one exp per score against 4 d matmul FLOPs per score."""
+    return 100.0 * (1.0 / exp_tflops) / (matmul_flops_per_score(d) / matmul_tflops)
+
+
+def rescale_time_share(d: int, block_k: int, nonmatmul_cost: float = 1.0) -> float:
+    """Percent that the online softmax's rescaling adds to the forward's matmul work: per K/V block each row
+    multiplies its accumulator (d numbers) and its sum by alpha = exp(m_old - m_new) and computes alpha, i.e.
+    (d + 2) / B_c operations per score, against 4 d matmul FLOPs per score. ``nonmatmul_cost``: how many times
+    dearer a non-matmul operation is than a matmul FLOP (1 counts FLOPs; 16 is the A100's throughput ratio);
+    an upper bound on time, as if nothing overlapped."""
+    return 100.0 * nonmatmul_cost * (d + 2) / block_k / matmul_flops_per_score(d)
+
+
+def flops_growth(n: int, d: int) -> float:
+    """How much attention's FLOPs grow when N doubles (:func:`flashcourse.bench.attention_flops`): 4."""
+    return bench.attention_flops(1, 1, 2 * n, d) / bench.attention_flops(1, 1, n, d)
+
+
+def tiled_is_exact(n: int, d: int, block_q: int, block_k: int, causal: bool = False) -> float:
+    """1.0 when :func:`flashcourse.tiled.flash_forward` equals :func:`flashcourse.reference.attention` in float64
+    (within the float64 tolerance) on random inputs, else 0.0: FlashAttention is exact, not an approximation."""
+    q, k, v = _random_qkv(n, d, seed=1)
+    expected = reference.attention(q, k, v, causal=causal)
+    got, _ = tiled.flash_forward(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    rtol, atol = tolerance.tolerance_for("float64")
+    return float(np.allclose(got, expected, rtol=rtol, atol=atol))
+
+
+def exp_overflow_at(dtype: str) -> float:
+    """The x above which exp(x) overflows to inf in ``dtype``: log of its largest finite number."""
+    return float(np.log(np.finfo(np.dtype(dtype)).max.astype(np.float64)))
+
+
+def throughput_ratio(fast: float, slow: float) -> float:
+    """fast / slow: e.g. how many times dearer a non-matmul FLOP is than a matmul FLOP."""
+    return fast / slow
+
+
+def sram_sum_mb(num_sms: int, kb_per_sm: float) -> float:
+    """On-chip SRAM summed over all SMs, in MB (10^6 bytes), from KB (1024 bytes) per SM."""
+    return num_sms * kb_per_sm * 1024 / 1e6
+
+
+def backward_over_forward() -> float:
+    """Backward matmul FLOPs over forward ones (:data:`flashcourse.bench.BACKWARD_OVER_FORWARD`)."""
+    return bench.BACKWARD_OVER_FORWARD
+
+
+def attention_matrix_bytes(batch: int, heads: int, n: int, bytes_per_element: int = 2, unit: float = 1e9) -> float:
+    """Bytes of one N x N matrix (P, kept for the backward without recomputation) per layer, in ``unit``s."""
+    return batch * heads * n * n * bytes_per_element / unit
+
+
+def lse_bytes(batch: int, heads: int, n: int, unit: float = 1e6) -> float:
+    """Bytes of the float32 logsumexp FlashAttention keeps for the backward instead, in ``unit``s."""
+    return batch * heads * n * 4 / unit
+
+
+def memory_saved_ratio(batch: int, heads: int, n: int, bytes_per_element: int = 2) -> float:
+    """Memory of the N x N matrix over the logsumexp kept instead: N * bytes / 4, linear in N."""
+    return attention_matrix_bytes(batch, heads, n, bytes_per_element, 1.0) / lse_bytes(batch, heads, n, 1.0)
+
+
+def decode_grid_fill(batch: int, kv_heads: int, num_sms: int, num_splits: int = 1) -> float:
+    """Programs a decode launch has per SM: B * H_kv * splits / SMs (below 1 leaves SMs idle)."""
+    return batch * kv_heads * num_splits / num_sms
+
+
+COMPUTE: dict[str, Callable[..., float]] = {
+    fn.__name__: fn
+    for fn in (io_traffic, io_traffic_ratio, flash_traffic_growth, flash_block_size, matmul_flops_per_score,
+               exp_time_over_matmul_time, rescale_time_share, flops_growth, tiled_is_exact, exp_overflow_at,
+               throughput_ratio, sram_sum_mb, backward_over_forward, attention_matrix_bytes, lse_bytes,
+               memory_saved_ratio, decode_grid_fill)
+}
+
+
+def compute(name: str, args: dict | None = None) -> float:
+    """Run the registered compute function ``name`` with keyword ``args``."""
+    if name not in COMPUTE:
+        raise EvidenceError(f"no compute function {name!r}: expected one of {sorted(COMPUTE)}")
+    return float(COMPUTE[name](**(args or {})))
+
+
+# ------------------------------------------------------------------------------------------- references
+def notebook_cell(notebook: str, cell_tag: str, *, root: Path | None = None) -> dict:
+    """The code cell of ``notebook`` (a path from the repository root) whose ``metadata.tags`` holds ``cell_tag``.
+
+    Raises EvidenceError when the notebook or the tag is missing, or when two cells carry the tag.
+    """
+    path = (root or repo_root()) / notebook
+    if not path.is_file():
+        raise EvidenceError(f"notebook {notebook} does not exist (looked at {path})")
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    tagged = [c for c in cells if c["cell_type"] == "code" and cell_tag in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        raise EvidenceError(f"{notebook} has {len(tagged)} code cells tagged {cell_tag!r}; expected exactly one")
+    return tagged[0]
+
+
+_SEGMENT = re.compile(r"^(?P<name>[^\[\]]*)(?:\[(?P<select>[^\]]+)\])?$")
+
+
+def _select(items: list, select: str, where: str):
+    if re.fullmatch(r"-?\d+", select):
+        index = int(select)
+        if not -len(items) <= index < len(items):
+            raise EvidenceError(f"{where}: index {index} out of range for a list of {len(items)}")
+        return items[index]
+    conditions = dict(part.split("=", 1) for part in select.split(","))
+    found = [item for item in items if isinstance(item, dict)
+             and all(str(item.get(k.strip())) == v.strip() for k, v in conditions.items())]
+    if len(found) != 1:
+        raise EvidenceError(f"{where}: [{select}] matches {len(found)} elements; expected exactly one")
+    return found[0]
+
+
+def resolve_key(data, key: str):
+    """The value at dotted ``key`` in nested dicts and lists: ``rows[n_kv=131072,impl=ours].tb_per_s``,
+    ``meta.device``, ``rows[0].ms``."""
+    value = data
+    for segment in key.split("."):
+        match = _SEGMENT.match(segment)
+        if match is None:
+            raise EvidenceError(f"key {key!r}: cannot parse the segment {segment!r}")
+        name, select = match["name"], match["select"]
+        if name:
+            if not isinstance(value, dict) or name not in value:
+                have = sorted(value) if isinstance(value, dict) else type(value).__name__
+                raise EvidenceError(f"key {key!r}: no field {name!r} (have {have})")
+            value = value[name]
+        if select is not None:
+            if not isinstance(value, list):
+                raise EvidenceError(f"key {key!r}: {name or 'value'} is not a list, cannot select [{select}]")
+            value = _select(value, select, f"key {key!r}")
+    return value
+
+
+def results_value(results: str, key: str, *, root: Path | None = None):
+    """The value at ``key`` in the committed result file ``results`` (a path from the repository root)."""
+    path = (root or repo_root()) / results
+    if not path.is_file():
+        raise EvidenceError(f"results file {results} does not exist (looked at {path})")
+    return resolve_key(json.loads(path.read_text(encoding="utf-8")), key)
+
+
+# ------------------------------------------------------------------------------------------- quotes
+def quote_matches(quote: str, value: float) -> bool:
+    """True when ``value`` rounds to ``quote`` at the quote's precision: "2.30" accepts [2.295, 2.305),
+    "20" accepts [19.5, 20.5). A quote is a plain decimal number as the answer writes it."""
+    if not re.fullmatch(r"\d+(\.\d+)?", quote):
+        raise ValueError(f"quote {quote!r} is not a plain decimal number such as '740' or '2.30'")
+    decimals = len(quote.split(".")[1]) if "." in quote else 0
+    half_unit = 0.5 * 10.0 ** (-decimals)
+    value = float(value)
+    return math.isfinite(value) and float(quote) - half_unit <= value < float(quote) + half_unit + 1e-12

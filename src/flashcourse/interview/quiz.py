@@ -1,0 +1,194 @@
+"""The interview quiz: a random question, its answer hidden until asked, a chain of follow-ups, a self-score.
+
+Every control is an attribute (``next_button``, ``reveal_button``, ``follow_up_button``, ``score_buttons``), so
+a test drives the quiz with ``quiz.reveal_button.click()`` and reads ``quiz.question_view.value`` without a
+browser. The HTML it shows carries stable CSS classes for a browser test: ``fc-quiz`` (the whole widget),
+``fc-quiz-question``, ``fc-quiz-answer`` (present only once revealed: a hidden answer is not in the page at
+all), ``fc-quiz-followup``, ``fc-quiz-score``.
+"""
+
+from __future__ import annotations
+
+import html
+import random
+import re
+
+import ipywidgets as widgets
+
+from . import bank as bank_module
+
+__all__ = ["Quiz", "markdown_to_html"]
+
+POINTS = {"got_it": 1.0, "partly": 0.5, "missed": 0.0}
+UI = {
+    "en": {"next": "New question", "reveal": "Show answer", "follow_up": "Follow-up", "got_it": "Got it",
+           "partly": "Partly", "missed": "Missed", "short": "30-second answer", "long": "Longer answer",
+           "score": "Score", "follow_up_label": "Follow-up", "start": "Press “New question” to start.",
+           "no_more": "No more follow-ups: score yourself, then take a new question."},
+    "zh": {"next": "新问题", "reveal": "显示答案", "follow_up": "追问", "got_it": "答对了", "partly": "部分答对",
+           "missed": "没答出", "short": "30 秒回答", "long": "详细回答", "score": "得分",
+           "follow_up_label": "追问", "start": "点击“新问题”开始。",
+           "no_more": "没有更多追问：先给自己打分，再换一道新问题。"},
+}
+
+
+def markdown_to_html(source: str) -> str:
+    """The small Markdown subset the bank uses (paragraphs, ``- `` lists, `code`, **bold**, *italic*) as HTML."""
+    def inline(line: str) -> str:
+        parts = re.split(r"(`[^`]*`)", line)
+        out = []
+        for part in parts:
+            if part.startswith("`") and part.endswith("`") and len(part) > 1:
+                out.append(f"<code>{html.escape(part[1:-1])}</code>")
+            else:
+                part = html.escape(part)
+                part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
+                part = re.sub(r"(?<![*\w])\*(?!\s)(.+?)(?<!\s)\*(?![*\w])", r"<em>\1</em>", part)
+                out.append(part)
+        return "".join(out)
+
+    blocks = []
+    for block in re.split(r"\n\s*\n", source.strip()):
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        if lines and all(line.startswith("- ") for line in lines):
+            items = "".join(f"<li>{inline(line[2:])}</li>" for line in lines)
+            blocks.append(f"<ul>{items}</ul>")
+        elif lines:
+            blocks.append(f"<p>{inline(' '.join(lines))}</p>")
+    return "".join(blocks)
+
+
+class Quiz:
+    """Drill the question bank: ``Quiz(lang="zh", seed=0).widget`` displays it in a notebook.
+
+    State a test can read: ``current`` (the entry asked, or None), ``follow_up_index`` (-1 while on the main
+    question), ``revealed`` (whether the answer to what is on screen is shown), ``scores`` (entry id ->
+    points: 1 got it, 0.5 partly, 0 missed) and ``total``.
+    """
+
+    def __init__(self, question_bank: bank_module.Bank | None = None, *, lang: str = "en", seed: int | None = None,
+                 section: str | None = None):
+        if lang not in UI:
+            raise ValueError(f"lang must be one of {sorted(UI)}, got {lang!r}")
+        self.bank = question_bank or bank_module.load()
+        self.entries = self.bank.in_section(section) if section else list(self.bank.entries)
+        if not self.entries:
+            raise ValueError("the quiz needs at least one question")
+        self.lang = lang
+        self._rng = random.Random(seed)
+        self._unasked: list[dict] = []
+        self.current: dict | None = None
+        self.follow_up_index = -1
+        self.revealed = False
+        self.scores: dict[str, float] = {}
+
+        ui = UI[lang]
+        self.next_button = widgets.Button(description=ui["next"], button_style="primary")
+        self.reveal_button = widgets.Button(description=ui["reveal"], disabled=True)
+        self.follow_up_button = widgets.Button(description=ui["follow_up"], disabled=True)
+        self.score_buttons = {kind: widgets.Button(description=ui[kind], disabled=True) for kind in POINTS}
+        self.question_view = widgets.HTML(f'<div class="fc-quiz-question">{html.escape(ui["start"])}</div>')
+        self.answer_view = widgets.HTML("")
+        self.follow_up_view = widgets.HTML("")
+        self.score_view = widgets.HTML("")
+        self.next_button.on_click(lambda _: self.next_question())
+        self.reveal_button.on_click(lambda _: self.reveal())
+        self.follow_up_button.on_click(lambda _: self.next_follow_up())
+        for kind, button in self.score_buttons.items():
+            button.on_click(lambda _, kind=kind: self.score(kind))
+        controls = widgets.HBox([self.next_button, self.reveal_button, self.follow_up_button])
+        scoring = widgets.HBox(list(self.score_buttons.values()) + [self.score_view])
+        self.widget = widgets.VBox([controls, self.question_view, self.answer_view, self.follow_up_view, scoring])
+        self.widget.add_class("fc-quiz")
+        self._show_score()
+
+    # ----------------------------------------------------------------------------------- actions
+    def next_question(self) -> dict:
+        """Ask a random question not asked yet in this round (a round goes through every question once)."""
+        if not self._unasked:
+            self._unasked = list(self.entries)
+            self._rng.shuffle(self._unasked)
+            if self.current is not None and len(self._unasked) > 1 and self._unasked[-1] is self.current:
+                self._unasked[0], self._unasked[-1] = self._unasked[-1], self._unasked[0]
+        self.current = self._unasked.pop()
+        self.follow_up_index = -1
+        self.revealed = False
+        question = self.current["question"][self.lang]
+        self.question_view.value = f'<div class="fc-quiz-question">{markdown_to_html(question)}</div>'
+        self.answer_view.value = ""
+        self.follow_up_view.value = ""
+        self.reveal_button.disabled = False
+        self.follow_up_button.disabled = True
+        for button in self.score_buttons.values():
+            button.disabled = True
+        return self.current
+
+    def reveal(self) -> None:
+        """Show the answer to what is on screen: the main question's two answers, or the follow-up's answer."""
+        if self.current is None:
+            return
+        ui = UI[self.lang]
+        self.revealed = True
+        self.reveal_button.disabled = True
+        if self.follow_up_index < 0:
+            short = markdown_to_html(self.current["short"][self.lang])
+            long = markdown_to_html(self.current["long"][self.lang])
+            self.answer_view.value = (
+                f'<div class="fc-quiz-answer"><p><strong>{ui["short"]}</strong></p>{short}'
+                f'<p><strong>{ui["long"]}</strong></p>{long}</div>'
+            )
+            for button in self.score_buttons.values():
+                button.disabled = self.current["id"] in self.scores
+        else:
+            follow = self.current["follow_ups"][self.follow_up_index]
+            self.follow_up_view.value = self._follow_up_html(follow, with_answer=True)
+        self.follow_up_button.disabled = self.follow_up_index + 1 >= len(self.current["follow_ups"])
+        if self.follow_up_button.disabled and self.follow_up_index >= 0:
+            self.follow_up_view.value += f'<div class="fc-quiz-followup"><em>{ui["no_more"]}</em></div>'
+
+    def next_follow_up(self) -> dict | None:
+        """Ask the next follow-up of the current question (its answer hidden); None when there is no more."""
+        if self.current is None or not self.revealed:
+            return None
+        if self.follow_up_index + 1 >= len(self.current["follow_ups"]):
+            return None
+        self.follow_up_index += 1
+        self.revealed = False
+        follow = self.current["follow_ups"][self.follow_up_index]
+        self.follow_up_view.value = self._follow_up_html(follow, with_answer=False)
+        self.follow_up_button.disabled = True
+        self.reveal_button.disabled = False
+        return follow
+
+    def score(self, kind: str) -> float:
+        """Score yourself on the current question (``"got_it"``, ``"partly"``, ``"missed"``), once per question
+        per quiz; returns the running total."""
+        if kind not in POINTS:
+            raise ValueError(f"kind must be one of {sorted(POINTS)}, got {kind!r}")
+        if self.current is None or self.current["id"] in self.scores:
+            return self.total
+        self.scores[self.current["id"]] = POINTS[kind]
+        for button in self.score_buttons.values():
+            button.disabled = True
+        self._show_score()
+        return self.total
+
+    # ----------------------------------------------------------------------------------- display
+    @property
+    def total(self) -> float:
+        """Points so far."""
+        return sum(self.scores.values())
+
+    def _show_score(self) -> None:
+        ui = UI[self.lang]
+        self.score_view.value = (f'<span class="fc-quiz-score">{ui["score"]}: {self.total:g} / '
+                                 f"{len(self.scores)}</span>")
+
+    def _follow_up_html(self, follow: dict, *, with_answer: bool) -> str:
+        ui = UI[self.lang]
+        question = markdown_to_html(follow["question"][self.lang])
+        parts = [f'<div class="fc-quiz-followup"><p><strong>{ui["follow_up_label"]} '
+                 f'{self.follow_up_index + 1}</strong></p>{question}</div>']
+        if with_answer:
+            parts.append(f'<div class="fc-quiz-answer">{markdown_to_html(follow["answer"][self.lang])}</div>')
+        return "".join(parts)
