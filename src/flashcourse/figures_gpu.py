@@ -1,0 +1,126 @@
+"""Figures and tables of the Triton lessons (07, 08): kernel speeds by version, and the toy model's loss curves.
+
+Inputs are what the library already returns: benchmark rows in the format of ``flashcourse.bench.attention``
+(dicts with provider, mode, shape fields, status, tflops and, for our kernel, forward_version or
+backward_version), as saved in ``benchmarks/results/*.json`` or measured live; and loss lists from
+``flashcourse.toy``. Each figure is a :class:`matplotlib.figure.Figure` built without pyplot's global state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+__all__ = ["loss_curves", "shape_label", "version_rates", "version_speeds", "versions_markdown"]
+
+REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
+
+
+def shape_label(row: Mapping) -> str:
+    """A short name for a benchmark row's shape: ``fp16 B4 H16 D128 N4096 causal``."""
+    dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(row["dtype"], row["dtype"])
+    causal = " causal" if row["causal"] else ""
+    return f"{dtype} B{row['batch']} H{row['heads']} D{row['head_dim']} N{row['n']}{causal}"
+
+
+def version_rates(rows: Sequence[Mapping], mode: str = "fwd") -> dict[str, dict[str, float]]:
+    """TFLOP/s by shape, then by kernel: our versions (``v1``.., ``b1``..) and the SDPA baselines of the same run.
+
+    Rows that did not run (status other than "ok") are left out. The order of versions is the rows' order.
+    """
+    version_key = "forward_version" if mode == "fwd" else "backward_version"
+    rates: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row.get("mode") != mode or row.get("status") != "ok":
+            continue
+        if row["provider"] == "flashcourse" and row.get(version_key):
+            label = row[version_key]
+        elif row["provider"] in REFERENCES:
+            label = REFERENCES[row["provider"]]
+        else:
+            continue
+        rates.setdefault(shape_label(row), {})[label] = float(row["tflops"])
+    return rates
+
+
+def versions_markdown(rates: Mapping[str, Mapping[str, float]], *, source: str) -> str:
+    """A Markdown table: one row per kernel, per shape its TFLOP/s and its ratio to SDPA flash and cuDNN.
+
+    rates: from :func:`version_rates`; source: where the numbers come from (device, date, file).
+    """
+    shapes = list(rates)
+    kernels = list(dict.fromkeys(k for by_kernel in rates.values() for k in by_kernel))
+    header = "| kernel | " + " | ".join(f"{s}: TFLOP/s (x flash, x cuDNN)" for s in shapes) + " |"
+    lines = [source, "", header, "|---|" + "---|" * len(shapes)]
+    for kernel in kernels:
+        cells = []
+        for shape in shapes:
+            by_kernel = rates[shape]
+            if kernel not in by_kernel:
+                cells.append("-")
+                continue
+            ratios = [f"{by_kernel[kernel] / by_kernel[ref]:.2f}" if ref in by_kernel else "-"
+                      for ref in REFERENCES.values()]
+            cells.append(f"{by_kernel[kernel]:.0f} ({', '.join(ratios)})")
+        lines.append(f"| {kernel} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def version_speeds(rates: Mapping[str, Mapping[str, float]], *, title: str) -> Figure:
+    """Grouped bars: one group per kernel (our versions, then SDPA's), one bar per shape, in TFLOP/s."""
+    shapes = list(rates)
+    kernels = list(dict.fromkeys(k for by_kernel in rates.values() for k in by_kernel))
+    fig = Figure(figsize=(max(6.4, 0.9 * len(kernels) + 2), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(shapes), 1)
+    x = np.arange(len(kernels))
+    for i, shape in enumerate(shapes):
+        heights = [rates[shape].get(k, np.nan) for k in kernels]
+        ax.bar(x + (i - (len(shapes) - 1) / 2) * width, heights, width, label=shape)
+    ax.set_xticks(x, kernels)
+    for tick, kernel in zip(ax.get_xticklabels(), kernels, strict=True):
+        if kernel in REFERENCES.values():
+            tick.set_fontstyle("italic")  # the baselines, not ours
+    ax.set_xlabel("kernel (ours by version, then PyTorch's)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None = None,
+                title: str = "Training loss, same weights and batches") -> Figure:
+    """Left: the loss of every step, one line per run. Right: how far each run is from the first, per step.
+
+    losses: run name -> loss per step; chance: the loss of uniform guessing, drawn as a dashed line.
+    """
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    ax_loss, ax_diff = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = list(losses)
+    styles = ["-", "--", ":", "-."]
+    for i, name in enumerate(names):
+        values = np.asarray(losses[name], dtype=float)
+        ax_loss.plot(np.arange(1, len(values) + 1), values, styles[i % len(styles)], label=name)
+    if chance is not None:
+        ax_loss.axhline(chance, color="grey", linestyle=":", linewidth=1, label=f"chance ({chance:.2f})")
+    ax_loss.set_xlabel("training step")
+    ax_loss.set_ylabel("cross-entropy loss (nats)")
+    ax_loss.set_title(title)
+    ax_loss.legend(fontsize=8)
+    first = np.asarray(losses[names[0]], dtype=float)
+    steps = np.arange(1, len(first) + 1)
+    # one float32 rounding step of the loss: gaps at this level are rounding, not a difference in the maths
+    resolution = np.finfo(np.float32).eps * np.abs(first)
+    ax_diff.semilogy(steps, resolution, color="grey", linestyle=":", label="float32 resolution of the loss")
+    for name in names[1:]:
+        gap = np.abs(np.asarray(losses[name], dtype=float) - first)
+        # a gap of exactly 0 has no place on a log axis: draw it at half the resolution, below the grey line
+        ax_diff.semilogy(steps, np.where(gap > 0, gap, resolution / 2), marker=".", label=name)
+    ax_diff.set_xlabel("training step")
+    ax_diff.set_ylabel(f"|loss - loss of {names[0]}|")
+    ax_diff.set_title("Difference per step")
+    ax_diff.legend(fontsize=8)
+    return fig
