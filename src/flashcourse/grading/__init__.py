@@ -1,0 +1,62 @@
+"""Exercise checks, the solutions-to-exercises release and the batch grader.
+
+In a notebook: ``from flashcourse import grading`` then ``grading.check_naive_attention(naive_attention)``: it
+runs your function on fresh random inputs of several awkward sizes, compares with the float64 reference within
+``flashcourse.tolerance`` and either prints that it passed or raises AssertionError saying what is wrong (the
+first mismatching index, yours vs expected, and the usual mistake it looks like).
+
+Instructors: ``python -m flashcourse.grading release`` writes ``exercises/`` from ``solutions/``;
+``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades submissions in batch (docs/GRADING.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ._core import ForbiddenCallError, NotImplementedYet, Part, run_check
+
+EXERCISES = {
+    "ex01_naive_attention": "ex01",
+    "ex02_softmax": "ex02",
+    "ex03_tiled_forward": "ex03",
+    "ex04_io": "ex04",
+    "ex05_backward": "ex05",
+    "ex06_triton_softmax": "ex06",
+    "ex07_triton_forward": "ex07",
+    "ex08_triton_backward": "ex08",
+    "ex09_decode_combine": "ex09",
+}
+
+# check function name -> module that defines it; modules load on first use (the Triton ones import torch).
+_CHECKS = {
+    "check_attention_scores": "ex01", "check_apply_causal_mask": "ex01", "check_naive_attention": "ex01",
+    "check_softmax_safe": "ex02", "check_merge": "ex02", "check_online_stats": "ex02",
+    "check_softmax_online": "ex02",
+    "check_tile_update": "ex03", "check_flash_attention_sram": "ex03", "check_flash_attention_sram_causal": "ex03",
+    "check_block_sizes": "ex04", "check_flash_traffic": "ex04", "check_standard_traffic": "ex04",
+    "check_softmax_backward": "ex05", "check_attention_backward": "ex05", "check_flash_backward_tiles": "ex05",
+    "check_triton_softmax": "ex06", "check_triton_softmax_long_rows": "ex06",
+    "check_flash_forward_triton": "ex07", "check_flash_forward_triton_causal": "ex07",
+    "check_dkdv_triton_dv": "ex08", "check_dkdv_triton_dk": "ex08", "check_dkdv_triton_causal": "ex08",
+    "check_combine_partials": "ex09", "check_split_kv_attention": "ex09", "check_combine_triton": "ex09",
+}
+
+__all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "parts", "run_check", *_CHECKS]
+
+
+def parts(exercise: str) -> list[Part]:
+    """The graded parts of an exercise, by notebook name ("ex01_naive_attention") or short name ("ex01")."""
+    short = EXERCISES.get(exercise, exercise)
+    if short not in EXERCISES.values():
+        raise KeyError(f"unknown exercise {exercise!r}: expected one of {sorted(EXERCISES)}")
+    return importlib.import_module(f"{__name__}.{short}").PARTS
+
+
+def __getattr__(name: str):
+    if name in _CHECKS:
+        return getattr(importlib.import_module(f"{__name__}.{_CHECKS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,114 @@
+"""Exercises are generated from solutions: in sync, without a solution line, solutions pass every check, stubs
+fail every check with the not-implemented message (not a crash)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashcourse.grading import release
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
+NAMES = [p.name for p in SOLUTIONS]
+LESSON_LINK_NAMES = ["ex01_naive_attention", "ex02_softmax", "ex03_tiled_forward", "ex04_io", "ex05_backward",
+                     "ex06_triton_softmax", "ex07_triton_forward", "ex08_triton_backward", "ex09_decode_combine"]
+
+
+def _grade_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")]
+
+
+def _execute(path: Path, *, allow_errors: bool):
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    env = dict(os.environ)
+    os.environ["MPLBACKEND"] = "agg"
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+    return nb
+
+
+def test_every_exercise_has_its_solution_source():
+    assert NAMES == [f"{name}.ipynb" for name in LESSON_LINK_NAMES]
+    assert sorted(p.name for p in (ROOT / "exercises").glob("ex*.ipynb")) == NAMES
+
+
+def test_committed_exercises_equal_a_fresh_release():
+    stale = release.release(ROOT / "solutions", ROOT / "exercises", check=True)
+    assert not stale, f"run `python -m flashcourse.grading release`: out of date: {stale}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_solution_line_and_no_hidden_test_in_the_exercise(name):
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    exercise_text = (ROOT / "exercises" / name).read_text()
+    exercise = nbformat.read(ROOT / "exercises" / name, as_version=4)
+    public, secret = set(), set()
+    for cell in solution.cells:
+        region = None
+        for line in cell.source.split("\n"):
+            if "### BEGIN SOLUTION" in line or "### BEGIN HIDDEN TESTS" in line:
+                region = line
+            elif "### END SOLUTION" in line or "### END HIDDEN TESTS" in line:
+                region = None
+            elif line.strip():
+                (secret if region else public).add(line.strip())
+    exercise_lines = {line.strip() for cell in exercise.cells for line in cell.source.split("\n")}
+    leaked = (secret - public) & exercise_lines
+    assert not leaked, f"{name}: solution lines in the exercise: {sorted(leaked)[:5]}"
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "hidden=True"):
+        assert marker not in exercise_text
+    assert len(_grade_cells(exercise)) == len(_grade_cells(solution)) >= 2
+    for cell in exercise.cells:
+        assert cell.cell_type != "code" or (not cell.outputs and cell.execution_count is None)
+
+
+def test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers():
+    source = ("def f(x):\n    # TODO (about 2 lines): double it\n    ### BEGIN SOLUTION\n    y = 2 * x\n"
+              "    return y\n    ### END SOLUTION\ncheck(f)\n### BEGIN HIDDEN TESTS\ncheck(f, hidden=True)\n"
+              "### END HIDDEN TESTS")
+    stripped = release.strip_solutions(source, code=True, where="test")
+    assert stripped == ("def f(x):\n    # TODO (about 2 lines): double it\n"
+                        '    raise NotImplementedError("f: fill in the TODO above (about 2 lines)")\ncheck(f)')
+    with pytest.raises(release.ReleaseError, match="never closed"):
+        release.strip_solutions("### BEGIN SOLUTION\nx = 1", code=True, where="test")
+    with pytest.raises(release.ReleaseError, match="without its BEGIN"):
+        release.strip_solutions("x = 1\n### END SOLUTION", code=True, where="test")
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_passes_all_its_checks(name):
+    nb = _execute(ROOT / "solutions" / name, allow_errors=False)
+    for cell in _grade_cells(nb):
+        text = "".join(out.get("text", "") for out in cell.outputs if out.output_type == "stream")
+        assert "passed all" in text and "hidden tests" in text, f"{cell.metadata['nbgrader']['grade_id']}: {text}"
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("name", NAMES)
+def test_fresh_exercise_runs_and_every_check_says_not_implemented(name, tmp_path):
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    fresh = tmp_path / name
+    fresh.write_text(release.render(release.release_notebook(solution, name)))
+    nb = _execute(fresh, allow_errors=True)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [out for out in cell.outputs if out.output_type == "error"]
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell in _grade_cells(nb):
+            assert len(errors) == 1, f"{grade_id}: expected the check to fail"
+            assert errors[0].ename == "NotImplementedYet" and "not implemented yet" in errors[0].evalue, (
+                f"{grade_id}: expected the not-implemented message, got {errors[0].ename}: {errors[0].evalue}")
+        else:
+            assert not errors, f"{name} cell {grade_id} crashed: {errors[0].ename}: {errors[0].evalue}"
