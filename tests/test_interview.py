@@ -1,0 +1,311 @@
+"""The interview question bank: complete in both languages, every evidence reference resolves, every quoted
+number matches its evidence; the validator rejects broken entries; the quiz works without a browser."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import nbformat
+import pytest
+
+from flashcourse import interview
+from flashcourse.interview import bank as bank_module
+from flashcourse.interview import evidence
+from flashcourse.interview.quiz import Quiz, markdown_to_html
+
+BANK = interview.load()
+
+# The issue's coverage list and myths list, each mapped to the entry that answers it.
+REQUIRED = {
+    "why FlashAttention is fast": "why-fast",
+    "faster despite more FLOPs": "more-flops-yet-faster",
+    "online softmax stability": "online-softmax-stability",
+    "what is stored for the backward, why recomputation pays": "backward-recomputation",
+    "memory saved without recomputation": "memory-saved",
+    "block sizes and their limits": "block-sizes",
+    "tiling at N = 64K": "long-sequences",
+    "FA2 over FA1": "fa2-changes",
+    "FA3 on Hopper": "fa3-hopper",
+    "inference and decoding": "decoding",
+    "tensor and sequence parallelism": "parallelism",
+    "limits": "limits",
+    "vs xformers": "vs-xformers",
+    "vs sparse attention": "vs-sparse",
+    "vs linear attention": "vs-linear",
+    "myth: traffic O(N^2) to O(N)": "myth-io-linear",
+    "myth: 20 MB of SRAM": "myth-sram-20mb",
+    "myth: FA2 calls cuBLAS": "myth-cublas",
+    "myth: no masks or dropout": "myth-no-masks",
+    "myth: approximate or sparse": "myth-approximate",
+    "myth: only for training": "myth-training-only",
+    "myth: merging costs 20-30%": "myth-rescale-cost",
+    "myth: O(N^2) memory without recomputation": "myth-memory-without-recompute",
+}
+STANDARD_TERMS = ("IO 感知", "分块", "重计算", "在线 softmax", "算子融合")
+
+
+def _texts(entry):
+    """Every bilingual text field of an entry, with where it sits."""
+    yield "question", entry["question"]
+    yield "short", entry["short"]
+    yield "long", entry["long"]
+    for i, follow in enumerate(entry["follow_ups"]):
+        yield f"follow_ups[{i}].question", follow["question"]
+        yield f"follow_ups[{i}].answer", follow["answer"]
+    for i, wrong in enumerate(entry["wrong_answers"]):
+        yield f"wrong_answers[{i}].claim", wrong["claim"]
+        yield f"wrong_answers[{i}].correction", wrong["correction"]
+
+
+# ------------------------------------------------------------------------------------------- the bank
+def test_the_shipped_bank_is_valid():
+    """Every evidence reference resolves and every quoted number matches what its evidence holds."""
+    assert interview.validate(BANK) == []
+
+
+def test_covers_every_required_topic_and_myth():
+    ids = {entry["id"] for entry in BANK.entries}
+    missing = {topic: entry_id for topic, entry_id in REQUIRED.items() if entry_id not in ids}
+    assert not missing, f"the bank lacks entries for {missing}"
+    assert {e["id"] for e in BANK.in_section("myths")} >= {v for k, v in REQUIRED.items() if k.startswith("myth")}
+
+
+@pytest.mark.parametrize("entry", BANK.entries, ids=lambda e: e["id"])
+def test_every_field_in_both_languages(entry):
+    assert entry["follow_ups"] and entry["wrong_answers"] and entry["evidence"]
+    for where, field in _texts(entry):
+        assert set(field) == {"en", "zh"}, f"{entry['id']} {where}: languages {sorted(field)}"
+        en, zh = field["en"].strip(), field["zh"].strip()
+        assert en and zh, f"{entry['id']} {where}: empty text"
+        assert zh != en, f"{entry['id']} {where}: the Chinese text is the English text"
+        assert bank_module.CJK.search(zh), f"{entry['id']} {where}: no Chinese characters in {zh!r}"
+
+
+@pytest.mark.parametrize("entry", BANK.entries, ids=lambda e: e["id"])
+def test_every_evidence_item_resolves(entry):
+    for item in entry["evidence"]:
+        value = bank_module.evidence_value(item)
+        if "quote" in item:
+            assert evidence.quote_matches(str(item["quote"]), value), (entry["id"], item, value)
+
+
+def test_uses_the_standard_chinese_terms():
+    chinese = " ".join(field["zh"] for entry in BANK.entries for _, field in _texts(entry))
+    assert [term for term in STANDARD_TERMS if term not in chinese] == []
+
+
+def test_quoted_numbers_are_stated_in_both_languages():
+    entry = BANK.entry("fa3-hopper")
+    for lang in interview.LANGUAGES:
+        stated = interview.numbers_in(entry["short"][lang])
+        assert {"740", "75", "1.2", "1.5", "2.0"} <= set(stated), (lang, stated)
+
+
+# ------------------------------------------------------------------------------------------- the validator
+def _bank_with(entry) -> interview.Bank:
+    return interview.Bank(sections=BANK.sections, entries=[entry])
+
+
+def _entry(entry_id="why-fast"):
+    return copy.deepcopy(BANK.entry(entry_id))
+
+
+def test_validator_rejects_a_quote_its_evidence_does_not_hold():
+    entry = _entry()
+    item = next(i for i in entry["evidence"] if i.get("compute") == "io_traffic_ratio")
+    item["quote"] = "9.5"
+    for lang in interview.LANGUAGES:
+        entry["long"][lang] = entry["long"][lang].replace("5.5", "9.5")
+    problems = interview.validate(_bank_with(entry))
+    assert any("quotes 9.5 but the evidence holds 5.47" in p for p in problems), problems
+
+
+def test_validator_rejects_a_number_no_evidence_quotes():
+    entry = _entry()
+    entry["short"]["en"] += " It is 3.14x faster."
+    problems = interview.validate(_bank_with(entry))
+    assert problems == ["entry why-fast (en): states 3.14 but no evidence of the entry quotes it"]
+
+
+def test_validator_rejects_a_quote_missing_from_one_language():
+    entry = _entry()
+    entry["long"]["zh"] = entry["long"]["zh"].replace("5.5 倍", "若干倍")
+    problems = interview.validate(_bank_with(entry))
+    assert problems == ["entry why-fast (zh): evidence quotes 5.5 but the zh answer never states it"]
+
+
+def test_validator_rejects_missing_or_copied_translations():
+    entry = _entry()
+    entry["short"]["zh"] = entry["short"]["en"]
+    del entry["question"]["zh"]
+    entry["follow_ups"][0]["answer"]["zh"] = "Transfers between HBM and SRAM, translated later."
+    problems = "\n".join(interview.validate(_bank_with(entry)))
+    assert "short: the zh text is the en text" in problems
+    assert "question: expected a mapping with exactly the keys ('en', 'zh')" in problems
+    assert "follow_ups[0].answer: the zh text has no Chinese characters" in problems
+
+
+def test_validator_rejects_references_that_do_not_resolve():
+    entry = _entry()
+    entry["evidence"] += [
+        {"notebook": "notebooks/09_beyond_fa2.ipynb", "cell_tag": "no-such-tag"},
+        {"results": "benchmarks/results/no-such-file.json", "key": "rows[0].ms"},
+        {"compute": "no_such_function"},
+        {"paper": "Somebody et al.", "section": ""},
+        {"compute": "tiled_is_exact", "args": {"n": 8, "d": 4, "block_q": 0, "block_k": 4}},
+    ]
+    problems = "\n".join(interview.validate(_bank_with(entry)))
+    assert "has 0 code cells tagged 'no-such-tag'" in problems
+    assert "results file benchmarks/results/no-such-file.json does not exist" in problems
+    assert "no compute function 'no_such_function'" in problems
+    assert "needs a section" in problems
+    assert "evidence 7: block_q must be a positive int, got 0" in problems
+
+
+def test_validator_rejects_a_failing_check(monkeypatch):
+    monkeypatch.setitem(evidence.COMPUTE, "tiled_is_exact", lambda **kwargs: 0.0)  # as if the tiled forward broke
+    problems = interview.validate(_bank_with(_entry("myth-approximate")))
+    assert problems and all("the check tiled_is_exact failed" in p for p in problems), problems
+
+
+def test_notebook_evidence_must_compute_the_number_it_quotes(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("print(2 + 2)", metadata={"tags": ["shows-ratio"]}),
+        nbformat.v4.new_code_cell("evidence.io_traffic_ratio(n=64, d=8, sram=512)", metadata={"tags": ["ratio"]}),
+    ])
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(notebook, tmp_path / "notebooks" / "toy.ipynb")
+    args = {"n": 64, "d": 8, "sram": 512}
+    expected = evidence.io_traffic_ratio(**args)
+    good = {"notebook": "notebooks/toy.ipynb", "cell_tag": "ratio", "compute": "io_traffic_ratio", "args": args}
+    assert bank_module.evidence_value(good, root=tmp_path) == expected
+    with pytest.raises(evidence.EvidenceError, match="does not call io_traffic_ratio"):
+        bank_module.evidence_value({**good, "cell_tag": "shows-ratio"}, root=tmp_path)
+
+
+def test_results_evidence_resolves_keys_in_a_result_file(tmp_path):
+    rows = [{"provider": "copy", "bandwidth_tbs": 4.27},
+            {"provider": "flashcourse", "kv_len": 32768, "bandwidth_tbs": 2.9},
+            {"provider": "flashcourse", "kv_len": 131072, "bandwidth_tbs": 3.61}]
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    path = tmp_path / "benchmarks" / "results" / "run.json"
+    path.write_text(json.dumps({"meta": {"device": "GPU"}, "rows": rows}))
+    item = {"results": "benchmarks/results/run.json", "key": "rows[provider=flashcourse,kv_len=131072].bandwidth_tbs"}
+    assert bank_module.evidence_value(item, root=tmp_path) == 3.61
+    assert evidence.results_value("benchmarks/results/run.json", "rows[0].bandwidth_tbs", root=tmp_path) == 4.27
+    with pytest.raises(evidence.EvidenceError, match="matches 2 elements"):
+        evidence.results_value("benchmarks/results/run.json", "rows[provider=flashcourse].kv_len", root=tmp_path)
+    with pytest.raises(evidence.EvidenceError, match="no field 'speed'"):
+        evidence.results_value("benchmarks/results/run.json", "rows[1].speed", root=tmp_path)
+
+
+@pytest.mark.parametrize(("passage", "numbers"), [
+    ("up to 740 TFLOP/s (75%), 1.5-2.0x faster", ["740", "75", "1.5", "2.0"]),
+    ("2-4x higher throughput, 50-73% of peak", ["2", "4", "50", "73"]),
+    ("FA2 on an H100 in FP8, sm_90, O(N^2), 64K tokens, 4 warps, 2 passes", []),
+    ("`B_c = ceil(M / 4d)` and $N = 4096$, as in lesson 04 and section 3.1", []),
+    ("第 02 课，第 3.1 节，定理 2，快 3 倍，约 11.1", ["3", "11.1"]),
+    ("Dao et al. 2022 (arXiv 2205.14135) reports 7.6x", ["7.6"]),
+])
+def test_numbers_in_finds_claims_and_skips_names(passage, numbers):
+    assert interview.numbers_in(passage) == numbers
+
+
+@pytest.mark.parametrize(("quote", "value", "ok"), [
+    ("5.5", 5.4737, True), ("5.5", 5.44, False), ("21", 21.23, True), ("2.30", 2.304, True),
+    ("2.30", 2.31, False), ("0.06", 0.0606, True), ("88", 88.72, False),
+])
+def test_quote_matches_at_the_precision_written(quote, value, ok):
+    assert evidence.quote_matches(quote, value) is ok
+
+
+# ------------------------------------------------------------------------------------------- rendering
+@pytest.mark.parametrize("lang", interview.LANGUAGES)
+def test_render_markdown_has_every_entry_and_its_parts(lang):
+    text = interview.render_markdown(BANK, lang)
+    for entry in BANK.entries:
+        assert entry["question"][lang] in text
+        assert entry["short"][lang] in text
+        for follow in entry["follow_ups"]:
+            assert follow["question"][lang] in text
+    for title in BANK.sections.values():
+        assert f"## {title[lang]}" in text
+    assert ("证据" in text) is (lang == "zh") and ("Evidence" in text) is (lang == "en")
+
+
+def test_markdown_to_html_escapes_and_formats():
+    html = markdown_to_html("Use `a < b` and **bold** *here*.\n\n- one\n- two")
+    assert html == ("<p>Use <code>a &lt; b</code> and <strong>bold</strong> <em>here</em>.</p>"
+                    "<ul><li>one</li><li>two</li></ul>")
+
+
+# ------------------------------------------------------------------------------------------- the quiz
+def _visible(quiz: Quiz) -> str:
+    return quiz.question_view.value + quiz.answer_view.value + quiz.follow_up_view.value
+
+
+def test_quiz_hides_the_answer_until_asked_and_walks_the_follow_ups():
+    quiz = Quiz(BANK, seed=3)
+    assert quiz.reveal_button.disabled and all(b.disabled for b in quiz.score_buttons.values())
+    quiz.next_button.click()
+    entry = quiz.current
+    assert 'class="fc-quiz-question"' in quiz.question_view.value
+    assert markdown_to_html(entry["question"]["en"]) in quiz.question_view.value
+    assert "fc-quiz-answer" not in _visible(quiz) and entry["short"]["en"][:40] not in _visible(quiz)
+    assert quiz.follow_up_button.disabled and all(b.disabled for b in quiz.score_buttons.values())
+
+    quiz.reveal_button.click()
+    assert 'class="fc-quiz-answer"' in quiz.answer_view.value
+    assert markdown_to_html(entry["short"]["en"]) in quiz.answer_view.value
+    assert not quiz.score_buttons["got_it"].disabled
+
+    for index, follow in enumerate(entry["follow_ups"]):
+        assert not quiz.follow_up_button.disabled
+        quiz.follow_up_button.click()
+        assert quiz.follow_up_index == index and not quiz.revealed
+        assert markdown_to_html(follow["question"]["en"]) in quiz.follow_up_view.value
+        assert markdown_to_html(follow["answer"]["en"]) not in quiz.follow_up_view.value
+        quiz.reveal_button.click()
+        assert markdown_to_html(follow["answer"]["en"]) in quiz.follow_up_view.value
+    assert quiz.follow_up_button.disabled and quiz.next_follow_up() is None
+
+
+def test_quiz_self_score_counts_once_per_question():
+    quiz = Quiz(BANK, seed=0)
+    quiz.next_button.click()
+    quiz.reveal_button.click()
+    quiz.score_buttons["partly"].click()
+    quiz.score_buttons["got_it"].click()  # disabled after the first score: no effect
+    assert quiz.total == 0.5 and 'class="fc-quiz-score"' in quiz.score_view.value
+    assert "0.5 / 1" in quiz.score_view.value
+    quiz.next_button.click()
+    quiz.reveal_button.click()
+    quiz.score_buttons["got_it"].click()
+    assert quiz.total == 1.5 and len(quiz.scores) == 2
+
+
+def test_quiz_round_asks_every_question_once():
+    quiz = Quiz(BANK, seed=7, section="myths")
+    asked = [quiz.next_question()["id"] for _ in range(len(quiz.entries))]
+    assert sorted(asked) == sorted(e["id"] for e in BANK.in_section("myths"))
+    assert asked != [e["id"] for e in BANK.in_section("myths")]  # shuffled (seeded, so deterministic)
+
+
+def test_quiz_in_chinese_shows_chinese():
+    quiz = Quiz(BANK, lang="zh", seed=1)
+    assert quiz.next_button.description == "新问题"
+    quiz.next_button.click()
+    quiz.reveal_button.click()
+    assert markdown_to_html(quiz.current["short"]["zh"]) in quiz.answer_view.value
+    assert "30 秒回答" in quiz.answer_view.value
+    assert "fc-quiz" in quiz.widget._dom_classes
+
+
+def test_quiz_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="lang must be one of"):
+        Quiz(BANK, lang="fr")
+    with pytest.raises(KeyError, match="no section 'nope'"):
+        Quiz(BANK, section="nope")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Quiz(BANK).score("perfect")
