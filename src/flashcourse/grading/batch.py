@@ -1,0 +1,368 @@
+"""The batch grader: ``flashcourse grade SUBMISSION.ipynb... --out DIR [--seed S] [--timeout SECONDS]``.
+
+For each submission, in its own process on a copy in a temporary folder, with a time limit: run the notebook's
+code cells (its check cells replaced by the solution's, so the hidden tests are back), then call the learner's
+functions on graded inputs drawn from the instructor's seed and save the arrays they return. This process then
+judges those arrays against the float64 reference itself: nothing the submission prints or writes is read as a
+score. One bad submission (invalid JSON, a crash, an endless loop, megabytes of output) costs only itself.
+
+Writes DIR/grades.csv, DIR/grades.json (per student, per part, points) and DIR/feedback/<student>__<exercise>.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import EXERCISES, parts
+from ._core import Case
+
+MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # the most the child's outputs file may hold
+MAX_LOG_BYTES = 64 * 1024 * 1024  # the child cannot write files larger than this (prints included)
+MAX_FEEDBACK = 1500  # characters of one message in a feedback file
+SHORT_NAMES = {short: name for name, short in EXERCISES.items()}
+
+
+# --------------------------------------------------------------------------------------------- cases on disk
+def pack_cases(cases: dict[str, list[Case]]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Split cases into JSON-able scalars and named arrays (for np.savez): (spec, arrays)."""
+    spec: dict = {}
+    arrays: dict[str, np.ndarray] = {}
+    for grade_id, part_cases in cases.items():
+        spec[grade_id] = []
+        for number, case in enumerate(part_cases):
+            entry = {"arrays": [], "scalars": {}}
+            for name, value in case.items():
+                if isinstance(value, np.ndarray):
+                    arrays[f"{grade_id}/{number}/{name}"] = value
+                    entry["arrays"].append(name)
+                else:
+                    entry["scalars"][name] = value.item() if isinstance(value, np.generic) else value
+            spec[grade_id].append(entry)
+    return spec, arrays
+
+
+def unpack_cases(spec: dict, arrays: dict[str, np.ndarray]) -> dict[str, list[Case]]:
+    """The inverse of :func:`pack_cases`."""
+    return {grade_id: [{**entry["scalars"], **{name: arrays[f"{grade_id}/{number}/{name}"]
+                                               for name in entry["arrays"]}}
+                       for number, entry in enumerate(entries)]
+            for grade_id, entries in spec.items()}
+
+
+def graded_cases(exercise: str, seed: int) -> dict[str, list[Case]]:
+    """The graded inputs of every part: the hidden-test cases drawn from the instructor's seed."""
+    return {part.grade_id: part.cases(np.random.default_rng([seed, index]), True)
+            for index, part in enumerate(parts(exercise))}
+
+
+# --------------------------------------------------------------------------------------------- results
+@dataclass
+class PartResult:
+    points: float
+    max_points: float
+    passed: bool
+    feedback: str
+
+
+@dataclass
+class SubmissionResult:
+    student: str
+    exercise: str | None
+    file: str
+    status: str
+    points: float = 0
+    max_points: float = 0
+    seconds: float = 0.0
+    parts: dict[str, PartResult] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------- identifying
+def exercise_of(path: Path, notebook: dict | None, forced: str | None) -> str | None:
+    """Which exercise a submission answers: --exercise, else its file or folder name, else its metadata."""
+    if forced:
+        return SHORT_NAMES.get(forced, forced) if SHORT_NAMES.get(forced, forced) in EXERCISES else None
+    for text in (path.stem, path.parent.name):
+        match = re.search(r"ex\d\d", text)
+        if match and match.group(0) in SHORT_NAMES:
+            return SHORT_NAMES[match.group(0)]
+    claimed = ((notebook or {}).get("metadata") or {}).get("flashcourse", {}) if isinstance(notebook, dict) else {}
+    name = claimed.get("exercise") if isinstance(claimed, dict) else None
+    return name if name in EXERCISES else None
+
+
+def student_of(path: Path) -> str:
+    """The student's id: the folder name when the file is named after the exercise (nbgrader's
+    submitted/<student>/<assignment>/ layout or <student>/ex01_...ipynb), else the file name without the
+    exercise part (alice_ex01.ipynb -> alice)."""
+    stem = path.stem
+    if re.fullmatch(r"ex\d\d(_\w+)?", stem):
+        folders = [p for p in path.resolve().parents if not re.fullmatch(r"ex\d\d(_\w+)?|ps\d+", p.name)]
+        return folders[0].name if folders and folders[0].name else stem
+    cleaned = re.sub(r"[_\-. ]*ex\d\d(_[a-z_]+)?[_\-. ]*", "_", stem).strip("_")
+    return cleaned or stem
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80] or "student"
+
+
+# --------------------------------------------------------------------------------------------- one submission
+def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> dict:
+    """The submission with its check cells replaced by the solution's (hidden tests included), matched by
+    nbgrader grade_id; code and markdown cells the learner wrote stay as they are."""
+    source_path = (solutions / f"{exercise}.ipynb") if solutions else None
+    if source_path is None or not source_path.exists():
+        return notebook
+    source = json.loads(source_path.read_text())
+    checks = {c["metadata"]["nbgrader"]["grade_id"]: c for c in source["cells"]
+              if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    cells = []
+    for cell in notebook.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell.get("metadata"), dict) else {}
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
+        cells.append(checks.pop(grade_id) if grade_id in checks else cell)
+    cells += checks.values()  # check cells the learner deleted come back at the end
+    return {**notebook, "cells": cells}
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return re.sub(r"\x1b\[[0-9;]*m", "", handle.read().decode("utf-8", "replace"))
+    except OSError:
+        return ""
+
+
+def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], timeout: float,
+               job_dir: Path, work_dir: Path) -> tuple[str, dict, dict]:
+    """Run the worker; return (status, outputs, report). Never raises for anything the child does."""
+    spec, arrays = pack_cases(cases)
+    job = {"exercise": exercise, "cases": spec, "cell_seconds": 0.6 * timeout, "deadline_seconds": timeout,
+           "max_file_bytes": MAX_LOG_BYTES}
+    (job_dir / "job.json").write_text(json.dumps(job))
+    np.savez(job_dir / "cases.npz", **arrays)
+    (work_dir / "submission.ipynb").write_text(json.dumps(prepared))
+    env = {**os.environ, "MPLBACKEND": "agg", "PYTHONUNBUFFERED": "1"}
+    env.pop("FLASHCOURSE_SEED", None)
+    log = job_dir / "log.txt"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "flashcourse.grading._worker", str(job_dir)],
+                                   cwd=work_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                   env=env, start_new_session=True)
+        try:
+            process.wait(timeout=timeout + 5)
+            status = "graded" if process.returncode == 0 else f"the notebook's process ended with code " \
+                                                               f"{process.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {timeout:g} s"
+        finally:
+            _kill_group(process)
+    outputs: dict = {}
+    report: dict = {}
+    out_path = job_dir / "outputs.npz"
+    try:
+        if out_path.exists() and out_path.stat().st_size <= MAX_OUTPUT_BYTES:
+            with np.load(out_path, allow_pickle=False) as stored:
+                outputs = {key: stored[key] for key in stored.files}
+    except Exception as error:  # noqa: BLE001 - a corrupt file is the submission's problem, not ours
+        status = f"unreadable outputs ({type(error).__name__})"
+    try:
+        loaded = json.loads((job_dir / "report.json").read_text())
+        report = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        report = {}
+    if not outputs and not report and status == "graded":
+        status = "no outputs"
+    if status != "graded":
+        report.setdefault("log_tail", _tail(log))
+    return status, outputs, report
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """End the child and anything it started (its own session), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _judge(exercise: str, cases: dict[str, list[Case]], outputs: dict, report: dict) -> dict[str, PartResult]:
+    """Score every part here, from the arrays alone: full points if every graded case matches the reference."""
+    results = {}
+    part_errors = report.get("part_errors") if isinstance(report.get("part_errors"), dict) else {}
+    for part in parts(exercise):
+        message = ""
+        error = part_errors.get(part.grade_id)
+        if error:
+            message = str(error)
+        else:
+            try:
+                for number, case in enumerate(cases[part.grade_id]):
+                    prefix = f"{part.grade_id}/{number}/"
+                    got = {key[len(prefix):]: value for key, value in outputs.items() if key.startswith(prefix)}
+                    if not got:
+                        raise AssertionError("no output was returned for this part")
+                    try:
+                        part.judge(case, got)
+                    except KeyError as missing:
+                        raise AssertionError(f"the output {missing} is missing") from None
+                    except AssertionError as failure:
+                        raise AssertionError(f"graded case {number + 1} of {len(cases[part.grade_id])}: "
+                                             f"{failure}") from None
+            except AssertionError as failure:
+                message = str(failure)
+            except Exception as failure:  # noqa: BLE001 - malformed outputs must not stop the grader
+                message = f"the returned values could not be judged ({type(failure).__name__}: {failure})"
+        passed = not message
+        results[part.grade_id] = PartResult(part.points if passed else 0, part.points, passed,
+                                            "passed" if passed else message[:MAX_FEEDBACK])
+    return results
+
+
+def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | None = None,
+                     solutions: Path | None = None) -> SubmissionResult:
+    """Grade one notebook; every failure of the submission becomes a status and zero points, never an error."""
+    start = time.monotonic()
+    result = SubmissionResult(student=student_of(path), exercise=None, file=str(path), status="")
+    notebook = None
+    try:
+        notebook = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+            raise ValueError("no list of cells")
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        result.status = f"not a valid notebook ({type(error).__name__}: {str(error)[:200]})"
+        notebook = None
+    result.exercise = exercise_of(path, notebook, exercise)
+    if result.exercise is None:
+        result.status = result.status or "unknown exercise (name the file exNN_... or pass --exercise)"
+    else:
+        exercise_parts = parts(result.exercise)
+        result.max_points = sum(p.points for p in exercise_parts)
+        result.parts = {p.grade_id: PartResult(0, p.points, False, result.status or "not graded")
+                        for p in exercise_parts}
+    if notebook is None or result.exercise is None:
+        result.seconds = time.monotonic() - start
+        return result
+    cases = graded_cases(result.exercise, seed)
+    job_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-job-"))
+    work_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-run-"))
+    try:
+        prepared = _prepare_notebook(notebook, result.exercise, solutions)
+        status, outputs, report = _run_child(prepared, result.exercise, cases, timeout, job_dir, work_dir)
+        result.status = status
+        result.parts = _judge(result.exercise, cases, outputs, report)
+        cell_errors = report.get("cell_errors") if isinstance(report.get("cell_errors"), list) else []
+        for entry in cell_errors[:20]:
+            if isinstance(entry, dict):
+                result.notes.append(f"cell {entry.get('cell')}: {str(entry.get('error'))[:MAX_FEEDBACK]}")
+        if report.get("log_tail"):
+            result.notes.append("last output of the notebook's process:\n" + str(report["log_tail"]))
+    except Exception as error:  # noqa: BLE001 - the grader must go on to the next submission
+        result.status = f"grader error ({type(error).__name__}: {error})"
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
+    result.points = sum(p.points for p in result.parts.values())
+    result.seconds = time.monotonic() - start
+    return result
+
+
+# --------------------------------------------------------------------------------------------- writing
+def _cell(text) -> str:
+    """A CSV cell that a spreadsheet will not run as a formula."""
+    text = str(text)
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+
+
+def write_feedback(result: SubmissionResult, folder: Path) -> Path:
+    """A Markdown feedback file for one submission."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{_safe_name(result.student)}__{result.exercise or 'unknown'}.md"
+    lines = [f"# Feedback: {result.student}, {result.exercise or 'unknown exercise'}", "",
+             f"Score: **{result.points:g} / {result.max_points:g}**. Status: {result.status}.", ""]
+    for grade_id, part in result.parts.items():
+        mark = "passed" if part.passed else "not passed"
+        lines += [f"## {grade_id}: {part.points:g} / {part.max_points:g} ({mark})", ""]
+        if not part.passed:
+            lines += ["```", part.feedback, "```", ""]
+    if result.notes:
+        lines += ["## Errors while running your notebook", ""]
+        lines += ["```", *result.notes, "```", ""]
+    lines += ["Scores come from what your functions returned on inputs you have not seen, compared with the "
+              "reference; what the notebook prints is not read.", ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_tables(results: list[SubmissionResult], out: Path, meta: dict) -> None:
+    """DIR/grades.json and DIR/grades.csv, written from scratch (a file a submission put there is replaced)."""
+    out.mkdir(parents=True, exist_ok=True)
+    exercises = {}
+    for name in sorted({r.exercise for r in results if r.exercise}):
+        exercise_parts = parts(name)
+        exercises[name] = {"max_points": sum(p.points for p in exercise_parts),
+                           "parts": {p.grade_id: {"title": p.title, "points": p.points} for p in exercise_parts}}
+    payload = {**meta, "exercises": exercises,
+               "submissions": [{**asdict(r), "parts": {k: asdict(v) for k, v in r.parts.items()}}
+                               for r in results]}
+    (out / "grades.json").write_text(json.dumps(payload, indent=2) + "\n")
+    part_ids = sorted({grade_id for r in results for grade_id in r.parts})
+    with open(out / "grades.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "exercise", "file", "status", "points", "max_points", *part_ids])
+        for r in results:
+            writer.writerow([_cell(r.student), r.exercise or "", _cell(r.file), _cell(r.status), f"{r.points:g}",
+                             f"{r.max_points:g}",
+                             *[f"{r.parts[g].points:g}" if g in r.parts else "" for g in part_ids]])
+
+
+def grade_all(submissions: list[Path], out: Path, *, seed: int | None = None, timeout: float = 300,
+              exercise: str | None = None, solutions: Path | None = None, jobs: int = 1,
+              progress=sys.stderr) -> list[SubmissionResult]:
+    """Grade every submission, writing the tables after each one (so a stopped run keeps what it did)."""
+    seed = secrets.randbits(32) if seed is None else int(seed)
+    if solutions is None and Path("solutions").is_dir():
+        solutions = Path("solutions")
+    meta = {"seed": seed, "timeout_s": timeout, "started": datetime.datetime.now(datetime.timezone.utc)
+            .isoformat(timespec="seconds"), "solutions": str(solutions) if solutions else None}
+    results: list[SubmissionResult | None] = [None] * len(submissions)
+    print(f"grading {len(submissions)} submission(s), seed {seed}, time limit {timeout:g} s each", file=progress)
+
+    def one(index: int) -> None:
+        path = Path(submissions[index])
+        result = grade_submission(path, seed=seed, timeout=timeout, exercise=exercise, solutions=solutions)
+        results[index] = result
+        write_feedback(result, out / "feedback")
+        done = sum(r is not None for r in results)
+        print(f"[{done}/{len(submissions)}] {result.student} ({result.exercise or '?'}): "
+              f"{result.points:g}/{result.max_points:g} points, {result.status}, {result.seconds:.1f} s",
+              file=progress, flush=True)
+        write_tables([r for r in results if r is not None], out, meta)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, range(len(submissions))))
+    finished = [r for r in results if r is not None]
+    write_tables(finished, out, meta)
+    return finished

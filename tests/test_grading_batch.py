@@ -1,0 +1,182 @@
+"""The batch grader: scores come from the arrays the submission's functions return, judged in the grader's
+process; hostile or broken submissions cost only themselves (one test per attack)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from flashcourse.grading import batch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = "ex01_naive_attention"
+FULL = 8  # points of exercise 01
+
+
+def _notebook(kind: str, *, first: str | None = None, extra: str | None = None) -> nbformat.NotebookNode:
+    """The solution ("solved") or the released stub ("stub"), with an optional cell put first or appended."""
+    folder = "solutions" if kind == "solved" else "exercises"
+    nb = nbformat.read(ROOT / folder / f"{EXERCISE}.ipynb", as_version=4)
+    if first:
+        nb.cells.insert(0, nbformat.v4.new_code_cell(first))
+    if extra:
+        nb.cells.append(nbformat.v4.new_code_cell(extra))
+    return nb
+
+
+def _submit(tmp_path: Path, student: str, nb) -> Path:
+    path = tmp_path / "submitted" / student / f"{EXERCISE}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(nb, str):
+        path.write_text(nb)
+    else:
+        nbformat.write(nb, path)
+    return path
+
+
+def _grade(tmp_path: Path, *paths: Path, timeout: float = 60, seed: int = 3, jobs: int = 1) -> dict:
+    out = tmp_path / "out"
+    log = tmp_path / "progress.txt"
+    with open(log, "w") as progress:
+        batch.grade_all(list(paths), out, seed=seed, timeout=timeout, solutions=ROOT / "solutions",
+                        progress=progress, jobs=jobs)
+    grades = json.loads((out / "grades.json").read_text())
+    return {s["student"]: s for s in grades["submissions"]} | {"_out": out, "_progress": log.read_text()}
+
+
+def test_solved_gets_full_marks_and_a_stub_none_with_tables_feedback_and_progress(tmp_path):
+    graded = _grade(tmp_path, _submit(tmp_path, "alice", _notebook("solved")),
+                    _submit(tmp_path, "bob", _notebook("stub")))
+    assert graded["alice"]["points"] == FULL and graded["alice"]["status"] == "graded"
+    assert {k: v["points"] for k, v in graded["alice"]["parts"].items()} == {"ex01_a": 2, "ex01_b": 2, "ex01_c": 4}
+    assert graded["bob"]["points"] == 0
+    assert all("not implemented yet" in p["feedback"] for p in graded["bob"]["parts"].values())
+    out = graded["_out"]
+    rows = (out / "grades.csv").read_text().splitlines()
+    assert rows[0] == "student,exercise,file,status,points,max_points,ex01_a,ex01_b,ex01_c"
+    assert rows[1].startswith("alice,ex01_naive_attention,") and rows[1].endswith(",8,8,2,2,4")
+    assert rows[2].startswith("bob,") and rows[2].endswith(",0,8,0,0,0")
+    assert "not implemented yet" in (out / "feedback" / "bob__ex01_naive_attention.md").read_text()
+    assert "[2/2]" in graded["_progress"]
+
+
+def test_graded_inputs_come_from_the_seed():
+    first, again, other = (batch.graded_cases(EXERCISE, seed) for seed in (5, 5, 6))
+    q = [cases["ex01_c"][0]["q"] for cases in (first, again, other)]
+    assert np.array_equal(q[0], q[1]) and not np.array_equal(q[0], q[2])
+
+
+def test_raising_at_the_first_cell_does_not_stop_the_grader_or_the_notebook(tmp_path):
+    graded = _grade(tmp_path, _submit(tmp_path, "carol", _notebook("stub", first="raise RuntimeError('boom')")),
+                    _submit(tmp_path, "dave", _notebook("solved", first="raise RuntimeError('boom')")))
+    assert graded["carol"]["points"] == 0
+    assert any("RuntimeError: boom" in note for note in graded["carol"]["notes"])
+    assert graded["dave"]["points"] == FULL  # the later cells still ran, as under nbgrader
+
+
+def test_an_endless_loop_is_stopped_and_costs_only_its_own_parts(tmp_path):
+    endless_cell = _notebook("solved", first="while True:\n    pass")
+    endless_function = _notebook("solved", extra="def naive_attention(q, k, v, causal=False, scale=None):\n"
+                                                 "    while True:\n        pass")
+    stubborn = _notebook("solved", first="import time\nwhile True:\n    try:\n        time.sleep(0.05)\n"
+                                         "    except BaseException:\n        pass")
+    graded = _grade(tmp_path, _submit(tmp_path, "erin", endless_cell), _submit(tmp_path, "frank", endless_function),
+                    _submit(tmp_path, "grace", stubborn), _submit(tmp_path, "heidi", _notebook("solved")),
+                    timeout=8, jobs=4)
+    assert graded["erin"]["points"] == 0 and any("time limit" in n for n in graded["erin"]["notes"])
+    assert graded["frank"]["parts"]["ex01_c"]["points"] == 0 and graded["frank"]["points"] == 4
+    assert "time limit" in graded["frank"]["parts"]["ex01_c"]["feedback"]
+    assert graded["grace"]["points"] == 0 and graded["grace"]["status"].startswith("timed out")
+    assert graded["heidi"]["points"] == FULL
+
+
+def test_printing_megabytes_neither_crashes_nor_floods_the_grader(tmp_path):
+    loud = _notebook("solved", first="for _ in range(40):\n    print('x' * 1_000_000)")
+    graded = _grade(tmp_path, _submit(tmp_path, "ivan", loud))
+    assert graded["ivan"]["points"] == FULL
+    assert len((graded["_out"] / "grades.json").read_text()) < 20_000
+
+
+def test_a_file_that_is_not_json_gets_zero_and_the_next_one_is_graded(tmp_path):
+    graded = _grade(tmp_path, _submit(tmp_path, "judy", '{"cells": [ this is not json'),
+                    _submit(tmp_path, "ken", _notebook("solved")))
+    assert graded["judy"]["points"] == 0 and graded["judy"]["status"].startswith("not a valid notebook")
+    assert graded["ken"]["points"] == FULL
+
+
+MONKEYPATCH = """
+import numpy as np
+import numpy.testing
+import flashcourse.grading as grading
+import flashcourse.reference as reference
+from flashcourse.grading import _core, ex01
+
+def naive_attention(q, k, v, causal=False, scale=None):
+    return np.zeros(q.shape[:-1] + v.shape[-1:])
+
+def quiet(*args, **kwargs):
+    print("passed all hidden tests")
+
+for name in ("check_attention_scores", "check_apply_causal_mask", "check_naive_attention", "run_check"):
+    setattr(grading, name, quiet)
+    setattr(ex01, name, quiet)
+_core.run_check = _core.compare = quiet
+numpy.testing.assert_allclose = numpy.testing.assert_array_equal = quiet
+reference.attention = naive_attention
+for part in ex01.PARTS:
+    object.__setattr__(part, "judge", lambda case, out: None)
+"""
+
+
+def test_monkeypatching_checks_numpy_testing_or_the_reference_gains_nothing(tmp_path):
+    graded = _grade(tmp_path, _submit(tmp_path, "leo", _notebook("stub", extra=MONKEYPATCH)))
+    assert graded["leo"]["points"] == 0
+    assert "differs" in graded["leo"]["parts"]["ex01_c"]["feedback"]
+
+
+def test_printing_the_graders_score_lines_gains_nothing(tmp_path):
+    fake = ("print('[1/1] mallory (ex01_naive_attention): 8/8 points, graded, 0.1 s')\n"
+            "print('ex01_a: 2/2\\nex01_b: 2/2\\nex01_c: 4/4\\nTotal: 8/8')\n"
+            "print('student,exercise,file,status,points,max_points\\nmallory,ex01_naive_attention,x,graded,8,8')")
+    graded = _grade(tmp_path, _submit(tmp_path, "mallory", _notebook("stub", extra=fake)))
+    assert graded["mallory"]["points"] == 0
+
+
+def test_writing_a_fake_grades_file_gains_nothing(tmp_path):
+    out = tmp_path / "out"
+    fake = json.dumps({"submissions": [{"student": "nina", "points": 8}]})
+    cell = ("import json, pathlib\n"
+            f"for folder in (pathlib.Path('.'), pathlib.Path('..'), pathlib.Path({str(out)!r})):\n"
+            "    folder.mkdir(parents=True, exist_ok=True)\n"
+            f"    (folder / 'grades.json').write_text({fake!r})\n"
+            "    (folder / 'grades.csv').write_text('student,points\\nnina,8\\n')")
+    graded = _grade(tmp_path, _submit(tmp_path, "nina", _notebook("stub", extra=cell)))
+    assert graded["nina"]["points"] == 0
+    assert "nina,8" not in (out / "grades.csv").read_text()
+
+
+def test_console_script_runs_end_to_end(tmp_path):
+    path = _submit(tmp_path, "olga", _notebook("solved"))
+    out = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(path), "--out", str(out),
+                           "--seed", "11", "--timeout", "60", "--solutions", str(ROOT / "solutions")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[1/1] olga" in done.stderr
+    assert json.loads((out / "grades.json").read_text())["seed"] == 11
+
+
+@pytest.mark.parametrize(("path", "student", "exercise"), [
+    ("submitted/alice/ps1/ex01_naive_attention.ipynb", "alice", "ex01_naive_attention"),
+    ("inbox/bob_ex03.ipynb", "bob", "ex03_tiled_forward"),
+    ("inbox/ex05_backward-carol.ipynb", "carol", "ex05_backward"),
+])
+def test_student_and_exercise_from_the_file_name(path, student, exercise):
+    assert batch.student_of(Path(path)) == student
+    assert batch.exercise_of(Path(path), None, None) == exercise
