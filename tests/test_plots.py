@@ -36,8 +36,7 @@ def test_memory_hierarchy():
     _check_labelled(plots.memory_hierarchy({"HBM": (80e9, 2000.0), "SRAM": (20e6, 19_000.0)}))
 
 
-def test_matrix_heatmaps_blank_out_masked_scores():
-    rng = np.random.default_rng()
+def test_matrix_heatmaps_blank_out_masked_scores(rng):
     q, k = rng.standard_normal((2, 8, 4))
     scores = np.where(reference.causal_mask(8, 8), q @ k.T, -np.inf)
     fig = plots.matrix_heatmaps({"S": scores, "P": reference.softmax_safe(scores)}, title="scores")
@@ -61,8 +60,8 @@ def test_traffic_by_step_leaves_out_the_total():
     assert "total" not in labels and len(labels) == len(steps) - 1
 
 
-def test_online_softmax_state_shows_the_running_max():
-    x = np.random.default_rng().standard_normal(12)
+def test_online_softmax_state_shows_the_running_max(rng):
+    x = rng.standard_normal(12)
     steps = list(reference.softmax_online_steps(x, 4))
     fig = plots.online_softmax_state(x, steps, 1)
     _check_labelled(fig)
@@ -83,8 +82,7 @@ def test_tile_map_and_tile_order_draw_every_tile():
     assert [len(ax.texts) for ax in fig.axes] == [computed, computed]
 
 
-def test_traffic_vs_and_traffic_bars_on_simulated_counts():
-    rng = np.random.default_rng()
+def test_traffic_vs_and_traffic_bars_on_simulated_counts(rng):
     ns, totals = [64, 128], {"standard": [], "flash": []}
     stats = {}
     for n in ns:

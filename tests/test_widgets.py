@@ -23,8 +23,7 @@ def _shown(readout_html: str, css_class: str):
         return raw
 
 
-def test_online_softmax_stepper_walks_the_algorithm_states():
-    rng = np.random.default_rng()
+def test_online_softmax_stepper_walks_the_algorithm_states(rng):
     x = rng.standard_normal(20) * 4  # spread out, so the running max grows several times
     values = rng.standard_normal((20, 3))
     stepper = widgets.online_softmax_stepper(x, block=6, values=values)
@@ -49,8 +48,8 @@ def test_online_softmax_stepper_walks_the_algorithm_states():
     assert _shown(stepper.readout.value, "fc-m") == expected[-2].m and not stepper.next_button.disabled
 
 
-def test_online_softmax_stepper_without_values_shows_no_output():
-    stepper = widgets.online_softmax_stepper(np.random.default_rng().standard_normal(8), block=4)
+def test_online_softmax_stepper_without_values_shows_no_output(rng):
+    stepper = widgets.online_softmax_stepper(rng.standard_normal(8), block=4)
     assert 'class="fc-output"' not in stepper.readout.value
 
 
