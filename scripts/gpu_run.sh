@@ -28,9 +28,10 @@ check)
     stage decode_tune 90 $py -m flashcourse.bench decode --tune --out "$OUT"
     ;;
 bench)
-    stage versions 150 $py -m flashcourse.bench versions --out "$OUT"
-    stage attention 330 $py -m flashcourse.bench attention --out "$OUT"
-    stage decode 60 $py -m flashcourse.bench decode --out "$OUT"
+    stage decode 50 $py -m flashcourse.bench decode --out "$OUT"
+    stage versions 140 $py -m flashcourse.bench versions --out "$OUT"
+    stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag -fp16 --out "$OUT"
+    stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag -bf16 --out "$OUT"
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

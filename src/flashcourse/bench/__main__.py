@@ -36,9 +36,9 @@ def _attention(args) -> None:
         attention.HEAD_CONFIGS
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     shapes = attention.shape_grid(dtypes, seq_lens, heads, causals)
-    rows = attention.run(shapes, providers=args.providers)
-    table = attention.format_table(rows)
-    print(table)
+    rows = attention.run(shapes, providers=args.providers,
+                         on_shape=lambda rows: save_results(f"attention{args.tag}", rows, directory=args.out))
+    print(attention.format_table(rows))
     path = save_results(f"attention{args.tag}", rows, directory=args.out)
     attention.plot(rows, path.with_suffix(".png"), f"attention, B=4, {path.stem}")
     print(f"wrote {path} and {path.with_suffix('.png').name}")

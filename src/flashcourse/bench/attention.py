@@ -86,7 +86,7 @@ def bench_ms(fn: Callable[[], object], grad_to_none=None) -> float:
     """Median milliseconds of fn over CUDA-event-timed repeats, after warm-up."""
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median"))
+    return float(triton.testing.do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
 
 
 def _guarded(measure: Callable[[], dict]) -> dict:
@@ -153,8 +153,10 @@ def validate_ours(shape: Shape, **kernel_kwargs) -> dict:
     return errs
 
 
-def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=print) -> list[dict]:
-    """Validate our kernel on every shape, then time every provider; returns result rows."""
+def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=print, on_shape=None) -> list[dict]:
+    """Validate our kernel on every shape, then time every provider; returns result rows.
+
+    ``on_shape(rows)`` is called after each shape (to save partial results of a run cut short)."""
     rows = []
     for shape in shapes:
         check = validate_ours(shape)
@@ -166,7 +168,9 @@ def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=prin
             rows += measure_shape(shape, provider, modes=modes, memory=memory)
         log(format_table([r for r in rows if r["n"] == shape.n and r["causal"] == shape.causal
                           and r["dtype"] == shape.dtype and r["head_dim"] == shape.head_dim], header=False))
-    add_ratios(rows)
+        add_ratios(rows)
+        if on_shape:
+            on_shape(rows)
     return rows
 
 

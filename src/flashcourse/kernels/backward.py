@@ -255,7 +255,8 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    cfg_dkdv, cfg_dq = configs_override or configs.backward_config(props, block_d, q.element_size())
+    cfg_dkdv, cfg_dq = configs_override or configs.backward_config(props, block_d, q.element_size(),
+                                                                           causal=causal)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:

@@ -128,9 +128,14 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
         return KernelConfig(32, 16, 4, 1)
     big_d = block_d > 64
     if props.capability >= (9, 0):
-        # Measured on the H200 (docs/KERNELS.md): 128-row tiles feed the warpgroup MMA; 8 warps for D=128.
-        candidates = ([KernelConfig(128, 128, 8, 2), KernelConfig(128, 64, 8, 3)] if big_d
-                      else [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 4, 3)])
+        # Swept on the H200 at N=8192 (benchmarks/results/*-tune.json): 8 warps over 128-row tiles win, except
+        # causal D=128, where 64x64 tiles waste less work on the diagonal (495 vs 464 TFLOP/s).
+        if big_d and causal:
+            candidates = [KernelConfig(64, 64, 4, 3)]
+        elif big_d:
+            candidates = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3)]
+        else:
+            candidates = [KernelConfig(128, 64, 8, 3)]
     elif props.capability >= (8, 0):
         stages = 3 if props.shared_memory_per_block >= 128 * KB else 2
         candidates = [KernelConfig(128, 64, 8 if big_d else 4, stages), KernelConfig(128, 32, 4, 2),
@@ -141,7 +146,8 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
     return _first_fitting(candidates, props, block_d, elem_bytes)
 
 
-def backward_config(props: DeviceProps, block_d: int, elem_bytes: int) -> tuple[KernelConfig, KernelConfig]:
+def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
+                    ) -> tuple[KernelConfig, KernelConfig]:
     """Launches of the two backward kernels: (dK/dV kernel, dQ kernel).
 
     dK/dV keeps a K and V tile of BLOCK_N rows resident and streams Q and dO in BLOCK_M-row tiles, so its
@@ -153,9 +159,12 @@ def backward_config(props: DeviceProps, block_d: int, elem_bytes: int) -> tuple[
     def fits(cfg: KernelConfig, resident: int, streamed: int) -> bool:
         return elem_bytes * block_d * (2 * resident + 2 * cfg.num_stages * streamed) <= props.shared_memory_per_block
 
-    if props.capability >= (9, 0):
-        dkdv = [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 4, 3), KernelConfig(32, 64, 4, 2)]
-        dq = [KernelConfig(128, 64, 8, 2), KernelConfig(128, 32, 4, 3), KernelConfig(64, 32, 4, 2)]
+    if props.capability >= (9, 0):  # swept on the H200 at N=8192 (benchmarks/results/*-tune.json)
+        if block_d > 64:
+            dkdv, dq = [KernelConfig(64, 128, 8, 2)], [KernelConfig(128, 32, 4, 3)]
+        else:
+            dkdv = [KernelConfig(32, 64, 4, 3) if causal else KernelConfig(32, 128, 4, 2)]
+            dq = [KernelConfig(128, 64, 8, 2)]
     elif props.capability >= (8, 0):
         dkdv = [KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 2), KernelConfig(16, 64, 4, 2)]
         dq = [KernelConfig(128, 32, 4, 2), KernelConfig(64, 32, 4, 2), KernelConfig(64, 16, 4, 2)]
@@ -172,16 +181,19 @@ def decode_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelCo
     block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay."""
     if props.interpreter:
         return KernelConfig(16, 16, 4, 1)
+    if props.capability >= (9, 0):  # swept on the H200: 128-key tiles, 3 stages in flight (192 KB)
+        return KernelConfig(16, 128, 4, 3)
     stages = 1 if props.capability < (8, 0) else (4 if props.shared_memory_per_block >= 128 * KB else 2)
     block_n = 64 if elem_bytes * block_d * 2 * 64 * stages <= props.shared_memory_per_block else 32
     return KernelConfig(16, block_n, 4, stages)
 
 
 def decode_num_splits(props: DeviceProps, batch_kv_heads: int, max_len: int, block_n: int) -> int:
-    """How many splits of the KV length: enough programs for about two waves over the SMs, but each split
-    at least a few key blocks long, so its fixed cost (loading q, writing a partial) stays small."""
+    """How many splits of the KV length: about one program per SM (measured on the H200: 16 splits of 8 KV
+    heads beat 33 and more), but each split at least a few key blocks long, so its fixed cost (loading q,
+    writing a partial) stays small."""
     if max_len <= 0:
         return 1
-    wanted = max(1, -(-2 * props.num_sms // max(batch_kv_heads, 1)))
+    wanted = max(1, props.num_sms // max(batch_kv_heads, 1))
     most = max(1, -(-max_len // (4 * block_n)))
     return int(min(wanted, most))

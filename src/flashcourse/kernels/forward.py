@@ -31,7 +31,9 @@ from . import configs
 from ._checks import dot_precision, padded_head_dim
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
-MASKED_FILL = -1.0e30  # initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf)
+# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf). A constexpr, since kernels
+# may read only constexpr globals.
+MASKED_FILL = tl.constexpr(-1.0e30)
 
 
 # ------------------------------------------------------------------------------------------ shared helpers
