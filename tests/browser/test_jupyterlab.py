@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 
@@ -169,10 +171,53 @@ def read_stepper(readout) -> dict:
     return state
 
 
+def replace_and_run(page, panel, definition_index: int, code: str) -> None:
+    """Replace the code of cell ``definition_index`` with ``code`` (as a learner types over the stub), run it,
+    then run the check cell below it (Shift+Enter twice)."""
+    editor = panel.locator(".jp-Cell").nth(definition_index).locator(".cm-content")
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.insert_text(code)
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Shift+Enter")
+
+
+def check_output(page, panel, check_index: int, expected_text: str) -> str:
+    """Wait until the check cell's output contains ``expected_text``; return the whole output."""
+    output = panel.locator(".jp-Cell").nth(check_index).locator(".jp-OutputArea")
+    output.get_by_text(expected_text).first.wait_for(timeout=UI_TIMEOUT_MS)
+    wait_for_idle_kernel(page)
+    return output.inner_text()
+
+
 def test_exercise_02_check_gives_feedback(page, lab_server):
     require(EXERCISE)
+    cells = nbformat.read(ROOT / EXERCISE, as_version=4).cells
+    check_index = next(i for i, cell in enumerate(cells) if cell.source.startswith("grading.check_"))
+    definition_index = check_index - 1
+    function = re.match(r"def (\w+)", cells[definition_index].source).group(1)
+    solution = next(cell.source for cell in nbformat.read(ROOT / "solutions" / Path(EXERCISE).name,
+                                                          as_version=4).cells
+                    if cell.source.startswith(f"def {function}("))
+
     panel = open_notebook(page, lab_server, EXERCISE)
-    run_all_cells(page, panel)
-    page.screenshot(path=str(SCREENSHOTS / "lab-ex02-run-all.png"))
-    outputs = "\n".join(panel.locator(".jp-OutputArea-output").all_inner_texts())
-    assert outputs.strip(), f"running {EXERCISE} showed no output at all"
+    run_all_cells(page, panel)  # stops at the first check: the stub is not filled in
+    feedback = check_output(page, panel, check_index, "not implemented yet")
+    assert "fill in" in feedback, f"the stub's feedback does not say what to do: {feedback}"
+    panel.locator(".jp-Cell").nth(check_index).scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOTS / "lab-ex02-stub-feedback.png"))
+
+    # The classic mistake: exp without subtracting the max overflows for large scores.
+    replace_and_run(page, panel, definition_index, NAIVE_SOFTMAX.replace("softmax_safe", function))
+    feedback = check_output(page, panel, check_index, "Diagnosis")
+    assert "NaN" in feedback and "max" in feedback, f"the feedback on the overflow mistake is unclear: {feedback}"
+    page.screenshot(path=str(SCREENSHOTS / "lab-ex02-mistake-feedback.png"))
+
+    replace_and_run(page, panel, definition_index, solution)
+    check_output(page, panel, check_index, "passed all")
+    page.screenshot(path=str(SCREENSHOTS / "lab-ex02-solution-passes.png"))
+
+
+NAIVE_SOFTMAX = """def softmax_safe(x):
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)"""

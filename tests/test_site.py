@@ -1,0 +1,164 @@
+"""The course website (`make book`): every lesson has a page with all its figures, no traceback, working links.
+
+Builds the site once per test session with scripts/build_site.py, which reuses the lessons that
+tests/test_notebooks.py executed into build/executed/ (run this file after that one, not beside it under
+xdist, or the build executes the missing lessons itself).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("ex*.ipynb"))
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def _load_builder():
+    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_site = _load_builder()
+
+
+class PageParser(HTMLParser):
+    """Collects what the checks need from one page: figures in outputs, links, scripts, text."""
+
+    def __init__(self):
+        super().__init__()
+        self.figures = 0  # image outputs of notebook cells
+        self.links: list[str] = []  # every href and src
+        self.table_links: list[str] = []  # the hrefs inside tables (the syllabus)
+        self._table_depth = 0
+        self.external_assets: list[str] = []  # scripts and stylesheets that would be fetched from the network
+        self.nav_titles: list[str] = []
+        self.text_parts: list[str] = []
+        self._in_nav_link = False
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        classes = (attributes.get("class") or "").split()
+        if {"jp-RenderedImage", "jp-RenderedSVG"} & set(classes) and "jp-OutputArea-output" in classes:
+            self.figures += 1
+        for name in ("href", "src"):
+            if attributes.get(name):
+                self.links.append(attributes[name])
+        self._table_depth += tag == "table"
+        if tag == "a" and self._table_depth and attributes.get("href"):
+            self.table_links.append(attributes["href"])
+        is_asset = tag == "script" or (tag == "link" and attributes.get("rel") == "stylesheet")
+        target = attributes.get("src") or attributes.get("href") or ""
+        if is_asset and urlsplit(target).netloc:  # http://host/..., https://host/... or //host/...
+            self.external_assets.append(target)
+        if tag == "a":
+            self._in_nav_link = "md-nav__link" in classes
+
+    def handle_endtag(self, tag):
+        self._table_depth -= tag == "table"
+        if tag == "a":
+            self._in_nav_link = False
+
+    def handle_data(self, data):
+        self.text_parts.append(data)
+        if self._in_nav_link and data.strip():
+            self.nav_titles.append(data.strip())
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+def parse(page: Path) -> PageParser:
+    parser = PageParser()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+@pytest.fixture(scope="session")
+def site() -> Path:
+    """The built site folder (build/site/), built once for the session."""
+    assert build_site.main() == 0
+    return build_site.SITE
+
+
+def lesson_page(site: Path, lesson: Path) -> Path:
+    page = site / "notebooks" / f"{lesson.stem}.html"
+    assert page.exists(), f"lesson {lesson.name} has no page {page.relative_to(ROOT)}"
+    return page
+
+
+def test_there_are_lessons_to_publish():
+    assert LESSONS, "notebooks/ holds no lesson: the site would be empty"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_lesson_page_has_every_figure_and_no_traceback(site, lesson):
+    executed = nbformat.read(build_site.EXECUTED / lesson.name, as_version=4)
+    page = parse(lesson_page(site, lesson))
+    expected = build_site.image_output_count(executed)
+    assert page.figures == expected, (
+        f"{lesson.name}: its executed notebook has {expected} figures but its page shows {page.figures}")
+    assert TRACEBACK not in page.text, (
+        f"{lesson.name}: its page shows a traceback: {page.text[page.text.index(TRACEBACK) - 300:][:1200]}")
+    title = build_site.notebook_title(executed, lesson.stem)
+    assert title in page.nav_titles, f"{lesson.name}: '{title}' is missing from the navigation {page.nav_titles}"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda p: p.stem)
+def test_exercise_has_a_page(site, exercise):
+    assert (site / "exercises" / f"{exercise.stem}.html").exists(), f"{exercise.name} has no page"
+
+
+def test_home_page_lists_the_syllabus_in_order(site):
+    home = parse(site / "index.html")
+    linked = [link for link in home.table_links if link.startswith("notebooks/")]
+    expected = [f"notebooks/{lesson.stem}.html" for lesson in LESSONS]
+    assert linked == expected, (
+        f"the syllabus on the home page links {linked}, expected every lesson in order: {expected}")
+
+
+def test_interview_walkthrough_in_both_languages(site):
+    walkthroughs = sorted((ROOT / "notebooks").glob("10_*.ipynb"))
+    if not walkthroughs:
+        pytest.skip("lesson 10 (the interview walkthrough) does not exist yet")
+    assert len(walkthroughs) >= 2, f"the walkthrough should exist in English and Chinese, found {walkthroughs}"
+    texts = {path.name: parse(lesson_page(site, path)).text for path in walkthroughs}
+    chinese = [name for name, text in texts.items() if re.search(r"[\u4e00-\u9fff]{20}", text)]
+    english = [name for name in texts if name not in chinese]
+    assert chinese and english, f"expected one page in Chinese and one in English: Chinese {chinese}, all {list(texts)}"
+
+
+def test_benchmark_figures_are_published(site):
+    page = parse(site / "benchmarks.html")
+    for figure in sorted((ROOT / "benchmarks").glob("*.png")):
+        assert f"benchmarks/{figure.name}" in page.links, f"{figure.name} is missing from the benchmarks page"
+        assert (site / "benchmarks" / figure.name).exists()
+
+
+def test_links_resolve_and_nothing_loads_from_the_network(site):
+    broken, external = [], []
+    for page_path in sorted(site.rglob("*.html")):
+        if page_path.name == "404.html":  # MkDocs writes it with absolute links for a server's root
+            continue
+        page = parse(page_path)
+        external += [f"{page_path.relative_to(site)}: {asset}" for asset in page.external_assets]
+        for link in page.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc or not parts.path:  # external, or an anchor on the same page
+                continue
+            if not (page_path.parent / unquote(parts.path)).resolve().exists():
+                broken.append(f"{page_path.relative_to(site)} -> {link}")
+    assert not broken, "links to files that the site lacks:\n" + "\n".join(broken)
+    assert not external, "scripts or stylesheets fetched from the network (the site must work offline):\n" + \
+        "\n".join(external)
