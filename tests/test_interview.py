@@ -116,9 +116,9 @@ def test_validator_rejects_a_quote_its_evidence_does_not_hold():
     item = next(i for i in entry["evidence"] if i.get("compute") == "io_traffic_ratio")
     item["quote"] = "9.5"
     for lang in interview.LANGUAGES:
-        entry["long"][lang] = entry["long"][lang].replace("5.5", "9.5")
+        entry["long"][lang] = entry["long"][lang].replace("5.6", "9.5")
     problems = interview.validate(_bank_with(entry))
-    assert any("quotes 9.5 but the evidence holds 5.47" in p for p in problems), problems
+    assert any("quotes 9.5 but the evidence holds 5.62963" in p for p in problems), problems
 
 
 def test_validator_rejects_a_number_no_evidence_quotes():
@@ -130,9 +130,9 @@ def test_validator_rejects_a_number_no_evidence_quotes():
 
 def test_validator_rejects_a_quote_missing_from_one_language():
     entry = _entry()
-    entry["long"]["zh"] = entry["long"]["zh"].replace("5.5 倍", "若干倍")
+    entry["long"]["zh"] = entry["long"]["zh"].replace("5.6 倍", "若干倍")
     problems = interview.validate(_bank_with(entry))
-    assert problems == ["entry why-fast (zh): evidence quotes 5.5 but the zh answer never states it"]
+    assert problems == ["entry why-fast (zh): evidence quotes 5.6 but the zh answer never states it"]
 
 
 def test_validator_rejects_missing_or_copied_translations():

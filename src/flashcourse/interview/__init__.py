@@ -6,9 +6,20 @@ in it (missing translations, evidence that does not resolve, quoted numbers that
 imported on demand because it needs ipywidgets) drills it.
 """
 
-from .bank import LANGUAGES, Bank, load, numbers_in, render_entry, render_markdown, validate
+from .bank import (
+    LANGUAGES,
+    Bank,
+    load,
+    numbers_in,
+    render_entry,
+    render_evidence_table,
+    render_markdown,
+    render_question_list,
+    validate,
+)
 
-__all__ = ["LANGUAGES", "Bank", "Quiz", "load", "numbers_in", "render_entry", "render_markdown", "validate"]
+__all__ = ["LANGUAGES", "Bank", "Quiz", "load", "numbers_in", "render_entry", "render_evidence_table",
+           "render_markdown", "render_question_list", "validate"]
 
 
 def __getattr__(name):

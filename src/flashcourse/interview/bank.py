@@ -30,8 +30,11 @@ __all__ = [
     "evidence_label",
     "load",
     "numbers_in",
+    "one_line_answer",
     "render_entry",
+    "render_evidence_table",
     "render_markdown",
+    "render_question_list",
     "text",
     "validate",
 ]
@@ -43,10 +46,11 @@ ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 LABELS = {
     "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
-           "right_prefix": "Correction:", "cell": "cell", "results": "results", "computed": "computed by"},
+           "right_prefix": "Correction:", "cell": "cell", "results": "results", "computed": "computed by",
+           "table": "| question | number | value held by the evidence | evidence |"},
     "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
            "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
-           "results": "结果", "computed": "计算函数"},
+           "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
 }
 
 
@@ -84,9 +88,23 @@ def load(path: str | Path | None = None) -> Bank:
     return _parse(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
 
 
+# YAML folds a line break into a space; between two Chinese characters that space does not belong.
+_CJK_GAP = re.compile(r"(?<=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])\s+(?=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])")
+
+
+def _tidy(node):
+    """Remove the spaces YAML folding left between Chinese characters, in every ``zh`` text of ``node``."""
+    if isinstance(node, dict):
+        return {k: (_CJK_GAP.sub("", v) if k == "zh" and isinstance(v, str) else _tidy(v)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_tidy(item) for item in node]
+    return node
+
+
 def _parse(data) -> Bank:
     if not isinstance(data, dict) or "sections" not in data or "entries" not in data:
         raise ValueError("the question bank must be a mapping with 'sections' and 'entries'")
+    data = _tidy(data)
     sections = {s["id"]: s["title"] for s in data["sections"]}
     return Bank(sections=sections, entries=list(data["entries"]))
 
@@ -299,3 +317,50 @@ def render_markdown(bank: Bank | None = None, lang: str = "en", *, section: str 
         parts.append(f"## {title[lang]}\n")
         parts.extend(render_entry(e, lang) for e in bank.in_section(section_id))
     return "\n".join(parts)
+
+
+def _sentences(passage: str) -> list[str]:
+    """A passage cut into sentences at '. ', '? ', '。' or '？', never inside a `code span`."""
+    sentences, start, in_code = [], 0, False
+    for i, char in enumerate(passage):
+        if char == "`":
+            in_code = not in_code
+        ends = char in "。？" or (char in ".?" and (i + 1 == len(passage) or passage[i + 1].isspace()))
+        if ends and not in_code:
+            sentences.append(passage[start:i + 1].strip())
+            start = i + 1
+    if passage[start:].strip():
+        sentences.append(passage[start:].strip())
+    return sentences
+
+
+def one_line_answer(entry: dict, lang: str = "en") -> str:
+    """The first sentence of the 30-second answer, or the first two when the first is a bare "No." or "False."."""
+    sentences = _sentences(entry["short"][lang])
+    short_enough = 12 if lang == "zh" else 30
+    if len(sentences) > 1 and len(sentences[0]) < short_enough:
+        return f"{sentences[0]} {sentences[1]}" if lang == "en" else sentences[0] + sentences[1]
+    return sentences[0]
+
+
+def render_question_list(bank: Bank | None = None, lang: str = "en") -> str:
+    """Every question with a one-line answer (the first sentence of its 30-second answer), as a Markdown list."""
+    bank = bank or load()
+    return "\n".join(f"- *{e['question'][lang]}* {one_line_answer(e, lang)}" for e in bank.entries)
+
+
+def render_evidence_table(bank: Bank | None = None, lang: str = "en", *, root: Path | None = None) -> str:
+    """A Markdown table of every number the answers quote, the value its evidence holds now, and the evidence.
+
+    The values are resolved on the spot (computed, read from results JSON, or as the paper reports them).
+    """
+    bank = bank or load()
+    lines = [LABELS[lang]["table"], "|---|---|---|---|"]
+    for entry in bank.entries:
+        for item in entry["evidence"]:
+            quote = _quote(item)
+            if quote is None:
+                continue
+            value = evidence_value(item, root=root)
+            lines.append(f"| {entry['question'][lang]} | {quote} | {value:.4g} | {evidence_label(item, lang)} |")
+    return "\n".join(lines)

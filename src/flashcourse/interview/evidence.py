@@ -21,6 +21,7 @@ with.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -75,9 +76,11 @@ def _random_qkv(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, 
     return tuple(rng.standard_normal((n, d)) for _ in range(3))
 
 
+@functools.lru_cache(maxsize=64)
 def io_traffic(n: int, d: int, sram: int, algorithm: str = "flash") -> int:
     """HBM traffic (elements read + written) of one head of attention, (N, d) inputs, in an SRAM of M elements,
-    counted by :func:`flashcourse.iomodel.simulate` (the counts do not depend on the data)."""
+    counted by :func:`flashcourse.iomodel.simulate` (the counts do not depend on the data; cached, since the
+    bank quotes some of them more than once)."""
     _, stats = iomodel.simulate(algorithm, *_random_qkv(n, d), sram=sram)
     return stats.total
 
@@ -187,11 +190,17 @@ COMPUTE: dict[str, Callable[..., float]] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
+def _run(fn: Callable[..., float], args: tuple) -> float:
+    return float(fn(**dict(args)))
+
+
 def compute(name: str, args: dict | None = None) -> float:
-    """Run the registered compute function ``name`` with keyword ``args``."""
+    """Run the registered compute function ``name`` with keyword ``args`` (results are cached: every function
+    here is deterministic)."""
     if name not in COMPUTE:
         raise EvidenceError(f"no compute function {name!r}: expected one of {sorted(COMPUTE)}")
-    return float(COMPUTE[name](**(args or {})))
+    return _run(COMPUTE[name], tuple(sorted((args or {}).items())))
 
 
 # ------------------------------------------------------------------------------------------- references
