@@ -30,8 +30,15 @@ check)
 bench)
     stage decode 50 $py -m flashcourse.bench decode --out "$OUT"
     stage versions 140 $py -m flashcourse.bench versions --out "$OUT"
-    stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag -fp16 --out "$OUT"
-    stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag -bf16 --out "$OUT"
+    stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
+    stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag=-bf16 --out "$OUT"
+    ;;
+final)  # the attention grid, decode, and the GPU tests of the default kernels
+    stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
+    stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag=-bf16 --out "$OUT"
+    stage decode 40 $py -m flashcourse.bench decode --out "$OUT"
+    stage pytest_gpu 140 $py -m pytest -m gpu -x -q -p no:cacheprovider -k "not every_version" \
+        tests/test_kernels_forward.py tests/test_kernels_backward.py tests/test_decode.py
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

@@ -26,9 +26,14 @@ def graph_ms(fn) -> float:
 
 
 def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Bytes read plus written per second by a device-to-device copy of ``nbytes``: the practical ceiling."""
+    """Bytes read plus written per second by a device-to-device copy of ``nbytes``: the practical ceiling.
+
+    The GPU is kept busy for a while first: from idle clocks the first copies run far below the ceiling."""
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    for _ in range(100):  # about half a second of matrix products: clocks up
+        a @ a
     ms = graph_ms(lambda: dst.copy_(src))
     return 2 * nbytes / (ms * 1e-3)
 
@@ -88,7 +93,7 @@ def provider_fn(provider: str, q, k, v, **decode_kwargs):
 
 def run(shapes=DECODE_SHAPES, providers=PROVIDERS, log=print) -> list[dict]:
     """Validate our decode (contiguous and paged) then time every provider; rows with TB/s and ratios."""
-    copy = copy_bandwidth()
+    copy = copy_bandwidth()  # measured again at the end; the better of the two is the ceiling
     log(f"copy bandwidth {copy / 1e12:.2f} TB/s")
     rows = [{"provider": "copy", "bandwidth_tbs": copy / 1e12}]
     for batch, h_q, h_kv, d, n in shapes:
@@ -114,6 +119,12 @@ def run(shapes=DECODE_SHAPES, providers=PROVIDERS, log=print) -> list[dict]:
             rows.append(row)
             log(f"{provider:20} N={n:7} {row.get('bandwidth_tbs', float('nan')):5.2f} TB/s "
                 f"{row.get('ms', float('nan')) * 1e3:8.1f} us  {row['status']}")
+    copy = max(copy, copy_bandwidth())
+    log(f"copy bandwidth {copy / 1e12:.2f} TB/s (best of two)")
+    rows[0]["bandwidth_tbs"] = copy / 1e12
+    for r in rows[1:]:
+        if "bandwidth_tbs" in r:
+            r["fraction_of_copy"] = r["bandwidth_tbs"] * 1e12 / copy
     add_ratios(rows)
     return rows
 
