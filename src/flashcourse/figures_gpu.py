@@ -46,14 +46,16 @@ def version_rates(rows: Sequence[Mapping], mode: str = "fwd") -> dict[str, dict[
 
 
 def versions_markdown(rates: Mapping[str, Mapping[str, float]], *, source: str) -> str:
-    """A Markdown table: one row per kernel, per shape its TFLOP/s and its ratio to SDPA flash and cuDNN.
+    """A Markdown table: one row per kernel, one column per shape; a cell is the kernel's TFLOP/s and, in
+    brackets, its ratio to SDPA flash and to SDPA cuDNN on that shape.
 
     rates: from :func:`version_rates`; source: where the numbers come from (device, date, file).
     """
     shapes = list(rates)
     kernels = list(dict.fromkeys(k for by_kernel in rates.values() for k in by_kernel))
-    header = "| kernel | " + " | ".join(f"{s}: TFLOP/s (x flash, x cuDNN)" for s in shapes) + " |"
-    lines = [source, "", header, "|---|" + "---|" * len(shapes)]
+    header = "| kernel | " + " | ".join(shapes) + " |"
+    legend = "Each cell: TFLOP/s (x SDPA flash, x SDPA cuDNN), measured in the same run."
+    lines = [source, "", legend, "", header, "|---|" + "---|" * len(shapes)]
     for kernel in kernels:
         cells = []
         for shape in shapes:
@@ -72,7 +74,7 @@ def version_speeds(rates: Mapping[str, Mapping[str, float]], *, title: str) -> F
     """Grouped bars: one group per kernel (our versions, then SDPA's), one bar per shape, in TFLOP/s."""
     shapes = list(rates)
     kernels = list(dict.fromkeys(k for by_kernel in rates.values() for k in by_kernel))
-    fig = Figure(figsize=(max(6.4, 0.9 * len(kernels) + 2), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(6.4, 0.9 * len(kernels) + 4), 4.2), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / max(len(shapes), 1)
     x = np.arange(len(kernels))
@@ -86,7 +88,7 @@ def version_speeds(rates: Mapping[str, Mapping[str, float]], *, title: str) -> F
     ax.set_xlabel("kernel (ours by version, then PyTorch's)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title="shape", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
     return fig
 
