@@ -12,6 +12,7 @@ Stages: build/site-src/ (the pages MkDocs reads) and build/mkdocs.yml (site/mkdo
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -131,32 +132,58 @@ def copy_mathjax(destination: Path) -> None:
         shutil.copytree(es5 / part, destination / part)
 
 
+def results_figures(results: list[Path], destination: Path) -> list[Path]:
+    """PNG figures of the kernel speeds by version, for each results file in the attention benchmark format
+    (rows with a provider), drawn by ``flashcourse.figures_gpu`` as lessons 07 and 08 draw them."""
+    from flashcourse import figures_gpu
+
+    figures = []
+    for path in results:
+        data = json.loads(path.read_text())
+        rows, meta = data.get("rows", []), data.get("meta", {})
+        if not rows or "provider" not in rows[0]:
+            continue
+        for mode, what in (("fwd", "forward"), ("bwd", "backward")):
+            rates = figures_gpu.version_rates(rows, mode)
+            if rates:
+                title = f"{what}, {meta.get('device', '?')}, {meta.get('date', '?')}"
+                figure = destination / f"{path.stem}-{mode}.png"
+                figures_gpu.version_speeds(rates, title=title).savefig(figure, dpi=100)
+                figures.append(figure)
+    return figures
+
+
 def benchmarks_page(figures: list[Path], results: list[Path]) -> str:
-    """Markdown for the GPU benchmark figures and a table per results file."""
+    """Markdown for the GPU benchmark figures, then every results file as a table that opens on a click."""
     lines = ["# GPU benchmarks", "",
-             "Measured on a GPU with `python -m flashcourse.bench attention`; each file in `benchmarks/results/` "
-             "records the device, the library versions and the date of its run.", ""]
+             "Measured on a GPU with `python -m flashcourse.bench`; each file in `benchmarks/results/` records the "
+             "device, the library versions and the date of its run.", ""]
     if not figures and not results:
         lines += ["No GPU results are recorded yet.", ""]
     for figure in figures:
         lines += [f"![{figure.stem}](benchmarks/{figure.name})", ""]
+    if results:
+        lines += ["## Recorded results", ""]
     for path in results:
         data = json.loads(path.read_text())
         meta, rows = data.get("meta", {}), data.get("rows", [])
-        lines += [f"## {path.stem}", "",
-                  ", ".join(f"{key}: {value}" for key, value in meta.items() if not isinstance(value, (dict, list))),
-                  ""]
         columns = list(dict.fromkeys(key for row in rows for key in row))
-        if columns:
-            lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-            lines += ["| " + " | ".join(_table_cell(row.get(key, "")) for key in columns) + " |" for row in rows]
-            lines.append("")
+        described = ", ".join(f"{key} {value}" for key, value in meta.items() if not isinstance(value, (dict, list)))
+        lines += [f"<details><summary><code>{html.escape(path.name)}</code>: {len(rows)} rows; "
+                  f"{html.escape(described)}</summary>", "<table>",
+                  "<tr>" + "".join(f"<th>{html.escape(column)}</th>" for column in columns) + "</tr>"]
+        lines += ["<tr>" + "".join(f"<td>{html.escape(_table_cell(row.get(column, '')))}</td>" for column in columns)
+                  + "</tr>" for row in rows]
+        lines += ["</table></details>", ""]
     return "\n".join(lines)
 
 
 def _table_cell(value) -> str:
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text.replace("|", "\\|")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return " ".join(f"{key}={_table_cell(item)}" for key, item in value.items())
+    return str(value)
 
 
 def syllabus_table(lessons: list[tuple[Path, str]], exercises: dict[int, tuple[Path, str]]) -> str:
@@ -205,11 +232,11 @@ def stage() -> dict:
         nbformat.write(prepare_for_site(nb), STAGE / "exercises" / path.name)
         exercises[lesson_number(path)] = (path, notebook_title(nb, path.stem))
 
-    figures = sorted(BENCHMARKS_DIR.glob("*.png"))
     (STAGE / "benchmarks").mkdir()
-    for figure in figures:
-        shutil.copy2(figure, STAGE / "benchmarks" / figure.name)
+    figures = [Path(shutil.copy2(figure, STAGE / "benchmarks" / figure.name))
+               for figure in sorted(BENCHMARKS_DIR.glob("*.png"))]
     results = sorted((BENCHMARKS_DIR / "results").glob("*.json"))
+    figures += results_figures(results, STAGE / "benchmarks")
     (STAGE / "benchmarks.md").write_text(benchmarks_page(figures, results))
 
     index = (SITE_CONFIG_DIR / "index.md").read_text()
@@ -234,7 +261,7 @@ def main() -> int:
     counts = stage()
     staged = time.perf_counter()
     subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(BUILD / "mkdocs.yml")],
-                   check=True, cwd=ROOT)
+                   check=True, cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     done = time.perf_counter()
     print(f"[book] {', '.join(f'{value} {key}' for key, value in counts.items())}; staged in "
           f"{staged - start:.1f} s, MkDocs built in {done - staged:.1f} s: {SITE.relative_to(ROOT)}/index.html")

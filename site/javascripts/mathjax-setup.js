@@ -1,7 +1,9 @@
 // MathJax 3, configured as Jupyter renders math ($...$ inline, $$...$$ display), loaded from the copy that
 // the site ships next to this file, so that formulas render without any network.
 window.MathJax = {
+  loader: {load: ["[tex]/textmacros"]},  // \text{BLOCK\_M}, as JupyterLab renders it
   tex: {
+    packages: {"[+]": ["textmacros"]},
     inlineMath: [["$", "$"], ["\\(", "\\)"]],
     displayMath: [["$$", "$$"], ["\\[", "\\]"]],
     processEscapes: true,
