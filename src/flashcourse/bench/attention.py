@@ -153,10 +153,23 @@ def validate_ours(shape: Shape, **kernel_kwargs) -> dict:
     return errs
 
 
+def warm_up_gpu(seconds: float = 1.0) -> None:
+    """Matrix products for about ``seconds``: an idle GPU starts at low clocks, which the first shape would pay."""
+    import time
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=print, on_shape=None) -> list[dict]:
     """Validate our kernel on every shape, then time every provider; returns result rows.
 
     ``on_shape(rows)`` is called after each shape (to save partial results of a run cut short)."""
+    warm_up_gpu()
     rows = []
     for shape in shapes:
         check = validate_ours(shape)
