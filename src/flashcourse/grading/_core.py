@@ -15,6 +15,7 @@ import tracemalloc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -149,7 +150,19 @@ def compare(what: str, got: np.ndarray, expected: np.ndarray, *, dtype: str,
 # Builtins (PyTorch's) that do the exercise's work for the learner; and those that build an N x N matrix.
 _FORBIDDEN_TORCH = {"softmax", "_softmax", "log_softmax", "scaled_dot_product_attention",
                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}
-_MATERIALISING_TORCH = {"matmul", "bmm", "mm", "einsum", "__matmul__", "__rmatmul__", "baddbmm"}
+_MATERIALISING_TORCH = {"matmul", "bmm", "mm", "einsum", "__matmul__", "__rmatmul__", "baddbmm", "tensordot"}
+
+
+def _torch_recorder(guard: CallGuard):
+    """A TorchFunctionMode that shows every torch call to the guard and runs it unchanged."""
+    from torch.overrides import TorchFunctionMode
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            guard._torch_call(func)
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
 
 
 def _library_files() -> dict[str, str]:
@@ -211,13 +224,30 @@ class CallGuard:
         if name not in self.calls:
             self.calls.append(name)
 
+    def _torch_call(self, func) -> None:
+        """Called by a TorchFunctionMode for every torch operation, operators such as ``@`` included (which
+        the profiler does not see)."""
+        name = getattr(func, "__name__", "")
+        if name in _FORBIDDEN_TORCH or (self.forbid_matmul and name in _MATERIALISING_TORCH):
+            frame = sys._getframe(2)
+            while frame is not None and f"{os.sep}torch{os.sep}" in frame.f_code.co_filename:
+                frame = frame.f_back  # skip torch's own Python layers
+            if frame is not None and frame.f_code.co_filename not in self.trusted:
+                self._record(f"torch {name}")
+
     def __enter__(self):
         self._previous = sys.getprofile()
+        self._torch_mode = None
+        if "torch" in sys.modules:  # only a learner's code that already imported torch can call it
+            self._torch_mode = _torch_recorder(self)
+            self._torch_mode.__enter__()
         sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc):
         sys.setprofile(self._previous)
+        if self._torch_mode is not None:
+            self._torch_mode.__exit__(*exc)
         return False
 
     def verdict(self, label: str) -> None:
@@ -250,8 +280,6 @@ def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
 
     Translates the learner's exceptions into AssertionErrors a learner can act on.
     """
-    from .. import iomodel  # light: NumPy only
-
     limit = part.max_bytes(case) if part.max_bytes else None
     if limit is not None:  # part.run copies the inputs before calling the learner: those copies are allowed
         limit += sum(value.nbytes for value in case.values() if isinstance(value, np.ndarray))
@@ -269,20 +297,9 @@ def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
             outputs = part.run(functions, case)
         if limit is not None:
             peak = tracemalloc.get_traced_memory()[1] - base
-    except AssertionError:
-        raise
-    except iomodel.SramOverflowError as error:
-        raise AssertionError(
-            f"{part.label}: SRAM budget exceeded. {error} Diagnosis: keep only one block of Q, K, V and one "
-            "block_q x block_k score tile in SRAM at a time, and free blocks when you are done with them; "
-            "never build the full N x N matrix") from None
-    except Exception as error:
-        if _mentions_not_implemented(error):
-            raise NotImplementedYet(
-                f"{part.label} is not implemented yet: fill in the code under `# TODO` in the cell that defines "
-                f"{', '.join(part.functions)}, then run it and this check again") from None
-        raise AssertionError(
-            f"{part.label}: your function raised {type(error).__name__}: {error}") from error
+    except Exception:
+        guard.verdict(part.label)  # a forbidden call that then failed is reported as the forbidden call
+        raise_for_learner_error(part)
     finally:
         if started_tracing:
             tracemalloc.stop()
@@ -293,6 +310,25 @@ def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
             f"more than the {limit / 1e6:.2f} MB allowed: it materialises the full N x N matrix (or another "
             "array that large). Work one block_q x block_k tile at a time")
     return outputs
+
+
+def raise_for_learner_error(part: Part) -> NoReturn:
+    """Turn the exception being handled (raised by the learner's code) into an AssertionError to act on."""
+    from .. import iomodel  # light: NumPy only
+
+    error = sys.exc_info()[1]
+    if isinstance(error, AssertionError):
+        raise error
+    if isinstance(error, iomodel.SramOverflowError):
+        raise AssertionError(
+            f"{part.label}: SRAM budget exceeded. {error} Diagnosis: keep only one block of Q, K, V and one "
+            "block_q x block_k score tile in SRAM at a time, and free blocks when you are done with them; "
+            "never build the full N x N matrix") from None
+    if _mentions_not_implemented(error):
+        raise NotImplementedYet(
+            f"{part.label} is not implemented yet: fill in the code under `# TODO` in the cell that defines "
+            f"{', '.join(part.functions)}, then run it and this check again") from None
+    raise AssertionError(f"{part.label}: your function raised {type(error).__name__}: {error}") from error
 
 
 def make_rng(seed) -> np.random.Generator:
@@ -346,3 +382,13 @@ def qkv_case(rng: np.random.Generator, lead: tuple[int, ...], n_q: int, n_k: int
 def copies(case: Case, *names: str) -> list[np.ndarray]:
     """Fresh copies of the named arrays, so a learner's in-place edits cannot change the case."""
     return [np.array(case[name]) for name in names]
+
+
+def to_tensor(array: np.ndarray):
+    """A NumPy array as a torch tensor where the course's kernels run (the GPU if there is one, else the CPU,
+    where Triton's interpreter reads it). Imports torch only when a Triton exercise is checked."""
+    import torch
+
+    from .. import device
+
+    return torch.from_numpy(np.ascontiguousarray(array)).to("cuda" if device.setup() == "cuda" else "cpu")
