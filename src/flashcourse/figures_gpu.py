@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 __all__ = ["loss_curves", "shape_label", "version_rates", "version_speeds", "versions_markdown"]
 
@@ -121,6 +122,8 @@ def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None =
         gap = np.abs(np.asarray(losses[name], dtype=float) - first)
         # a gap of exactly 0 has no place on a log axis: draw it at half the resolution, below the grey line
         ax_diff.semilogy(steps, np.where(gap > 0, gap, resolution / 2), marker=".", label=name)
+    for ax in (ax_loss, ax_diff):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax_diff.set_xlabel("training step")
     ax_diff.set_ylabel(f"|loss - loss of {names[0]}|")
     ax_diff.set_title("Difference per step")
