@@ -1,5 +1,8 @@
 """A tiny transformer on a toy copy task: lesson 08 trains it with our attention and with PyTorch's.
 
+``python -m flashcourse.toy`` (on a GPU) trains ``GPU_CONFIG`` both ways for 300 steps and saves the losses to
+``benchmarks/results/<date>-<device>-toy.json``, which lesson 08 shows on machines without a GPU.
+
 The model is a two-layer, decoder-only transformer whose attention is a function passed in, so the same weights
 and the same batches can run once through ``kernels.flash_attention`` and once through
 ``torch.nn.functional.scaled_dot_product_attention``. If our forward or backward were wrong anywhere, the two loss
@@ -14,10 +17,11 @@ Everything here is torch only; ``kernels`` (and so Triton) is imported only when
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -226,3 +230,26 @@ def train_side_by_side(attentions: dict[str, AttentionFn] | None = None, config:
 def chance_loss(config: ToyConfig = ToyConfig()) -> float:
     """Cross-entropy of guessing uniformly among the vocab + 1 tokens: where every run starts."""
     return math.log(config.vocab + 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train GPU_CONFIG with both attentions on the GPU and save the runs with ``bench.save_results``."""
+    parser = argparse.ArgumentParser(prog="python -m flashcourse.toy", description=main.__doc__)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", default=None, help="directory (default benchmarks/results)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m flashcourse.toy trains on a GPU; without one, lesson 08 trains the tiny config")
+    from flashcourse.bench import save_results
+
+    runs = train_side_by_side(config=GPU_CONFIG, steps=args.steps, batch_size=args.batch_size, device="cuda",
+                              eval_batch_size=1024)
+    rows = [{**asdict(run), "config": asdict(GPU_CONFIG), "batch_size": args.batch_size} for run in runs.values()]
+    for run in runs.values():
+        print(f"{run.name:15} last loss {run.losses[-1]:.4f}, copy accuracy {100 * run.accuracy:.1f}%")
+    print(f"wrote {save_results('toy', rows, directory=args.out)}")
+
+
+if __name__ == "__main__":
+    main()
