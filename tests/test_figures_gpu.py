@@ -52,3 +52,16 @@ def test_figures_have_labelled_axes(rng):
         assert isinstance(fig, Figure)
         for ax in fig.axes:
             assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()
+
+
+def test_newest_per_shape_takes_each_shape_whole_from_the_newest_file(rng):
+    rows, rates = _rows(rng)
+    rerun = [_row("flashcourse", 2.0 * rates["v1"], forward_version="v1"), _row("sdpa_flash", 1.0)]
+    other_shape = [_row("sdpa_flash", 7.0, n=1024)]
+    merged = figures_gpu.newest_per_shape([{"rows": rows + other_shape, "path": "a/old.json"},
+                                                  {"rows": rerun, "path": "a/rerun.json"}])
+    by_shape = figures_gpu.version_rates(merged)
+    # N=4096 comes from the rerun alone: nothing of the old file's N=4096 rows survives
+    assert by_shape["fp16 B4 H16 D128 N4096"] == {"v1": 2.0 * rates["v1"], "SDPA flash": 1.0}
+    assert by_shape["fp16 B4 H16 D128 N1024"] == {"SDPA flash": 7.0}
+    assert {r["source_file"] for r in merged if r["n"] == 4096} == {"rerun.json"}

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["loss_curves", "shape_label", "version_rates", "version_speeds", "versions_markdown"]
+__all__ = ["loss_curves", "newest_per_shape", "shape_label", "version_rates", "version_speeds", "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 
@@ -24,6 +24,25 @@ def shape_label(row: Mapping) -> str:
     dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(row["dtype"], row["dtype"])
     causal = " causal" if row["causal"] else ""
     return f"{dtype} B{row['batch']} H{row['heads']} D{row['head_dim']} N{row['n']}{causal}"
+
+
+def _shape_key(row: Mapping) -> tuple:
+    return tuple(row[k] for k in ("dtype", "batch", "heads", "head_dim", "n", "causal"))
+
+
+def newest_per_shape(results: Sequence[Mapping]) -> list[dict]:
+    """Rows of several result files (``bench.load_results``, oldest first), each shape taken whole from the
+    newest file that measured it: a rerun replaces the earlier numbers, and every ratio stays within one run.
+
+    Each returned row is a copy with ``source_file``, the name of the file it came from.
+    """
+    source_of: dict[tuple, int] = {}
+    for index, result in enumerate(results):
+        for row in result["rows"]:
+            source_of[_shape_key(row)] = index  # later files win
+    return [{**row, "source_file": str(result["path"]).rsplit("/", 1)[-1]}
+            for index, result in enumerate(results) for row in result["rows"]
+            if source_of[_shape_key(row)] == index]
 
 
 def version_rates(rows: Sequence[Mapping], mode: str = "fwd") -> dict[str, dict[str, float]]:
