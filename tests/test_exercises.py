@@ -4,6 +4,7 @@ fail every check with the not-implemented message (not a crash)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -112,3 +113,14 @@ def test_fresh_exercise_runs_and_every_check_says_not_implemented(name, tmp_path
                 f"{grade_id}: expected the not-implemented message, got {errors[0].ename}: {errors[0].evalue}")
         else:
             assert not errors, f"{name} cell {grade_id} crashed: {errors[0].ename}: {errors[0].evalue}"
+
+
+def test_each_lesson_links_its_exercise_and_every_exercise_link_resolves():
+    lessons = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for number, name in enumerate(LESSON_LINK_NAMES, start=1):
+        lesson = [p for p in lessons if p.name.startswith(f"{number:02d}_")]
+        assert lesson, f"no lesson {number:02d} in notebooks/"
+        assert f"../exercises/{name}.ipynb" in lesson[0].read_text(), f"{lesson[0].name} does not link {name}"
+    for path in lessons:
+        for link in re.findall(r"\.\./exercises/([\w.-]+\.ipynb)", path.read_text()):
+            assert (ROOT / "exercises" / link).exists(), f"{path.name} links a missing exercise: {link}"
