@@ -9,7 +9,7 @@ TORCH_PIP_ARGS ?=
 # One timed stage: `$(call timed,name,command)` prints how long the command took.
 timed = t0=$$(date +%s); $(2); rc=$$?; echo "[make test] stage '$(1)' took $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
-.PHONY: setup lab test lint unit notebooks clean
+.PHONY: setup lab test lint book serve-book clean
 
 setup: $(VENV)/.installed
 
@@ -28,9 +28,17 @@ lab: setup
 lint: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
 
+# Two pytest stages: the second builds the website from the lessons the first executed (build/executed/).
 test: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
-	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu")
+	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu" --ignore=tests/browser --ignore=tests/test_site.py)
+	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
+
+book: setup
+	@$(call timed,book,$(PY) scripts/build_site.py)
+
+serve-book: book
+	$(PY) -m http.server --directory build/site --bind 127.0.0.1 8000
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache

@@ -7,6 +7,11 @@ import zlib
 import numpy as np
 import pytest
 
+from flashcourse import device
+
+# Before any test module imports triton (directly, or through torch): the interpreter is chosen at import.
+device.setup()
+
 
 @pytest.fixture
 def rng(request) -> np.random.Generator:

@@ -150,3 +150,23 @@ def test_lse_matches_numpy_logsumexp(rng):
     _, lse = kernels.flash_attention_forward(q, k, v)
     s = q[0, 0].double().cpu().numpy() @ k[0, 0].double().cpu().numpy().T / 4.0
     np.testing.assert_allclose(lse[0, 0].cpu().numpy(), np.log(np.exp(s).sum(-1)), rtol=1e-5)
+
+
+def test_softmax_cost_variants_are_wrong_only_across_tiles(rng):
+    """Lesson 09's timing variants: dropping the rescale is harmless within one key tile and wrong across many."""
+    from flashcourse.kernels.forward import run_forward
+
+    v6 = kernels.FORWARD_VERSIONS["v6"]
+    q, k, v = make_qkv(rng, (1, 1, 16, 16))
+    exact, _ = run_forward(v6, q, k, v, causal=False, scale=None)
+    one_tile, _ = run_forward(v6, q, k, v, causal=False, scale=None, ablate=1)
+    assert_close(one_tile, exact)
+    q, k, v = make_qkv(rng, (1, 1, 16, 16), (1, 1, 200, 16))
+    k[..., 150:, :] *= 20  # a late key tile raises the running max, so the missing rescale shows
+    exact, _ = run_forward(v6, q, k, v, causal=False, scale=None)
+    for ablate in (1, 2):
+        wrong, _ = run_forward(v6, q, k, v, causal=False, scale=None, ablate=ablate)
+        with pytest.raises(AssertionError):
+            assert_close(wrong, exact)
+    with pytest.raises(ValueError, match="v6"):
+        run_forward(kernels.FORWARD_VERSIONS["v1"], q, k, v, causal=False, scale=None, ablate=1)

@@ -75,3 +75,11 @@ def test_require_triton_explains_what_to_do(monkeypatch):
     monkeypatch.setattr(device, "triton_available", lambda: False)
     with pytest.raises(device.TritonUnavailableError, match="WSL"):
         device.require_triton()
+
+
+def test_device_warns_when_triton_was_imported_first():
+    code = "import triton, flashcourse.device as d; d.setup()"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stderr
+    assert "imported triton" in err

@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import sys
+import warnings
 
 __all__ = ["has_gpu", "require_triton", "setup", "triton_available", "TritonUnavailableError"]
 
@@ -55,6 +56,16 @@ def setup() -> str:
     if has_gpu() and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return "cuda"
     if not has_gpu():
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            # Triton fixes interpreter mode for its language helpers when it is first imported; too late now.
+            warnings.warn(
+                "flashcourse.device.setup() ran after something imported triton (torch optimizers and "
+                "torch.compile do): kernels may fail in the interpreter with 'Cannot call @triton.jit'd outside "
+                "of the scope of a kernel'. Restart the kernel and import flashcourse.kernels (or call "
+                "flashcourse.device.setup()) first.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         os.environ.setdefault("TRITON_INTERPRET", "1")
         print("flashcourse: no CUDA GPU found, so Triton kernels run in its CPU interpreter (slow: keep sizes small).")
         return "cpu"

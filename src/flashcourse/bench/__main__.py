@@ -5,6 +5,7 @@
     decode    [--out DIR] [--tune]         one query token, GQA, KV 32K and 128K, vs SDPA and copy bandwidth
     versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
+    softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
     table     [--write]                    docs/KERNELS.md's version table from the committed JSON
 
 Each GPU command validates before timing, prints a table and writes
@@ -75,6 +76,13 @@ def _tune(args) -> None:
     print(f"wrote {save_results('tune', rows, directory=args.out)}")
 
 
+def _softmax_cost(args) -> None:
+    from flashcourse.bench import ablation
+
+    rows = ablation.run()
+    print(f"wrote {save_results('softmax-cost', rows, directory=args.out)}")
+
+
 def _table(args) -> None:
     from flashcourse.bench import versions
 
@@ -94,7 +102,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashcourse.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("attention", "decode", "versions", "tune"):
+    for name in ("attention", "decode", "versions", "tune", "softmax-cost"):
         p = sub.add_parser(name)
         p.add_argument("--out", type=Path, default=results_dir(), help="folder for the JSON and the plot")
         p.add_argument("--n", type=int, nargs="+", help="sequence lengths")
@@ -113,8 +121,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.command != "table":
         _need_gpu()
-    {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune, "table": _table}[
-        args.command](args)
+    commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
+                "softmax-cost": _softmax_cost, "table": _table}
+    commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -263,8 +263,12 @@ def _fwd_split_kernel(
 @triton.jit
 def _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, N_KV, qk_scale,
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
-    """As _attend_tiles, with K and V read through tensor descriptors (rows past N_KV come back as 0)."""
+                       DOT_PRECISION: tl.constexpr, ABLATE: tl.constexpr):
+    """As _attend_tiles, with K and V read through tensor descriptors (rows past N_KV come back as 0).
+
+    ABLATE (lesson 09's wrong-on-purpose timing variants; 0 in every real version): 1 drops the rescaling of l
+    and acc by alpha = exp2(m_old - m_new); 2 also drops the exponentials (p = the scaled scores).
+    """
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         k = k_desc.load([start_n, 0])  # (BLOCK_N, BLOCK_D)
@@ -276,12 +280,22 @@ def _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, lo, hi, N_KV, q
             if CAUSAL:
                 valid = valid & (cols[None, :] <= offs_m[:, None])
             qk = tl.where(valid, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        if ABLATE == 0:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+        elif ABLATE == 1:
+            m_i = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.exp2(qk * qk_scale - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        else:
+            p = qk * qk_scale
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -295,7 +309,7 @@ def _fwd_desc_kernel(
     H, N_Q, N_KV,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr, ABLATE: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     if HEAVY_FIRST:
@@ -323,9 +337,9 @@ def _fwd_desc_kernel(
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
     acc, l_i, m_i = _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end, N_KV, qk_scale,
-                                       False, CAUSAL, BLOCK_N, DOT_PRECISION)
+                                       False, CAUSAL, BLOCK_N, DOT_PRECISION, ABLATE)
     acc, l_i, m_i = _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, masked_end, N_KV,
-                                       qk_scale, True, CAUSAL, BLOCK_N, DOT_PRECISION)
+                                       qk_scale, True, CAUSAL, BLOCK_N, DOT_PRECISION, ABLATE)
     o_base = b * stride_ob + h * stride_oh
     _store_output(O, LSE, acc, l_i, m_i, pid_bh, offs_m, offs_d, o_base, stride_on, stride_od, N_Q,
                   HEAD_DIM, True)
@@ -368,8 +382,14 @@ def _tma_scratch(device: torch.device):
 
 
 def run_forward(version: ForwardVersion, q, k, v, *, causal: bool, scale: float | None,
-                config: configs.KernelConfig | None = None):
-    """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch."""
+                config: configs.KernelConfig | None = None, ablate: int = 0):
+    """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch.
+
+    ``ablate`` (v6 only, for timing what the softmax costs; the output is then WRONG on purpose): 1 removes the
+    rescaling by exp(m_old - m_new), 2 removes the exponentials too.
+    """
+    if ablate and version.name != "v6":
+        raise ValueError(f"ablate needs version v6, got {version.name}")
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
@@ -390,6 +410,10 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal: bool, scale: float 
         else:
             kernel = _fwd_split_kernel
     extra = {} if version.heavy_first is None else {"HEAVY_FIRST": bool(version.heavy_first and causal)}
+    if ablate:
+        if kernel is not _fwd_desc_kernel:
+            raise ValueError("ablate needs tensor descriptors (a Hopper GPU or the interpreter)")
+        extra["ABLATE"] = ablate
     grid = (triton.cdiv(n_q, config.block_m), batch * heads)
     kernel[grid](
         q, k, v, o, lse, scale * LOG2E if version.exp2 else scale,
