@@ -6,7 +6,7 @@
     versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
-    table     [--write]                    docs/KERNELS.md's version table from the committed JSON
+    table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
 
 Each GPU command validates before timing, prints a table and writes
 ``<out>/<date>-<device>-<what>.json`` (default ``benchmarks/results``) and, for attention and decode, a plot.
@@ -84,18 +84,21 @@ def _softmax_cost(args) -> None:
 
 
 def _table(args) -> None:
-    from flashcourse.bench import versions
+    from flashcourse.bench import summary, versions
 
     text = versions.kernels_table(args.results)
     if not args.write:
         print(text)
+        print(summary.readme_section(args.results))
         return
-    doc = Path(__file__).resolve().parents[3] / "docs" / "KERNELS.md"
-    marker_start, marker_end = "<!-- versions-table:start -->", "<!-- versions-table:end -->"
-    body = doc.read_text()
-    start, end = body.index(marker_start) + len(marker_start), body.index(marker_end)
-    doc.write_text(body[:start] + "\n" + text + body[end:])
-    print(f"updated {doc}")
+    root = Path(__file__).resolve().parents[3]
+    doc = root / "docs" / "KERNELS.md"
+    doc.write_text(summary.replace_between(doc.read_text(), "<!-- versions-table:start -->",
+                                           "<!-- versions-table:end -->", "\n" + text))
+    readme = root / "README.md"
+    readme.write_text(summary.replace_between(readme.read_text(), summary.README_START, summary.README_END,
+                                              summary.readme_section(args.results)))
+    print(f"updated {doc} and {readme}")
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,88 @@
+"""The README's GPU results: a summary table written from the committed benchmark JSON, never by hand.
+
+``python -m flashcourse.bench table --write`` rewrites it (with docs/KERNELS.md's version table), and
+tests/test_results_docs.py checks that the committed README matches a fresh generation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flashcourse.bench import load_results
+
+README_START, README_END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
+SUMMARY_NS = (4096, 16384)
+
+
+def _find(rows, **match):
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()) and row.get("status") == "ok":
+            return row
+    return None
+
+
+def attention_summary(directory: Path | None = None) -> str:
+    """fp16 forward and backward at N = 4096 and 16384: our TFLOP/s and the ratios to SDPA's backends."""
+    found = load_results("*-attention-fp16.json", directory=directory)
+    if not found:
+        return "No attention results committed yet: run `python -m flashcourse.bench attention` on a GPU.\n"
+    data = found[-1]
+    meta, rows = data["meta"], data["rows"]
+    lines = [
+        f"Forward and backward, fp16, B = 4, measured on {meta['device']} on {meta['date']} (torch {meta['torch']}, "
+        f"triton {meta['triton']}; `{Path(data['path']).name}`). TFLOP/s of our default kernels and the ratio to "
+        "each PyTorch SDPA backend timed in the same run:",
+        "",
+        "| H x D | N | causal | pass | ours TFLOP/s | vs SDPA flash | vs cuDNN | vs efficient |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    shapes = sorted({(r["heads"], r["head_dim"]) for r in rows}, key=lambda s: s[1])
+    for heads, head_dim in shapes:
+        for n in SUMMARY_NS:
+            for causal in (False, True):
+                for mode in ("fwd", "bwd"):
+                    ours = _find(rows, provider="flashcourse", heads=heads, head_dim=head_dim, n=n,
+                                 causal=causal, mode=mode)
+                    if ours is None:
+                        continue
+                    ratios = " | ".join(f"{ours[f'ratio_vs_{p}']:.2f}x" if f"ratio_vs_{p}" in ours else "-"
+                                        for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"))
+                    lines.append(f"| {heads} x {head_dim} | {n} | {'yes' if causal else 'no'} | {mode} | "
+                                 f"{ours['tflops']:.0f} | {ratios} |")
+    return "\n".join(lines) + "\n"
+
+
+def decode_summary(directory: Path | None = None) -> str:
+    """Flash-Decoding: effective bandwidth of our split-KV kernel against SDPA at each cache length."""
+    found = load_results("*-decode.json", directory=directory)
+    if not found:
+        return ""
+    data = found[-1]
+    meta, rows = data["meta"], data["rows"]
+    lines = [
+        f"Decoding one token, fp16, B = 1, 32 query heads sharing 8 KV heads, D = 128, on {meta['device']} on "
+        f"{meta['date']} (`{Path(data['path']).name}`); effective bandwidth = bytes of K and V / time:",
+        "",
+        "| KV length | ours TB/s | ours, paged TB/s | SDPA flash TB/s | SDPA cuDNN TB/s | ours vs flash | ours vs cuDNN |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kv_len in sorted({r["kv_len"] for r in rows if "kv_len" in r}):
+        get = {p: _find(rows, provider=p, kv_len=kv_len) for p in
+               ("flashcourse", "flashcourse_paged", "sdpa_flash", "sdpa_cudnn")}
+        if get["flashcourse"] is None:
+            continue
+        tbs = " | ".join("-" if get[p] is None else f"{get[p]['bandwidth_tbs']:.2f}" for p in get)
+        ours = get["flashcourse"]
+        lines.append(f"| {kv_len} | {tbs} | {ours['ratio_vs_sdpa_flash']:.2f}x | {ours['ratio_vs_sdpa_cudnn']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_section(directory: Path | None = None) -> str:
+    """The text between the README's gpu-results markers."""
+    return "\n" + attention_summary(directory) + "\n" + decode_summary(directory)
+
+
+def replace_between(text: str, start: str, end: str, body: str) -> str:
+    """``text`` with everything between the ``start`` and ``end`` markers replaced by ``body``."""
+    head, tail = text.index(start) + len(start), text.index(end)
+    return text[:head] + body + text[tail:]
