@@ -71,3 +71,14 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
     assert "make lab" in (ROOT / "README.md").read_text()
+
+
+def test_readme_links_resolve():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)\)", readme)
+    local = [t for t in targets if "://" not in t]
+    assert len(local) > 20, "the syllabus links every lesson and exercise"
+    missing = [t for t in local if not (ROOT / t).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
