@@ -162,7 +162,8 @@ def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
     ax_row.set_xlabel("position in the row")
     ax_row.set_ylabel("score x (logit)")
     ax_row.set_title(f"block {step.index}: x[{step.start}:{step.stop}] read")
-    ax_row.legend(fontsize=8, loc="lower right")
+    # Below the axes, so the legend never hides a bar whatever the row holds.
+    ax_row.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     seen = steps[:index + 1]
     blocks = [s.index for s in seen]
     ax_stats.plot(blocks, [s.m for s in seen], "o-", label="m (running max)")
