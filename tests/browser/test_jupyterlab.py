@@ -71,9 +71,31 @@ def input_prompts(panel) -> list[str]:
     return [text.strip() for text in panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
 
 
+STARTED_JS = """() => {
+    const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+    const prompts = [...panel.querySelectorAll('.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+    return prompts.some(p => /\\[(\\*|\\d+)\\]/.test(p));
+}"""
+
+
 def run_all_cells(page, panel) -> None:
-    """Run every cell and wait until the kernel has finished them all (or stopped at an error)."""
-    run_menu(page, "Run All Cells")
+    """Run every cell and wait until the kernel has finished them all (or stopped at an error).
+
+    The Run menu acts on the notebook that last had focus, which after a reload can be another (restored) tab, so
+    the panel is clicked first; and right after a notebook opens JupyterLab can ignore the command while its
+    session settles, so the click is repeated (a few times at most) until a cell has started.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    for attempt in range(3):
+        panel.locator(".jp-Cell").first.locator(".jp-InputPrompt").click()  # focus this notebook, command mode
+        run_menu(page, "Run All Cells")
+        try:
+            page.wait_for_function(STARTED_JS, timeout=10_000)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
     page.wait_for_function(
         """() => {
             const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
