@@ -60,8 +60,10 @@ def roofline(machines: Mapping[str, tuple[float, float]], intensities: Mapping[s
     for name, intensity in (intensities or {}).items():
         ax.axvline(intensity, color="grey", linestyle=":", linewidth=1)
         # x in data units, y in axes fraction: the label sits at the top of its line whatever the y range.
-        ax.text(intensity, 0.98, f"{name} ", rotation=90, va="top", ha="right", fontsize=8, color="dimgrey",
-                transform=ax.get_xaxis_transform())
+        # A white box keeps the label readable where a roofline crosses it.
+        ax.text(intensity, 0.98, name, rotation=90, va="top", ha="right", fontsize=8, color="dimgrey",
+                transform=ax.get_xaxis_transform(),
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -235,6 +237,10 @@ def tile_order(orders: Mapping[str, Sequence], *, title: str = "Order in which t
             ax.text((tile.k_start + tile.k_stop) / 2, (tile.q_start + tile.q_stop) / 2, str(number),
                     ha="center", va="center", fontsize=8)
         ax.set_title(name)
+    kinds = {t.kind for tiles in orders.values() for t in tiles}
+    if len(kinds) > 1:  # with a causal mask, say what the colours mean (unnumbered tiles are skipped)
+        fig.legend(handles=[Patch(facecolor=colour, label=kind) for kind, colour in TILE_COLOURS.items()
+                            if kind in kinds], loc="outside lower center", ncols=len(kinds), fontsize=8)
     fig.suptitle(title)
     return fig
 

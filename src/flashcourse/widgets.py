@@ -27,7 +27,7 @@ __all__ = ["IOExplorer", "OnlineSoftmaxStepper", "TileExplorer", "io_explorer", 
 
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
+    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")  # keep legends placed outside the axes
     return buffer.getvalue()
 
 
@@ -214,6 +214,7 @@ class IOExplorer(w.VBox):
         if self.error is not None:
             fields.append(_field("fc-error", "cannot run", self.error))
             self.readout.value = _readout(fields)
+            self.image.value = b""  # no stale picture of the previous settings under the error
             return
         standard, flash = self.stats["standard"], self.stats["flash"]
         block_r, block_c = iomodel.flash_block_sizes(sram, d, n)
