@@ -114,7 +114,10 @@ class LabServer:
     log: Path
 
     def notebook_url(self, relative_path: str) -> str:
-        return f"{self.url}/lab/tree/{relative_path}?token={self.token}"
+        """The notebook alone in a fresh workspace (``?reset``): no tab restored from an earlier test can hold the
+        focus that JupyterLab's Run menu acts on."""
+        workspace = "".join(c if c.isalnum() else "-" for c in relative_path)
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{relative_path}?reset&token={self.token}"
 
     def api(self, path: str, method: str = "GET") -> int:
         request = urllib.request.Request(f"{self.url}{path}", method=method,

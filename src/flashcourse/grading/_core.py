@@ -85,6 +85,7 @@ def _fmt_index(idx: tuple[int, ...]) -> str:
 # --------------------------------------------------------------------------------------------- comparing
 def to_numpy(value, what: str) -> np.ndarray:
     """An output as a NumPy array (torch tensors are moved to the CPU), or an AssertionError saying what came."""
+    __tracebackhide__ = True
     if value is None:
         raise AssertionError(f"{what} is None: did your function forget to `return` it?")
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
@@ -106,6 +107,7 @@ def compare(what: str, got: np.ndarray, expected: np.ndarray, *, dtype: str,
     When the learner's output matches one of them, its diagnosis is part of the message.
     ``nan_hint``: what a NaN most likely means here.
     """
+    __tracebackhide__ = True
     rtol, atol = tolerance.tolerance_for(dtype)
     tol = f"tolerance for {dtype}: rtol={rtol:g}, atol={atol:g}"
     got = np.asarray(got)
@@ -280,6 +282,7 @@ def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
 
     Translates the learner's exceptions into AssertionErrors a learner can act on.
     """
+    __tracebackhide__ = True
     limit = part.max_bytes(case) if part.max_bytes else None
     if limit is not None:  # part.run copies the inputs before calling the learner: those copies are allowed
         limit += sum(value.nbytes for value in case.values() if isinstance(value, np.ndarray))
@@ -314,6 +317,7 @@ def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
 
 def raise_for_learner_error(part: Part) -> NoReturn:
     """Turn the exception being handled (raised by the learner's code) into an AssertionError to act on."""
+    __tracebackhide__ = True
     from .. import iomodel  # light: NumPy only
 
     error = sys.exc_info()[1]
@@ -344,6 +348,7 @@ def run_check(part: Part, functions: dict, *, hidden: bool = False, seed=None) -
     Raises AssertionError (which nbgrader and the batch grader count as a failure) with a message that names
     the case, the first mismatching index, yours vs expected, and a diagnosis; prints one line on success.
     """
+    __tracebackhide__ = True  # IPython and pytest then show the learner the message, not these frames
     for name, fn in functions.items():
         if not callable(fn):
             raise AssertionError(f"{part.label}: {name} is a {type(fn).__name__}, not a function")

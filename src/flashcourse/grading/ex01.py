@@ -37,6 +37,7 @@ SCORES = Part("ex01_a", 2, "attention_scores", ("attention_scores",), _scores_ca
 
 def check_attention_scores(attention_scores, *, hidden=False, seed=None):
     """Check ``attention_scores(q, k, scale=None) -> (..., N_q, N_k)`` on fresh random inputs."""
+    __tracebackhide__ = True
     run_check(SCORES, {"attention_scores": attention_scores}, hidden=hidden, seed=seed)
 
 
@@ -75,6 +76,7 @@ MASK = Part("ex01_b", 2, "apply_causal_mask", ("apply_causal_mask",), _mask_case
 
 def check_apply_causal_mask(apply_causal_mask, *, hidden=False, seed=None):
     """Check ``apply_causal_mask(s) -> s`` with -inf where key j > query i."""
+    __tracebackhide__ = True
     run_check(MASK, {"apply_causal_mask": apply_causal_mask}, hidden=hidden, seed=seed)
 
 
@@ -111,6 +113,7 @@ ATTENTION = Part("ex01_c", 4, "naive_attention", ("naive_attention",), _attentio
 
 def check_naive_attention(naive_attention, *, hidden=False, seed=None):
     """Check ``naive_attention(q, k, v, causal=False, scale=None) -> o`` against reference.attention."""
+    __tracebackhide__ = True
     run_check(ATTENTION, {"naive_attention": naive_attention}, hidden=hidden, seed=seed)
 
 

@@ -56,6 +56,7 @@ SAFE = Part("ex02_a", 2, "softmax_safe", ("softmax_safe",), _rows, _safe_run, _s
 
 def check_softmax_safe(softmax_safe, *, hidden=False, seed=None):
     """Check ``softmax_safe(x) -> p``, softmax over the last axis, on fresh random rows (some huge, some -inf)."""
+    __tracebackhide__ = True
     run_check(SAFE, {"softmax_safe": softmax_safe}, hidden=hidden, seed=seed)
 
 
@@ -101,6 +102,7 @@ MERGE = Part("ex02_b", 2, "merge", ("merge",), _merge_cases, _merge_run, _merge_
 
 def check_merge(merge, *, hidden=False, seed=None):
     """Check ``merge(m1, l1, m2, l2) -> (m, l)`` on random statistics, including empty parts (-inf, 0)."""
+    __tracebackhide__ = True
     run_check(MERGE, {"merge": merge}, hidden=hidden, seed=seed)
 
 
@@ -143,6 +145,7 @@ STATS = Part("ex02_c", 3, "online_stats", ("online_stats",), _stats_cases, _stat
 
 def check_online_stats(online_stats, *, hidden=False, seed=None):
     """Check ``online_stats(x, block) -> (m, l)``, one pass over the blocks of each row."""
+    __tracebackhide__ = True
     run_check(STATS, {"online_stats": online_stats}, hidden=hidden, seed=seed)
 
 
@@ -174,6 +177,7 @@ ONLINE = Part("ex02_d", 2, "softmax_online", ("softmax_online",), _online_cases,
 
 def check_softmax_online(softmax_online, *, hidden=False, seed=None):
     """Check ``softmax_online(x, block) -> p``: pass 1 builds (m, l) block by block, pass 2 normalises."""
+    __tracebackhide__ = True
     run_check(ONLINE, {"softmax_online": softmax_online}, hidden=hidden, seed=seed)
 
 

@@ -76,6 +76,7 @@ UPDATE = Part("ex03_a", 3, "tile_update", ("tile_update",), _update_cases, _upda
 
 def check_tile_update(tile_update, *, hidden=False, seed=None):
     """Check ``tile_update(m, l, acc, s, v_blk) -> (m, l, acc)``, one step of the online softmax of a tile."""
+    __tracebackhide__ = True
     run_check(UPDATE, {"tile_update": tile_update}, hidden=hidden, seed=seed)
 
 
@@ -156,11 +157,13 @@ CAUSAL = _sram_part("ex03_c", 2, causal=True)
 def check_flash_attention_sram(flash_attention_sram, *, hidden=False, seed=None):
     """Check the algorithm ``flash_attention_sram(mem, *, causal, scale, block_q, block_k)`` inside
     ``iomodel.simulate`` with an SRAM that holds one step's blocks but not N x N."""
+    __tracebackhide__ = True
     run_check(SRAM, {"flash_attention_sram": flash_attention_sram}, hidden=hidden, seed=seed)
 
 
 def check_flash_attention_sram_causal(flash_attention_sram, *, hidden=False, seed=None):
     """Check the causal run of ``flash_attention_sram``: right output, and no tile above the diagonal loaded."""
+    __tracebackhide__ = True
     run_check(CAUSAL, {"flash_attention_sram": flash_attention_sram}, hidden=hidden, seed=seed)
 
 

@@ -69,6 +69,7 @@ BLOCKS = Part("ex04_a", 2, "block_sizes", ("block_sizes",), _block_cases, _block
 
 def check_block_sizes(block_sizes, *, hidden=False, seed=None):
     """Check ``block_sizes(sram, d) -> (block_q, block_k)`` against Algorithm 1's rule and the SRAM budget."""
+    __tracebackhide__ = True
     run_check(BLOCKS, {"block_sizes": block_sizes}, hidden=hidden, seed=seed)
 
 
@@ -116,6 +117,7 @@ FLASH = Part("ex04_b", 3, "flash_traffic", ("flash_traffic",), _flash_cases, _fl
 
 def check_flash_traffic(flash_traffic, *, hidden=False, seed=None):
     """Check ``flash_traffic(n, d, sram) -> (reads, writes)`` against iomodel.simulate("flash", ...)."""
+    __tracebackhide__ = True
     run_check(FLASH, {"flash_traffic": flash_traffic}, hidden=hidden, seed=seed)
 
 
@@ -154,6 +156,7 @@ STANDARD = Part("ex04_c", 2, "standard_traffic", ("standard_traffic",), _standar
 
 def check_standard_traffic(standard_traffic, *, hidden=False, seed=None):
     """Check ``standard_traffic(n, d) -> (reads, writes)`` of Algorithm 0 (S and P through HBM)."""
+    __tracebackhide__ = True
     run_check(STANDARD, {"standard_traffic": standard_traffic}, hidden=hidden, seed=seed)
 
 

@@ -40,6 +40,7 @@ SOFTMAX = Part("ex05_a", 2, "softmax_backward", ("softmax_backward",), _softmax_
 
 def check_softmax_backward(softmax_backward, *, hidden=False, seed=None):
     """Check ``softmax_backward(p, dp) -> ds``, the gradient of the row softmax."""
+    __tracebackhide__ = True
     run_check(SOFTMAX, {"softmax_backward": softmax_backward}, hidden=hidden, seed=seed)
 
 
@@ -110,12 +111,14 @@ TILED = Part("ex05_c", 5, "flash_backward_tiles", ("flash_backward_tiles",),
 
 def check_attention_backward(attention_backward, *, hidden=False, seed=None):
     """Check ``attention_backward(q, k, v, do, causal=False, scale=None) -> (dq, dk, dv)``."""
+    __tracebackhide__ = True
     run_check(NAIVE, {"attention_backward": attention_backward}, hidden=hidden, seed=seed)
 
 
 def check_flash_backward_tiles(flash_backward_tiles, *, hidden=False, seed=None):
     """Check ``flash_backward_tiles(q, k, v, o, lse, do, *, causal, scale, block_q, block_k)``: the gradients,
     and that no array near N x N is allocated."""
+    __tracebackhide__ = True
     run_check(TILED, {"flash_backward_tiles": flash_backward_tiles}, hidden=hidden, seed=seed)
 
 

@@ -66,6 +66,7 @@ FUSED = Part("ex06_a", 4, "softmax_rows (fused, one block per row)", ("softmax_r
 
 def check_triton_softmax(softmax_rows, *, hidden=False, seed=None):
     """Check ``softmax_rows(x) -> p`` for x (R, C) float32 tensors, softmax over each row."""
+    __tracebackhide__ = True
     run_check(FUSED, {"softmax_rows": softmax_rows}, hidden=hidden, seed=seed)
 
 
@@ -105,6 +106,7 @@ LONG = Part("ex06_b", 4, "softmax_long_rows (online, several blocks per row)", (
 
 def check_triton_softmax_long_rows(softmax_long_rows, *, hidden=False, seed=None):
     """Check ``softmax_long_rows(x) -> p``: rows longer than one block, read block by block."""
+    __tracebackhide__ = True
     run_check(LONG, {"softmax_long_rows": softmax_long_rows}, hidden=hidden, seed=seed)
 
 

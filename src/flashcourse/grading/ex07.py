@@ -54,11 +54,13 @@ CAUSAL = Part("ex07_b", 3, "flash_forward_triton (causal)", ("flash_forward_trit
 
 def check_flash_forward_triton(flash_forward_triton, *, hidden=False, seed=None):
     """Check ``flash_forward_triton(q, k, v, causal=False, scale=None) -> (o, lse)`` on (B, H, N, 16) fp32."""
+    __tracebackhide__ = True
     run_check(FORWARD, {"flash_forward_triton": flash_forward_triton}, hidden=hidden, seed=seed)
 
 
 def check_flash_forward_triton_causal(flash_forward_triton, *, hidden=False, seed=None):
     """Check the causal run of ``flash_forward_triton``."""
+    __tracebackhide__ = True
     run_check(CAUSAL, {"flash_forward_triton": flash_forward_triton}, hidden=hidden, seed=seed)
 
 

@@ -59,16 +59,19 @@ CAUSAL = Part("ex08_c", 2, "flash_backward_dkdv (causal)", ("flash_backward_dkdv
 
 def check_dkdv_triton_dv(flash_backward_dkdv, *, hidden=False, seed=None):
     """Check the dv that ``flash_backward_dkdv`` returns (non-causal)."""
+    __tracebackhide__ = True
     run_check(DV, {"flash_backward_dkdv": flash_backward_dkdv}, hidden=hidden, seed=seed)
 
 
 def check_dkdv_triton_dk(flash_backward_dkdv, *, hidden=False, seed=None):
     """Check the dk that ``flash_backward_dkdv`` returns (non-causal)."""
+    __tracebackhide__ = True
     run_check(DK, {"flash_backward_dkdv": flash_backward_dkdv}, hidden=hidden, seed=seed)
 
 
 def check_dkdv_triton_causal(flash_backward_dkdv, *, hidden=False, seed=None):
     """Check dk and dv of ``flash_backward_dkdv`` with causal=True."""
+    __tracebackhide__ = True
     run_check(CAUSAL, {"flash_backward_dkdv": flash_backward_dkdv}, hidden=hidden, seed=seed)
 
 

@@ -81,6 +81,7 @@ COMBINE = Part("ex09_a", 3, "combine_partials", ("combine_partials",), _numpy_ca
 
 def check_combine_partials(combine_partials, *, hidden=False, seed=None):
     """Check ``combine_partials(o_parts (S, ..., D), lse_parts (S, ...)) -> (o (..., D), lse (...))``."""
+    __tracebackhide__ = True
     run_check(COMBINE, {"combine_partials": combine_partials}, hidden=hidden, seed=seed)
 
 
@@ -121,6 +122,7 @@ DECODE = Part("ex09_b", 2, "split_kv_attention", ("split_kv_attention",), _decod
 
 def check_split_kv_attention(split_kv_attention, *, hidden=False, seed=None):
     """Check ``split_kv_attention(q (H, D), k (H, N, D), v (H, N, D), num_splits) -> o (H, D)``."""
+    __tracebackhide__ = True
     run_check(DECODE, {"split_kv_attention": split_kv_attention}, hidden=hidden, seed=seed)
 
 
@@ -149,6 +151,7 @@ TRITON = Part("ex09_c", 3, "combine_triton", ("combine_triton",), _triton_cases,
 
 def check_combine_triton(combine_triton, *, hidden=False, seed=None):
     """Check ``combine_triton(o_parts (S, R, D), lse_parts (S, R)) -> (o (R, D), lse (R,))``, fp32 tensors."""
+    __tracebackhide__ = True
     run_check(TRITON, {"combine_triton": combine_triton}, hidden=hidden, seed=seed)
 
 
