@@ -22,8 +22,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (flashcourse)" >/dev/null && \
 	touch $@ && echo "[make] set-up took $$(( $$(date +%s) - t0 )) s"
 
+# Served from the repository root (lessons link to ../exercises/), opening on notebooks/. Containers often run
+# as root, which JupyterLab refuses unless told.
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
+		$$(test "$$(id -u)" = 0 && echo --allow-root) $(LAB_ARGS)
 
 lint: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
