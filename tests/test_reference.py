@@ -181,3 +181,12 @@ def test_a_block_of_all_minus_inf_changes_nothing(rng):
     assert_close(reference.softmax_online(x, block=4), reference.softmax_safe(x))
     m, l = reference.merge(1.5, 2.0, -np.inf, 0.0)
     assert (m, l) == (1.5, 2.0)
+
+
+def test_scale_and_rescale_helpers():
+    assert reference.resolve_scale(None, 64) == 0.125 and reference.resolve_scale(0.3, 64) == 0.3
+    with pytest.raises(ValueError, match="finite"):
+        reference.attention(np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2)), scale=np.nan)
+    factors = reference.rescale_factor(np.array([-np.inf, 1.0, -np.inf]), np.array([-np.inf, 3.0, 2.0]))
+    assert_close(factors, np.array([0.0, np.exp(-2.0), 0.0]))
+    assert np.array_equal(reference.safe_max(np.array([-np.inf, 2.0])), [0.0, 2.0])

@@ -238,11 +238,11 @@ def _flash(mem: Memory, *, causal: bool, scale: float, block_q: int | None, bloc
             if causal:
                 s[~reference.causal_mask(s.shape[0], s.shape[1], r, c)] = -np.inf
             m_tile = mem.hold(np.max(s, axis=1), "m~_ij")
-            s[...] = np.exp(s - np.where(np.isneginf(m_tile), 0.0, m_tile)[:, None])  # P~_ij overwrites S_ij
+            s[...] = np.exp(s - reference.safe_max(m_tile)[:, None])  # P~_ij overwrites S_ij
             l_tile = mem.hold(np.sum(s, axis=1), "l~_ij")
             m_new, l_new = reference.merge(m_blk, l_blk, m_tile, l_tile)
-            w_old = np.where(np.isneginf(m_blk), 0.0, np.exp(m_blk - np.where(np.isneginf(m_new), 0, m_new)))
-            w_tile = np.where(np.isneginf(m_tile), 0.0, np.exp(m_tile - np.where(np.isneginf(m_new), 0, m_new)))
+            w_old = reference.rescale_factor(m_blk, m_new)
+            w_tile = reference.rescale_factor(m_tile, m_new)
             o_blk[...] = (w_old * l_blk)[:, None] * o_blk + w_tile[:, None] * (s @ v_blk)
             np.divide(o_blk, l_new[:, None], out=o_blk, where=l_new[:, None] > 0)
             l_blk[...], m_blk[...] = l_new, m_new
@@ -279,7 +279,7 @@ def simulate(algorithm, q, k, v, *, sram: int, causal: bool = False, block_q: in
         run = algorithm
     else:
         raise TypeError(f"algorithm must be a name or a callable, got {type(algorithm).__name__}")
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = reference.resolve_scale(scale, q.shape[-1])
     mem = Memory(sram, q=q.astype(np.float64), k=k.astype(np.float64), v=v.astype(np.float64))
     run(mem, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     try:

@@ -24,6 +24,9 @@ __all__ = [
     "merge",
     "merge_partials",
     "OnlineSoftmaxStep",
+    "rescale_factor",
+    "resolve_scale",
+    "safe_max",
     "softmax_naive",
     "softmax_online",
     "softmax_online_steps",
@@ -89,7 +92,8 @@ def validate_block(name: str, value) -> int:
     return int(value)
 
 
-def _resolve_scale(scale, head_dim: int) -> float:
+def resolve_scale(scale, head_dim: int) -> float:
+    """``scale``, or 1/sqrt(head_dim) when it is None; a ValueError for inf or NaN."""
     if scale is None:
         return 1.0 / np.sqrt(head_dim)
     scale = float(scale)
@@ -118,7 +122,7 @@ def attention_lse(q, k, v, *, causal: bool = False, scale=None, mask=None) -> tu
     A row with every key masked gets o = 0 and lse = -inf.
     """
     q, k, v = validate_qkv(q, k, v)
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)  # (..., N_q, N_k)
     keep = np.ones(s.shape[-2:], dtype=bool)
     if causal:
@@ -151,7 +155,7 @@ def attention(q, k, v, *, causal: bool = False, scale=None, mask=None) -> np.nda
 def _logsumexp_rows(s: np.ndarray) -> np.ndarray:
     """log(sum(exp(s), axis=-1)) without overflow; rows of all -inf give -inf."""
     m = np.max(s, axis=-1, initial=-np.inf)
-    m_safe = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)
+    m_safe = safe_max(m)
     with np.errstate(divide="ignore"):
         return m_safe + np.log(np.sum(np.exp(s - m_safe[..., None]), axis=-1))
 
@@ -173,8 +177,7 @@ def softmax_safe(x, axis: int = -1) -> np.ndarray:
     """
     x = _float_array(x, "x")
     m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
-    m = np.where(np.isneginf(m), 0.0, m).astype(x.dtype)  # all-masked row: exp(-inf - 0) = 0
-    e = np.exp(x - m)
+    e = np.exp(x - safe_max(m))
     total = np.sum(e, axis=axis, keepdims=True)
     return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
 
@@ -252,17 +255,26 @@ def softmax_online(x, block: int = 64, axis: int = -1) -> np.ndarray:
     for start in range(0, x_last.shape[-1], block):
         chunk = x_last[..., start:start + block]
         chunk_max = np.max(chunk, axis=-1)
-        chunk_sum = np.sum(np.exp(chunk - np.where(np.isneginf(chunk_max), 0.0, chunk_max)[..., None]), axis=-1)
+        chunk_sum = np.sum(np.exp(chunk - safe_max(chunk_max)[..., None]), axis=-1)
         m, l = merge(m, l, chunk_max, chunk_sum)
-    m_safe = np.where(np.isneginf(m), 0.0, m).astype(x.dtype)
-    e = np.exp(x_last - m_safe[..., None])
+    e = np.exp(x_last - safe_max(m)[..., None])
     out = np.divide(e, l[..., None], out=np.zeros_like(e), where=l[..., None] > 0)
     return np.moveaxis(out, -1, axis)
 
 
 # --------------------------------------------------------------------------------------------- merges
-def _weight(m_part, m):
-    """exp(m_part - m), with 0 where m_part is -inf (an empty part contributes nothing, even if m is -inf)."""
+def safe_max(m):
+    """The running max with -inf replaced by 0, to subtract before exp: a row with nothing seen yet (m = -inf)
+    then gives exp(-inf - 0) = 0 instead of exp(-inf - (-inf)) = NaN."""
+    m = np.asarray(m)
+    return np.where(np.isneginf(m), 0.0, m).astype(m.dtype)
+
+
+def rescale_factor(m_part, m):
+    """exp(m_part - m): how much statistics kept relative to max m_part shrink when the max becomes m >= m_part.
+
+    0 where m_part is -inf (an empty part contributes nothing, even when m is -inf too), never NaN.
+    """
     m_part, m = np.asarray(m_part), np.asarray(m)
     empty = np.isneginf(m_part)
     with np.errstate(invalid="ignore"):
@@ -277,7 +289,7 @@ def merge(m1, l1, m2, l2):
     and in parallel. Arrays broadcast elementwise. An empty part is (-inf, 0): merge(-inf, 0, -inf, 0) = (-inf, 0).
     """
     m = np.maximum(m1, m2)
-    l = np.asarray(l1) * _weight(m1, m) + np.asarray(l2) * _weight(m2, m)
+    l = np.asarray(l1) * rescale_factor(m1, m) + np.asarray(l2) * rescale_factor(m2, m)
     return m, l
 
 
@@ -297,5 +309,5 @@ def merge_partials(o1, lse1, o2, lse2):
             "shape (..., D) and lse1, lse2 of shape (...) (o without its last dim)"
         )
     lse = np.logaddexp(lse1, lse2)
-    w1, w2 = _weight(lse1, lse), _weight(lse2, lse)
+    w1, w2 = rescale_factor(lse1, lse), rescale_factor(lse2, lse)
     return w1[..., None] * o1 + w2[..., None] * o2, lse

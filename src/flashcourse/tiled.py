@@ -71,8 +71,7 @@ def _prepare(q, k, v, scale, block_q, block_k):
     q, k, v = reference.validate_qkv(q, k, v)
     reference.validate_block("block_q", block_q)
     reference.validate_block("block_k", block_k)
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return q, k, v, q.dtype.type(scale)
+    return q, k, v, q.dtype.type(reference.resolve_scale(scale, q.shape[-1]))
 
 
 def _scores(q_blk, k_blk, scale, tile: Tile):
@@ -85,17 +84,9 @@ def _scores(q_blk, k_blk, scale, tile: Tile):
     return s
 
 
-def _rescale(m_old, m_new):
-    """exp(m_old - m_new), the factor that shrinks old statistics when the running max grows; 0 where m_old is
-    -inf (nothing accumulated yet), so no -inf - (-inf) = NaN arises."""
-    empty = np.isneginf(m_old)
-    return np.where(empty, 0.0, np.exp(np.where(empty, 0.0, m_old - m_new))).astype(m_old.dtype)
-
-
 def _exp_shifted(s, m):
     """exp(s - m) row-wise; rows whose max m is -inf (all masked so far) give 0, not NaN."""
-    m_safe = np.where(np.isneginf(m), 0.0, m).astype(s.dtype)
-    return np.exp(s - m_safe[..., None])
+    return np.exp(s - reference.safe_max(m)[..., None])
 
 
 # --------------------------------------------------------------------------------------------- forward
@@ -130,19 +121,22 @@ def _fa2_query_block(q_blk, k, v, scale, row_tiles: list[Tile]) -> Iterator[tupl
         s = _scores(q_blk, k_blk, scale, tile)
         m_new = np.maximum(m, np.max(s, axis=-1))
         p = _exp_shifted(s, m_new)  # (..., Bq, Bk), unnormalised
-        rescale = _rescale(m, m_new)
+        rescale = reference.rescale_factor(m, m_new)
         l = rescale * l + np.sum(p, axis=-1)
         acc = rescale[..., None] * acc + p @ v_blk
         m = m_new
         yield tile, m, l, rescale, acc
 
 
+def _lse(m, l):
+    """The row logsumexp m + log l from the running statistics; -inf where nothing was seen (l = 0)."""
+    return np.where(l > 0, reference.safe_max(m) + np.log(np.where(l > 0, l, 1.0)), -np.inf).astype(l.dtype)
+
+
 def _finish(m, l, acc):
     """Delayed normalisation: o = acc / l and lse = m + log l; rows with l = 0 give o = 0, lse = -inf."""
     o = np.divide(acc, l[..., None], out=np.zeros_like(acc), where=l[..., None] > 0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, np.where(np.isneginf(m), 0.0, m) + np.log(np.where(l > 0, l, 1.0)), -np.inf)
-    return o, lse.astype(acc.dtype)
+    return o, _lse(m, l)
 
 
 def _flash_forward_fa2(q, k, v, scale, tiles, block_k):
@@ -174,16 +168,14 @@ def _flash_forward_fa1(q, k, v, scale, tiles):
         l_tile = np.sum(p, axis=-1)
         m_old, l_old = m[..., rows], l[..., rows]  # read from HBM
         m_new, l_new = reference.merge(m_old, l_old, m_tile, l_tile)
-        w_old = _rescale(m_old, m_new) * l_old
-        w_tile = _rescale(m_tile, m_new)
+        w_old = reference.rescale_factor(m_old, m_new) * l_old
+        w_tile = reference.rescale_factor(m_tile, m_new)
         pv = p @ v[..., tile.k_start:tile.k_stop, :]
         unnormalised = w_old[..., None] * o[..., rows, :] + w_tile[..., None] * pv
         o[..., rows, :] = np.divide(unnormalised, l_new[..., None], out=np.zeros_like(unnormalised),
                                     where=l_new[..., None] > 0)  # written back to HBM, normalised
         m[..., rows], l[..., rows] = m_new, l_new
-    with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, np.where(np.isneginf(m), 0.0, m) + np.log(np.where(l > 0, l, 1.0)), -np.inf)
-    return o, lse.astype(q.dtype)
+    return o, _lse(m, l)
 
 
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_q: int = 64, block_k: int = 64,
