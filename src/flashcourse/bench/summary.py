@@ -21,16 +21,23 @@ def _find(rows, **match):
     return None
 
 
+def _newest(pattern: str, directory: Path | None):
+    """(meta, rows, file name) of the newest result file matching ``pattern``, or None when there is none."""
+    found = load_results(pattern, directory=directory)
+    if not found:
+        return None
+    return found[-1]["meta"], found[-1]["rows"], Path(found[-1]["path"]).name
+
+
 def attention_summary(directory: Path | None = None) -> str:
     """fp16 forward and backward at N = 4096 and 16384: our TFLOP/s and the ratios to SDPA's backends."""
-    found = load_results("*-attention-fp16.json", directory=directory)
-    if not found:
+    newest = _newest("*-attention-fp16.json", directory)
+    if newest is None:
         return "No attention results committed yet: run `python -m flashcourse.bench attention` on a GPU.\n"
-    data = found[-1]
-    meta, rows = data["meta"], data["rows"]
+    meta, rows, name = newest
     lines = [
         f"Forward and backward, fp16, B = 4, measured on {meta['device']} on {meta['date']} (torch {meta['torch']}, "
-        f"triton {meta['triton']}; `{Path(data['path']).name}`). TFLOP/s of our default kernels and the ratio to "
+        f"triton {meta['triton']}; `{name}`). TFLOP/s of our default kernels and the ratio to "
         "each PyTorch SDPA backend timed in the same run:",
         "",
         "| H x D | N | causal | pass | ours TFLOP/s | vs SDPA flash | vs cuDNN | vs efficient |",
@@ -54,14 +61,13 @@ def attention_summary(directory: Path | None = None) -> str:
 
 def decode_summary(directory: Path | None = None) -> str:
     """Flash-Decoding: effective bandwidth of our split-KV kernel against SDPA at each cache length."""
-    found = load_results("*-decode.json", directory=directory)
-    if not found:
+    newest = _newest("*-decode.json", directory)
+    if newest is None:
         return ""
-    data = found[-1]
-    meta, rows = data["meta"], data["rows"]
+    meta, rows, name = newest
     lines = [
         f"Decoding one token, fp16, B = 1, 32 query heads sharing 8 KV heads, D = 128, on {meta['device']} on "
-        f"{meta['date']} (`{Path(data['path']).name}`); effective bandwidth = bytes of K and V / time:",
+        f"{meta['date']} (`{name}`); effective bandwidth = bytes of K and V / time:",
         "",
         "| KV length | ours TB/s | ours, paged TB/s | SDPA flash TB/s | SDPA cuDNN TB/s | ours vs flash "
         "| ours vs cuDNN |",
