@@ -4,6 +4,7 @@ Public API (torch tensors; q, k, v of shape (B, H, N, D), any strides; D in 16, 
 
     flash_attention(q, k, v, *, causal=False, scale=None) -> o                 # differentiable
     flash_attention_forward(q, k, v, *, causal=False, scale=None) -> (o, lse)   # lse (B, H, N) float32
+    flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None) -> (dq, dk, dv)
     flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
                  num_splits=None) -> o                                            # q (B, H_q, D)
 
@@ -19,7 +20,7 @@ _device.setup()  # must run before any @triton.jit below: the interpreter is cho
 import torch  # noqa: E402
 
 from . import configs  # noqa: E402
-from ._checks import check_qkv  # noqa: E402
+from ._checks import check_qkv, check_saved  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402
 from .decode import flash_decode  # noqa: E402
 from .forward import FORWARD_VERSIONS, run_forward  # noqa: E402
@@ -31,6 +32,7 @@ __all__ = [
     "FORWARD_VERSIONS",
     "configs",
     "flash_attention",
+    "flash_attention_backward",
     "flash_attention_forward",
     "flash_decode",
 ]
@@ -62,6 +64,18 @@ def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | Non
     """
     check_qkv(q, k, v)
     return run_forward(_forward_version(version), q, k, v, causal=causal, scale=scale)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
+                             version: str | None = None):
+    """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv) like q, k, v.
+
+    o and do: like q; lse: (B, H, N_q) float32, as :func:`flash_attention_forward` returns it. P is recomputed
+    from (q, k, lse), so a caller that merged partial results (ring attention) passes the merged o and lse.
+    """
+    check_qkv(q, k, v)
+    check_saved(q, o, lse, do)
+    return run_backward(_backward_version(version), q, k, v, o, lse, do, causal=causal, scale=scale)
 
 
 class FlashAttentionFunction(torch.autograd.Function):

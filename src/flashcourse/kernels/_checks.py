@@ -71,3 +71,15 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_head_dim(q.shape[3])
     check_device(q, "q")
     check_dtype(q, "q")
+
+
+def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor) -> None:
+    """What the backward takes besides q, k, v: o and do shaped like q, lse (B, H, N_q) float32."""
+    for name, t in (("o", o), ("do", do)):
+        if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} is {got}: expected q's shape {tuple(q.shape)}, dtype {q.dtype}, device {q.device}")
+    want = tuple(q.shape[:3])
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want or lse.dtype != torch.float32:
+        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
+        raise ValueError(f"lse is {got}: expected {want} float32, as flash_attention_forward returns it")
