@@ -9,7 +9,7 @@ from flashcourse import iomodel, reference
 from flashcourse.tolerance import assert_close
 
 
-@pytest.mark.parametrize("algorithm", ["standard", "flash"])
+@pytest.mark.parametrize("algorithm", ["standard", "flash", "flash2"])
 @pytest.mark.parametrize("n,d", [(1, 1), (7, 3), (130, 16)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_output_is_exact(rng, algorithm, n, d, causal):
@@ -27,6 +27,34 @@ def test_flash_traffic_matches_the_formula(rng):
     t_c = n // bc
     assert stats.reads == 2 * n * d + t_c * (2 * n * d + 2 * n)
     assert stats.writes == t_c * (n * d + 2 * n)
+
+
+def test_flash2_traffic_matches_the_formula(rng):
+    """FA2 order: Q read once, O and lse written once; K, V read once per query block (T_r times)."""
+    n, d, br, bc = 96, 8, 32, 8
+    q, k, v = (rng.standard_normal((n, d)) for _ in range(3))
+    o, stats = iomodel.simulate("flash2", q, k, v, sram=10_000, block_q=br, block_k=bc)
+    t_r = n // br
+    assert stats.reads == n * d + t_r * 2 * n * d
+    assert stats.writes == n * d + n
+    assert_close(o, reference.attention(q, k, v))
+
+
+def test_flash2_moves_less_than_flash_at_the_default_blocks(rng):
+    """Per pass FA1 moves Q, O in and O out (3Nd), FA2 only K, V in (2Nd): about 2/3 of the traffic."""
+    q, k, v = (rng.standard_normal((1024, 64)) for _ in range(3))
+    fa1 = iomodel.simulate("flash", q, k, v, sram=65_536)[1].total
+    fa2 = iomodel.simulate("flash2", q, k, v, sram=65_536)[1].total
+    assert 0.6 < fa2 / fa1 < 0.75, f"FA2 / FA1 traffic = {fa2 / fa1:.2f}, expected about 2/3"
+
+
+def test_flash2_block_sizes_swap_the_roles():
+    for sram, d in [(65536, 64), (262144, 64), (20000, 128), (4096, 16)]:
+        br, bc = iomodel.flash_block_sizes(sram, d, order="fa2")
+        assert bc == min(br, d) and br <= -(-sram // (4 * d))
+        assert 2 * bc * d + 2 * br * d + br * bc + 4 * br <= sram
+    with pytest.raises(ValueError, match="order"):
+        iomodel.flash_block_sizes(65536, 64, order="fa3")
 
 
 def test_causal_flash_skips_tiles(rng):

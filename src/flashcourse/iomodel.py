@@ -6,9 +6,11 @@ score tile S_ij), ``store``s results to HBM (counted as writes) and ``free``s SR
 elements at once raises :class:`SramOverflowError`, naming the blocks held. The output is really computed from
 the loaded blocks, so a wrong algorithm gives a wrong answer, not only wrong counts.
 
-Two algorithms are built in, following the IO analysis of FlashAttention (Dao et al., 2022, section 3.2 and
+Three algorithms are built in, following the IO analysis of FlashAttention (Dao et al., 2022, section 3.2 and
 Theorem 2): "standard" (S = QK^T written to HBM, softmax read and written, then PV), whose traffic is
-Theta(N d + N^2), and "flash" (Algorithm 1, FA1's loop order), whose traffic is Theta(N^2 d^2 / M).
+Theta(N d + N^2); "flash" (Algorithm 1, FA1's loop order: key blocks outside), whose traffic is
+Theta(N^2 d^2 / M); and "flash2" (FlashAttention-2, Dao 2023, Algorithm 1: query blocks outside, Q read and O
+written once, K and V re-read for every query block), also Theta(N^2 d^2 / M) with a smaller constant.
 """
 
 from __future__ import annotations
@@ -148,29 +150,34 @@ def _fmt(s: slice | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ block sizes
-def flash_block_sizes(sram: int, d: int, n: int | None = None) -> tuple[int, int]:
-    """Block sizes (B_r, B_c) for the flash algorithm in an SRAM of ``sram`` elements.
+def flash_block_sizes(sram: int, d: int, n: int | None = None, *, order: str = "fa1") -> tuple[int, int]:
+    """Block sizes (B_r, B_c) for the flash algorithms in an SRAM of ``sram`` elements.
 
-    Start from Algorithm 1 of the paper: B_c = ceil(M / 4d), B_r = min(B_c, d); then shrink B_c until one step
-    fits: K_j, V_j (2 B_c d), Q_i, O_i (2 B_r d), the tile S_ij (B_r B_c) and four row statistics (4 B_r).
-    Raises ValueError if even B_c = 1 does not fit.
+    FA1 (``order="fa1"``), Algorithm 1 of the paper: B_c = ceil(M / 4d), B_r = min(B_c, d); then shrink B_c
+    until one step fits: K_j, V_j (2 B_c d), Q_i, O_i (2 B_r d), the tile S_ij (B_r B_c) and four row
+    statistics (4 B_r). ``order="fa2"`` swaps the roles: the block that stays (now Q_i) is the large one,
+    B_r = ceil(M / 4d) shrunk until the step fits, B_c = min(B_r, d), because FA2 re-reads K and V once per
+    query block. ``n`` caps the large block at the sequence length. Raises ValueError if even 1 does not fit.
     """
-    block_c = max(1, -(-sram // (4 * d)))
+    if order not in ("fa1", "fa2"):
+        raise ValueError(f'order must be "fa1" or "fa2", got {order!r}')
+    big = max(1, -(-sram // (4 * d)))
     if n is not None:
-        block_c = min(block_c, n)
+        big = min(big, n)
 
-    def need(bc: int) -> int:
-        br = min(bc, d)
+    def need(b: int) -> int:
+        small = min(b, d)
+        br, bc = (small, b) if order == "fa1" else (b, small)
         return 2 * bc * d + 2 * br * d + br * bc + 4 * br
 
-    while block_c > 1 and need(block_c) > sram:
-        block_c -= 1
-    if need(block_c) > sram:
+    while big > 1 and need(big) > sram:
+        big -= 1
+    if need(big) > sram:
         raise ValueError(
             f"SRAM of {sram} elements is too small for even one row of blocks with d = {d}: "
             f"it needs at least {need(1)} elements"
         )
-    return min(block_c, d), block_c
+    return (min(big, d), big) if order == "fa1" else (big, min(big, d))
 
 
 # ------------------------------------------------------------------------------------------------ algorithms
@@ -253,17 +260,60 @@ def _flash(mem: Memory, *, causal: bool, scale: float, block_q: int | None, bloc
         mem.free(k_blk, v_blk)
 
 
-_ALGORITHMS = {"standard": _standard, "flash": _flash}
+def _flash2(mem: Memory, *, causal: bool, scale: float, block_q: int | None, block_k: int | None) -> None:
+    """FlashAttention-2's order: outer loop over Q blocks, inner over K/V blocks; O, m, l stay in SRAM.
+
+    Q_i is read once and O_i, lse_i written once; every query block reads all the K_j, V_j it needs.
+    """
+    n, d = mem.shape("q")
+    n_k = mem.shape("k")[0]
+    d_v = mem.shape("v")[1]
+    auto_r, auto_c = flash_block_sizes(mem.sram, max(d, d_v), n, order="fa2")
+    br, bc = block_q or auto_r, block_k or auto_c
+    mem.hbm_alloc("o", (n, d_v))
+    mem.hbm_alloc("lse", (n,))
+    for r in range(0, n, br):
+        rows = min(br, n - r)
+        q_blk = mem.load("q", slice(r, r + br), label="Q_i")
+        acc = mem.alloc((rows, d_v), label="O_i (accumulator)")
+        m_blk = mem.alloc((rows,), -np.inf, label="m_i")
+        l_blk = mem.alloc((rows,), label="l_i")
+        for c in range(0, n_k, bc):
+            if causal and c > r + rows - 1:
+                break  # this key block and every later one lie above the diagonal
+            k_blk = mem.load("k", slice(c, c + bc), label="K_j")
+            v_blk = mem.load("v", slice(c, c + bc), label="V_j")
+            s = mem.hold((q_blk @ k_blk.T) * scale, "S_ij")
+            if causal:
+                s[~reference.causal_mask(s.shape[0], s.shape[1], r, c)] = -np.inf
+            m_tile = mem.hold(np.max(s, axis=1), "m~_ij")
+            m_new = np.maximum(m_blk, m_tile)
+            w_old = reference.rescale_factor(m_blk, m_new)
+            s[...] = np.exp(s - reference.safe_max(m_new)[:, None])  # P~_ij overwrites S_ij
+            l_tile = mem.hold(np.sum(s, axis=1), "l~_ij")
+            l_blk[...] = w_old * l_blk + l_tile
+            acc[...] = w_old[:, None] * acc + s @ v_blk  # unnormalised: divided once, after the loop
+            m_blk[...] = m_new
+            mem.free(k_blk, v_blk, s, m_tile, l_tile)
+        np.divide(acc, l_blk[:, None], out=acc, where=l_blk[:, None] > 0)
+        m_blk[...] = np.where(l_blk > 0, reference.safe_max(m_blk) + np.log(np.where(l_blk > 0, l_blk, 1.0)),
+                              -np.inf)  # lse_i = m_i + log l_i, computed in place of m_i
+        mem.store("o", acc, slice(r, r + br))
+        mem.store("lse", m_blk, slice(r, r + br))
+        mem.free(q_blk, acc, m_blk, l_blk)
+
+
+_ALGORITHMS = {"standard": _standard, "flash": _flash, "flash2": _flash2}
 
 
 def simulate(algorithm, q, k, v, *, sram: int, causal: bool = False, block_q: int | None = None,
              block_k: int | None = None, scale=None) -> tuple[np.ndarray, IOStats]:
     """Run an attention algorithm against a simulated HBM + SRAM and count its traffic.
 
-    q: (N, D), k: (N_k, D), v: (N_k, D_v); ``sram``: M, in elements. ``algorithm``: "standard", "flash", or a
-    callable ``f(mem, *, causal, scale, block_q, block_k)`` that reads "q", "k", "v" from ``mem`` (a
-    :class:`Memory`) and stores its output as HBM array "o". Returns (o, stats) with stats.reads, .writes,
-    .peak_sram in elements. Computation is in float64.
+    q: (N, D), k: (N_k, D), v: (N_k, D_v); ``sram``: M, in elements. ``algorithm``: "standard", "flash" (FA1's
+    loop order), "flash2" (FA2's), or a callable ``f(mem, *, causal, scale, block_q, block_k)`` that reads
+    "q", "k", "v" from ``mem`` (a :class:`Memory`) and stores its output as HBM array "o". Returns (o, stats)
+    with stats.reads, .writes, .peak_sram in elements. Computation is in float64.
     """
     q, k, v = reference.validate_qkv(q, k, v)
     if q.ndim != 2:
@@ -273,7 +323,7 @@ def simulate(algorithm, q, k, v, *, sram: int, causal: bool = False, block_q: in
             reference.validate_block(name, value)
     if isinstance(algorithm, str):
         if algorithm not in _ALGORITHMS:
-            raise ValueError(f'algorithm must be "standard", "flash" or a callable, got {algorithm!r}')
+            raise ValueError(f'algorithm must be "standard", "flash", "flash2" or a callable, got {algorithm!r}')
         run: Callable = _ALGORITHMS[algorithm]
     elif callable(algorithm):
         run = algorithm
