@@ -111,3 +111,37 @@ def test_gpu_real_sizes(rng, backward_version, dtype, d, causal):
 @needs_cuda
 def test_gpu_float32_and_transposed(rng):
     check_grads(rng, (2, 2, 777, 64), dtype=torch.float32, causal=True, transpose=True)
+
+
+def test_public_backward_from_saved_output_matches_autograd(rng):
+    """flash_attention_backward(q, k, v, o, lse, do) gives the gradients autograd gets through flash_attention."""
+    q, k, v, do = (torch.tensor(rng.standard_normal((1, 2, 19, 16)), dtype=torch.float32, device=DEVICE)
+                   for _ in range(4))
+    for causal in (False, True):
+        o, lse = kernels.flash_attention_forward(q, k, v, causal=causal)
+        grads = kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        kernels.flash_attention(*leaves, causal=causal).backward(do)
+        for name, got, leaf in zip("qkv", grads, leaves, strict=True):
+            assert_close(got, leaf.grad.double().cpu().numpy(), what=f"d{name} (causal={causal})")
+    with pytest.raises(ValueError, match="lse is"):
+        kernels.flash_attention_backward(q, k, v, o, lse[..., :3], do)
+    with pytest.raises(ValueError, match="do is"):
+        kernels.flash_attention_backward(q, k, v, o, lse, do[:, :, :5])
+
+
+def test_a_backward_launch_that_breaks_its_rule_is_refused(rng):
+    from flashcourse.kernels import configs
+    from flashcourse.kernels.backward import run_backward
+
+    q, k, v, do = (torch.tensor(rng.standard_normal((1, 1, 40, 16)), dtype=torch.float32, device=DEVICE)
+                   for _ in range(4))
+    o, lse = kernels.flash_attention_forward(q, k, v, causal=True)
+    b1 = kernels.BACKWARD_VERSIONS["b1"]
+    good_dq = configs.KernelConfig(32, 16, 4, 1)
+    with pytest.raises(ValueError, match="dK/dV kernel"):
+        run_backward(b1, q, k, v, o, lse, do, causal=True, scale=None,
+                     configs_override=(configs.KernelConfig(32, 16, 4, 1), good_dq))
+    with pytest.raises(ValueError, match="dQ kernel"):
+        run_backward(b1, q, k, v, o, lse, do, causal=True, scale=None,
+                     configs_override=(configs.KernelConfig(16, 32, 4, 1), configs.KernelConfig(16, 32, 4, 1)))

@@ -152,22 +152,36 @@ def test_lse_matches_numpy_logsumexp(rng):
     np.testing.assert_allclose(lse[0, 0].cpu().numpy(), np.log(np.exp(s).sum(-1)), rtol=1e-5)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the no-softmax variant is wrong on purpose
-def test_softmax_cost_variants_are_wrong_only_across_tiles(rng):
-    """Lesson 09's timing variants: dropping the rescale is harmless within one key tile and wrong across many."""
+@pytest.mark.parametrize("version", ["v3", "v4", "v5", "v6"])
+def test_a_launch_that_breaks_the_causal_split_rule_is_refused(rng, version):
+    """The split kernels start the masked loop at a query-tile edge: BLOCK_M must be a multiple of BLOCK_N."""
+    from flashcourse.kernels import configs
     from flashcourse.kernels.forward import run_forward
 
-    v6 = kernels.FORWARD_VERSIONS["v6"]
-    q, k, v = make_qkv(rng, (1, 1, 16, 16))
-    exact, _ = run_forward(v6, q, k, v, causal=False, scale=None)
-    one_tile, _ = run_forward(v6, q, k, v, causal=False, scale=None, ablate=1)
-    assert_close(one_tile, exact)
-    q, k, v = make_qkv(rng, (1, 1, 16, 16), (1, 1, 200, 16))
-    k[..., 150:, :] *= 20  # a late key tile raises the running max, so the missing rescale shows
-    exact, _ = run_forward(v6, q, k, v, causal=False, scale=None)
-    for ablate in (1, 2):
-        wrong, _ = run_forward(v6, q, k, v, causal=False, scale=None, ablate=ablate)
-        with pytest.raises(AssertionError):
-            assert_close(wrong, exact)
-    with pytest.raises(ValueError, match="v6"):
-        run_forward(kernels.FORWARD_VERSIONS["v1"], q, k, v, causal=False, scale=None, ablate=1)
+    q, k, v = make_qkv(rng, (1, 1, 40, 16))
+    bad = configs.KernelConfig(16, 32, 4, 1)
+    with pytest.raises(ValueError, match="BLOCK_M .16. must be a multiple of BLOCK_N .32."):
+        run_forward(kernels.FORWARD_VERSIONS[version], q, k, v, causal=True, scale=None, config=bad)
+    o, _ = run_forward(kernels.FORWARD_VERSIONS[version], q, k, v, causal=False, scale=None, config=bad)
+    o_ref = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)))
+    assert_close(o, o_ref, what="non-causal: no split, so any tile shape is right")
+
+
+def test_v1_and_v2_take_any_tile_shape_when_causal(rng):
+    from flashcourse.kernels import configs
+    from flashcourse.kernels.forward import run_forward
+
+    q, k, v = make_qkv(rng, (1, 1, 40, 16))
+    o_ref = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
+    for version in ("v1", "v2"):
+        o, _ = run_forward(kernels.FORWARD_VERSIONS[version], q, k, v, causal=True, scale=None,
+                           config=configs.KernelConfig(16, 32, 4, 1))
+        assert_close(o, o_ref, what=f"{version} causal with 16x32 tiles")
+
+
+@pytest.mark.parametrize("bad", [(24, 16, 4, 1), (16, 8, 4, 1), (16, 16, 3, 1), (16, 16, 4, 0)])
+def test_kernel_config_rejects_impossible_launches(bad):
+    from flashcourse.kernels import configs
+
+    with pytest.raises(ValueError, match="expected"):
+        configs.KernelConfig(*bad)

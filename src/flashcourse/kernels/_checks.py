@@ -78,7 +78,8 @@ def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.T
     for name, t in (("o", o), ("do", do)):
         if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} is {got}: expected q's shape {tuple(q.shape)}, dtype {q.dtype}, device {q.device}")
+            raise ValueError(f"{name} is {got}: expected q's shape {tuple(q.shape)}, dtype {q.dtype}, "
+                             f"device {q.device}")
     want = tuple(q.shape[:3])
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want or lse.dtype != torch.float32:
         got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__

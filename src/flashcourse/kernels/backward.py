@@ -17,7 +17,6 @@ Scores are kept in base 2 as in the forward: p = exp2(qk * scale*log2(e) - lse*l
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +25,7 @@ import triton.language as tl
 
 from . import configs
 from ._checks import dot_precision, padded_head_dim
-from .forward import LOG2E, _load_tile
+from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, load_tile, strides
 
 
 @triton.jit
@@ -39,9 +38,9 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
+    o = load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
                    offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
+    do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
                     + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
@@ -61,15 +60,15 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+        q = load_tile(q_base + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                        rows, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED)  # (BLOCK_M, BLOCK_D)
-        do = _load_tile(do_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
+        do = load_tile(do_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
                         rows, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         if MASKED:
-            lse2 = tl.load(lse_base + rows, mask=rows < N_Q, other=0.0) * 1.4426950408889634
+            lse2 = tl.load(lse_base + rows, mask=rows < N_Q, other=0.0) * LOG2E_IN_KERNEL
             delta = tl.load(delta_base + rows, mask=rows < N_Q, other=0.0)
         else:
-            lse2 = tl.load(lse_base + rows) * 1.4426950408889634
+            lse2 = tl.load(lse_base + rows) * LOG2E_IN_KERNEL
             delta = tl.load(delta_base + rows)
         qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
         p_t = tl.exp2(qk_t * qk_scale - lse2[None, :])
@@ -107,9 +106,9 @@ def _bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_tile(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+    k = load_tile(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                    offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D), stays resident
-    v = _load_tile(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+    v = load_tile(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                    offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -158,9 +157,9 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stri
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+        k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                        cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_D)
-        v = _load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+        v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                        cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.exp2(qk * qk_scale - lse2[:, None])
@@ -193,12 +192,12 @@ def _bwd_dq_kernel(
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+    q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
                    offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
-    do = _load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
+    do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
                     + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
     row_ok = offs_m < N_Q
-    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_IN_KERNEL
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
@@ -243,8 +242,18 @@ BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
 DEFAULT_BACKWARD = "b1"
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.KernelConfig, *, causal: bool) -> None:
+    """A launch that breaks a kernel's own rule is an error, never silently wrong gradients."""
+    if causal and cfg_dkdv.block_n % cfg_dkdv.block_m:
+        raise ValueError(
+            f"the dK/dV kernel with causal=True starts its unmasked query tiles at a key-tile edge, so its BLOCK_N "
+            f"({cfg_dkdv.block_n}) must be a multiple of its BLOCK_M ({cfg_dkdv.block_m})"
+        )
+    if causal and cfg_dq.block_m % cfg_dq.block_n:
+        raise ValueError(
+            f"the dQ kernel with causal=True splits each row's keys at a query-tile edge, so its BLOCK_M "
+            f"({cfg_dq.block_m}) must be a multiple of its BLOCK_N ({cfg_dq.block_n})"
+        )
 
 
 def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool, scale: float | None,
@@ -252,11 +261,12 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
     """dq, dk, dv from the forward's saved (o, lse); all (B, H, N, D) tensors of q's dtype."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     cfg_dkdv, cfg_dq = configs_override or configs.backward_config(props, block_d, q.element_size(),
                                                                            causal=causal)
+    check_backward_launch(cfg_dkdv, cfg_dq, causal=causal)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:
@@ -269,13 +279,14 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
     precision = dot_precision(q.dtype)
     pre_block = 64
     _bwd_preprocess[(triton.cdiv(n_q, pre_block), batch * heads)](
-        o, do, delta, *_strides(o), *_strides(do), heads, n_q,
+        O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     )
     _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * heads)](
-        q, k, v, do, dk, dv, dq_acc, lse, delta, scale, scale * LOG2E,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(dq_acc),
-        heads, n_q, n_kv,
+        Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
+        **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dk, "dk"),
+        **strides(dv, "dv"), **strides(dq_acc, "dq"),
+        H=heads, N_Q=n_q, N_KV=n_kv,
         CAUSAL=causal, ATOMIC_DQ=version.atomic_dq, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n, DOT_PRECISION=precision,
         num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
@@ -283,9 +294,9 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
     if version.atomic_dq:
         return dq_acc.to(q.dtype), dk, dv
     _bwd_dq_kernel[(triton.cdiv(n_q, cfg_dq.block_m), batch * heads)](
-        q, k, v, do, dq_acc, lse, delta, scale, scale * LOG2E,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq_acc),
-        heads, n_q, n_kv,
+        Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
+        **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),
+        H=heads, N_Q=n_q, N_KV=n_kv,
         CAUSAL=causal, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, DOT_PRECISION=precision,
         num_warps=cfg_dq.num_warps, num_stages=cfg_dq.num_stages,

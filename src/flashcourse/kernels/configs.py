@@ -52,6 +52,17 @@ class KernelConfig:
     num_warps: int
     num_stages: int
 
+    def __post_init__(self):
+        # tl.arange needs powers of two and tl.dot tiles of at least 16; warps come in powers of two.
+        for name in ("block_m", "block_n"):
+            size = getattr(self, name)
+            if size < 16 or size & (size - 1):
+                raise ValueError(f"{name} = {size}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"num_warps = {self.num_warps}: expected a power of two (1, 2, 4, 8, ...)")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages = {self.num_stages}: expected at least 1")
+
 
 KB = 1024
 KNOWN_DEVICES: dict[str, DeviceProps] = {

@@ -15,15 +15,13 @@ PagedAttention stores them.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from . import configs
 from ._checks import check_device, check_dtype, check_head_dim, dot_precision, padded_head_dim
-from .forward import LOG2E, MASKED_FILL
+from .common import LOG2E, MASKED_FILL, default_scale, normalise_rows, online_softmax_update, strides
 
 
 @triton.jit
@@ -74,18 +72,10 @@ def _decode_split_kernel(
         v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    o, lse = normalise_rows(acc, l_i, m_i)
     row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
     tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=offs_g[:, None] < GROUP)
     tl.store(LSE_PART + row, lse, mask=offs_g < GROUP)
@@ -168,7 +158,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     batch, h_q, head_dim = q.shape
     h_kv = k_cache.shape[1]
     group = h_q // h_kv
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     cfg = configs.decode_config(props, block_d, q.element_size())
@@ -190,18 +180,18 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     table = block_table if paged else q
     seqlens = cache_seqlens if cache_seqlens is not None else q
     _decode_split_kernel[(num_splits, batch * h_kv)](
-        q, k_cache, v_cache, table, seqlens, o_part, lse_part, scale * LOG2E,
-        q.stride(0), q.stride(1), q.stride(2),
-        *k_cache.stride(), *v_cache.stride(),
-        table.stride(0) if paged else 0, table.stride(1) if paged else 0,
-        h_kv, n_max, split_len, num_splits,
+        Q=q, K=k_cache, V=v_cache, BLOCK_TABLE=table, SEQLENS=seqlens, O_PART=o_part, LSE_PART=lse_part,
+        qk_scale=scale * LOG2E,
+        **strides(q, "q", axes="bhd"), **strides(k_cache, "k"), **strides(v_cache, "v"),
+        stride_bt_b=table.stride(0) if paged else 0, stride_bt_p=table.stride(1) if paged else 0,
+        H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages,
     )
     _decode_combine_kernel[(batch * h_q,)](
-        o_part, lse_part, o, o.stride(0), o.stride(1), o.stride(2), h_q, num_splits,
+        O_PART=o_part, LSE_PART=lse_part, OUT=o, **strides(o, "o", axes="bhd"), H_Q=h_q, NUM_SPLITS=num_splits,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
     )
     return o

@@ -1,0 +1,68 @@
+"""What every kernel shares: the base-2 constants, the default scale, a masked tile load and the online softmax.
+
+The kernels keep scores in base 2 (``exp2`` is one hardware instruction, ``exp`` is two): with
+``qk_scale = scale * LOG2E``, ``exp(scale * x - m) == exp2(qk_scale * x - m * LOG2E)``, and a row's natural
+logsumexp is ``LN2 * (m2 + log2(l))`` where ``m2`` is its base-2 running max.
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
+# @triton.jit code may read only constexpr globals: the same two numbers, for use inside kernels.
+LOG2E_IN_KERNEL = tl.constexpr(LOG2E)
+LN2_IN_KERNEL = tl.constexpr(LN2)
+# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
+MASKED_FILL = tl.constexpr(-1.0e30)
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """``scale`` as a float, or 1/sqrt(head_dim) when it is None (the scale of "Attention Is All You Need")."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+@triton.jit
+def load_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+              CHECK_ROWS: tl.constexpr):
+    """Load a (rows, BLOCK_D) tile, zero past the last row and past the real head dim."""
+    if CHECK_ROWS:
+        mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax (lesson 02), in base 2: fold the scores ``qk`` (rows, keys), unscaled,
+    and their values ``v`` (keys, D) into the running max ``m_i``, sum ``l_i`` and unnormalised output ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # max commutes with the positive scale
+    p = tl.exp2(qk * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+    alpha = tl.exp2(m_i - m_new)  # how much the old statistics shrink under the new max
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def normalise_rows(acc, l_i, m_i):
+    """The end of the online softmax: o = acc / l and the natural lse from the base-2 max; a row that saw no
+    key (l = 0) gives o = 0 and lse = -inf, never NaN."""
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2_IN_KERNEL)
+    return o, lse
+
+
+def strides(t, name: str, axes: str = "bhnd") -> dict[str, int]:
+    """A tensor's strides as the kernels' keyword arguments: ``strides(q, "q")`` -> {"stride_qb": ..., ...}."""
+    return {f"stride_{name}{axis}": s for axis, s in zip(axes, t.stride(), strict=True)}
