@@ -1,0 +1,62 @@
+"""DeepSpeed-Ulysses (Jacobs et al. 2023): trade the sequence split for a head split, attend locally, trade back.
+
+Each rank starts with its contiguous chunk of the sequence for all H heads, (B, H, N/P, D). One all-to-all turns
+that into the whole sequence for H/P heads, (B, H/P, N, D); attention is then ordinary single-device attention
+(heads are independent); a second all-to-all turns the output back into the sequence split. Each rank sends and
+receives (P-1)/P of its q, k, v and o shards, whatever N: the volume per rank does not grow with P, unlike
+gathering K/V. The cost: P cannot exceed the number of heads, and H must divide evenly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import kernels
+from ._group import current
+
+__all__ = ["ulysses_attention"]
+
+
+def _all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group) -> torch.Tensor:
+    """Cut x into P equal pieces along ``split_dim``, send piece j to rank j, and concatenate the P pieces
+    received (in rank order) along ``cat_dim``."""
+    world = dist.get_world_size(group)
+    sent = [piece.contiguous() for piece in x.chunk(world, dim=split_dim)]
+    received = [torch.empty_like(sent[0]) for _ in range(world)]
+    dist.all_to_all(received, sent, group=group)
+    return torch.cat(received, dim=cat_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Differentiable all-to-all: its gradient is the all-to-all the other way (split and cat dims swapped)."""
+
+    @staticmethod
+    def forward(ctx, x, split_dim, cat_dim, group):
+        ctx.dims, ctx.group = (split_dim, cat_dim), group
+        return _all_to_all(x, split_dim=split_dim, cat_dim=cat_dim, group=group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        split_dim, cat_dim = ctx.dims
+        return _all_to_all(grad, split_dim=cat_dim, cat_dim=split_dim, group=ctx.group), None, None, None
+
+
+def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None) -> torch.Tensor:
+    """Attention over the whole sequence from contiguous shards, by a head split: q, k, v (B, H, N/P, D), this
+    rank's chunk (``shard(x, layout="contiguous")``) -> o (B, H, N/P, D). Differentiable; needs H % P == 0."""
+    ring = current(group, what="ulysses_attention")
+    heads = q.shape[1] if q.dim() == 4 else None
+    if heads is None or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(
+            f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: Ulysses expects three "
+            "shards of one shape (B, H, N/P, D)")
+    if heads % ring.world:
+        raise ValueError(
+            f"Ulysses splits the {heads} heads over {ring.world} ranks, so H must be a multiple of the number of "
+            f"ranks, and {heads} % {ring.world} = {heads % ring.world}: use a number of ranks that divides H, or "
+            "ring_attention, which has no such limit")
+    # (B, H, N/P, D) -> (B, H/P, N, D): heads scattered over the ranks, sequence chunks gathered in rank order
+    q_heads, k_heads, v_heads = (_AllToAll.apply(x, 1, 2, group) for x in (q, k, v))
+    o_heads = kernels.flash_attention(q_heads, k_heads, v_heads, causal=causal, scale=scale)
+    return _AllToAll.apply(o_heads, 2, 1, group)  # (B, H/P, N, D) -> (B, H, N/P, D)
