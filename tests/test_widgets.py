@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from flashcourse import iomodel, reference, tiled, widgets
+from flashcourse import iomodel, plots, reference, tiled, widgets
 
 
 def _shown(readout_html: str, css_class: str):
@@ -101,3 +101,54 @@ def test_io_explorer_reports_the_simulator_counts():
 def test_io_explorer_says_when_the_sram_is_too_small():
     explorer = widgets.io_explorer(n_values=(64,), d_values=(128,), sram_values=(256,), n=64, d=128, sram=256)
     assert "SRAM" in _shown(explorer.readout.value, "fc-error")
+
+
+def _shown_text(readout_html: str, css_class: str) -> str:
+    """The visible text of the element with ``css_class`` (what a learner reads)."""
+    match = re.search(rf'class="{css_class}" data-value="[^"]*">([^<]*)</span>', readout_html)
+    assert match, f"no element with class {css_class} in the readout"
+    return match.group(1)
+
+
+def _css_size(widget) -> tuple[int, int]:
+    """The size in CSS pixels at which a widget's picture is shown: its layout width, its PNG's aspect ratio."""
+    png_width, png_height = widgets.png_size(widget.image.value)
+    assert widget.image.layout.width, "the picture has no explicit width: a VBox would stretch it to the cell"
+    width = int(widget.image.layout.width.removesuffix("px"))
+    assert width == png_width // widgets.OVERSAMPLE, (
+        f"picture drawn {png_width} px wide but shown {width} px: expected {png_width // widgets.OVERSAMPLE} "
+        f"(drawn at {widgets.OVERSAMPLE}x the shown size)")
+    return width, round(png_height * width / png_width)
+
+
+def test_pictures_are_shown_at_their_drawn_size_and_fit_a_laptop_screen(rng):
+    stepper = widgets.online_softmax_stepper(rng.standard_normal(16), block=4)
+    explorer = widgets.tile_explorer(n=64, d=16, block_q=16, block_k=16, causal=True)
+    io = widgets.io_explorer(n_values=(64,), d_values=(8,), sram_values=(1024,), n=64, d=8, sram=1024)
+    for widget in (stepper, explorer, io):
+        width, height = _css_size(widget)
+        assert width <= 900 and height <= 600, f"{type(widget).__name__} picture {width}x{height} px"
+    # The explorer puts its controls beside the picture: the step slider and the tile it moves are on screen
+    # together in a 1400 x 900 window.
+    (row,) = explorer.children
+    column, image = row.children
+    assert isinstance(row, widgets.w.HBox) and image is explorer.image
+    assert explorer.step_slider in column.children and explorer.readout in column.children
+
+
+def test_one_step_numbering_in_slider_readout_and_figure(rng):
+    explorer = widgets.tile_explorer(n=48, d=8, block_q=16, block_k=16)
+    for step in (0, 4, explorer.step_slider.max):
+        explorer.step_slider.value = step
+        html = explorer.readout.value
+        assert _shown(html, "fc-step") == step
+        assert _shown_text(html, "fc-step").startswith(f"{step} "), _shown_text(html, "fc-step")
+        assert explorer.figure_title.startswith(f"step {step} "), explorer.figure_title
+    x = rng.standard_normal(12)
+    stepper = widgets.online_softmax_stepper(x, block=4)
+    for index in range(len(stepper.steps)):
+        html = stepper.readout.value
+        assert _shown(html, "fc-step") == index and _shown_text(html, "fc-step").startswith(f"{index} ")
+        title = plots.online_softmax_state(x, stepper.steps, index).axes[0].get_title()
+        assert title.startswith(f"step {index}:"), title
+        stepper.next_button.click()

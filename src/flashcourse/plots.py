@@ -163,7 +163,7 @@ def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
     ax_row.axhline(step.m, color="black", linestyle="--", linewidth=1, label=f"running max m = {step.m:.3g}")
     ax_row.set_xlabel("position in the row")
     ax_row.set_ylabel("score x (logit)")
-    ax_row.set_title(f"block {step.index}: x[{step.start}:{step.stop}] read")
+    ax_row.set_title(f"step {step.index}: block x[{step.start}:{step.stop}] read")
     # Below the axes, so the legend never hides a bar whatever the row holds.
     ax_row.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     seen = steps[:index + 1]
@@ -173,7 +173,7 @@ def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
     ax_stats.plot(blocks, [s.rescale for s in seen], "^:", label="rescale exp(m_prev - m)")
     ax_stats.set_xlim(-0.5, len(steps) - 0.5)
     ax_stats.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_stats.set_xlabel("block index")
+    ax_stats.set_xlabel("step (block index, from 0)")
     ax_stats.set_ylabel("value (dimensionless)")
     ax_stats.set_title("running statistics")
     ax_stats.legend(fontsize=8)

@@ -6,7 +6,9 @@ Each app collects the states an algorithm yields (``reference.softmax_online_ste
 Every app is a ``VBox`` (display it by leaving it as a cell's last line) that also exposes its controls
 (``.next_button``, ``.n_slider``, ...) so a test can drive it without a browser, and shows its numbers in an
 ``HTML`` widget (``.readout``) whose elements carry stable CSS classes (``fc-step``, ``fc-m``, ...) with the
-exact value in a ``data-value`` attribute, for a browser test to read. The picture is a PNG in ``.image``.
+exact value in a ``data-value`` attribute, for a browser test to read. The picture is a PNG in ``.image``, shown
+at the size it was drawn. Steps are numbered from 0 everywhere (readout, slider, figure titles), as the blocks and
+tiles they show are.
 """
 
 from __future__ import annotations
@@ -21,14 +23,43 @@ import numpy as np
 
 from . import iomodel, plots, reference, tiled
 
-__all__ = ["IOExplorer", "OnlineSoftmaxStepper", "TileExplorer", "io_explorer", "online_softmax_stepper",
+__all__ = ["IOExplorer", "OnlineSoftmaxStepper", "TileExplorer", "io_explorer", "online_softmax_stepper", "png_size",
            "tile_explorer"]
+
+
+# A figure is shown at CSS_DPI pixels per inch of its size, and drawn at OVERSAMPLE times that, so that its text
+# stays sharp on high-density screens. The image gets that width explicitly: left to itself, a flex column
+# (VBox) stretches it to the full width of the notebook, soft and too tall to see beside its controls.
+CSS_DPI, OVERSAMPLE = 90, 2
 
 
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")  # keep legends placed outside the axes
+    # bbox_inches="tight" keeps legends placed outside the axes
+    fig.savefig(buffer, format="png", dpi=CSS_DPI * OVERSAMPLE, bbox_inches="tight")
     return buffer.getvalue()
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) in pixels of a PNG, read from its header."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG image")
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+def _show(image: w.Image, fig) -> None:
+    """Put ``fig`` in ``image`` at its drawn size (CSS pixels), never stretched to the cell's width."""
+    png = _png(fig)
+    width, _ = png_size(png)
+    image.value = png
+    image.layout.width = f"{width // OVERSAMPLE}px"
+    image.layout.height = "auto"
+    image.layout.max_width = "100%"  # on a narrow window, shrink (keeping the aspect ratio) rather than clip
+
+
+def _step_label(index: int, count: int) -> str:
+    """Steps count from 0, like the blocks, tiles and slider they correspond to: "3 (steps 0 to 9)"."""
+    return f"{index} (steps 0 to {count - 1})"
 
 
 def _field(css_class: str, label: str, value, shown: str | None = None) -> str:
@@ -74,7 +105,7 @@ class OnlineSoftmaxStepper(w.VBox):
         self.index = int(np.clip(index, 0, len(self.steps) - 1))
         step = self.step
         fields = [
-            _field("fc-step", "step", step.index, f"{step.index + 1} of {len(self.steps)}"),
+            _field("fc-step", "step", step.index, _step_label(step.index, len(self.steps))),
             _field("fc-block", "block read", f"{step.start}:{step.stop}", f"x[{step.start}:{step.stop}]"),
             _field("fc-block-max", "max of this block", step.block_max),
             _field("fc-m-prev", "m before", step.m_prev),
@@ -88,7 +119,7 @@ class OnlineSoftmaxStepper(w.VBox):
             fields.append(_field("fc-output", "running output acc / l", output,
                                  "[" + ", ".join(f"{v:.4g}" for v in output) + "]"))
         self.readout.value = _readout(fields)
-        self.image.value = _png(plots.online_softmax_state(self.x, self.steps, self.index))
+        _show(self.image, plots.online_softmax_state(self.x, self.steps, self.index))
         self.prev_button.disabled = self.index == 0
         self.next_button.disabled = self.index == len(self.steps) - 1
 
@@ -103,6 +134,7 @@ def online_softmax_stepper(x, block: int = 4, values=None) -> OnlineSoftmaxStepp
 class TileExplorer(w.VBox):
     """Choose N, block sizes and causal; step through the tiles ``tiled.forward_steps`` computes.
 
+    Steps count from 0, as the slider does: step 0 is the first tile computed.
     The figure marks the tile whose Q block and K/V blocks are in SRAM at the chosen step, the tiles already
     done, and the tiles a causal mask skips; the readout gives the tile, its kind and the query block's m, l.
     """
@@ -120,9 +152,11 @@ class TileExplorer(w.VBox):
         for control in (self.n_slider, self.block_q_slider, self.block_k_slider, self.causal_checkbox):
             control.observe(lambda _: self._run(), names="value")
         self.step_slider.observe(lambda _: self._draw(), names="value")
-        controls = w.HBox([w.VBox([self.n_slider, self.causal_checkbox]),
-                           w.VBox([self.block_q_slider, self.block_k_slider])])
-        super().__init__([controls, self.step_slider, self.readout, self.image])
+        # Controls and readout in a column beside the figure, so the step slider and the tile it moves are both
+        # on screen (a 1400 x 900 window holds the two side by side).
+        column = w.VBox([self.n_slider, self.block_q_slider, self.block_k_slider, self.causal_checkbox,
+                         self.step_slider, self.readout])
+        super().__init__([w.HBox([column, self.image])])
         self._run()
 
     def _run(self) -> None:
@@ -150,7 +184,7 @@ class TileExplorer(w.VBox):
         tile = state.tile
         skipped = sum(t.kind == "skipped" for t in self.tiles)
         fields = [
-            _field("fc-step", "step", index, f"{index + 1} of {len(self.states)}"),
+            _field("fc-step", "step", index, _step_label(index, len(self.states))),
             _field("fc-tile", "tile (i, j)", f"({tile.i}, {tile.j})"),
             _field("fc-kind", "kind", tile.kind),
             _field("fc-q-rows", "Q, O rows in SRAM", f"{tile.q_start}:{tile.q_stop}"),
@@ -164,9 +198,9 @@ class TileExplorer(w.VBox):
         done = [s.tile for s in self.states[:index]]
         note = (f"SRAM holds Q[{tile.q_start}:{tile.q_stop}], K, V[{tile.k_start}:{tile.k_stop}] "
                 "and the S tile")
-        fig = plots.tile_map(self.tiles, current=tile, done=done, sram_note=note,
-                             title=f"step {index + 1} of {len(self.states)}: tile ({tile.i}, {tile.j})")
-        self.image.value = _png(fig)
+        self.figure_title = f"step {_step_label(index, len(self.states))}: tile ({tile.i}, {tile.j})"
+        _show(self.image, plots.tile_map(self.tiles, current=tile, done=done, sram_note=note,
+                                         title=self.figure_title))
 
 
 def tile_explorer(n: int = 64, d: int = 16, block_q: int = 16, block_k: int = 16, causal: bool = False,
@@ -228,7 +262,7 @@ class IOExplorer(w.VBox):
         ]
         self.readout.value = _readout(fields)
         title = f"HBM traffic at N={n}, d={d}, M={sram:,}"
-        self.image.value = _png(plots.traffic_bars(self.stats, title=title))
+        _show(self.image, plots.traffic_bars(self.stats, title=title))
 
 
 def io_explorer(n_values: Sequence[int] = (256, 512, 1024, 2048), d_values: Sequence[int] = (16, 32, 64, 128),
