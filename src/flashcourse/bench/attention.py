@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from flashcourse.bench import attention_flops, peak_memory, tflops
+from flashcourse.bench.providers import add_ratios as shared_add_ratios
+from flashcourse.bench.providers import sdpa
 
 PROVIDERS = ("flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -53,24 +55,14 @@ def naive_attention(q, k, v, causal: bool):
 
 
 def provider_fn(provider: str, **kernel_kwargs) -> Callable:
-    """fn(q, k, v, causal) -> o for a provider name; SDPA backends are pinned with sdpa_kernel."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    """fn(q, k, v, causal) -> o for a provider name: ours, naive PyTorch, or one SDPA backend."""
     if provider == "flashcourse":
         from flashcourse import kernels
 
         return lambda q, k, v, causal: kernels.flash_attention(q, k, v, causal=causal, **kernel_kwargs)
     if provider == "naive":
         return naive_attention
-    backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-               "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}[provider]
-
-    def run(q, k, v, causal):
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    return run
+    return sdpa(provider)
 
 
 def make_inputs(shape: Shape, device="cuda", requires_grad: bool = True):
@@ -189,19 +181,8 @@ def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=prin
 
 def add_ratios(rows: list[dict]) -> None:
     """Give each flashcourse row its speed ratio against every other provider on the same shape and mode."""
-    def key(r):
-        return (r["dtype"], r["batch"], r["heads"], r["head_dim"], r["n"], r["causal"], r["mode"])
-
-    by_key: dict = {}
-    for r in rows:
-        by_key.setdefault(key(r), {})[r["provider"]] = r
-    for group in by_key.values():
-        ours = group.get("flashcourse")
-        if not ours or ours.get("status") != "ok" or "tflops" not in ours:
-            continue
-        for name, other in group.items():
-            if name != "flashcourse" and other.get("status") == "ok" and other.get("tflops"):
-                ours[f"ratio_vs_{name}"] = ours["tflops"] / other["tflops"]
+    shared_add_ratios(rows, rate="tflops", ours=("flashcourse",),
+                      key=lambda r: (r["dtype"], r["batch"], r["heads"], r["head_dim"], r["n"], r["causal"], r["mode"]))
 
 
 def format_table(rows: list[dict], header: bool = True) -> str:
