@@ -31,14 +31,16 @@ __all__ = ["main", "run", "show"]
 TIMEOUT = datetime.timedelta(minutes=5)  # a rank stuck waiting for a dead peer fails instead of hanging forever
 
 
-def _rank_main(rank: int, world: int, folder: str, call: bytes) -> None:
+def _rank_main(rank: int, world: int, folder: str, backend: str, call: bytes) -> None:
     """The body of each spawned process: set up like the parent, join the group, run fn, leave the group."""
     with open(Path(folder) / f"rank{rank}.txt", "w") as log, contextlib.redirect_stdout(log):
         with contextlib.redirect_stdout(io.StringIO()):  # the parent already said where the kernels run
             device.setup()  # before anything imports Triton: the interpreter is chosen at import time
             fn, args = pickle.loads(call)
         torch.set_num_threads(1)  # P processes share the machine's cores
-        dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # rank r drives GPU r, as under torchrun
+        dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                                 timeout=TIMEOUT)
         try:
             fn(*args)
@@ -46,21 +48,24 @@ def _rank_main(rank: int, world: int, folder: str, call: bytes) -> None:
             dist.destroy_process_group()
 
 
-def run(fn, nproc: int, *args) -> list[str]:
-    """Call ``fn(*args)`` in ``nproc`` new processes forming a gloo group; return each rank's printed output.
+def run(fn, nproc: int, *args, backend: str = "gloo") -> list[str]:
+    """Call ``fn(*args)`` in ``nproc`` new processes forming a group; return each rank's printed output.
 
+    ``backend``: "gloo" (CPU tensors) or "nccl" (rank r on GPU r; needs ``nproc`` GPUs).
     An exception in any rank stops all of them; what the ranks printed is shown, then the exception is raised
     here with that rank's traceback.
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int (the number of ranks), got {nproc!r}")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' (CPU) or 'nccl' (GPUs), got {backend!r}")
     # fn and args travel pickled and are unpickled in the child only after device.setup(): unpickling imports
     # their modules, which may import Triton
     call = pickle.dumps((fn, args))
     with tempfile.TemporaryDirectory(prefix="flashcourse-launch-") as folder:
         logs = [Path(folder) / f"rank{r}.txt" for r in range(nproc)]
         try:
-            mp.start_processes(_rank_main, args=(nproc, folder, call), nprocs=nproc, start_method="spawn")
+            mp.start_processes(_rank_main, args=(nproc, folder, backend, call), nprocs=nproc, start_method="spawn")
         except Exception:
             show([log.read_text() if log.exists() else "" for log in logs], out=sys.stderr)
             raise

@@ -1,0 +1,201 @@
+"""flashcourse.distributed: the schedule maps (pure Python), and ring attention / Ulysses across spawned gloo
+processes (world sizes 2 and 3) against one process's float64 attention on the whole sequence."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flashcourse import reference, tolerance
+from flashcourse.distributed import launch, schedule
+
+LAYOUTS = ("contiguous", "zigzag")
+WEIGHT = {"full": 1.0, "lower": 0.5, "skip": 0.0}  # a block's share of the work of a full block
+
+
+# ------------------------------------------------------------------------------------------------ schedule
+def test_zigzag_indices_hold_an_early_and_a_late_chunk():
+    assert schedule.zigzag_indices(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert schedule.zigzag_indices(12, 3, 1).tolist() == [2, 3, 8, 9]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_ranks_hold_every_position_exactly_once(layout, world):
+    n = 24
+    held = np.concatenate([schedule.sequence_indices(n, world, r, layout) for r in range(world)])
+    assert sorted(held.tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n", [25, 0, 6.0])
+def test_a_length_that_does_not_split_evenly_is_a_clear_error(layout, n):
+    with pytest.raises(ValueError, match="equal chunks"):
+        schedule.sequence_indices(n, 4, 0, layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_the_schedule_computes_each_causal_block_once(layout, world):
+    chunks = world * schedule.chunks_per_rank(layout)
+    seen = {}
+    for rank, step in itertools.product(range(world), range(world)):
+        for pair, kind in schedule.block_schedule(world, rank, step, layout).items():
+            assert pair not in seen, f"chunk pair {pair} computed twice"
+            seen[pair] = kind
+    assert seen == {(qc, kc): schedule.block_kind(qc, kc) for qc in range(chunks) for kc in range(chunks)}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_zigzag_balances_causal_work_and_contiguous_does_not(world):
+    def work(layout, rank):
+        return sum(WEIGHT[kind] for step in range(world)
+                   for kind in schedule.block_schedule(world, rank, step, layout).values())
+
+    zigzag = [work("zigzag", r) for r in range(world)]
+    contiguous = [work("contiguous", r) for r in range(world)]
+    assert len(set(zigzag)) == 1
+    assert contiguous == [r + 0.5 for r in range(world)]  # rank r: r full blocks and its diagonal
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_each_dkv_partial_travels_forward_and_ends_at_the_owner_of_its_keys(world):
+    for rank, step in itertools.product(range(world), range(world)):
+        route = schedule.dkv_route(world, rank, step)
+        owner = schedule.kv_source(world, rank, step)
+        assert len(route) == (world - step) % world
+        assert route == [(rank + hop) % world for hop in range(1, len(route) + 1)]
+        assert (route or [rank])[-1] == owner
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_each_ring_step_computes_exactly_the_unmasked_chunk_pairs(world, layout, causal):
+    from flashcourse.distributed.ring import block_work
+
+    size = 3
+    per_rank = schedule.chunks_per_rank(layout)
+    n_local = per_rank * size
+    for rank, step in itertools.product(range(world), range(world)):
+        work = block_work(world, rank, step, n_local=n_local, causal=causal, layout=layout)
+        q_chunks = schedule.rank_chunks(world, rank, layout)
+        k_chunks = schedule.rank_chunks(world, schedule.kv_source(world, rank, step), layout)
+        wanted = {(i, j) for i, j in itertools.product(range(per_rank), repeat=2)
+                  if not causal or schedule.block_kind(q_chunks[i], k_chunks[j]) != "skip"}
+        done = set() if work is None else {(i, j) for i in range(work.rows.start // size, work.rows.stop // size)
+                                           for j in range(work.cols.start // size, work.cols.stop // size)
+                                           if not work.causal or j <= i}  # the mask hides local chunk j > i
+        assert done == wanted, f"rank {rank} step {step}"
+        if work is not None:
+            assert work.causal == (causal and rank == schedule.kv_source(world, rank, step))
+
+
+def test_torch_merge_equals_the_reference_merge_with_empty_parts(rng):
+    from flashcourse.distributed.ring import merge_partials
+
+    o1, o2 = rng.standard_normal((2, 5, 8))
+    lse1, lse2 = rng.standard_normal((2, 5)) * 30
+    lse1[1] = lse2[1] = -np.inf  # a row empty in both parts
+    lse2[3] = -np.inf
+    o1[1] = o2[1] = o2[3] = 0.0
+    o, lse = merge_partials(*(torch.from_numpy(x) for x in (o1, lse1, o2, lse2)))
+    o_ref, lse_ref = reference.merge_partials(o1, lse1, o2, lse2)
+    tolerance.assert_close(o.numpy(), o_ref, what="merged o")
+    tolerance.assert_close(lse.numpy(), lse_ref, what="merged lse")
+
+
+def test_without_a_process_group_the_error_says_how_to_start_one():
+    from flashcourse.distributed import ring_attention
+
+    q = torch.zeros(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_attention(q, q, q)
+
+
+# ------------------------------------------------------------------------------------------------ across ranks
+def _attention_float64(q, k, v, do, causal):
+    """o and (dq, dk, dv) of softmax(q k^T / sqrt(D)) v in float64 with autograd: (B, H, N, D) tensors."""
+    q, k, v = (x.double().requires_grad_() for x in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    o = torch.softmax(scores, dim=-1) @ v
+    o.backward(do.double())
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+def _compare_across_ranks(device: str, dtype_name: str) -> None:
+    """In every rank: ring (both layouts) and Ulysses, causal and not, against one process's float64 attention;
+    then the errors for inputs that cannot be split."""
+    from flashcourse import distributed
+
+    world = torch.distributed.get_world_size()
+    dtype = getattr(torch, dtype_name)
+    n, heads, head_dim = 12 * world, 6, 16  # 6 heads: Ulysses divides them over 2 or 3 ranks
+    generator = torch.Generator().manual_seed(world)
+    q, k, v, do = (torch.randn(1, heads, n, head_dim, generator=generator) for _ in range(4))
+    cases = [("ring", layout, causal) for layout in LAYOUTS for causal in (False, True)]
+    cases += [("ulysses", "contiguous", causal) for causal in (False, True)]
+    for method, layout, causal in cases:
+        expected = _attention_float64(q, k, v, do, causal)
+        local = [distributed.shard(x.to(device, dtype), layout=layout).requires_grad_() for x in (q, k, v)]
+        if method == "ring":
+            o = distributed.ring_attention(*local, causal=causal, layout=layout)
+        else:
+            o = distributed.ulysses_attention(*local, causal=causal)
+        o.backward(distributed.shard(do.to(device, dtype), layout=layout))
+        got = [distributed.unshard(t, layout=layout) for t in (o.detach(), *(x.grad for x in local))]
+        for name, mine, ref in zip(("o", "dq", "dk", "dv"), got, expected, strict=True):
+            tolerance.assert_close(mine.float().cpu(), ref, dtype=dtype_name,
+                                   what=f"{name} of {method} ({layout}, causal={causal}) over {world} ranks")
+
+    with pytest.raises(ValueError, match="multiple of"):
+        distributed.shard(q[:, :, :-1], layout="zigzag")
+    with pytest.raises(ValueError, match="H must be a multiple"):
+        distributed.ulysses_attention(*(torch.zeros(1, world + 1, 4, 16, device=device, dtype=dtype),) * 3)
+    with pytest.raises(ValueError, match="even"):
+        distributed.ring_attention(*(torch.zeros(1, 1, 3, 16, device=device, dtype=dtype),) * 3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_ring_and_ulysses_equal_one_process_attention_on_cpu(world):
+    launch.run(_compare_across_ranks, world, "cpu", "float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_ring_and_ulysses_equal_one_process_attention_on_two_gpus_with_nccl(dtype_name):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    launch.run(_compare_across_ranks, 2, "cuda", dtype_name, backend="nccl")
+
+
+def _print_rank() -> None:
+    print(f"I am rank {torch.distributed.get_rank()} of {torch.distributed.get_world_size()}")
+
+
+def _fail_on_rank_one() -> None:
+    print("before the error")
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("rank 1 fails on purpose")
+    torch.distributed.barrier()  # rank 0 would wait here for ever without the launcher stopping it
+
+
+def test_the_launcher_returns_each_ranks_output_in_rank_order(capsys):
+    outputs = launch.run(_print_rank, 2)
+    assert outputs == ["I am rank 0 of 2\n", "I am rank 1 of 2\n"]
+    launch.show(outputs)
+    assert capsys.readouterr().out == "[rank 0] I am rank 0 of 2\n[rank 1] I am rank 1 of 2\n"
+
+
+def test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed(capsys):
+    with pytest.raises(Exception, match="rank 1 fails on purpose"):
+        launch.run(_fail_on_rank_one, 2)
+    assert "[rank 1] before the error" in capsys.readouterr().err
