@@ -3,9 +3,12 @@ process; hostile or broken submissions cost only themselves (one test per attack
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -89,7 +92,9 @@ def test_an_endless_loop_is_stopped_and_costs_only_its_own_parts(tmp_path):
     graded = _grade(tmp_path, _submit(tmp_path, "erin", endless_cell), _submit(tmp_path, "frank", endless_function),
                     _submit(tmp_path, "grace", stubborn), _submit(tmp_path, "heidi", _notebook("solved")),
                     timeout=8, jobs=4)
-    assert graded["erin"]["points"] == 0 and any("time limit" in n for n in graded["erin"]["notes"])
+    assert graded["erin"]["points"] == 0
+    assert any("cell 1 timed out after" in n and "the cells after it did not run" in n for n in graded["erin"]["notes"])
+    assert "timed out after" in graded["erin"]["parts"]["ex01_a"]["feedback"]
     assert graded["frank"]["parts"]["ex01_c"]["points"] == 0 and graded["frank"]["points"] == 4
     assert "time limit" in graded["frank"]["parts"]["ex01_c"]["feedback"]
     assert graded["grace"]["points"] == 0 and graded["grace"]["status"].startswith("timed out")
@@ -164,7 +169,7 @@ def test_writing_a_fake_grades_file_gains_nothing(tmp_path):
 def test_console_script_runs_end_to_end(tmp_path):
     path = _submit(tmp_path, "olga", _notebook("solved"))
     out = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(path), "--out", str(out),
+    done = subprocess.run([sys.executable, "-m", "flashcourse", "grade", str(path), "--out", str(out),
                            "--seed", "11", "--timeout", "60", "--solutions", str(ROOT / "solutions")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -172,11 +177,96 @@ def test_console_script_runs_end_to_end(tmp_path):
     assert json.loads((out / "grades.json").read_text())["seed"] == 11
 
 
-@pytest.mark.parametrize(("path", "student", "exercise"), [
-    ("submitted/alice/ps1/ex01_naive_attention.ipynb", "alice", "ex01_naive_attention"),
-    ("inbox/bob_ex03.ipynb", "bob", "ex03_tiled_forward"),
-    ("inbox/ex05_backward-carol.ipynb", "carol", "ex05_backward"),
+@pytest.mark.parametrize(("path", "alone", "student", "exercise"), [
+    ("submitted/alice/ps1/ex01_naive_attention.ipynb", False, "alice", "ex01_naive_attention"),
+    ("inbox/bob_ex03.ipynb", True, "bob", "ex03_tiled_forward"),
+    ("inbox/ex05_backward-carol.ipynb", False, "carol", "ex05_backward"),
+    ("collide/gina/homework_ps1.ipynb", True, "gina", None),
+    ("inbox/dave.ipynb", False, "dave", None),
 ])
-def test_student_and_exercise_from_the_file_name(path, student, exercise):
-    assert batch.student_of(Path(path)) == student
+def test_student_and_exercise_from_the_file_name(path, alone, student, exercise):
+    assert batch.student_of(Path(path), alone=alone) == student
     assert batch.exercise_of(Path(path), None, None) == exercise
+
+
+# A cell that detaches a process (a new session), which finds the grader's --out folder in /proc, waits for the
+# grader to exit and then rewrites the grades and its feedback.
+OUTLIVE_THE_GRADER = r'''
+import os, subprocess, sys
+from pathlib import Path
+
+def grader_and_out():
+    pid = os.getppid()
+    while pid > 1:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"--out" in args:
+            out = Path(os.readlink(f"/proc/{pid}/cwd")) / args[args.index(b"--out") + 1].decode()
+            return pid, out
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("no grader found")
+
+grader, out = grader_and_out()
+tamper = f"""
+import os, time
+from pathlib import Path
+while Path("/proc/{grader}").exists():
+    time.sleep(0.05)
+out = Path({str(out)!r})
+(out / "grades.csv").write_text("student,points\\nmallory,8\\n")
+for feedback in (out / "feedback").glob("*.md"):
+    feedback.write_text("Score: 8 / 8")
+"""
+subprocess.Popen([sys.executable, "-c", tamper], start_new_session=True, stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+'''
+
+
+def test_a_process_the_submission_detaches_is_killed_before_its_grade_is_written(tmp_path):
+    path = _submit(tmp_path, "mallory", _notebook("stub", extra=OUTLIVE_THE_GRADER))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "flashcourse.cli", "grade", str(path), "--out", str(out),
+                           "--seed", "1", "--timeout", "60", "--solutions", str(ROOT / "solutions")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "outlived it and were killed" in done.stderr
+    written = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    time.sleep(5)  # what the detached process waited for: the grader is gone
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == written
+    assert "mallory,ex01_naive_attention," in (out / "grades.csv").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sha256"] == {str(p.relative_to(out)): hashlib.sha256(data).hexdigest()
+                                 for p, data in written.items() if p.name != "summary.json"}
+    assert hashlib.sha256(written[out / "summary.json"]).hexdigest() in done.stderr
+
+
+def test_students_with_the_same_file_name_get_their_own_rows_and_feedback(tmp_path):
+    gina = tmp_path / "collide" / "gina" / "homework.ipynb"
+    hank = tmp_path / "collide" / "hank" / "homework.ipynb"
+    for path, kind in ((gina, "solved"), (hank, "stub")):
+        path.parent.mkdir(parents=True)
+        nbformat.write(_notebook(kind), path)
+    out = tmp_path / "out"
+    with open(tmp_path / "progress.txt", "w") as progress:
+        batch.grade_all([gina, hank], out, seed=2, timeout=60, exercise="ex01", solutions=ROOT / "solutions",
+                        progress=progress)
+    rows = (out / "grades.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["gina", "hank"]
+    assert rows[1].endswith(",8,8,2,2,4") and rows[2].endswith(",0,8,0,0,0")
+    feedback = sorted(p.name for p in (out / "feedback").iterdir())
+    assert feedback == ["gina__ex01_naive_attention.md", "hank__ex01_naive_attention.md"]
+
+
+def test_two_files_of_one_student_and_exercise_are_an_error_naming_both(tmp_path):
+    first, second = tmp_path / "monday" / "alice_ex01.ipynb", tmp_path / "tuesday" / "alice_ex01.ipynb"
+    with pytest.raises(batch.DuplicateSubmissionError, match="monday.*tuesday.*alice"):
+        batch.grade_all([first, second], tmp_path / "out", seed=1, progress=io.StringIO())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_solutions_folder_is_said(tmp_path, monkeypatch):
+    path = _submit(tmp_path, "pat", _notebook("solved"))
+    monkeypatch.chdir(tmp_path)
+    progress = io.StringIO()
+    results = batch.grade_all([path], tmp_path / "out", seed=1, timeout=60, progress=progress)
+    assert "no solutions/ folder here" in progress.getvalue()
+    assert results[0].points == FULL

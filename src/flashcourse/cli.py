@@ -1,5 +1,6 @@
-"""The ``flashcourse`` command. ``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades notebooks in batch
-(docs/GRADING.md). Grading runs student code: run it in a container or a dedicated grading account."""
+"""The ``flashcourse`` command (also ``python -m flashcourse``). ``flashcourse grade SUBMISSION.ipynb... --out DIR``
+grades notebooks in batch (docs/GRADING.md). Grading runs student code: run it in a container or a dedicated
+grading account."""
 
 from __future__ import annotations
 
@@ -29,10 +30,14 @@ def main(argv: list[str] | None = None) -> int:
                             "submission's (default: ./solutions if present)")
     grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     args = parser.parse_args(argv)
-    from .grading.batch import grade_all
+    from .grading.batch import DuplicateSubmissionError, grade_all
 
-    results = grade_all(args.submissions, args.out, seed=args.seed, timeout=args.timeout, exercise=args.exercise,
-                        solutions=args.solutions, jobs=args.jobs)
+    try:
+        results = grade_all(args.submissions, args.out, seed=args.seed, timeout=args.timeout,
+                            exercise=args.exercise, solutions=args.solutions, jobs=args.jobs)
+    except DuplicateSubmissionError as error:
+        print(f"flashcourse grade: nothing graded: {error}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out / 'grades.csv'}, {args.out / 'grades.json'} and {len(results)} feedback file(s) in "
           f"{args.out / 'feedback'}")
     return 0

@@ -38,33 +38,38 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " [...]"
 
 
-def _run_cells(notebook: dict, deadline: float) -> tuple[list[dict], dict]:
-    """Execute the code cells in order in one IPython shell, going on after errors: (errors, namespace)."""
+def _run_cells(notebook: dict, deadline: float) -> tuple[list[dict], str, dict]:
+    """Execute the code cells in order in one IPython shell, going on after errors.
+
+    Returns (errors, timeout, namespace): errors as {"cell": number, "error": text}, cells numbered as JupyterLab
+    shows them (from 1, every cell counted); timeout says which cell ran out of time ("" if none did).
+    """
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
     errors = []
-    for index, cell in enumerate(notebook.get("cells", [])):
+    for number, cell in enumerate(notebook.get("cells", []), start=1):
         if cell.get("cell_type") != "code":
             continue
         source = cell.get("source", "")
         source = "".join(source) if isinstance(source, list) else str(source)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            errors.append({"cell": index, "error": "not run: the notebook's time for cells was used up"})
-            break
-        signal.setitimer(signal.ITIMER_REAL, remaining)
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, max(deadline - started, 1e-3))
         try:
             result = shell.run_cell(source, store_history=False)
-        except CellTimeout:
-            result = None
-            errors.append({"cell": index, "error": "CellTimeout: the cell ran past the time limit"})
+            error = None if result.success else (result.error_in_exec or result.error_before_exec)
+        except CellTimeout as raised:  # the alarm can also fire outside the cell's own code
+            error = raised
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        if result is not None and not result.success:
-            error = result.error_in_exec or result.error_before_exec
-            errors.append({"cell": index, "error": _short(f"{type(error).__name__}: {error}")})
-    return errors, shell.user_ns
+        if isinstance(error, CellTimeout):
+            seconds = time.monotonic() - started
+            timeout = f"cell {number} timed out after {seconds:.0f} s; the cells after it did not run"
+            errors.append({"cell": number, "error": timeout})
+            return errors, timeout, shell.user_ns
+        if error is not None:
+            errors.append({"cell": number, "error": _short(f"{type(error).__name__}: {error}")})
+    return errors, "", shell.user_ns
 
 
 def main(job_dir: str) -> int:
@@ -77,7 +82,7 @@ def main(job_dir: str) -> int:
     start = time.monotonic()
     cells_deadline = start + job["cell_seconds"]
     notebook = json.loads(Path("submission.ipynb").read_text())
-    cell_errors, namespace = _run_cells(notebook, cells_deadline)
+    cell_errors, timeout, namespace = _run_cells(notebook, cells_deadline)
     sys.stdout.flush()
     exercise_parts = {part.grade_id: part for part in _parts(job["exercise"])}
     with np.load(job_path / "cases.npz", allow_pickle=False) as stored:
@@ -88,8 +93,9 @@ def main(job_dir: str) -> int:
         part = exercise_parts[grade_id]
         missing = [name for name in part.functions if not callable(namespace.get(name))]
         if missing:
+            why = timeout or "did the cell that defines it raise an error? (see the errors below)"
             part_errors[grade_id] = (f"{', '.join(missing)} is not defined as a function after running the "
-                                     "notebook (was its cell run without errors?)")
+                                     f"notebook: {why}")
             continue
         functions = {name: namespace[name] for name in part.functions}
         remaining = job["deadline_seconds"] - (time.monotonic() - start)

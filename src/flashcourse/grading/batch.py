@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import datetime
+import hashlib
+import io
 import json
 import os
 import re
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -29,13 +32,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import EXERCISES, parts
+from . import EXERCISES, _processes, parts
 from ._core import Case
+from .release import strip_solutions
 
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # the most the child's outputs file may hold
 MAX_LOG_BYTES = 64 * 1024 * 1024  # the child cannot write files larger than this (prints included)
 MAX_FEEDBACK = 1500  # characters of one message in a feedback file
 SHORT_NAMES = {short: name for name, short in EXERCISES.items()}
+
+# Workers running now, and the grader's own children from before grading: the processes end_strays must spare.
+_PROCESSES_LOCK = threading.Lock()
+_live_workers: set[int] = set()
+_grader_children: set[int] = set()
 
 
 # --------------------------------------------------------------------------------------------- cases on disk
@@ -107,16 +116,52 @@ def exercise_of(path: Path, notebook: dict | None, forced: str | None) -> str | 
     return name if name in EXERCISES else None
 
 
-def student_of(path: Path) -> str:
-    """The student's id: the folder name when the file is named after the exercise (nbgrader's
-    submitted/<student>/<assignment>/ layout or <student>/ex01_...ipynb), else the file name without the
-    exercise part (alice_ex01.ipynb -> alice)."""
+def _owner_folder(path: Path) -> str | None:
+    """The nearest folder above the file that is not named after an exercise or an assignment (ps1, ex01_...)."""
+    folders = [p for p in path.resolve().parents if not re.fullmatch(r"ex\d\d(_\w+)?|ps\d+", p.name)]
+    return folders[0].name if folders and folders[0].name else None
+
+
+def student_of(path: Path, *, alone: bool = False) -> str:
+    """The student's id.
+
+    - a file named after the exercise and nothing else (``ex01_naive_attention.ipynb``): its folder's name
+      (nbgrader's submitted/<student>/<assignment>/ layout, or <student>/ex01_...ipynb);
+    - a file named after the exercise and something else: that something (``alice_ex01.ipynb`` -> alice);
+    - any other name (``homework.ipynb``): its folder's name when it is the only submission in that folder
+      (``alone``: gina/homework.ipynb -> gina), else the file name.
+    """
     stem = path.stem
     if re.fullmatch(r"ex\d\d(_\w+)?", stem):
-        folders = [p for p in path.resolve().parents if not re.fullmatch(r"ex\d\d(_\w+)?|ps\d+", p.name)]
-        return folders[0].name if folders and folders[0].name else stem
-    cleaned = re.sub(r"[_\-. ]*ex\d\d(_[a-z_]+)?[_\-. ]*", "_", stem).strip("_")
-    return cleaned or stem
+        return _owner_folder(path) or stem
+    if re.search(r"ex\d\d", stem):
+        cleaned = re.sub(r"[_\-. ]*ex\d\d(_[a-z_]+)?[_\-. ]*", "_", stem).strip("_")
+        return cleaned or stem
+    return (_owner_folder(path) if alone else None) or stem
+
+
+class DuplicateSubmissionError(ValueError):
+    """Two files resolve to the same student and exercise; grading both would let one overwrite the other."""
+
+
+def identify(paths: list[Path], forced: str | None = None) -> list[str]:
+    """The student id of every submission; raises DuplicateSubmissionError naming both files when two of them
+    resolve to one student and one exercise (their rows and feedback files would be one)."""
+    per_folder: dict[Path, int] = {}
+    for path in paths:
+        per_folder[path.resolve().parent] = per_folder.get(path.resolve().parent, 0) + 1
+    students = [student_of(path, alone=per_folder[path.resolve().parent] == 1) for path in paths]
+    seen: dict[tuple[str, str], Path] = {}
+    for path, student in zip(paths, students, strict=True):
+        exercise = exercise_of(path, _read_notebook(path)[0], forced) or "unknown"
+        key = (_safe_name(student), exercise)
+        if key in seen:
+            raise DuplicateSubmissionError(
+                f"{seen[key]} and {path} are both student {student!r}, exercise {exercise}: grading both would "
+                "overwrite one's grades with the other's. Pass one file per student and exercise (rename one, "
+                "or put each in a folder named after its student)")
+        seen[key] = path
+    return students
 
 
 def _safe_name(text: str) -> str:
@@ -124,14 +169,19 @@ def _safe_name(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- one submission
-def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> dict:
-    """The submission with its check cells replaced by the solution's (hidden tests included), matched by
-    nbgrader grade_id; code and markdown cells the learner wrote stay as they are."""
+def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> tuple[dict, str]:
+    """(the submission with its check cells replaced by the solution's, matched by nbgrader grade_id, a note).
+
+    Code and markdown cells the learner wrote stay as they are. The hidden tests are left out of the restored
+    check cells: the grader draws the graded inputs and judges them itself, in its own process. The note says
+    when there was no solution notebook to restore the check cells from ("" otherwise).
+    """
     source_path = (solutions / f"{exercise}.ipynb") if solutions else None
     if source_path is None or not source_path.exists():
-        return notebook
+        return notebook, (f"no solution notebook {source_path}: the submission's own check cells ran (the scores do "
+                          "not depend on them)" if source_path else "")
     source = json.loads(source_path.read_text())
-    checks = {c["metadata"]["nbgrader"]["grade_id"]: c for c in source["cells"]
+    checks = {c["metadata"]["nbgrader"]["grade_id"]: _without_hidden_tests(c) for c in source["cells"]
               if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
     cells = []
     for cell in notebook.get("cells", []):
@@ -139,7 +189,13 @@ def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> 
         grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
         cells.append(checks.pop(grade_id) if grade_id in checks else cell)
     cells += checks.values()  # check cells the learner deleted come back at the end
-    return {**notebook, "cells": cells}
+    return {**notebook, "cells": cells}, ""
+
+
+def _without_hidden_tests(cell: dict) -> dict:
+    source = cell.get("source", "")
+    source = "".join(source) if isinstance(source, list) else source
+    return {**cell, "source": strip_solutions(source, code=True, where=f"check cell {cell['metadata']['nbgrader']}")}
 
 
 def _tail(path: Path, limit: int = 1500) -> str:
@@ -167,6 +223,8 @@ def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], time
         process = subprocess.Popen([sys.executable, "-m", "flashcourse.grading._worker", str(job_dir)],
                                    cwd=work_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)
+        with _PROCESSES_LOCK:
+            _live_workers.add(process.pid)
         try:
             process.wait(timeout=timeout + 5)
             status = "graded" if process.returncode == 0 else f"the notebook's process ended with code " \
@@ -175,6 +233,12 @@ def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], time
             status = f"timed out after {timeout:g} s"
         finally:
             _kill_group(process)
+            with _PROCESSES_LOCK:
+                _live_workers.discard(process.pid)
+                keep = _live_workers | _grader_children
+            ended = _processes.end_strays(keep)
+            if ended:
+                status += f"; {ended} process(es) it started outlived it and were killed"
     outputs: dict = {}
     report: dict = {}
     out_path = job_dir / "outputs.npz"
@@ -241,19 +305,24 @@ def _judge(exercise: str, cases: dict[str, list[Case]], outputs: dict, report: d
     return results
 
 
-def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | None = None,
-                     solutions: Path | None = None) -> SubmissionResult:
-    """Grade one notebook; every failure of the submission becomes a status and zero points, never an error."""
-    start = time.monotonic()
-    result = SubmissionResult(student=student_of(path), exercise=None, file=str(path), status="")
-    notebook = None
+def _read_notebook(path: Path) -> tuple[dict | None, str]:
+    """(the notebook, "") or (None, what is wrong with the file)."""
     try:
         notebook = json.loads(path.read_bytes().decode("utf-8"))
         if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
             raise ValueError("no list of cells")
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        result.status = f"not a valid notebook ({type(error).__name__}: {str(error)[:200]})"
-        notebook = None
+        return None, f"not a valid notebook ({type(error).__name__}: {str(error)[:200]})"
+    return notebook, ""
+
+
+def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | None = None,
+                     solutions: Path | None = None, student: str | None = None) -> SubmissionResult:
+    """Grade one notebook; every failure of the submission becomes a status and zero points, never an error."""
+    start = time.monotonic()
+    result = SubmissionResult(student=student or student_of(path), exercise=None, file=str(path), status="")
+    notebook, problem = _read_notebook(path)
+    result.status = problem
     result.exercise = exercise_of(path, notebook, exercise)
     if result.exercise is None:
         result.status = result.status or "unknown exercise (name the file exNN_... or pass --exercise)"
@@ -269,7 +338,9 @@ def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | N
     job_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-job-"))
     work_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-run-"))
     try:
-        prepared = _prepare_notebook(notebook, result.exercise, solutions)
+        prepared, note = _prepare_notebook(notebook, result.exercise, solutions)
+        if note:
+            result.notes.append(note)
         status, outputs, report = _run_child(prepared, result.exercise, cases, timeout, job_dir, work_dir)
         result.status = status
         result.parts = _judge(result.exercise, cases, outputs, report)
@@ -296,10 +367,20 @@ def _cell(text) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
-def write_feedback(result: SubmissionResult, folder: Path) -> Path:
-    """A Markdown feedback file for one submission."""
+def write_atomically(path: Path, text: str) -> str:
+    """Write ``text`` to ``path`` through a temporary file and os.replace, so a reader sees the old file or the
+    new one, never half of one; return the SHA-256 of what was written."""
+    data = text.encode("utf-8")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_feedback(result: SubmissionResult, folder: Path) -> tuple[Path, str]:
+    """A Markdown feedback file for one submission: (its path, its SHA-256)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{_safe_name(result.student)}__{result.exercise or 'unknown'}.md"
+    path = folder / feedback_name(result.student, result.exercise)
     lines = [f"# Feedback: {result.student}, {result.exercise or 'unknown exercise'}", "",
              f"Score: **{result.points:g} / {result.max_points:g}**. Status: {result.status}.", ""]
     for grade_id, part in result.parts.items():
@@ -312,12 +393,16 @@ def write_feedback(result: SubmissionResult, folder: Path) -> Path:
         lines += ["```", *result.notes, "```", ""]
     lines += ["Scores come from what your functions returned on inputs you have not seen, compared with the "
               "reference; what the notebook prints is not read.", ""]
-    path.write_text("\n".join(lines))
-    return path
+    return path, write_atomically(path, "\n".join(lines))
 
 
-def write_tables(results: list[SubmissionResult], out: Path, meta: dict) -> None:
-    """DIR/grades.json and DIR/grades.csv, written from scratch (a file a submission put there is replaced)."""
+def feedback_name(student: str, exercise: str | None) -> str:
+    return f"{_safe_name(student)}__{exercise or 'unknown'}.md"
+
+
+def write_tables(results: list[SubmissionResult], out: Path, meta: dict) -> dict[str, str]:
+    """DIR/grades.json and DIR/grades.csv, written from scratch (a file a submission put there is replaced);
+    returns {file name: SHA-256}."""
     out.mkdir(parents=True, exist_ok=True)
     exercises = {}
     for name in sorted({r.exercise for r in results if r.exercise}):
@@ -327,42 +412,80 @@ def write_tables(results: list[SubmissionResult], out: Path, meta: dict) -> None
     payload = {**meta, "exercises": exercises,
                "submissions": [{**asdict(r), "parts": {k: asdict(v) for k, v in r.parts.items()}}
                                for r in results]}
-    (out / "grades.json").write_text(json.dumps(payload, indent=2) + "\n")
     part_ids = sorted({grade_id for r in results for grade_id in r.parts})
-    with open(out / "grades.csv", "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "exercise", "file", "status", "points", "max_points", *part_ids])
-        for r in results:
-            writer.writerow([_cell(r.student), r.exercise or "", _cell(r.file), _cell(r.status), f"{r.points:g}",
-                             f"{r.max_points:g}",
-                             *[f"{r.parts[g].points:g}" if g in r.parts else "" for g in part_ids]])
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["student", "exercise", "file", "status", "points", "max_points", *part_ids])
+    for r in results:
+        writer.writerow([_cell(r.student), r.exercise or "", _cell(r.file), _cell(r.status), f"{r.points:g}",
+                         f"{r.max_points:g}", *[f"{r.parts[g].points:g}" if g in r.parts else "" for g in part_ids]])
+    return {"grades.json": write_atomically(out / "grades.json", json.dumps(payload, indent=2) + "\n"),
+            "grades.csv": write_atomically(out / "grades.csv", table.getvalue())}
+
+
+def write_summary(out: Path, meta: dict, digests: dict[str, str]) -> str:
+    """DIR/summary.json: the SHA-256 of every table and feedback file the grader wrote; returns its own SHA-256,
+    which the grader prints, so that a later change to any of these files (summary included) shows."""
+    payload = {"seed": meta["seed"], "started": meta["started"], "sha256": dict(sorted(digests.items()))}
+    return write_atomically(out / "summary.json", json.dumps(payload, indent=2) + "\n")
 
 
 def grade_all(submissions: list[Path], out: Path, *, seed: int | None = None, timeout: float = 300,
               exercise: str | None = None, solutions: Path | None = None, jobs: int = 1,
               progress=sys.stderr) -> list[SubmissionResult]:
-    """Grade every submission, writing the tables after each one (so a stopped run keeps what it did)."""
+    """Grade every submission, writing the tables after each one (so a stopped run keeps what it did).
+
+    Raises DuplicateSubmissionError, before grading anything, when two files are one student's one exercise.
+    """
+    paths = [Path(p) for p in submissions]
+    students = identify(paths, exercise)
     seed = secrets.randbits(32) if seed is None else int(seed)
     if solutions is None and Path("solutions").is_dir():
         solutions = Path("solutions")
     meta = {"seed": seed, "timeout_s": timeout, "started": datetime.datetime.now(datetime.timezone.utc)
             .isoformat(timespec="seconds"), "solutions": str(solutions) if solutions else None}
-    results: list[SubmissionResult | None] = [None] * len(submissions)
-    print(f"grading {len(submissions)} submission(s), seed {seed}, time limit {timeout:g} s each", file=progress)
+    results: list[SubmissionResult | None] = [None] * len(paths)
+    digests: dict[str, str] = {}
+    writing = threading.Lock()
+    print(f"grading {len(paths)} submission(s), seed {seed}, time limit {timeout:g} s each", file=progress)
+    if solutions is None:
+        print("no solutions/ folder here and no --solutions DIR: check cells a student edited or deleted are not "
+              "restored (scores do not depend on them); run from the course folder or pass --solutions",
+              file=progress)
+    elif not solutions.is_dir():
+        print(f"--solutions {solutions} is not a folder: check cells are not restored (scores do not depend on "
+              "them)", file=progress)
+    if not _processes.supported():
+        print("this system cannot adopt a submission's detached processes (Linux only): grade in a container",
+              file=progress)
 
     def one(index: int) -> None:
-        path = Path(submissions[index])
-        result = grade_submission(path, seed=seed, timeout=timeout, exercise=exercise, solutions=solutions)
-        results[index] = result
-        write_feedback(result, out / "feedback")
-        done = sum(r is not None for r in results)
-        print(f"[{done}/{len(submissions)}] {result.student} ({result.exercise or '?'}): "
-              f"{result.points:g}/{result.max_points:g} points, {result.status}, {result.seconds:.1f} s",
-              file=progress, flush=True)
-        write_tables([r for r in results if r is not None], out, meta)
+        result = grade_submission(paths[index], seed=seed, timeout=timeout, exercise=exercise,
+                                  solutions=solutions, student=students[index])
+        with writing:
+            results[index] = result
+            path, digest = write_feedback(result, out / "feedback")
+            digests[f"feedback/{path.name}"] = digest
+            done = sum(r is not None for r in results)
+            print(f"[{done}/{len(paths)}] {result.student} ({result.exercise or '?'}): "
+                  f"{result.points:g}/{result.max_points:g} points, {result.status}, {result.seconds:.1f} s",
+                  file=progress, flush=True)
+            digests.update(write_tables([r for r in results if r is not None], out, meta))
+            write_summary(out, meta, digests)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(one, range(len(submissions))))
+    with _PROCESSES_LOCK:
+        _grader_children.clear()
+        _grader_children.update(_processes.descendants() if _processes.supported() else ())
+    was_adopting = _processes.adopt_orphans(True)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(one, range(len(paths))))
+        _processes.end_strays(_grader_children)
+    finally:
+        _processes.adopt_orphans(was_adopting)
     finished = [r for r in results if r is not None]
-    write_tables(finished, out, meta)
+    digests.update(write_tables(finished, out, meta))
+    summary = write_summary(out, meta, digests)
+    print(f"summary.json (SHA-256 of every file written) has SHA-256 {summary}: keep this line to check later that "
+          "no file changed", file=progress)
     return finished
