@@ -36,6 +36,31 @@ def test_memory_hierarchy():
     _check_labelled(plots.memory_hierarchy({"HBM": (80e9, 2000.0), "SRAM": (20e6, 19_000.0)}))
 
 
+def test_memory_capacities_draws_one_bar_per_level_and_gpu_at_its_size():
+    capacities = {"registers, one SM": {"A100": 262_144, "H100": 262_144},
+                  "L2 cache": {"A100": 40e6, "H100": 50e6}, "HBM": {"A100": 80e9, "H100": 80e9}}
+    fig = plots.memory_capacities(capacities)
+    _check_labelled(fig)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    widths = sorted(bar.get_width() for bar in ax.patches)
+    assert widths == sorted(v for per_gpu in capacities.values() for v in per_gpu.values())
+    labels = {text.get_text().strip() for text in ax.texts}
+    assert {"256 KB", "40.0 MB", "50.0 MB", "80 GB"} <= labels, labels
+
+
+def test_causal_alignment_draws_each_mask_and_outlines_rows_with_no_key():
+    top_left = reference.causal_mask(3, 8)
+    bottom_right = reference.causal_mask(8, 3, q_start=3 - 8)  # N_q > N_k: the first 5 queries see no key
+    fig = plots.causal_alignment({"top-left": top_left, "bottom-right": bottom_right})
+    _check_labelled(fig)
+    for ax, mask in zip(fig.axes, (top_left, bottom_right), strict=True):
+        grey = ax.images[0].get_array()[..., 0] > 0.9  # masked cells are light grey, allowed ones blue
+        np.testing.assert_array_equal(~grey, mask)
+    empty_rows = [p for p in fig.axes[1].patches if p.get_edgecolor()[0] > 0.8 and not p.get_fill()]
+    assert len(empty_rows) == 5 and not [p for p in fig.axes[0].patches if not p.get_fill()]
+
+
 def test_matrix_heatmaps_blank_out_masked_scores(rng):
     q, k = rng.standard_normal((2, 8, 4))
     scores = np.where(reference.causal_mask(8, 8), q @ k.T, -np.inf)

@@ -16,7 +16,9 @@ from matplotlib.ticker import MaxNLocator
 
 __all__ = [
     "bar_chart",
+    "causal_alignment",
     "matrix_heatmaps",
+    "memory_capacities",
     "memory_hierarchy",
     "memory_vs_n",
     "online_softmax_state",
@@ -94,6 +96,44 @@ def memory_hierarchy(levels: Mapping[str, tuple[float, float]], *,
     return fig
 
 
+def memory_capacities(capacities: Mapping[str, Mapping[str, float]], *,
+                      title: str = "GPU memory levels: capacity") -> Figure:
+    """Grouped horizontal bars on a log axis: the capacity in bytes of each memory level, one bar per GPU.
+
+    capacities: level name -> {GPU name -> bytes}; levels are drawn top to bottom in the order given.
+    """
+    levels = list(capacities)
+    gpus = list(dict.fromkeys(gpu for per_gpu in capacities.values() for gpu in per_gpu))
+    fig, (ax,) = _figure(7.5, 0.5 * len(levels) * max(1, len(gpus)) / 1.5 + 1.6)
+    height = 0.8 / len(gpus)
+    for g, gpu in enumerate(gpus):
+        # the first GPU on top within each level's group, as the legend lists them
+        ys = [len(levels) - 1 - row + ((len(gpus) - 1) / 2 - g) * height for row in range(len(levels))]
+        values = [capacities[level].get(gpu, np.nan) for level in levels]
+        bars = ax.barh(ys, values, height=height * 0.9, label=gpu)
+        for y, value in zip(ys, values, strict=True):
+            if np.isfinite(value):
+                ax.text(value, y, f" {_bytes(value)}", va="center", fontsize=7, color=bars.patches[0].get_facecolor())
+    ax.set_yticks(range(len(levels)), levels[::-1], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("capacity (bytes, log scale)")
+    ax.set_ylabel("memory level")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")  # the short bars of the per-SM levels leave that corner empty
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    ax.margins(x=0.25)
+    return fig
+
+
+def _bytes(value: float) -> str:
+    """A byte count in KB, MB or GB (powers of 1024 for KB, powers of 1000 above, as data sheets write them)."""
+    if value < 1e6:
+        return f"{value / 1024:,.0f} KB"
+    if value < 1e9:
+        return f"{value / 1e6:,.1f} MB"
+    return f"{value / 1e9:,.0f} GB"
+
+
 # --------------------------------------------------------------------------------------------- lesson 01
 def matrix_heatmaps(matrices: Mapping[str, np.ndarray], *, title: str, xlabel: str = "key index j",
                     ylabel: str = "query index i", colorbar_label: str = "value") -> Figure:
@@ -106,6 +146,37 @@ def matrix_heatmaps(matrices: Mapping[str, np.ndarray], *, title: str, xlabel: s
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         fig.colorbar(image, ax=ax, shrink=0.8, label=colorbar_label)
+    fig.suptitle(title)
+    return fig
+
+
+def causal_alignment(masks: Mapping[str, np.ndarray], *,
+                     title: str = "Causal masks when N_q != N_k: which keys each query sees") -> Figure:
+    """One panel per boolean (N_q, N_k) mask: allowed entries coloured, masked ones grey, one cell per entry.
+
+    masks: name -> boolean array, True where query i may attend to key j. A row with no allowed key is
+    outlined in red (its output is defined as 0).
+    """
+    fig, axes = _figure(3.2 * len(masks) + 0.6, 3.4, ncols=len(masks))
+    for ax, (name, mask) in zip(axes, masks.items(), strict=True):
+        mask = np.asarray(mask, dtype=bool)
+        n_q, n_k = mask.shape
+        colours = np.where(mask[..., None], np.array([0.42, 0.68, 0.84]), np.array([0.93, 0.93, 0.93]))
+        ax.imshow(colours, interpolation="nearest", extent=(-0.5, n_k - 0.5, n_q - 0.5, -0.5))
+        ax.set_xticks(np.arange(-0.5, n_k, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, n_q, 1), minor=True)
+        ax.grid(which="minor", color="white", linewidth=1)
+        ax.tick_params(which="minor", length=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        for row in np.flatnonzero(~mask.any(axis=1)):
+            ax.add_patch(Rectangle((-0.5, row - 0.5), n_k, 1, fill=False, edgecolor=_CURRENT, linewidth=1.5))
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(f"key index j (N_k = {n_k})")
+        ax.set_ylabel(f"query index i (N_q = {n_q})")
+    handles = [Patch(facecolor=(0.42, 0.68, 0.84), label="attends"), Patch(facecolor=(0.93, 0.93, 0.93),
+               label="masked"), Patch(facecolor="none", edgecolor=_CURRENT, label="row sees no key")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle(title)
     return fig
 
