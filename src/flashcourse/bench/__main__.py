@@ -6,6 +6,8 @@
     versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
+    ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
+                                           PyTorch's context parallel (bench/ring.py)
     table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
 
 Each GPU command validates before timing, prints a table and writes
@@ -83,6 +85,12 @@ def _softmax_cost(args) -> None:
     print(f"wrote {save_results('softmax-cost', rows, directory=args.out)}")
 
 
+def _ring(args) -> None:
+    from flashcourse.bench import ring
+
+    ring.main(args)
+
+
 def _table(args) -> None:
     from flashcourse.bench import summary, versions
 
@@ -121,11 +129,17 @@ def main(argv=None) -> None:
     table = sub.add_parser("table")
     table.add_argument("--results", type=Path, default=None, help="results folder (default benchmarks/results)")
     table.add_argument("--write", action="store_true", help="rewrite the table inside docs/KERNELS.md")
+    ring = sub.add_parser("ring", help="run with torchrun --nproc-per-node 2 -m flashcourse.bench ring")
+    ring.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
+    ring.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 65536 131072)")
+    ring.add_argument("--quick", action="store_true", help="N in {4096, 8192}, 3 repetitions: a smoke test")
+    ring.add_argument("--reps", type=int, default=10, help="timed repetitions per provider")
     args = parser.parse_args(argv)
     if args.command != "table":
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
                 "softmax-cost": _softmax_cost, "table": _table}
+    commands["ring"] = _ring
     commands[args.command](args)
 
 
