@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 from packaging.requirements import Requirement
@@ -74,11 +76,49 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_links_resolve():
-    import re
-
     readme = (ROOT / "README.md").read_text()
     targets = re.findall(r"\]\(([^)#]+)\)", readme)
     local = [t for t in targets if "://" not in t]
     assert len(local) > 20, "the syllabus links every lesson and exercise"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
+
+
+def test_a_checkout_reads_and_writes_course_files_in_place():
+    from flashcourse import bench, resources
+    from flashcourse.interview import evidence
+
+    results = ROOT / "benchmarks" / "results"
+    assert resources.checkout_root() == ROOT and resources.course_root() == ROOT
+    assert bench.results_dir() == resources.new_results_dir() == results
+    assert evidence.results_value(f"benchmarks/results/{next(results.glob('*.json')).name}", "meta.date")
+
+
+def test_installed_without_a_checkout(monkeypatch, tmp_path):
+    """As from a wheel: new runs go under the current folder, and a package that lacks its course files says how
+    to get them (the wheel test checks the real, installed case)."""
+    from flashcourse import resources
+    from flashcourse.bench.__main__ import main
+
+    monkeypatch.setattr(resources, "checkout_root", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    assert resources.new_results_dir() == tmp_path / "benchmarks" / "results"
+    # The checkout's src/flashcourse has no _data folder: only a built wheel does.
+    with pytest.raises(FileNotFoundError, match=r"_data .*Reinstall from the repository"):
+        resources.course_root()
+    with pytest.raises(SystemExit, match="run it in a clone of the repository"):
+        main(["table", "--write", "--results", str(ROOT / "benchmarks" / "results")])
+
+
+def test_only_resources_counts_parent_folders():
+    """Installed from a wheel, parents[3] of a module is not the repository: course files are found through
+    flashcourse.resources alone."""
+    allowed = {
+        "resources.py": "decides between the checkout and the wheel's copy",
+        "grading/_core.py": "lists its own package's source files (the grader's trust list), present in a wheel too",
+    }
+    package = ROOT / "src" / "flashcourse"
+    counting = {path.relative_to(package).as_posix() for path in package.rglob("*.py")
+                if re.search(r"parents\[|\.parent\.parent", path.read_text(encoding="utf-8"))}
+    assert counting - set(allowed) == set(), (
+        f"{sorted(counting - set(allowed))} count parent folders: find course files with flashcourse.resources")

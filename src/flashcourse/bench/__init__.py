@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flashcourse import resources
+
 __all__ = [
     "Timing",
     "attention_flops",
@@ -117,8 +119,9 @@ def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
 
 
 def results_dir() -> Path:
-    """``benchmarks/results`` of the repository this package was installed from (editable install)."""
-    return Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+    """Where recorded results are read: ``benchmarks/results`` of the checkout, or the copy a wheel ships
+    (:func:`flashcourse.resources.recorded_results_dir`)."""
+    return resources.recorded_results_dir()
 
 
 def environment_info() -> dict:
@@ -142,11 +145,13 @@ def environment_info() -> dict:
 
 
 def save_results(name: str, rows: list[dict], *, directory: Path | None = None, extra: dict | None = None) -> Path:
-    """Write ``rows`` with :func:`environment_info` to ``<directory>/<date>-<device>-<name>.json``."""
+    """Write ``rows`` with :func:`environment_info` to ``<directory>/<date>-<device>-<name>.json``; the default
+    directory is :func:`flashcourse.resources.new_results_dir` (the checkout's ``benchmarks/results``, or that
+    folder under the current one when installed from a wheel)."""
     meta = environment_info()
     if extra:
         meta.update(extra)
-    directory = Path(directory) if directory is not None else results_dir()
+    directory = Path(directory) if directory is not None else resources.new_results_dir()
     directory.mkdir(parents=True, exist_ok=True)
     device = "".join(c if c.isalnum() else "-" for c in meta["device"]).strip("-").lower()
     path = directory / f"{meta['date']}-{device}-{name}.json"

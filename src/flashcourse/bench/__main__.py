@@ -6,12 +6,14 @@
     versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
+    overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs SDPA
     ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
                                            PyTorch's context parallel (bench/ring.py)
     table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
 
 Each GPU command validates before timing, prints a table and writes
-``<out>/<date>-<device>-<what>.json`` (default ``benchmarks/results``) and, for attention and decode, a plot.
+``<out>/<date>-<device>-<what>.json`` and, for attention and decode, a plot. The default ``--out`` is
+``benchmarks/results`` of the checkout; installed from a wheel, ``benchmarks/results`` under the current folder.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from flashcourse import resources
 from flashcourse.bench import results_dir, save_results
 
 
@@ -27,7 +30,7 @@ def _need_gpu() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("this benchmark needs a CUDA GPU; the recorded results are in benchmarks/results/")
+        sys.exit(f"this benchmark needs a CUDA GPU; the recorded results are in {results_dir()}")
 
 
 def _attention(args) -> None:
@@ -85,6 +88,13 @@ def _softmax_cost(args) -> None:
     print(f"wrote {save_results('softmax-cost', rows, directory=args.out)}")
 
 
+def _overhead(args) -> None:
+    from flashcourse.bench import overhead
+
+    rows = overhead.run()
+    print(f"wrote {save_results('overhead', rows, directory=args.out)}")
+
+
 def _ring(args) -> None:
     from flashcourse.bench import ring
 
@@ -99,7 +109,10 @@ def _table(args) -> None:
         print(text)
         print(summary.readme_section(args.results))
         return
-    root = Path(__file__).resolve().parents[3]
+    root = resources.checkout_root()
+    if root is None:
+        sys.exit("table --write rewrites README.md and docs/KERNELS.md of a checkout, and this flashcourse is "
+                 "installed from a wheel: run it in a clone of the repository after `pip install -e .`")
     doc = root / "docs" / "KERNELS.md"
     doc.write_text(summary.replace_between(doc.read_text(), "<!-- versions-table:start -->",
                                            "<!-- versions-table:end -->", "\n" + text))
@@ -113,9 +126,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashcourse.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("attention", "decode", "versions", "tune", "softmax-cost"):
+    for name in ("attention", "decode", "versions", "tune", "softmax-cost", "overhead"):
         p = sub.add_parser(name)
-        p.add_argument("--out", type=Path, default=results_dir(), help="folder for the JSON and the plot")
+        p.add_argument("--out", type=Path, default=resources.new_results_dir(),
+                       help="folder for the JSON and the plot (default: %(default)s)")
         p.add_argument("--n", type=int, nargs="+", help="sequence lengths")
     att = sub.choices["attention"]
     att.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
@@ -138,7 +152,7 @@ def main(argv=None) -> None:
     if args.command != "table":
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
-                "softmax-cost": _softmax_cost, "table": _table}
+                "softmax-cost": _softmax_cost, "overhead": _overhead, "table": _table}
     commands["ring"] = _ring
     commands[args.command](args)
 

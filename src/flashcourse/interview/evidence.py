@@ -14,6 +14,9 @@ An answer in the question bank that quotes a number must carry the evidence that
 - ``{paper: TITLE, section: WHERE, value: X}``: a figure reported in a paper or blog post (cited, not
   recomputed: we cannot rerun the authors' H100 measurements).
 
+Paths (``notebooks/...``, ``benchmarks/results/...``) are relative to :func:`flashcourse.resources.course_root`:
+the checkout, or the copy of those folders that a wheel ships.
+
 Every kind may carry ``quote``: the number exactly as the answer writes it (``"740"``, ``"2.30"``, ``"16"``).
 :func:`quote_matches` accepts it when the evidence's value rounds to it at the precision the quote is written
 with.
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import bench, iomodel, reference, tiled, tolerance
+from .. import bench, iomodel, reference, resources, tiled, tolerance
 
 __all__ = [
     "COMPUTE",
@@ -51,7 +54,6 @@ __all__ = [
     "memory_saved_ratio",
     "notebook_cell",
     "quote_matches",
-    "repo_root",
     "rescale_time_share",
     "resolve_key",
     "results_value",
@@ -63,11 +65,6 @@ __all__ = [
 
 class EvidenceError(LookupError):
     """An evidence reference that does not resolve: a missing file, cell tag, key or compute function."""
-
-
-def repo_root() -> Path:
-    """The repository this package was installed from (editable install): notebooks/ and benchmarks/ live there."""
-    return Path(__file__).resolve().parents[3]
 
 
 # ------------------------------------------------------------------------------------------- computed numbers
@@ -205,11 +202,11 @@ def compute(name: str, args: dict | None = None) -> float:
 
 # ------------------------------------------------------------------------------------------- references
 def notebook_cell(notebook: str, cell_tag: str, *, root: Path | None = None) -> dict:
-    """The code cell of ``notebook`` (a path from the repository root) whose ``metadata.tags`` holds ``cell_tag``.
+    """The code cell of ``notebook`` (a path from the course root) whose ``metadata.tags`` holds ``cell_tag``.
 
     Raises EvidenceError when the notebook or the tag is missing, or when two cells carry the tag.
     """
-    path = (root or repo_root()) / notebook
+    path = (root or resources.course_root()) / notebook
     if not path.is_file():
         raise EvidenceError(f"notebook {notebook} does not exist (looked at {path})")
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
@@ -258,8 +255,8 @@ def resolve_key(data, key: str):
 
 
 def results_value(results: str, key: str, *, root: Path | None = None):
-    """The value at ``key`` in the committed result file ``results`` (a path from the repository root)."""
-    path = (root or repo_root()) / results
+    """The value at ``key`` in the committed result file ``results`` (a path from the course root)."""
+    path = (root or resources.course_root()) / results
     if not path.is_file():
         raise EvidenceError(f"results file {results} does not exist (looked at {path})")
     return resolve_key(json.loads(path.read_text(encoding="utf-8")), key)
