@@ -25,6 +25,7 @@ EXERCISES = {
     "ex07_triton_forward": "ex07",
     "ex08_triton_backward": "ex08",
     "ex09_decode_combine": "ex09",
+    "ex11_ring_schedule": "ex11",
 }
 
 # check function name -> module that defines it; modules load on first use (the Triton ones import torch).
@@ -39,6 +40,7 @@ _CHECKS = {
     "check_flash_forward_triton": "ex07", "check_flash_forward_triton_causal": "ex07",
     "check_dkdv_triton_dv": "ex08", "check_dkdv_triton_dk": "ex08", "check_dkdv_triton_causal": "ex08",
     "check_combine_partials": "ex09", "check_split_kv_attention": "ex09", "check_combine_triton": "ex09",
+    "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
 }
 
 __all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "parts", "run_check", *_CHECKS]
