@@ -125,3 +125,24 @@ def test_each_lesson_links_its_exercise_and_every_exercise_link_resolves():
     for path in lessons:
         for link in re.findall(r"\.\./exercises/([\w.-]+\.ipynb)", path.read_text()):
             assert (ROOT / "exercises" / link).exists(), f"{path.name} links a missing exercise: {link}"
+
+
+def test_a_failing_check_shows_its_cell_not_the_grader_and_keep_going_spares_only_the_visible_checks(tmp_path):
+    stub = "def attention_scores(q, k, scale=None):\n    raise NotImplementedError('fill me in')"
+    check = "grading.check_attention_scores(attention_scores)"
+    hidden = ("from flashcourse.grading.fresh_judge import hidden_test\n"
+              "hidden_test('ex01_a', attention_scores=attention_scores)")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
+        "from flashcourse import grading", stub, check, "grading.keep_going()", check, hidden)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "keep_going.ipynb"
+    nbformat.write(nb, path)
+    cells = _execute(path, allow_errors=True).cells
+    errors = [[out for out in cell.outputs if out.output_type == "error"] for cell in cells]
+    assert [bool(e) for e in errors] == [False, False, True, False, False, True]
+    shown = "\n".join(errors[2][0].traceback)
+    assert "not implemented yet" in shown and check in shown
+    assert "_core.py" not in shown and "run_check" not in shown
+    printed = "".join(out.get("text", "") for out in cells[4].outputs)
+    assert "FAILED (NotImplementedYet)" in printed and "not implemented yet" in printed
+    assert errors[5][0].ename == "NotImplementedYet"  # the hidden test ignores keep_going

@@ -200,6 +200,26 @@ def _combine_np(o_parts, lse_parts, *, weights="right"):
     return (w[..., None] * o_parts).sum(0) / w.sum(0)[..., None], m + np.log(w.sum(0))
 
 
+def _combine_shifted_by_min(o_parts, lse_parts):
+    """Shifts by the smallest finite lse instead of the largest: right until the partials lie ~709 apart."""
+    m = np.where(np.isneginf(lse_parts), np.inf, lse_parts).min(axis=0)
+    w = np.exp(lse_parts - m)
+    return (w[..., None] * o_parts).sum(0) / w.sum(0)[..., None], m + np.log(w.sum(0))
+
+
+def _split_kv_shifted_by_min(q, k, v, num_splits):
+    o_parts, lse_parts = [], []
+    for kc, vc in zip(np.array_split(k, num_splits, axis=1), np.array_split(v, num_splits, axis=1), strict=True):
+        s = np.einsum("hd,hnd->hn", q, kc) / np.sqrt(q.shape[-1])
+        m = s.max(axis=1, initial=-np.inf)
+        m = np.where(np.isneginf(m), 0.0, m)  # an empty split: (o, lse) = (0, -inf), as it should
+        p = np.exp(s - m[:, None])
+        l = p.sum(1)
+        o_parts.append(np.einsum("hn,hnd->hd", p, vc) / np.where(l > 0, l, 1.0)[:, None])
+        lse_parts.append(m + np.log(l))
+    return _combine_shifted_by_min(np.stack(o_parts), np.stack(lse_parts))[0]
+
+
 def _split_averaged(q, k, v, num_splits):
     parts = [_softmax_np(np.einsum("hd,hnd->hn", q, kc) / np.sqrt(q.shape[-1])).astype(np.float64)[:, :, None] * vc
              for kc, vc in zip(np.array_split(k, num_splits, axis=1), np.array_split(v, num_splits, axis=1),
@@ -221,7 +241,11 @@ EX09 = {
     "combine: calls reference.merge_partials": (grading.check_combine_partials,
                                                 lambda o, lse: reference.merge_partials(o[0], lse[0], o[1], lse[1])
                                                 if len(o) > 1 else (o[0], lse[0]), "merge_partials"),
+    "combine: shifted by the smallest lse": (grading.check_combine_partials, _combine_shifted_by_min,
+                                             "largest lse_s", "not the smallest"),
     "split-KV: outputs averaged": (grading.check_split_kv_attention, _split_averaged, "averaged"),
+    "split-KV: combine shifted by the smallest lse": (grading.check_split_kv_attention, _split_kv_shifted_by_min,
+                                                      "not the smallest"),
     "triton combine: not rescaled": (grading.check_combine_triton, _triton_mean, "averaged without their weights"),
 }
 
@@ -257,6 +281,16 @@ def test_a_real_kernel_with_padding_loaded_as_zero_is_diagnosed(tmp_path):
     module = _solution_module("ex06_triton_softmax", tmp_path,
                               {'mask=in_row, other=-float("inf"))': "mask=in_row, other=0.0)"})
     _rejects(grading.check_triton_softmax, module.softmax_rows, "other=-float('inf')")
+
+
+@pytest.mark.slow
+def test_a_real_combine_kernel_that_shifts_by_the_smallest_lse_is_rejected(tmp_path):
+    first_loop = "m = tl.maximum(m, tl.load(LSE_PARTS + split * n_rows + row))"
+    module = _solution_module("ex09_decode_combine", tmp_path, {
+        'm = tl.full([], -float("inf"), tl.float32)': 'm = tl.full([], float("inf"), tl.float32)',
+        first_loop: "lse_s = tl.load(LSE_PARTS + split * n_rows + row)\n"
+                    "        m = tl.where(lse_s > -float('inf'), tl.minimum(m, lse_s), m)  # empty splits skipped"})
+    _rejects(grading.check_combine_triton, module.combine_triton, "not the smallest")
 
 
 @pytest.mark.slow

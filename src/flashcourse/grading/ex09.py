@@ -18,9 +18,11 @@ def _expected(o_parts, lse_parts):
     return o, lse
 
 
-def _partials(rng, splits, rows, d, *, magnitude=1.0, empty=0.0, dtype=np.float64):
+def _partials(rng, splits, rows, d, *, magnitude=1.0, spread=0.0, empty=0.0, dtype=np.float64):
+    """Partial results of ``splits`` splits; ``magnitude`` moves every lse, ``spread`` moves each split's by up to
+    +-spread/2 (partials that far apart overflow exp(lse_s - M) unless M is the largest lse_s)."""
     o_parts = rng.standard_normal((splits, rows, d))
-    lse_parts = rng.standard_normal((splits, rows)) * 3 + magnitude
+    lse_parts = rng.standard_normal((splits, rows)) * 3 + magnitude + rng.uniform(-0.5, 0.5, (splits, rows)) * spread
     gone = rng.random((splits, rows)) < empty  # splits with no key at all: (o, lse) = (0, -inf)
     gone[0, gone.all(axis=0)] = False  # keep at least one non-empty split per row
     o_parts[gone] = 0.0
@@ -44,9 +46,16 @@ def _combine_variants(o_parts, lse_parts):
 def _combine_judge(case, out, dtype):
     o_parts, lse_parts = case["o_parts"], case["lse_parts"]
     o, lse = _expected(o_parts, lse_parts)
-    hint = mistakes.NO_MAX if np.abs(lse_parts[np.isfinite(lse_parts)]).max() > 80 else (
-        "a split with lse = -inf is empty and must get weight 0: subtract the max lse over the splits, which is "
-        "finite, instead of an -inf")
+    finite = lse_parts[np.isfinite(lse_parts)]
+    if np.ptp(finite) > 80:
+        hint = ("subtract the largest lse_s (the max over the splits), not the smallest: exp(lse_s - M) overflows "
+                "once the partial lse values differ by more than about 88 in float32 (709 in float64) unless every "
+                "lse_s - M <= 0")
+    elif np.abs(finite).max() > 80:
+        hint = mistakes.NO_MAX
+    else:
+        hint = ("a split with lse = -inf is empty and must get weight 0: subtract the max lse over the splits, "
+                "which is finite, instead of an -inf")
     compare("o", out["o"], o, dtype=dtype, nan_hint=hint, variants=_combine_variants(o_parts, lse_parts))
     compare("lse", out["lse"], lse, dtype=dtype, nan_hint=hint,
             variants=[("lse must be log(sum_s exp(lse_s)), not the largest lse_s",
@@ -58,13 +67,14 @@ def _combine_judge(case, out, dtype):
 
 def _numpy_cases(rng, hidden):
     cases = [_partials(rng, 1, 1, 4), _partials(rng, 2, 3, 8), _partials(rng, 4, 5, 16, empty=0.3),
-             _partials(rng, 3, 4, 8, magnitude=1000.0)]
+             _partials(rng, 3, 4, 8, magnitude=1000.0), _partials(rng, 4, 3, 8, spread=3000.0)]
     everything_empty = _partials(rng, 2, 3, 4)
     everything_empty["o_parts"][:, 1] = 0.0
     everything_empty["lse_parts"][:, 1] = -np.inf  # row 1 saw no key in any split: o = 0, lse = -inf
     cases.append(everything_empty)
     if hidden:
-        cases += [_partials(rng, 8, 16, 32, empty=0.5), _partials(rng, 5, 2, 64, magnitude=-900.0)]
+        cases += [_partials(rng, 8, 16, 32, empty=0.5), _partials(rng, 5, 2, 64, magnitude=-900.0),
+                  _partials(rng, 6, 8, 16, spread=5000.0, empty=0.3)]
     return cases
 
 
@@ -92,8 +102,14 @@ def _decode_cases(rng, hidden):
     sizes = [(1, 1, 4, 1), (2, 10, 8, 3), (3, 33, 16, 4), (2, 3, 8, 5)]  # more splits than keys: empty splits
     if hidden:
         sizes += [(4, 100, 32, 7), (1, 64, 16, 64)]
-    return [{"q": rng.standard_normal((h, d)), "k": rng.standard_normal((h, n, d)),
-             "v": rng.standard_normal((h, n, d)), "num_splits": splits} for h, n, d, splits in sizes]
+    cases = [{"q": rng.standard_normal((h, d)), "k": rng.standard_normal((h, n, d)),
+              "v": rng.standard_normal((h, n, d)), "num_splits": splits} for h, n, d, splits in sizes]
+    # Keys of the first split 30 times larger: its lse is about 1000 above the others', so a combine that
+    # shifts by the smallest partial lse overflows.
+    far_apart = {"q": rng.standard_normal((2, 8)) * 30, "k": rng.standard_normal((2, 12, 8)),
+                 "v": rng.standard_normal((2, 12, 8)), "num_splits": 3}
+    far_apart["k"][:, :4] *= 30
+    return cases + [far_apart]
 
 
 def _decode_run(fns, case):
@@ -110,8 +126,11 @@ def _decode_judge(case, out):
         parts = [reference.attention(q[:, None, :], kc, vc)[:, 0] for kc, vc in chunks if kc.shape[1]]
         return np.mean(parts, axis=0)
 
-    compare("o", out["o"], expected, dtype="float64",
-            nan_hint="an empty split (no keys) must be (o, lse) = (0, -inf), and combine must give it weight 0",
+    scores = np.einsum("hd,hnd->hn", q, k) / np.sqrt(q.shape[-1])
+    nan_hint = ("the splits' lse values lie far apart here: within a split subtract its max score, and in the "
+                "combine the largest lse_s, not the smallest (exp overflows otherwise)") if np.ptp(scores) > 80 else (
+        "an empty split (no keys) must be (o, lse) = (0, -inf), and combine must give it weight 0")
+    compare("o", out["o"], expected, dtype="float64", nan_hint=nan_hint,
             variants=[("the splits' outputs are averaged: combine them with their lse (your combine_partials)",
                        averaged)])
 
@@ -132,7 +151,8 @@ def check_split_kv_attention(split_kv_attention, *, hidden=False, seed=None):
 def _triton_cases(rng, hidden):
     cases = [_partials(rng, 1, 1, 16, dtype=np.float32), _partials(rng, 3, 5, 16, dtype=np.float32),
              _partials(rng, 4, 7, 32, empty=0.3, dtype=np.float32),
-             _partials(rng, 2, 3, 16, magnitude=300.0, dtype=np.float32)]
+             _partials(rng, 2, 3, 16, magnitude=300.0, dtype=np.float32),
+             _partials(rng, 3, 4, 16, spread=400.0, dtype=np.float32)]
     if hidden:
         cases += [_partials(rng, 8, 9, 64, empty=0.5, dtype=np.float32)]
     return cases
