@@ -143,7 +143,7 @@ def _compare_across_ranks(device: str, dtype_name: str) -> None:
     cases = [("ring", layout, causal) for layout in LAYOUTS for causal in (False, True)]
     cases += [("ulysses", "contiguous", causal) for causal in (False, True)]
     for method, layout, causal in cases:
-        expected = _attention_float64(q, k, v, do, causal)
+        expected = _attention_float64(*(x.to(dtype) for x in (q, k, v, do)), causal)  # the same rounded inputs
         local = [distributed.shard(x.to(device, dtype), layout=layout).requires_grad_() for x in (q, k, v)]
         if method == "ring":
             o = distributed.ring_attention(*local, causal=causal, layout=layout)
@@ -199,3 +199,41 @@ def test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed(cap
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         launch.run(_fail_on_rank_one, 2)
     assert "[rank 1] before the error" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ costs, figures
+def test_communication_volumes_per_rank():
+    from flashcourse.distributed import cost
+
+    shard = 1 * 16 * (1024 // 4) * 128 * 2  # one bf16 tensor's shard at N=1024 over 4 ranks
+    assert cost.ring_step_bytes(1, 16, 1024, 128, 4) == 2 * shard
+    assert cost.ring_bytes(1, 16, 1024, 128, 4) == 3 * 2 * shard == cost.allgather_kv_bytes(1, 16, 1024, 128, 4)
+    assert cost.ulysses_bytes(1, 16, 1024, 128, 4) == 4 * shard * 3 // 4
+    assert cost.ring_step_flops(1, 16, 1024, 128, 4) == 4.0 * 16 * 256**2 * 128 / 2
+
+
+def test_lesson_figures_have_titles_and_labelled_axes():
+    import matplotlib
+
+    matplotlib.use("agg")
+    from flashcourse import plots_distributed
+
+    figures = [plots_distributed.ring_schedule(3),
+               plots_distributed.step_time([4096, 65536], world=2, heads=16, head_dim=128, tflops=400, link_gbs=450)]
+    for fig in figures:
+        for ax in fig.axes:
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    assert "33%, 33%, 33%" in figures[0].axes[1].get_title()  # zigzag balances 3 ranks exactly
+
+
+def test_ring_benchmark_efficiency_and_table():
+    from flashcourse.bench import ring as ring_bench
+
+    rows = [{"provider": "one_gpu_ours", "n": 8, "gpus": 1, "status": "ok", "ms": 10.0},
+            {"provider": "ring_zigzag", "n": 8, "gpus": 2, "status": "ok", "ms": 5.5},
+            {"provider": "cp_sdpa_flash", "n": 8, "gpus": 2, "status": "error", "error": "ImportError: no"}]
+    ring_bench.add_efficiency(rows, world=2)
+    assert rows[1]["efficiency"] == pytest.approx(10.0 / 11.0)
+    assert "efficiency" not in rows[2]
+    table = ring_bench.format_table(rows)
+    assert "0.91" in table and "error (ImportError: no)" in table
