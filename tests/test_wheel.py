@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -87,8 +88,17 @@ def _output_text(cell) -> str:
     return "\n".join(parts)
 
 
+@pytest.fixture
+def venv():
+    """Where the fresh environment goes: removed after the test, since with torch and Triton it takes over 2 GB,
+    too much to leave among the test folders pytest keeps."""
+    with tempfile.TemporaryDirectory(prefix="flashcourse-wheel-") as folder:
+        yield Path(folder) / "venv"
+
+
 @pytest.mark.slow
-def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Path):
+@pytest.mark.notebooks
+def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Path, venv: Path):
     if sys.platform != "linux":
         _cannot_run(f"lesson 07 needs Triton, which ships for Linux only (this is {sys.platform})")
     if shutil.which("git") is None:
@@ -112,10 +122,15 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
     timings["build"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    # Nothing of this environment may leak in: a PYTHONPATH holding the checkout would make pip think flashcourse
+    # is installed already, and the kernel import it from there.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+               MPLBACKEND="module://matplotlib_inline.backend_inline")
+    _run([sys.executable, "-m", "venv", str(venv)], env=env)
     python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "--quiet", *_torch_requirement(), str(wheel), "nbclient", "ipykernel"])
+    _run([python, "-m", "pip", "install", "--quiet", *_torch_requirement(), str(wheel), "nbclient", "ipykernel"],
+         env=env)
     timings["install"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -126,9 +141,6 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
         nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
         nb.cells.append(nbformat.v4.new_code_cell(PROBE))
         nbformat.write(nb, lessons / name)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-               MPLBACKEND="module://matplotlib_inline.backend_inline")
     _run([python, "-c", DRIVER, KERNEL, *(str(lessons / name) for name in LESSONS)], cwd=lessons, env=env)
     timings["lessons"] = time.perf_counter() - start
     print("wheel test, seconds per stage:", {k: round(v) for k, v in timings.items()})
