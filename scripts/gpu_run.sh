@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What runs on the GPU machine (the `run` tool), from the repository root: one stage per call, each well
-# under 10 minutes. Results land in $OUT (at most 8 files come back); copy them into benchmarks/results/.
+# The course's GPU work, run from the repository root on a CUDA machine (PYTHONPATH=src, nothing installed):
+# one stage per invocation, each under 10 minutes. Results land in $OUT; copy them into benchmarks/results/.
+#   scripts/gpu_run.sh verify     pytest -m gpu, launch overhead, decode, softmax cost
 #   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
@@ -20,10 +21,18 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $OUT/N
     echo "=== $name took $((SECONDS - t0)) s (rc ${PIPESTATUS[0]})"
 }
 
+GPU_TESTS="tests/test_kernels_forward.py tests/test_kernels_backward.py tests/test_decode.py
+    tests/test_kernel_configs.py tests/test_ablation.py"
+
 case "${1:-check}" in
+verify)
+    stage pytest_gpu 300 $py -m pytest -m gpu -x -q -p no:cacheprovider $GPU_TESTS
+    stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
+    stage decode 90 $py -m flashcourse.bench decode --out "$OUT"
+    stage softmax_cost 90 $py -m flashcourse.bench softmax-cost --out "$OUT"
+    ;;
 check)
-    stage pytest_gpu 260 $py -m pytest -m gpu -x -q -p no:cacheprovider tests/test_kernels_forward.py \
-        tests/test_kernels_backward.py tests/test_decode.py
+    stage pytest_gpu 260 $py -m pytest -m gpu -x -q -p no:cacheprovider $GPU_TESTS
     stage tune 200 $py -m flashcourse.bench tune --out "$OUT" --n 8192
     stage decode_tune 90 $py -m flashcourse.bench decode --tune --out "$OUT"
     ;;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
 
 if not device.triton_available():
@@ -12,6 +12,19 @@ if not device.triton_available():
 from flashcourse.kernels import configs  # noqa: E402
 
 DEVICES = {name: configs.KNOWN_DEVICES[name] for name in ("T4", "A100", "RTX 4090", "H100", "H200")}
+# The opt-in shared memory per thread block of each chip, in KB, as NVIDIA's CUDA C++ Programming Guide lists it
+# per compute capability (7.5: 64, 8.0: 163, 8.9: 99, 9.0: 227). Written out here, independently of configs.
+DATA_SHEET_SMEM_KB = {"T4": 64, "A100": 163, "RTX 4090": 99, "H100": 227, "H200": 227}
+
+
+def tile_bytes(cfg, block_d, elem_bytes, resident_rows, streamed_rows):
+    """Bytes of the tiles a kernel keeps in shared memory: resident tiles once, streamed ones per stage."""
+    return elem_bytes * block_d * (resident_rows + cfg.num_stages * streamed_rows)
+
+
+def test_known_devices_match_the_data_sheet():
+    for name, props in DEVICES.items():
+        assert props.shared_memory_per_block == DATA_SHEET_SMEM_KB[name] * 1024, name
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
@@ -19,10 +32,11 @@ DEVICES = {name: configs.KNOWN_DEVICES[name] for name in ("T4", "A100", "RTX 409
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_config_fits_shared_memory(name, block_d, elem_bytes, causal):
-    props = DEVICES[name]
-    for cfg in (configs.forward_config(props, block_d, elem_bytes, causal=causal),
-                configs.baseline_forward_config(props, block_d, elem_bytes)):
-        assert configs.forward_smem_bytes(cfg, block_d, elem_bytes) <= props.shared_memory_per_block
+    limit = DATA_SHEET_SMEM_KB[name] * 1024
+    for cfg in (configs.forward_config(DEVICES[name], block_d, elem_bytes, causal=causal),
+                configs.baseline_forward_config(DEVICES[name], block_d, elem_bytes)):
+        # the Q tile stays; a K and a V tile arrive per pipeline stage
+        assert tile_bytes(cfg, block_d, elem_bytes, cfg.block_m, 2 * cfg.block_n) <= limit, (name, cfg)
         assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
         assert cfg.num_warps in (4, 8)
 
@@ -31,11 +45,30 @@ def test_forward_config_fits_shared_memory(name, block_d, elem_bytes, causal):
 @pytest.mark.parametrize("block_d", [16, 64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_configs_fit_and_nest(name, block_d, causal):
-    props = DEVICES[name]
-    dkdv, dq = configs.backward_config(props, block_d, 2, causal=causal)
+    limit = DATA_SHEET_SMEM_KB[name] * 1024
+    dkdv, dq = configs.backward_config(DEVICES[name], block_d, 2, causal=causal)
     assert dkdv.block_n % dkdv.block_m == 0 and dq.block_m % dq.block_n == 0
-    for cfg, resident, streamed in ((dkdv, dkdv.block_n, dkdv.block_m), (dq, dq.block_m, dq.block_n)):
-        assert 2 * block_d * (2 * resident + 2 * cfg.num_stages * streamed) <= props.shared_memory_per_block
+    # dK/dV keeps K and V of block_n rows and streams q and dO; dQ keeps q and dO and streams K and V
+    assert tile_bytes(dkdv, block_d, 2, 2 * dkdv.block_n, 2 * dkdv.block_m) <= limit, (name, dkdv)
+    assert tile_bytes(dq, block_d, 2, 2 * dq.block_m, 2 * dq.block_n) <= limit, (name, dq)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
+    """The proof the estimates above stand for: every kernel compiles and runs under the config chosen here."""
+    from flashcourse import kernels
+
+    dtype = getattr(torch, dtype)
+    q, k, v = (torch.randn(1, 2, 300, head_dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    for causal in (False, True):
+        for version in ("v3", "v6"):  # the textbook launch (v1-v3) and the tuned one (v4-v6)
+            kernels.flash_attention_forward(q, k, v, causal=causal, version=version)
+        kernels.flash_attention(q, k, v, causal=causal).sum().backward()
+    kernels.flash_decode(q[:, :, 0].detach(), k.detach(), v.detach())
+    torch.cuda.synchronize()
 
 
 def test_what_each_device_gets():

@@ -103,6 +103,8 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     q: (B, H, N_q, D); k, v: (B, H, N_kv, D) -> o (B, H, N_q, D). Gradients flow to q, k and v.
     """
     check_qkv(q, k, v)
-    _forward_version(forward_version)
+    forward = _forward_version(forward_version)
     _backward_version(backward_version)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return run_forward(forward, q, k, v, causal=causal, scale=scale)[0]  # inference: skip autograd's cost
     return FlashAttentionFunction.apply(q, k, v, causal, scale, forward_version, backward_version)

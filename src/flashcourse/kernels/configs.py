@@ -65,10 +65,11 @@ class KernelConfig:
 
 
 KB = 1024
+# Shared memory one thread block may opt in to (CUDA C++ Programming Guide, "Compute Capabilities" table).
 KNOWN_DEVICES: dict[str, DeviceProps] = {
     "T4": DeviceProps("Tesla T4", (7, 5), 64 * KB, 40),
-    "A100": DeviceProps("NVIDIA A100-SXM4-80GB", (8, 0), 164 * KB, 108),
-    "RTX 4090": DeviceProps("NVIDIA GeForce RTX 4090", (8, 9), 100 * KB, 128),
+    "A100": DeviceProps("NVIDIA A100-SXM4-80GB", (8, 0), 163 * KB, 108),
+    "RTX 4090": DeviceProps("NVIDIA GeForce RTX 4090", (8, 9), 99 * KB, 128),
     "H100": DeviceProps("NVIDIA H100 80GB HBM3", (9, 0), 227 * KB, 132),
     "H200": DeviceProps("NVIDIA H200", (9, 0), 227 * KB, 132),
 }
@@ -122,6 +123,7 @@ def _first_fitting(candidates, props: DeviceProps, block_d: int, elem_bytes: int
     return KernelConfig(16, 16, 4, 1)  # tiny tiles always fit; slow, but it runs
 
 
+@functools.cache  # asked on every launch; a pure function of hashable arguments
 def baseline_forward_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
     """The textbook launch that versions v1-v3 use: 64x64 tiles, 4 warps, 2 stages, whatever the device."""
     if props.interpreter:
@@ -130,6 +132,7 @@ def baseline_forward_config(props: DeviceProps, block_d: int, elem_bytes: int) -
                           props, block_d, elem_bytes)
 
 
+@functools.cache  # asked on every launch; a pure function of hashable arguments
 def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False) -> KernelConfig:
     """The tuned forward launch for a device, padded head dim ``block_d`` and element size in bytes.
 
@@ -157,6 +160,7 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
     return _first_fitting(candidates, props, block_d, elem_bytes)
 
 
+@functools.cache  # asked on every launch; a pure function of hashable arguments
 def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
                     ) -> tuple[KernelConfig, KernelConfig]:
     """Launches of the two backward kernels: (dK/dV kernel, dQ kernel).
@@ -187,6 +191,7 @@ def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal
     return chosen_dkdv, chosen_dq
 
 
+@functools.cache  # asked on every launch; a pure function of hashable arguments
 def decode_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
     """Decode launch: block_m is the padded number of query heads per KV head (set by the caller),
     block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay."""
