@@ -7,6 +7,7 @@
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
     overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs SDPA
+    profile   [--out DIR]                  proton: each kernel's share of a forward + backward step
     ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
                                            PyTorch's context parallel (bench/ring.py)
     table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
@@ -101,6 +102,13 @@ def _ring(args) -> None:
     ring.main(args)
 
 
+def _profile(args) -> None:
+    from flashcourse.bench import profile
+
+    rows = profile.run()
+    print(f"wrote {save_results('profile', rows, directory=args.out)}")
+
+
 def _table(args) -> None:
     from flashcourse.bench import summary, versions
 
@@ -126,7 +134,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashcourse.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("attention", "decode", "versions", "tune", "softmax-cost", "overhead"):
+    for name in ("attention", "decode", "versions", "tune", "softmax-cost", "overhead", "profile"):
         p = sub.add_parser(name)
         p.add_argument("--out", type=Path, default=resources.new_results_dir(),
                        help="folder for the JSON and the plot (default: %(default)s)")
@@ -152,7 +160,8 @@ def main(argv=None) -> None:
     if args.command != "table":
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
-                "softmax-cost": _softmax_cost, "overhead": _overhead, "table": _table}
+                "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile,
+                "table": _table}
     commands["ring"] = _ring
     commands[args.command](args)
 
