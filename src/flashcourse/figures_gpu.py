@@ -14,7 +14,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["loss_curves", "newest_per_shape", "shape_label", "version_rates", "version_speeds", "versions_markdown"]
+__all__ = ["loss_curves", "newest_per_shape", "shape_label", "version_gains", "version_rates", "version_speeds",
+           "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 
@@ -63,6 +64,37 @@ def version_rates(rows: Sequence[Mapping], mode: str = "fwd") -> dict[str, dict[
             continue
         rates.setdefault(shape_label(row), {})[label] = float(row["tflops"])
     return rates
+
+
+def _geometric_mean(ratios: Sequence[float]) -> float:
+    return float(np.exp(np.mean(np.log(ratios))))
+
+
+def version_gains(runs: Sequence[Mapping[str, Mapping[str, float]]], versions: Sequence[str]) -> list[dict]:
+    """What each version bought over the one before it, run by run, beside what the same kernel measured twice.
+
+    runs: :func:`version_rates` of several runs. For each version after the first: ``gains[causal]``, one
+    geometric-mean gain over the previous version per run (shapes split into causal and not), and
+    ``rerun[causal]``, the geometric-mean ratio of the version to itself between the first two runs: how much
+    the same kernel moved from one run to the next, the noise a gain must beat; ``rerun_range[causal]``, the
+    smallest and largest of those per-shape ratios.
+    """
+    rows = []
+    for previous, name in zip(versions[:-1], versions[1:], strict=True):
+        row = {"version": name, "previous": previous, "gains": {False: [], True: []}, "rerun": {}, "rerun_range": {}}
+        for rates in runs:
+            for causal in (False, True):
+                ratios = [by[name] / by[previous] for shape, by in rates.items()
+                          if shape.endswith("causal") == causal and name in by and previous in by]
+                row["gains"][causal].append(_geometric_mean(ratios) - 1 if ratios else None)
+        if len(runs) >= 2:
+            for causal in (False, True):
+                ratios = [runs[1][shape][name] / by[name] for shape, by in runs[0].items()
+                          if shape.endswith("causal") == causal and name in by and name in runs[1].get(shape, {})]
+                row["rerun"][causal] = _geometric_mean(ratios) - 1 if ratios else None
+                row["rerun_range"][causal] = (min(ratios) - 1, max(ratios) - 1) if ratios else None
+        rows.append(row)
+    return rows
 
 
 def versions_markdown(rates: Mapping[str, Mapping[str, float]], *, source: str) -> str:

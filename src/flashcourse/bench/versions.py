@@ -139,6 +139,23 @@ def _tune_shape(shape: Shape, log) -> list[dict]:
     return rows
 
 
+def registry_markdown() -> str:
+    """Markdown: every numbered version, the kernel it launches, what it changed and what we predicted.
+    The same first columns as :func:`kernels_table`, from one place (:func:`_version_cells`)."""
+    from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
+
+    lines = ["| version | kernel | what changed | prediction |", "|---|---|---|---|"]
+    lines += [f"| {' | '.join(_version_cells('fwd', name, ver))} |" for name, ver in FORWARD_VERSIONS.items()]
+    lines += [f"| {' | '.join(_version_cells('bwd', name, ver))} |" for name, ver in BACKWARD_VERSIONS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _version_cells(mode: str, name: str, ver) -> list[str]:
+    kernel = f"`{ver.kernel_name}`" if hasattr(ver, "kernel_name") else "`_bwd_dkdv_kernel` + " + (
+        "atomics" if ver.atomic_dq else "`_bwd_dq_kernel`")
+    return [f"{mode} {name} {ver.title}", kernel, ver.changes, ver.prediction]
+
+
 def kernels_table(directory: Path | None = None) -> str:
     """Markdown: each version, what it changed, what we predicted and what the newest versions JSON measured."""
     from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
@@ -165,19 +182,19 @@ def kernels_table(directory: Path | None = None) -> str:
         f"Measured on {meta['device']}, {meta['date']}, torch {meta.get('torch')}, triton {meta.get('triton')}; "
         f"fp16, B=4, TFLOP/s (file `{Path(data['path']).name}`; `c` = causal).",
         "",
-        f"| version | what changed | prediction | {head} |",
-        "|---|---|---|" + "---|" * len(shapes),
+        f"| version | kernel | what changed | prediction | {head} |",
+        "|---|---|---|---|" + "---|" * len(shapes),
     ]
     for name, ver in FORWARD_VERSIONS.items():
         cells = " | ".join(fmt(rate("flashcourse", "fwd", s, forward_version=name)) for s in shapes)
-        lines.append(f"| fwd {name} {ver.title} | {ver.changes} | {ver.prediction} | {cells} |")
+        lines.append(f"| {' | '.join(_version_cells('fwd', name, ver))} | {cells} |")
     for provider in ("sdpa_flash", "sdpa_cudnn"):
         cells = " | ".join(fmt(rate(provider, "fwd", s)) for s in shapes)
-        lines.append(f"| fwd {provider} | reference, same run | | {cells} |")
+        lines.append(f"| fwd {provider} | | reference, same run | | {cells} |")
     for name, ver in BACKWARD_VERSIONS.items():
         cells = " | ".join(fmt(rate("flashcourse", "bwd", s, backward_version=name)) for s in shapes)
-        lines.append(f"| bwd {name} {ver.title} | {ver.changes} | {ver.prediction} | {cells} |")
+        lines.append(f"| {' | '.join(_version_cells('bwd', name, ver))} | {cells} |")
     for provider in ("sdpa_flash", "sdpa_cudnn"):
         cells = " | ".join(fmt(rate(provider, "bwd", s)) for s in shapes)
-        lines.append(f"| bwd {provider} | reference, same run | | {cells} |")
+        lines.append(f"| bwd {provider} | | reference, same run | | {cells} |")
     return "\n".join(lines) + "\n"
