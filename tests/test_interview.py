@@ -131,6 +131,8 @@ def test_validator_rejects_a_number_no_evidence_quotes():
 def test_validator_rejects_a_quote_missing_from_one_language():
     entry = _entry()
     entry["long"]["zh"] = entry["long"]["zh"].replace("5.6 倍", "若干倍")
+    for wrong in entry["wrong_answers"]:
+        wrong["correction"]["zh"] = wrong["correction"]["zh"].replace("5.6 倍", "若干倍")
     problems = interview.validate(_bank_with(entry))
     assert problems == ["entry why-fast (zh): evidence quotes 5.6 but the zh answer never states it"]
 

@@ -8,7 +8,7 @@ its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`)
 Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
 language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
 not count as a stated number: digits inside names (FA2, H100, FP8, 64K), exponents (N^2), single-digit counts
-(not followed by x, % or 倍), years and arXiv ids in citations, references such as "lesson 04", "section 3.1",
+(not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as "lesson 04", "section 3.1",
 "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate` reports every breach.
 """
 
@@ -46,10 +46,10 @@ ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 LABELS = {
     "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
-           "right_prefix": "Correction:", "cell": "cell", "results": "results", "computed": "computed by",
+           "right_prefix": "Correction:", "cell": "cell", "heading": "section", "results": "results", "computed": "computed by",
            "table": "| question | number | value held by the evidence | evidence |"},
     "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
-           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
+           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格", "heading": "小节",
            "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
 }
 
@@ -118,9 +118,9 @@ def text(field, lang: str) -> str:
 
 # ------------------------------------------------------------------------------------------- numbers
 _FORMULA = re.compile(r"`[^`]*`|\$[^$]*\$")
-_CITATION = re.compile(r"\b\d{4}\.\d{4,5}\b|\b20[0-2]\d\b")
+_CITATION = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{4}\.\d{4,5}\b|\b20[0-2]\d\b")
 _REFERENCE = re.compile(
-    r"(?:\blessons?|\bnotebooks?|\bsections?|§|\bAlgorithm|\bTheorem|\bProposition|\bFigure|\bTable|\bexercises?"
+    r"(?:\b[Ll]essons?|\b[Nn]otebooks?|\b[Ss]ections?|§|\bAlgorithm|\bTheorem|\bProposition|\bFigure|\bTable|\bexercises?"
     r"|\bissue|第)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
 )
 # A number, letters glued to it (a name when not "x"), and, looked ahead, a multiplier or percent sign, directly
@@ -175,6 +175,9 @@ def evidence_value(item: dict, *, root: Path | None = None):
 
     A notebook item with ``compute`` must name a function its tagged cell calls.
     """
+    if "notebook" in item and "heading" in item:
+        ev.notebook_heading(item["notebook"], item["heading"], root=root)
+        return None
     if "notebook" in item:
         cell = ev.notebook_cell(item["notebook"], item["cell_tag"], root=root)
         if "compute" in item:
@@ -186,6 +189,8 @@ def evidence_value(item: dict, *, root: Path | None = None):
         return None
     if "results" in item:
         value = ev.results_value(item["results"], item["key"], root=root)
+        if "divide_by" in item:
+            value = value / ev.results_value(item["results"], item["divide_by"], root=root)
         return value * item.get("multiply", 1) if "quote" in item else value
     if "compute" in item:
         return ev.compute(item["compute"], item.get("args"))
@@ -282,9 +287,12 @@ def evidence_label(item: dict, lang: str = "en") -> str:
     labels = LABELS[lang]
     if "notebook" in item:
         name = Path(item["notebook"]).name
+        if "heading" in item:
+            return f"[{name}](../{item['notebook']}), {labels['heading']} “{item['heading']}”"
         return f"[{name}](../{item['notebook']}), {labels['cell']} `{item['cell_tag']}`"
     if "results" in item:
-        return f"{labels['results']} `{item['results']}`, `{item['key']}`"
+        ratio = f" / `{item['divide_by']}`" if "divide_by" in item else ""
+        return f"{labels['results']} `{item['results']}`, `{item['key']}`{ratio}"
     if "compute" in item:
         args = ", ".join(f"{k}={v}" for k, v in (item.get("args") or {}).items())
         return f"{labels['computed']} `flashcourse.interview.evidence.{item['compute']}({args})`"

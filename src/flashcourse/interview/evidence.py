@@ -9,8 +9,13 @@ An answer in the question bank that quotes a number must carry the evidence that
   learner sees the number there. When it also has ``compute``, the tagged cell must call that same function
   (the test reads the cell's source), so the notebook and the bank cannot show different numbers without
   executing the notebook in the test.
+- ``{notebook: "notebooks/NN_x.ipynb", heading: TEXT}``: a pointer to a lesson's section, the markdown cell
+  whose heading line contains TEXT (for lessons whose cells carry no tags); it holds no number.
 - ``{results: "benchmarks/results/<file>.json", key: PATH}``: a value in a committed GPU result; PATH is dotted,
-  with ``name[3]`` for a list index or ``name[k=v,k2=v2]`` for the one list element whose fields match.
+  with ``name[3]`` for a list index or ``name[k=v,k2=v2]`` for the one list element whose fields match. With
+  ``divide_by: PATH2`` the item holds the ratio of the two values of that file (a speed against another one
+  measured in the same run); with ``multiply: X`` it is scaled (100 for a percentage, -100 for a cost that the
+  file records as a negative saving).
 - ``{paper: TITLE, section: WHERE, value: X}``: a figure reported in a paper or blog post (cited, not
   recomputed: we cannot rerun the authors' H100 measurements).
 
@@ -37,6 +42,20 @@ from .. import bench, iomodel, reference, resources, tiled, tolerance
 
 __all__ = [
     "COMPUTE",
+    "attention_gflop",
+    "backward_matmuls_over_forward",
+    "causal_tile_fraction",
+    "compute_time_us",
+    "decode_benchmark_page_size",
+    "decode_intensity",
+    "io_traffic_mb",
+    "kv_cache_gb",
+    "latent_cache_gb",
+    "paper_block_size",
+    "percent_more",
+    "ridge_point",
+    "standard_traffic_mb",
+    "transfer_time_us",
     "EvidenceError",
     "attention_matrix_bytes",
     "backward_over_forward",
@@ -53,6 +72,7 @@ __all__ = [
     "matmul_flops_per_score",
     "memory_saved_ratio",
     "notebook_cell",
+    "notebook_heading",
     "quote_matches",
     "rescale_time_share",
     "resolve_key",
@@ -74,12 +94,25 @@ def _random_qkv(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, 
 
 
 @functools.lru_cache(maxsize=64)
-def io_traffic(n: int, d: int, sram: int, algorithm: str = "flash") -> int:
+def io_traffic(n: int, d: int, sram: int, algorithm: str = "flash", block_q: int | None = None,
+               block_k: int | None = None) -> int:
     """HBM traffic (elements read + written) of one head of attention, (N, d) inputs, in an SRAM of M elements,
     counted by :func:`flashcourse.iomodel.simulate` (the counts do not depend on the data; cached, since the
-    bank quotes some of them more than once)."""
-    _, stats = iomodel.simulate(algorithm, *_random_qkv(n, d), sram=sram)
+    bank quotes some of them more than once). Block sizes default to the algorithm's rule for M."""
+    _, stats = iomodel.simulate(algorithm, *_random_qkv(n, d), sram=sram, block_q=block_q, block_k=block_k)
     return stats.total
+
+
+def io_traffic_mb(n: int, d: int, sram: int, algorithm: str = "flash", block_q: int | None = None,
+                  block_k: int | None = None, bytes_per_element: int = 2) -> float:
+    """:func:`io_traffic` in MB (10^6 bytes) at ``bytes_per_element`` (2: fp16 or bf16)."""
+    return io_traffic(n, d, sram, algorithm, block_q, block_k) * bytes_per_element / 1e6
+
+
+def standard_traffic_mb(batch: int, heads: int, n: int, d: int, bytes_per_element: int = 2) -> float:
+    """Bytes the standard three-step attention moves through HBM (:func:`flashcourse.bench.naive_attention_hbm_bytes`,
+    lesson 01's line-by-line count), in MB."""
+    return bench.naive_attention_hbm_bytes(batch, heads, n, d, bytes_per_element=bytes_per_element)["total"] / 1e6
 
 
 def io_traffic_ratio(n: int, d: int, sram: int) -> float:
@@ -99,6 +132,12 @@ def flash_block_size(sram: int, d: int, which: str = "block_k") -> int:
     if which not in ("block_q", "block_k"):
         raise ValueError(f'which must be "block_q" or "block_k", got {which!r}')
     return block_q if which == "block_q" else block_k
+
+
+def paper_block_size(sram: int, d: int) -> int:
+    """B_c as Algorithm 1 of the FlashAttention paper writes it, ``ceil(M / 4d)``, before any shrinking to fit
+    (compare :func:`flash_block_size`, the simulator's size after it checks that one step fits)."""
+    return -(-sram // (4 * d))
 
 
 def matmul_flops_per_score(d: int) -> float:
@@ -158,6 +197,80 @@ def backward_over_forward() -> float:
     return bench.BACKWARD_OVER_FORWARD
 
 
+def backward_matmuls_over_forward(recompute: bool = True) -> float:
+    """Matmul FLOPs of the backward over the forward's two: four products (dV, dP, dQ, dK) with P stored, five
+    when S = QK^T is recomputed; with recomputation this is :data:`flashcourse.bench.BACKWARD_OVER_FORWARD`."""
+    ratio = (4 + (1 if recompute else 0)) / 2
+    if recompute and ratio != bench.BACKWARD_OVER_FORWARD:
+        raise EvidenceError(f"bench.BACKWARD_OVER_FORWARD is {bench.BACKWARD_OVER_FORWARD}, the count gives {ratio}")
+    return ratio
+
+
+def percent_more(value: float, base: float) -> float:
+    """How many percent ``value`` is above ``base``: 100 (value / base - 1)."""
+    return 100.0 * (value / base - 1.0)
+
+
+def attention_gflop(batch: int, heads: int, n: int, d: int, causal: bool = False, mode: str = "fwd") -> float:
+    """Matmul GFLOPs (10^9) of attention, :func:`flashcourse.bench.attention_flops` (causal halves them)."""
+    return bench.attention_flops(batch, heads, n, d, causal=causal, mode=mode) / 1e9
+
+
+def compute_time_us(gflop: float, tflops: float) -> float:
+    """Microseconds to do ``gflop`` GFLOPs at ``tflops`` TFLOP/s."""
+    return gflop * 1e9 / (tflops * 1e12) * 1e6
+
+
+def transfer_time_us(mb: float, tbs: float) -> float:
+    """Microseconds to move ``mb`` MB at ``tbs`` TB/s."""
+    return mb * 1e6 / (tbs * 1e12) * 1e6
+
+
+def ridge_point(tflops: float, tbs: float) -> float:
+    """The Roofline model's ridge point: FLOPs per byte at which a kernel stops being memory-bound."""
+    return tflops / tbs
+
+
+def kv_cache_gb(layers: int, kv_heads: int, head_dim: int, tokens: int, batch: int = 1,
+                bytes_per_element: int = 2) -> float:
+    """KV cache in GB (10^9 bytes): 2 (K and V) x layers x KV heads x head dim x tokens x batch x bytes."""
+    return 2 * layers * kv_heads * head_dim * tokens * batch * bytes_per_element / 1e9
+
+
+def latent_cache_gb(layers: int, latent_dim: int, rope_dim: int, tokens: int, batch: int = 1,
+                    bytes_per_element: int = 2) -> float:
+    """MLA's cache in GB: one compressed latent (``latent_dim``) plus one shared RoPE key (``rope_dim``) per token
+    per layer, no separate K and V, no per-head copies."""
+    return layers * (latent_dim + rope_dim) * tokens * batch * bytes_per_element / 1e9
+
+
+def decode_intensity(q_heads: int, kv_heads: int, bytes_per_element: int = 2) -> float:
+    """FLOPs per byte of a decode step (one query token): each K and V row of d elements is read once and used
+    by the q_heads / kv_heads query heads of its group, 4 d FLOPs each, against 2 d elements read."""
+    return (4 * q_heads / kv_heads) / (2 * bytes_per_element)
+
+
+def causal_tile_fraction(n: int, block: int, kind: str = "computed") -> float:
+    """Under a causal mask, the fraction of the (N / block)^2 tiles that are computed (full or diagonal), or of one
+    ``kind`` ("full", "diagonal", "skipped"), from :func:`flashcourse.tiled.tile_schedule`."""
+    tiles = tiled.tile_schedule(n, n, block, block, causal=True)
+    kinds = ("full", "diagonal") if kind == "computed" else (kind,)
+    return sum(t.kind in kinds for t in tiles) / len(tiles)
+
+
+def decode_benchmark_page_size() -> int:
+    """The page size (rows) the decode benchmark's paged cache uses: ``PAGE_SIZE`` in
+    :mod:`flashcourse.bench.decode`, read from its source so that torch is not imported."""
+    import ast
+    from importlib import resources as importlib_resources
+
+    source = importlib_resources.files("flashcourse.bench").joinpath("decode.py").read_text(encoding="utf-8")
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PAGE_SIZE" for t in node.targets):
+            return int(ast.literal_eval(node.value))
+    raise EvidenceError("flashcourse/bench/decode.py defines no PAGE_SIZE")
+
+
 def attention_matrix_bytes(batch: int, heads: int, n: int, bytes_per_element: int = 2, unit: float = 1e9) -> float:
     """Bytes of one N x N matrix (P, kept for the backward without recomputation) per layer, in ``unit``s."""
     return batch * heads * n * n * bytes_per_element / unit
@@ -183,7 +296,10 @@ COMPUTE: dict[str, Callable[..., float]] = {
     for fn in (io_traffic, io_traffic_ratio, flash_traffic_growth, flash_block_size, matmul_flops_per_score,
                exp_time_over_matmul_time, rescale_time_share, flops_growth, tiled_is_exact, exp_overflow_at,
                throughput_ratio, sram_sum_mb, backward_over_forward, attention_matrix_bytes, lse_bytes,
-               memory_saved_ratio, decode_grid_fill)
+               memory_saved_ratio, decode_grid_fill, io_traffic_mb, standard_traffic_mb, paper_block_size,
+               backward_matmuls_over_forward, percent_more, attention_gflop, compute_time_us, transfer_time_us,
+               ridge_point, kv_cache_gb, latent_cache_gb, decode_intensity, causal_tile_fraction,
+               decode_benchmark_page_size)
 }
 
 
@@ -201,6 +317,22 @@ def compute(name: str, args: dict | None = None) -> float:
 
 
 # ------------------------------------------------------------------------------------------- references
+def notebook_heading(notebook: str, heading: str, *, root: Path | None = None) -> str:
+    """The heading line of ``notebook`` (a path from the course root) that contains ``heading``.
+
+    Raises EvidenceError when the notebook is missing or no markdown heading, or more than one, contains it.
+    """
+    path = (root or resources.course_root()) / notebook
+    if not path.is_file():
+        raise EvidenceError(f"notebook {notebook} does not exist (looked at {path})")
+    lines = [line.lstrip("# ").strip() for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
+             if cell["cell_type"] == "markdown"
+             for line in "".join(cell["source"]).splitlines() if line.startswith("#") and heading in line]
+    if len(lines) != 1:
+        raise EvidenceError(f"{notebook} has {len(lines)} headings containing {heading!r}; expected exactly one")
+    return lines[0]
+
+
 def notebook_cell(notebook: str, cell_tag: str, *, root: Path | None = None) -> dict:
     """The code cell of ``notebook`` (a path from the course root) whose ``metadata.tags`` holds ``cell_tag``.
 
