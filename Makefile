@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of PyTorch 2.13.0. Elsewhere, override: `make lab TORCH_SPEC=torch` or pass an index with
+# PyTorch 2.13.0, the default build pip picks for this platform (on Linux x86-64 that is the CUDA build unless
+# TORCH_PIP_ARGS points at the CPU index). Override: `make lab TORCH_SPEC=torch` or pass an index with
 # TORCH_PIP_ARGS="--index-url <PyTorch's CPU wheel index>" (see README, "CPU-only Linux").
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=

@@ -40,7 +40,7 @@ class Shape:
 def shape_grid(dtypes: Iterable[str] = tuple(DTYPES), seq_lens: Iterable[int] = SEQ_LENS,
                head_configs: Iterable[tuple[int, int]] = HEAD_CONFIGS, causals: Iterable[bool] = (False, True),
                batch: int = 4) -> list[Shape]:
-    """The issue's benchmark grid (or a subset of it)."""
+    """The benchmark's grid of shapes (or a subset of it)."""
     return [Shape(dt, batch, h, d, n, c) for dt in dtypes for h, d in head_configs for n in seq_lens
             for c in causals]
 

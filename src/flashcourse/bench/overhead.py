@@ -20,7 +20,7 @@ REPEATS = 5
 
 
 def providers() -> dict[str, Callable[[], object]]:
-    """Name -> a no-argument call, on the issue's fixed tiny inputs."""
+    """Name -> a no-argument call on the fixed tiny inputs of the module docstring."""
     from flashcourse import kernels
 
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -1,0 +1,84 @@
+"""The import rules docs/ARCHITECTURE.md states, checked on the source: layers point down, GPU code stays
+importable where Jupyter is not installed, and nothing but the command line reaches into the grader."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "flashcourse"
+NOTEBOOK_ONLY = {"ipywidgets", "IPython", "nbformat", "nbclient", "ipykernel"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function, relative imports made absolute."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if base.startswith("flashcourse"))
+    return found
+
+
+MODULES = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def ours(imports: set[str]) -> set[str]:
+    """Our modules named by an import set, as their top-level part under flashcourse (``kernels``, ``bench``...)."""
+    return {name.split(".")[1] for name in imports if name.startswith("flashcourse.") and name.count(".") >= 1}
+
+
+def in_package(prefix: str) -> dict[str, set[str]]:
+    return {name: deps for name, deps in MODULES.items() if name == prefix or name.startswith(prefix + ".")}
+
+
+def test_the_scan_sees_the_imports_it_judges():
+    assert "flashcourse.kernels.common" in MODULES["flashcourse.kernels.forward"]
+    assert "kernels" in ours(MODULES["flashcourse.bench.decode"])
+
+
+def test_reference_imports_nothing_of_ours():
+    assert ours(MODULES["flashcourse.reference"]) == set()
+
+
+@pytest.mark.parametrize("name", ["flashcourse.tiled", "flashcourse.iomodel", "flashcourse.precision"])
+def test_numpy_algorithms_build_only_on_reference(name):
+    assert ours(MODULES[name]) <= {"reference"}, f"{name} imports {ours(MODULES[name])}"
+
+
+def test_kernels_know_numpy_code_only_through_tests():
+    for name, deps in in_package("flashcourse.kernels").items():
+        assert ours(deps) <= {"kernels", "device"}, f"{name} imports {ours(deps) - {'kernels', 'device'}}"
+
+
+@pytest.mark.parametrize("package", ["flashcourse.kernels", "flashcourse.bench", "flashcourse.distributed"])
+def test_gpu_code_imports_no_notebook_package(package):
+    """The GPU machine has no Jupyter: what runs there must import without it."""
+    for name, deps in in_package(package).items():
+        top = {d.split(".")[0] for d in deps}
+        assert not top & NOTEBOOK_ONLY, f"{name} imports {top & NOTEBOOK_ONLY}"
+        assert not ours(deps) & {"widgets", "grading", "interview"}, f"{name} imports {ours(deps)}"
+
+
+def test_nothing_but_the_command_line_uses_the_grader():
+    users = {name for name, deps in MODULES.items() if "grading" in ours(deps)}
+    assert {u for u in users if not u.startswith("flashcourse.grading")} <= {"flashcourse.cli", "flashcourse.__main__"}
+
+
+def test_widgets_are_used_by_notebooks_only():
+    users = {name for name, deps in MODULES.items() if "widgets" in ours(deps) and name != "flashcourse.widgets"}
+    assert users == set(), f"{users} import flashcourse.widgets"
