@@ -14,8 +14,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-__all__ = ["loss_curves", "newest_per_shape", "shape_label", "version_gains", "version_rates", "version_speeds",
-           "versions_markdown"]
+__all__ = ["attention_grid", "loss_curves", "newest_per_shape", "shape_label", "version_gains", "version_rates",
+           "version_speeds", "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 
@@ -179,4 +179,32 @@ def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None =
     ax_diff.set_ylabel(f"|loss - loss of {names[0]}|")
     ax_diff.set_title("Difference per step")
     ax_diff.legend(fontsize=8)
+    return fig
+
+
+def attention_grid(rows: Sequence[Mapping], providers: Sequence[str], *, title: str) -> Figure:
+    """The attention benchmark's figure: TFLOP/s against N, one panel per (heads, head dim, pass, causal), one
+    line per provider; rows as ``flashcourse.bench.attention`` records them."""
+    panels = sorted({(r["heads"], r["head_dim"], r["mode"], r["causal"]) for r in rows if r["mode"] in ("fwd", "bwd")})
+    cols = 4
+    nrows = max(1, -(-len(panels) // cols))
+    fig = Figure(figsize=(4 * cols, 3.2 * nrows))
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    for ax, (heads, head_dim, mode, causal) in zip(axes.flat, panels, strict=False):
+        for provider in providers:
+            points = sorted((r["n"], r["tflops"]) for r in rows if r["provider"] == provider and r["heads"] == heads
+                            and r["head_dim"] == head_dim and r["mode"] == mode and r["causal"] == causal
+                            and r["status"] == "ok")
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=provider)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"H={heads} D={head_dim} {mode}{' causal' if causal else ''}")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TFLOP/s")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if panels:
+        axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
     return fig

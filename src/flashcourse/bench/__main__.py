@@ -47,7 +47,10 @@ def _attention(args) -> None:
                          on_shape=lambda rows: save_results(f"attention{args.tag}", rows, directory=args.out))
     print(attention.format_table(rows))
     path = save_results(f"attention{args.tag}", rows, directory=args.out)
-    attention.plot(rows, path.with_suffix(".png"), f"attention, B=4, {path.stem}")
+    from flashcourse import figures_gpu  # matplotlib only here: the benchmark itself runs without it
+
+    figure = figures_gpu.attention_grid(rows, attention.PROVIDERS, title=f"attention, B=4, {path.stem}")
+    figure.savefig(path.with_suffix(".png"), dpi=110)
     print(f"wrote {path} and {path.with_suffix('.png').name}")
 
 

@@ -207,37 +207,3 @@ def format_table(rows: list[dict], header: bool = True) -> str:
                          for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"))
         lines.append(f"{dt:9}{h:>4}{d:>5}{n:>7}{c!s:>7}{mode:>5}{cells}   {ratios}")
     return "\n".join(lines)
-
-
-def plot(rows: list[dict], path, title: str) -> None:
-    """TFLOP/s against N, one panel per (head config, mode, causal), one line per provider."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = sorted({(r["heads"], r["head_dim"], r["mode"], r["causal"]) for r in rows if r["mode"] in ("fwd", "bwd")})
-    if not panels:
-        return
-    cols = 4
-    nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
-    for ax, (h, d, mode, causal) in zip(axes.flat, panels, strict=False):
-        for p in PROVIDERS:
-            pts = sorted((r["n"], r["tflops"]) for r in rows if r["provider"] == p and r["heads"] == h
-                         and r["head_dim"] == d and r["mode"] == mode and r["causal"] == causal
-                         and r["status"] == "ok")
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=p)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"H={h} D={d} {mode}{' causal' if causal else ''}")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel("TFLOP/s")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
