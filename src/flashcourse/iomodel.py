@@ -11,11 +11,14 @@ Theorem 2): "standard" (S = QK^T written to HBM, softmax read and written, then 
 Theta(N d + N^2); "flash" (Algorithm 1, FA1's loop order: key blocks outside), whose traffic is
 Theta(N^2 d^2 / M); and "flash2" (FlashAttention-2, Dao 2023, Algorithm 1: query blocks outside, Q read and O
 written once, K and V re-read for every query block), also Theta(N^2 d^2 / M) with a smaller constant.
+
+The attention variants (``reference.attention``'s options) run through the same :class:`reference.AttentionRule`
+as the tiled code: the flash algorithms skip the tiles it hides entirely, so a sliding window's traffic grows with
+the window, not with N; the standard algorithm writes the whole masked S, whatever the mask.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,7 +184,18 @@ def flash_block_sizes(sram: int, d: int, n: int | None = None, *, order: str = "
 
 
 # ------------------------------------------------------------------------------------------------ algorithms
-def _standard(mem: Memory, *, causal: bool, scale: float, block_q: int | None, block_k: int | None) -> None:
+_B = _H = np.array(0)  # the simulator runs one head: batch 0, head 0 for the rule
+
+
+def _tile_scores(rule: reference.AttentionRule, q_blk, k_blk, scale: float, r: int, c: int,
+                 kind: str = "masked") -> np.ndarray:
+    """The scores of the tile whose first query is r and first key c, through the rule (masked unless full)."""
+    q_idx, kv_idx = np.arange(r, r + q_blk.shape[0])[:, None], np.arange(c, c + k_blk.shape[0])[None, :]
+    return rule.scores((q_blk @ k_blk.T) * scale, _B, _H, q_idx, kv_idx, mask=kind != "full")
+
+
+def _standard(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
+              block_k: int | None) -> None:
     """The three-step implementation: S = QK^T to HBM, P = softmax(S) to HBM, O = PV; each step blocked."""
     n, d = mem.shape("q")
     n_k = mem.shape("k")[0]
@@ -193,9 +207,7 @@ def _standard(mem: Memory, *, causal: bool, scale: float, block_q: int | None, b
         q_blk = mem.load("q", slice(r, r + b))
         for c in range(0, n_k, bk):
             k_blk = mem.load("k", slice(c, c + bk))
-            s = mem.hold((q_blk @ k_blk.T) * scale, "S tile")
-            if causal:
-                s[~reference.causal_mask(s.shape[0], s.shape[1], r, c)] = -np.inf
+            s = mem.hold(_tile_scores(rule, q_blk, k_blk, scale, r, c), "S tile")  # every tile, masked or not
             mem.store("s", s, slice(r, r + b), slice(c, c + bk))
             mem.free(k_blk, s)
         mem.free(q_blk)
@@ -221,7 +233,8 @@ def _standard(mem: Memory, *, causal: bool, scale: float, block_q: int | None, b
         mem.free(acc)
 
 
-def _flash(mem: Memory, *, causal: bool, scale: float, block_q: int | None, block_k: int | None) -> None:
+def _flash(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
+           block_k: int | None) -> None:
     """Algorithm 1 of FlashAttention: outer loop over K/V blocks, inner over Q blocks; O, l, m in HBM."""
     n, d = mem.shape("q")
     n_k = mem.shape("k")[0]
@@ -231,19 +244,18 @@ def _flash(mem: Memory, *, causal: bool, scale: float, block_q: int | None, bloc
     mem.hbm_alloc("o", (n, d_v))
     mem.hbm_alloc("l", (n,))
     mem.hbm_alloc("m", (n,), fill=-np.inf)
+    kinds = {r: rule.tile_kinds(_B, _H, r, min(r + br, n), bc) for r in range(0, n, br)}
     for c in range(0, n_k, bc):
         k_blk = mem.load("k", slice(c, c + bc), label="K_j")
         v_blk = mem.load("v", slice(c, c + bc), label="V_j")
         for r in range(0, n, br):
-            if causal and c > min(r + br, n) - 1:
-                continue  # the whole tile is above the diagonal
+            if kinds[r][c // bc] == "skipped":
+                continue  # the rule hides the whole tile: nothing loaded, nothing computed
             q_blk = mem.load("q", slice(r, r + br), label="Q_i")
             o_blk = mem.load("o", slice(r, r + br), label="O_i")
             l_blk = mem.load("l", slice(r, r + br), label="l_i")
             m_blk = mem.load("m", slice(r, r + br), label="m_i")
-            s = mem.hold((q_blk @ k_blk.T) * scale, "S_ij")
-            if causal:
-                s[~reference.causal_mask(s.shape[0], s.shape[1], r, c)] = -np.inf
+            s = mem.hold(_tile_scores(rule, q_blk, k_blk, scale, r, c, kinds[r][c // bc]), "S_ij")
             m_tile = mem.hold(np.max(s, axis=1), "m~_ij")
             s[...] = np.exp(s - reference.safe_max(m_tile)[:, None])  # P~_ij overwrites S_ij
             l_tile = mem.hold(np.sum(s, axis=1), "l~_ij")
@@ -260,7 +272,8 @@ def _flash(mem: Memory, *, causal: bool, scale: float, block_q: int | None, bloc
         mem.free(k_blk, v_blk)
 
 
-def _flash2(mem: Memory, *, causal: bool, scale: float, block_q: int | None, block_k: int | None) -> None:
+def _flash2(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
+            block_k: int | None) -> None:
     """FlashAttention-2's order: outer loop over Q blocks, inner over K/V blocks; O, m, l stay in SRAM.
 
     Q_i is read once and O_i, lse_i written once; every query block reads all the K_j, V_j it needs.
@@ -278,14 +291,12 @@ def _flash2(mem: Memory, *, causal: bool, scale: float, block_q: int | None, blo
         acc = mem.alloc((rows, d_v), label="O_i (accumulator)")
         m_blk = mem.alloc((rows,), -np.inf, label="m_i")
         l_blk = mem.alloc((rows,), label="l_i")
-        for c in range(0, n_k, bc):
-            if causal and c > r + rows - 1:
-                break  # this key block and every later one lie above the diagonal
+        for c, kind in zip(range(0, n_k, bc), rule.tile_kinds(_B, _H, r, r + rows, bc), strict=True):
+            if kind == "skipped":
+                continue  # the rule hides the whole tile: K_j, V_j are not even loaded
             k_blk = mem.load("k", slice(c, c + bc), label="K_j")
             v_blk = mem.load("v", slice(c, c + bc), label="V_j")
-            s = mem.hold((q_blk @ k_blk.T) * scale, "S_ij")
-            if causal:
-                s[~reference.causal_mask(s.shape[0], s.shape[1], r, c)] = -np.inf
+            s = mem.hold(_tile_scores(rule, q_blk, k_blk, scale, r, c, kind), "S_ij")
             m_tile = mem.hold(np.max(s, axis=1), "m~_ij")
             m_new = np.maximum(m_blk, m_tile)
             w_old = reference.rescale_factor(m_blk, m_new)
@@ -306,14 +317,18 @@ def _flash2(mem: Memory, *, causal: bool, scale: float, block_q: int | None, blo
 _ALGORITHMS = {"standard": _standard, "flash": _flash, "flash2": _flash2}
 
 
-def simulate(algorithm, q, k, v, *, sram: int, causal: bool = False, block_q: int | None = None,
-             block_k: int | None = None, scale=None) -> tuple[np.ndarray, IOStats]:
+def simulate(algorithm, q, k, v, *, sram: int, causal=False, block_q: int | None = None,
+             block_k: int | None = None, scale=None, window=None, softcap=None, alibi_slopes=None,
+             document_ids=None, mask_mod=None) -> tuple[np.ndarray, IOStats]:
     """Run an attention algorithm against a simulated HBM + SRAM and count its traffic.
 
     q: (N, D), k: (N_k, D), v: (N_k, D_v); ``sram``: M, in elements. ``algorithm``: "standard", "flash" (FA1's
     loop order), "flash2" (FA2's), or a callable ``f(mem, *, causal, scale, block_q, block_k)`` that reads
     "q", "k", "v" from ``mem`` (a :class:`Memory`) and stores its output as HBM array "o". Returns (o, stats)
     with stats.reads, .writes, .peak_sram in elements. Computation is in float64.
+    ``causal`` and the variant options (window, softcap, alibi_slopes, document_ids, mask_mod) are
+    ``reference.attention``'s options for one head, B = H = 1: alibi_slopes (1,), document_ids (1, N); the
+    built-in algorithms take them all, a callable takes causal True / False only.
     """
     q, k, v = reference.validate_qkv(q, k, v)
     if q.ndim != 2:
@@ -321,17 +336,23 @@ def simulate(algorithm, q, k, v, *, sram: int, causal: bool = False, block_q: in
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if value is not None:
             reference.validate_block(name, value)
+    variants = dict(window=window, softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                    mask_mod=mask_mod)
+    rule = reference.attention_rule(q.shape[0], k.shape[0], batch=1, heads=1, causal=causal, **variants)
+    scale = reference.resolve_scale(scale, q.shape[-1])
+    mem = Memory(sram, q=q.astype(np.float64), k=k.astype(np.float64), v=v.astype(np.float64))
     if isinstance(algorithm, str):
         if algorithm not in _ALGORITHMS:
             raise ValueError(f'algorithm must be "standard", "flash", "flash2" or a callable, got {algorithm!r}')
-        run: Callable = _ALGORITHMS[algorithm]
+        _ALGORITHMS[algorithm](mem, rule=rule, scale=scale, block_q=block_q, block_k=block_k)
     elif callable(algorithm):
-        run = algorithm
+        given = [name for name, value in variants.items() if value is not None]
+        if given or not isinstance(causal, (bool, np.bool_)):
+            raise ValueError(f"a callable algorithm takes causal=True / False only, got causal={causal!r} and "
+                             f"{given or 'no other option'}: the variant options work with the built-in algorithms")
+        algorithm(mem, causal=bool(causal), scale=scale, block_q=block_q, block_k=block_k)
     else:
         raise TypeError(f"algorithm must be a name or a callable, got {type(algorithm).__name__}")
-    scale = reference.resolve_scale(scale, q.shape[-1])
-    mem = Memory(sram, q=q.astype(np.float64), k=k.astype(np.float64), v=v.astype(np.float64))
-    run(mem, causal=causal, scale=scale, block_q=block_q, block_k=block_k)
     try:
         o = mem.result("o")
     except KeyError:

@@ -1,4 +1,4 @@
-"""The specification, in plain NumPy: attention, three softmaxes and the (m, l) merge.
+"""The specification, in plain NumPy: attention (and its variants, as rules), three softmaxes and the (m, l) merge.
 
 Everything else in the course is checked against these functions.
 
@@ -8,24 +8,35 @@ float16 to watch the naive softmax overflow. Integer or complex inputs are rejec
 
 Edge semantics (shared by every implementation in the course): a row whose entries are all masked, i.e. all
 ``-inf``, has softmax 0 everywhere, attention output 0 and logsumexp ``-inf``; never NaN.
+
+Attention variants (sliding window, soft-capping, ALiBi, packed documents, a custom ``mask_mod``, grouped-query
+attention) are options of :func:`attention`; :func:`attention_rule` turns them into an :class:`AttentionRule`,
+the one place where options become a boolean mask and a bias for a block of (query, key) indices. The tiled
+algorithms and the IO simulator use the same rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
+    "AttentionRule",
+    "GroupedHeads",
     "attention",
     "attention_lse",
+    "attention_rule",
+    "CAUSAL_VALUES",
     "causal_mask",
+    "group_heads",
     "merge",
     "merge_partials",
     "OnlineSoftmaxStep",
     "rescale_factor",
     "resolve_scale",
+    "rule_of",
     "safe_max",
     "softmax_naive",
     "softmax_online",
@@ -50,10 +61,11 @@ def _float_array(x, name: str) -> np.ndarray:
     return arr
 
 
-def validate_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def validate_qkv(q, k, v, *, gqa: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Check attention inputs and return them as arrays of one common float dtype.
 
-    q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v); the leading dims of all three must be equal.
+    q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v); the leading dims of all three must be equal, except
+    that with ``gqa=True`` and the (B, H, N, D) layout k and v may have fewer heads H_kv, with H_q % H_kv == 0.
     Raises TypeError for non-float dtypes and ValueError for shapes that do not fit together.
     """
     q, k, v = _float_array(q, "q"), _float_array(k, "k"), _float_array(v, "v")
@@ -72,7 +84,12 @@ def validate_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             f"k has shape {k.shape} but v has shape {v.shape}: keys and values must have the same length "
             "(dim -2)"
         )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if gqa and q.ndim == k.ndim == v.ndim == 4 and k.shape[:2] == v.shape[:2] and k.shape[0] == q.shape[0]:
+        if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+            raise ValueError(
+                f"q has {q.shape[1]} heads and k, v have {k.shape[1]}: grouped-query attention needs H_q to be a "
+                "multiple of H_kv (query head h uses KV head h // (H_q // H_kv))")
+    elif not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             f"q, k, v have leading (batch/head) dims {q.shape[:-2]}, {k.shape[:-2]}, {v.shape[:-2]}: "
             "they must be equal"
@@ -114,42 +131,278 @@ def causal_mask(n_q: int, n_k: int, q_start: int = 0, k_start: int = 0) -> np.nd
     return cols <= rows
 
 
-def attention_lse(q, k, v, *, causal: bool = False, scale=None, mask=None) -> tuple[np.ndarray, np.ndarray]:
+# --------------------------------------------------------------------------------------------- variants as rules
+CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionRule:
+    """The attention options as one rule: which keys each query sees, and what happens to its score.
+
+    Built and checked by :func:`attention_rule`. Positions: query i sits at key position i + N_k - N_q (the
+    last query lines up with the last key), which is where the bottom-right causal mask, the window and ALiBi
+    measure from. ``causal`` is None, "top_left" (key j <= query i, SDPA's ``is_causal``) or "bottom_right".
+    """
+
+    n_q: int
+    n_k: int
+    causal: str | None = None
+    window: tuple[int, int] | None = None  # (left, right) keys around the query's position; -1: unbounded
+    softcap: float | None = None  # scores become softcap * tanh(score / softcap)
+    alibi_slopes: np.ndarray | None = None  # (H_q,): bias -slope_h * |position - j|
+    document_ids: np.ndarray | None = None  # (B, N): a query sees the keys of its own document only
+    mask_mod: Callable | None = None  # (b, h, q_idx, kv_idx) -> bool array, ANDed with the rest
+
+    @property
+    def masks(self) -> bool:
+        """True when the rule can hide a key from a query (anything but soft-capping and ALiBi)."""
+        return any(x is not None for x in (self.causal, self.window, self.document_ids, self.mask_mod))
+
+    @property
+    def only_causal(self) -> bool:
+        """True when the causal mask is the only one: its partial tiles are the "diagonal" ones of lesson 03."""
+        return self.causal is not None and all(x is None for x in (self.window, self.document_ids, self.mask_mod))
+
+    def block(self, b, h, q_idx, kv_idx) -> tuple[np.ndarray, np.ndarray | float]:
+        """The mask (True = query ``q_idx`` sees key ``kv_idx``) and the additive bias of a block of pairs.
+
+        b, h, q_idx, kv_idx: integer arrays that broadcast together (batch, query head, query and key index),
+        e.g. q_idx (B_q, 1) and kv_idx (1, B_k) for one tile. Every option is ANDed into one mask; the bias is
+        ALiBi's (0.0 without it). The Triton kernels evaluate the same rule on the same indices.
+        """
+        position = q_idx + (self.n_k - self.n_q)  # the query's position among the keys (bottom-right)
+        keep = np.ones((), dtype=bool)
+        if self.causal == "top_left":
+            keep = keep & (kv_idx <= q_idx)
+        elif self.causal == "bottom_right":
+            keep = keep & (kv_idx <= position)
+        if self.window is not None:
+            left, right = self.window
+            if left >= 0:
+                keep = keep & (kv_idx >= position - left)
+            if right >= 0:
+                keep = keep & (kv_idx <= position + right)
+        if self.document_ids is not None:
+            keep = keep & (self.document_ids[b, q_idx] == self.document_ids[b, kv_idx])
+        if self.mask_mod is not None:
+            keep = keep & _call_mask_mod(self.mask_mod, b, h, q_idx, kv_idx)
+        bias = 0.0
+        if self.alibi_slopes is not None:
+            bias = -self.alibi_slopes[h] * np.abs(position - kv_idx)
+        return keep, bias
+
+    def scores(self, s: np.ndarray, b, h, q_idx, kv_idx, *, mask: bool = True) -> np.ndarray:
+        """The scaled scores s = scale * q.k of a block as the softmax sees them: soft-capped, then biased, then
+        -inf where the rule hides the key. ``mask=False`` for a tile known to be full (FlexAttention's full
+        blocks: the score modification still applies, the mask is not evaluated). Stays in s's dtype."""
+        if self.softcap is not None:
+            s = s.dtype.type(self.softcap) * np.tanh(s / s.dtype.type(self.softcap))
+        if not (mask and self.masks) and self.alibi_slopes is None:
+            return s
+        keep, bias = self.block(b, h, q_idx, kv_idx)
+        s = s + np.asarray(bias, dtype=s.dtype)
+        return np.where(keep, s, s.dtype.type(-np.inf)) if mask and self.masks else s
+
+    def softcap_grad(self, s: np.ndarray) -> np.ndarray | float:
+        """d(capped score)/d(score) = 1 - tanh(s / softcap)^2 at the scaled scores s (1.0 without soft-capping):
+        the backward multiplies dS by it."""
+        if self.softcap is None:
+            return 1.0
+        return 1 - np.tanh(s / s.dtype.type(self.softcap)) ** 2
+
+    def tile_kinds(self, b, h, q_start: int, q_stop: int, block_k: int) -> list[str]:
+        """The kind of every tile in one row of tiles, queries [q_start, q_stop) against key blocks of block_k,
+        as FlexAttention's block mask classifies them: the rule is evaluated for every (b, h, query, key) pair.
+
+        "skipped": no pair visible (never loaded, never computed); "full": every pair visible (no mask needed);
+        a partial tile is "diagonal" when the causal mask is the only one (lesson 03's name), else "masked".
+        """
+        if self.n_k == 0:
+            return []
+        if not self.masks:
+            return ["full"] * -(-self.n_k // block_k)
+        keep, _ = self.block(b, h, np.arange(q_start, q_stop)[:, None], np.arange(self.n_k)[None, :])
+        rows = np.broadcast_to(keep, np.broadcast_shapes(np.shape(b), np.shape(h), keep.shape,
+                                                         (q_stop - q_start, self.n_k))).reshape(-1, self.n_k)
+        starts = np.arange(0, self.n_k, block_k)
+        seen = np.logical_or.reduceat(rows.any(axis=0), starts)
+        full = np.logical_and.reduceat(rows.all(axis=0), starts)
+        partial = "diagonal" if self.only_causal else "masked"
+        return ["full" if f else partial if a else "skipped" for a, f in zip(seen, full, strict=True)]
+
+
+def _call_mask_mod(mask_mod: Callable, b, h, q_idx, kv_idx) -> np.ndarray:
+    """mask_mod's answer for a block, checked: a boolean array that broadcasts with the indices."""
+    try:
+        keep = mask_mod(b, h, q_idx, kv_idx)
+    except ValueError as error:
+        if "truth value of an array" in str(error):
+            raise ValueError(
+                "mask_mod used `and`, `or` or `not` on index arrays, which Python cannot do elementwise: use "
+                "&, | and ~ with parentheses, e.g. (q_idx >= kv_idx) & (q_idx - kv_idx < 128)") from error
+        raise
+    keep = np.asarray(keep)
+    if keep.dtype != bool:
+        raise TypeError(f"mask_mod returned dtype {keep.dtype}, but a boolean array (True = the query sees the key) "
+                        "is expected: return a comparison, e.g. q_idx >= kv_idx")
+    indices = np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx)))
+    try:
+        np.broadcast_shapes(keep.shape, indices)
+    except ValueError:
+        raise ValueError(f"mask_mod returned shape {keep.shape}, which does not broadcast with the index arrays' "
+                         f"shape {indices}: compute it elementwise from b, h, q_idx and kv_idx") from None
+    return keep
+
+
+def _needs_layout(name: str, value, dims_known: bool) -> None:
+    if value is not None and not dims_known:
+        raise ValueError(f"{name} needs q, k, v in the (B, H, N, D) layout, because it depends on the batch and the "
+                         "head: pass 4-dim arrays (batch, heads, positions, head dim)")
+
+
+def attention_rule(n_q: int, n_k: int, *, batch: int | None = None, heads: int | None = None, causal=False,
+                   window=None, softcap=None, alibi_slopes=None, document_ids=None,
+                   mask_mod=None) -> AttentionRule:
+    """Check the attention options and return them as an :class:`AttentionRule`.
+
+    n_q, n_k: the numbers of queries and keys; batch, heads: B and H_q of the (B, H, N, D) layout, or None for
+    another layout (then alibi_slopes, document_ids and mask_mod, which name a batch or head, are refused).
+    causal: False, True (= "top_left"), "top_left" or "bottom_right"; window: (left, right) ints >= -1, -1 =
+    unbounded; softcap: a number > 0; alibi_slopes: (H_q,) floats; document_ids: (B, N) ints, N_q = N_k;
+    mask_mod: a vectorised function (b, h, q_idx, kv_idx) -> bool array. Raises TypeError for a wrong type
+    and ValueError for a wrong value, naming the argument and what was expected.
+    """
+    if isinstance(causal, (bool, np.bool_)):
+        causal = "top_left" if causal else None
+    elif not (isinstance(causal, str) and causal in CAUSAL_VALUES):
+        raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or not all(
+                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in window):
+            raise TypeError(f"window must be a (left, right) pair of ints (-1: unbounded on that side), got {window!r} "
+                            f"of type {type(window).__name__}: e.g. window=(128, 0) lets each query see itself and "
+                            "the 128 keys before it")
+        if len(window) != 2 or min(window) < -1:
+            raise ValueError(f"window must be a (left, right) pair of ints >= -1 (-1: unbounded), got {window!r}")
+        window = (int(window[0]), int(window[1]))
+    if softcap is not None:
+        if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+            raise TypeError(f"softcap must be a number > 0, got {softcap!r} of type {type(softcap).__name__}")
+        if not (np.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be a finite number > 0 (e.g. 50.0, Gemma 2's), got {softcap!r}; "
+                             "pass softcap=None for no soft-capping")
+        softcap = float(softcap)
+    _needs_layout("alibi_slopes", alibi_slopes, heads is not None)
+    _needs_layout("document_ids", document_ids, batch is not None)
+    _needs_layout("mask_mod", mask_mod, batch is not None and heads is not None)
+    if alibi_slopes is not None:
+        alibi_slopes = np.asarray(alibi_slopes)
+        if alibi_slopes.dtype.kind != "f":
+            raise TypeError(f"alibi_slopes has dtype {alibi_slopes.dtype}, but floats are expected (one slope per "
+                            "query head)")
+        if alibi_slopes.shape != (heads,):
+            raise ValueError(f"alibi_slopes has shape {alibi_slopes.shape}, expected ({heads},): one slope per "
+                             "query head")
+    if document_ids is not None:
+        document_ids = np.asarray(document_ids)
+        if n_q != n_k:
+            raise ValueError(f"document_ids needs as many queries as keys (packed documents, self-attention), got "
+                             f"N_q = {n_q} and N_k = {n_k}")
+        if document_ids.dtype.kind not in "iu":
+            raise ValueError(f"document_ids has dtype {document_ids.dtype}, but integers are expected (the document "
+                             "of each position, e.g. np.repeat(np.arange(3), lengths))")
+        if document_ids.shape != (batch, n_k):
+            raise ValueError(f"document_ids has shape {document_ids.shape}, expected ({batch}, {n_k}): the document "
+                             "of every position of every batch entry")
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool array, got "
+                        f"{type(mask_mod).__name__}")
+    return AttentionRule(n_q, n_k, causal, window, softcap, alibi_slopes, document_ids, mask_mod)
+
+
+def rule_of(q: np.ndarray, k: np.ndarray, **options) -> AttentionRule:
+    """The rule of validated inputs q (..., N_q, D), k (..., N_k, D) and attention options; the (B, H, N, D)
+    layout gives the batch and heads that ALiBi, documents and mask_mod need."""
+    four_dims = q.ndim == 4
+    return attention_rule(q.shape[-2], k.shape[-2], batch=q.shape[0] if four_dims else None,
+                          heads=q.shape[1] if four_dims else None, **options)
+
+
+@dataclass(frozen=True)
+class GroupedHeads:
+    """q, k, v arranged so that the query heads sharing one K/V head sit side by side (grouped-query attention):
+    q (..., G, N_q, D), k (..., 1, N_k, D), v (..., 1, N_k, D_v) with G = H_q // H_kv (G = 1 without GQA and
+    for layouts other than (B, H, N, D)), so q @ k^T broadcasts each K/V head over its group without copying it.
+    ``b``, ``h``: the batch and query-head index of each row, broadcastable against (..., G, N_q, N_k)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    b: np.ndarray
+    h: np.ndarray
+    lead: tuple[int, ...]  # q's leading dims, to put results back in q's layout
+
+    def ungroup(self, x: np.ndarray, trailing: int) -> np.ndarray:
+        """(..., G, N_q, ...) with ``trailing`` dims from N_q on -> q's layout (..., H_q, N_q, ...)."""
+        return x.reshape(*self.lead, *x.shape[x.ndim - trailing:])
+
+
+def group_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> GroupedHeads:
+    """Validated q, k, v (see :func:`validate_qkv` with ``gqa=True``) as :class:`GroupedHeads`."""
+    if q.ndim == 4:
+        batch, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+        group = heads // kv_heads
+        grouped_q = q.reshape(batch, kv_heads, group, *q.shape[2:])
+        b = np.arange(batch).reshape(batch, 1, 1, 1, 1)
+        h = np.arange(heads).reshape(1, kv_heads, group, 1, 1)  # query head kv_head * group + g
+    else:
+        grouped_q, b, h = q[..., None, :, :], np.array(0), np.array(0)
+    return GroupedHeads(grouped_q, k[..., None, :, :], v[..., None, :, :], b, h, q.shape[:-2])
+
+
+def attention_lse(q, k, v, *, causal=False, scale=None, mask=None, window=None, softcap=None, alibi_slopes=None,
+                  document_ids=None, mask_mod=None) -> tuple[np.ndarray, np.ndarray]:
     """Naive attention that also returns the row logsumexp of the scaled, masked scores.
 
     q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v) -> o: (..., N_q, D_v), lse: (..., N_q).
-    ``mask``: optional boolean array broadcastable to (..., N_q, N_k), True = keep.
-    A row with every key masked gets o = 0 and lse = -inf.
+    ``mask``: optional boolean array broadcastable to (..., N_q, N_k), True = keep. The variant options
+    (:func:`attention_rule`) are those of the kernels; grouped-query attention: q (B, H_q, N_q, D) with k, v
+    (B, H_kv, N_k, D), H_q % H_kv == 0. A row with every key masked gets o = 0 and lse = -inf.
     """
-    q, k, v = validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v, gqa=True)
+    rule = rule_of(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                   document_ids=document_ids, mask_mod=mask_mod)
     scale = resolve_scale(scale, q.shape[-1])
-    s = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)  # (..., N_q, N_k)
-    keep = np.ones(s.shape[-2:], dtype=bool)
-    if causal:
-        keep = causal_mask(q.shape[-2], k.shape[-2])
+    g = group_heads(q, k, v)
+    s = (g.q @ np.swapaxes(g.k, -1, -2)) * q.dtype.type(scale)  # (..., G, N_q, N_k)
+    s = rule.scores(s, g.b, g.h, np.arange(q.shape[-2])[:, None], np.arange(k.shape[-2])[None, :])
     if mask is not None:
-        mask = np.asarray(mask)
-        if mask.dtype != bool:
-            raise TypeError(f"mask has dtype {mask.dtype}, but a boolean mask (True = keep) is expected")
-        try:
-            keep = keep & np.broadcast_to(mask, s.shape)
-        except ValueError:
-            raise ValueError(
-                f"mask has shape {mask.shape}, which does not broadcast to the scores' shape {s.shape}"
-            ) from None
-    s = np.where(keep, s, -np.inf)
+        s = np.where(_broadcast_mask(mask, g.ungroup(s, 2).shape).reshape(s.shape), s, s.dtype.type(-np.inf))
     p = softmax_safe(s, axis=-1)
-    lse = _logsumexp_rows(s)
-    return p @ v, lse
+    return g.ungroup(p @ g.v, 2), g.ungroup(_logsumexp_rows(s), 1)
 
 
-def attention(q, k, v, *, causal: bool = False, scale=None, mask=None) -> np.ndarray:
+def _broadcast_mask(mask, shape: tuple[int, ...]) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.dtype != bool:
+        raise TypeError(f"mask has dtype {mask.dtype}, but a boolean mask (True = keep) is expected")
+    try:
+        return np.broadcast_to(mask, shape)
+    except ValueError:
+        raise ValueError(
+            f"mask has shape {mask.shape}, which does not broadcast to the scores' shape {shape}") from None
+
+
+def attention(q, k, v, *, causal=False, scale=None, mask=None, window=None, softcap=None, alibi_slopes=None,
+              document_ids=None, mask_mod=None) -> np.ndarray:
     """softmax(q k^T * scale + mask) v, materialising the full N_q x N_k score matrix.
 
     q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v) -> (..., N_q, D_v).
-    ``scale=None`` means 1/sqrt(D); ``causal=True`` masks key j > query i (top-left aligned).
+    ``scale=None`` means 1/sqrt(D); ``causal=True`` masks key j > query i (top-left aligned); the other options
+    are the kernels' (:func:`attention_rule`).
     """
-    return attention_lse(q, k, v, causal=causal, scale=scale, mask=mask)[0]
+    return attention_lse(q, k, v, causal=causal, scale=scale, mask=mask, window=window, softcap=softcap,
+                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod)[0]
 
 
 def _logsumexp_rows(s: np.ndarray) -> np.ndarray:
