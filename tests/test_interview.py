@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from flashcourse import interview
 from flashcourse.interview import bank as bank_module
-from flashcourse.interview import evidence
+from flashcourse.interview import evidence, zh_style
 from flashcourse.interview.quiz import Quiz, markdown_to_html
 
 BANK = interview.load()
@@ -93,6 +94,37 @@ def test_every_evidence_item_resolves(entry):
 def test_uses_the_standard_chinese_terms():
     chinese = " ".join(field["zh"] for entry in BANK.entries for _, field in _texts(entry))
     assert [term for term in STANDARD_TERMS if term not in chinese] == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_chinese_is_written_as_the_community_writes_it():
+    """No rendering the glossary avoids (内核, 线程束, 张量核心, 词元, 程序实例, ...), no stray spaces at full-width
+    punctuation, no "少 X 倍" or "X 倍（Xx）", full-width colons in bold headings, Chinese quotation marks."""
+    found = [p for entry in BANK.entries for where, field in _texts(entry)
+             for p in zh_style.problems(field["zh"], f"{entry['id']} {where}")]
+    found += [p for section, title in BANK.sections.items() for p in zh_style.problems(title["zh"], section)]
+    found += zh_style.problems(interview.render_markdown(BANK, "zh"), "rendered bank")
+    lesson = nbformat.read(ROOT / "notebooks" / "10_interview_walkthrough_zh.ipynb", as_version=4)
+    for index, cell in enumerate(lesson.cells):
+        if cell.cell_type == "markdown":
+            found += zh_style.problems(cell.source, f"lesson 10 (zh) cell {index}")
+    assert found == []
+
+
+def test_the_style_check_catches_each_rule():
+    bad = ('这个内核用张量核心，词元很多， `x` 少 5.6 倍，快 7.6 倍（7.6x）。**30 秒回答.** 他说"很快"。')
+    problems = "\n".join(zh_style.problems(bad))
+    for expected in ("内核", "张量核心", "词元", "a space after full-width punctuation", "少 X 倍", "written twice",
+                     "bold heading", "quotation marks"):
+        assert expected in problems, expected
+    assert zh_style.problems("速度是 FA2 的 1.5-2.0 倍，`a ，b` 里的空格不算。**30 秒回答：**") == []
+
+
+def test_glossary_lists_every_avoided_rendering():
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    assert [term for term in zh_style.AVOID if term not in glossary] == []
 
 
 def test_quoted_numbers_are_stated_in_both_languages():

@@ -32,6 +32,7 @@ __all__ = [
     "numbers_in",
     "one_line_answer",
     "render_entry",
+    "render_evidence",
     "render_evidence_table",
     "render_markdown",
     "render_question_list",
@@ -46,10 +47,10 @@ ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 LABELS = {
     "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
-           "right_prefix": "Correction:", "cell": "cell", "heading": "section", "results": "results", "computed": "computed by",
+           "right_prefix": "Correction:", "cell": "cell", "heading": "section", "end": ".", "gap": " ", "results": "results", "computed": "computed by",
            "table": "| question | number | value held by the evidence | evidence |"},
     "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
-           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格", "heading": "小节",
+           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格", "heading": "小节", "end": "：", "gap": "",
            "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
 }
 
@@ -92,10 +93,18 @@ def load(path: str | Path | None = None) -> Bank:
 _CJK_GAP = re.compile(r"(?<=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])\s+(?=[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef])")
 
 
+# ... and after or before full-width punctuation, whatever the neighbour ("，`code`", not "， `code`").
+_PUNCT_GAP = re.compile(r"(?<=[，。：；！？、（）“”])[ \t\n]+|[ \t\n]+(?=[，。：；！？、（）“”])")
+
+
+def _tidy_zh(text: str) -> str:
+    return _PUNCT_GAP.sub("", _CJK_GAP.sub("", text))
+
+
 def _tidy(node):
     """Remove the spaces YAML folding left between Chinese characters, in every ``zh`` text of ``node``."""
     if isinstance(node, dict):
-        return {k: (_CJK_GAP.sub("", v) if k == "zh" and isinstance(v, str) else _tidy(v)) for k, v in node.items()}
+        return {k: (_tidy_zh(v) if k == "zh" and isinstance(v, str) else _tidy(v)) for k, v in node.items()}
     if isinstance(node, list):
         return [_tidy(item) for item in node]
     return node
@@ -288,7 +297,8 @@ def evidence_label(item: dict, lang: str = "en") -> str:
     if "notebook" in item:
         name = Path(item["notebook"]).name
         if "heading" in item:
-            return f"[{name}](../{item['notebook']}), {labels['heading']} “{item['heading']}”"
+            space = " " if lang == "en" else ""
+            return f"[{name}](../{item['notebook']}), {labels['heading']}{space}“{item['heading']}”"
         return f"[{name}](../{item['notebook']}), {labels['cell']} `{item['cell_tag']}`"
     if "results" in item:
         ratio = f" / `{item['divide_by']}`" if "divide_by" in item else ""
@@ -299,19 +309,30 @@ def evidence_label(item: dict, lang: str = "en") -> str:
     return f"{item['paper']}, {item['section']}"
 
 
+def render_evidence(entry: dict, lang: str = "en") -> str:
+    """The evidence of an entry as one Markdown paragraph: "**Evidence:** a; b" or "**证据：**a；b"."""
+    labels = LABELS[lang]
+    separator = "; " if lang == "en" else "；"
+    return (f"**{labels['evidence']}{labels['end'] if lang == 'zh' else ':'}**{labels['gap']}"
+            + separator.join(evidence_label(i, lang) for i in entry["evidence"]))
+
+
 def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> str:
     """One entry as Markdown: question, 30-second answer, longer answer, follow-ups, wrong answers, evidence."""
     labels = LABELS[lang]
     hashes = "#" * heading_level
-    lines = [f"{hashes} {entry['question'][lang]}", "", f"**{labels['short']}.** {entry['short'][lang]}", "",
-             f"**{labels['long']}.** {entry['long'][lang].strip()}", "", f"**{labels['follow_ups']}**", ""]
+    end = labels["end"]
+    lines = [f"{hashes} {entry['question'][lang]}", "", f"**{labels['short']}{end}**{labels['gap']}{entry['short'][lang]}",
+             "", f"**{labels['long']}{end}**{labels['gap']}{entry['long'][lang].strip()}", "",
+             f"**{labels['follow_ups']}**", ""]
     for follow in entry["follow_ups"]:
         lines.append(f"- *{follow['question'][lang]}* {follow['answer'][lang]}")
     lines += ["", f"**{labels['wrong']}**", ""]
     for wrong in entry["wrong_answers"]:
-        lines.append(f"- {labels['wrong_prefix']} {wrong['claim'][lang]} {labels['right_prefix']} "
+        gap = labels["gap"]
+        lines.append(f"- {labels['wrong_prefix']}{gap}{wrong['claim'][lang]}{gap}{labels['right_prefix']}{gap}"
                      f"{wrong['correction'][lang]}")
-    lines += ["", f"**{labels['evidence']}**: " + "; ".join(evidence_label(i, lang) for i in entry["evidence"]), ""]
+    lines += ["", render_evidence(entry, lang), ""]
     return "\n".join(lines)
 
 
