@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from flashcourse import bench, device
+from flashcourse import bench, device, measure
 from flashcourse.tolerance import TOLERANCES, assert_close, tolerance_for
 
 
@@ -31,10 +31,10 @@ def test_naive_traffic_counts_each_line():
 
 
 def test_timer_and_memory_probe():
-    timing = bench.time_cpu(lambda: sum(range(1000)), repeats=3)
+    timing = measure.time_cpu(lambda: sum(range(1000)), repeats=3)
     assert 0 < timing.best <= timing.median and timing.repeats == 3
-    assert bench.peak_memory(lambda: np.ones(1_000_000)) >= 8_000_000
-    assert bench.peak_memory(lambda: None) < 100_000
+    assert measure.peak_memory(lambda: np.ones(1_000_000)) >= 8_000_000
+    assert measure.peak_memory(lambda: None) < 100_000
 
 
 def test_results_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashcourse import reference, tiled
-from flashcourse.bench import peak_memory
+from flashcourse.measure import peak_memory
 from flashcourse.tolerance import assert_close
 
 CASES = [(1, 1), (7, 3), (64, 64), (257, 80)]

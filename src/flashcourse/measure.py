@@ -1,20 +1,70 @@
-"""The learner's own machine, measured in about a second: NumPy's matmul rate, its memory-copy bandwidth and its
-read bandwidth.
+"""Measuring on the learner's own machine: a wall-clock timer, a peak-memory probe, and, in about a second,
+NumPy's matmul rate, its memory-copy bandwidth and its read bandwidth.
 
-Lesson 00 puts these numbers on a roofline beside published GPU figures. Both use the best of a few
-repeats (``bench.time_cpu``), because the best run is the one least disturbed by other work on the machine.
+Lesson 00 puts the rates on a roofline beside published GPU figures; lessons 01, 04, 05 and 06 time and weigh
+their algorithms with the timer and the probe. Rates use the best of a few repeats (:func:`time_cpu`), because
+the best run is the one least disturbed by other work on the machine.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import time_cpu
+__all__ = ["MachineRates", "Timing", "copy_bandwidth_gbs", "machine_rates", "matmul_gflops", "peak_memory",
+           "read_bandwidth_gbs", "time_cpu"]
 
-__all__ = ["MachineRates", "copy_bandwidth_gbs", "machine_rates", "matmul_gflops", "read_bandwidth_gbs"]
 
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock times of repeated calls, in seconds."""
+
+    best: float
+    median: float
+    repeats: int
+
+
+def time_cpu(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> Timing:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times; return best and median wall time."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return Timing(best=min(times), median=statistics.median(times), repeats=repeats)
+
+
+def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
+    """Peak bytes allocated while ``fn`` runs, above what was allocated before.
+
+    CPU: tracemalloc (NumPy reports its buffers to it). GPU: ``torch.cuda.max_memory_allocated``.
+    """
+    if device == "cpu":
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            fn()
+            return tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
 
 def matmul_gflops(n: int = 512, *, dtype=np.float32, repeats: int = 20) -> float:
     """Rate of an (n x n) @ (n x n) NumPy matmul in GFLOP/s (2 n^3 FLOPs: a multiply and an add per term)."""

@@ -1,4 +1,4 @@
-"""Measuring: FLOP and byte formulas, timers, a peak-memory probe, results saved as JSON.
+"""The GPU benchmarks' common ground: FLOP and byte formulas, rates, results saved as JSON.
 
 Imports no Jupyter or widget package, so benchmarks run as plain scripts on a GPU machine.
 The GPU benchmark itself is ``python -m flashcourse.bench attention`` (see ``bench/__main__.py``).
@@ -9,24 +9,17 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import platform
-import statistics
-import time
-import tracemalloc
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from flashcourse import resources
 
 __all__ = [
-    "Timing",
     "attention_flops",
     "naive_attention_hbm_bytes",
-    "peak_memory",
     "results_dir",
     "save_results",
     "load_results",
-    "time_cpu",
     "tflops",
 ]
 
@@ -69,53 +62,6 @@ def naive_attention_hbm_bytes(batch: int, heads: int, n: int, head_dim: int, *, 
 def tflops(flops: float, seconds: float) -> float:
     """Rate in TFLOP/s."""
     return flops / seconds / 1e12
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Wall-clock times of repeated calls, in seconds."""
-
-    best: float
-    median: float
-    repeats: int
-
-
-def time_cpu(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> Timing:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times; return best and median wall time."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return Timing(best=min(times), median=statistics.median(times), repeats=repeats)
-
-
-def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
-    """Peak bytes allocated while ``fn`` runs, above what was allocated before.
-
-    CPU: tracemalloc (NumPy reports its buffers to it). GPU: ``torch.cuda.max_memory_allocated``.
-    """
-    if device == "cpu":
-        tracemalloc.start()
-        try:
-            tracemalloc.reset_peak()
-            before = tracemalloc.get_traced_memory()[0]
-            fn()
-            return tracemalloc.get_traced_memory()[1] - before
-        finally:
-            tracemalloc.stop()
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
 
 
 def results_dir() -> Path:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcourse.bench import attention_flops, peak_memory, tflops
+from flashcourse.bench import attention_flops, tflops
 from flashcourse.bench.providers import add_ratios as shared_add_ratios
 from flashcourse.bench.providers import sdpa
+from flashcourse.measure import peak_memory
 
 PROVIDERS = ("flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
