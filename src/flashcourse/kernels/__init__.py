@@ -1,15 +1,22 @@
 """The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
 
-Public API (torch tensors; q, k, v of shape (B, H, N, D), any strides; D in 16, 32, 64, 80, 96, 128)::
+Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, any
+strides; D in 16, 32, 64, 80, 96, 128, 256)::
 
-    flash_attention(q, k, v, *, causal=False, scale=None) -> o                 # differentiable
-    flash_attention_forward(q, k, v, *, causal=False, scale=None) -> (o, lse)   # lse (B, H, N) float32
-    flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale=None) -> (dq, dk, dv)
+    flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
+                    document_ids=None, mask_mod=None) -> o                            # differentiable
+    flash_attention_forward(q, k, v, *, <same options>) -> (o, lse)                # lse (B, H_q, N_q) float32
+    flash_attention_backward(q, k, v, o, lse, do, *, <same options>) -> (dq, dk, dv)
     flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
-                 num_splits=None) -> o                                            # q (B, H_q, D)
+                 num_splits=None, window=None, softcap=None, alibi_slopes=None) -> o  # q (B, H_q, D)
 
-Every numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the version history with
-measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
+The options (``rules.py`` says exactly what each means): ``causal`` False | True (= "top_left") | "top_left" |
+"bottom_right"; ``window=(left, right)``, -1 unbounded; ``softcap``; ``alibi_slopes`` (H_q,) float32;
+``document_ids`` (B, N) integer; ``mask_mod`` a ``@triton.jit`` (b, h, q_idx, kv_idx) -> bool. All combine by
+AND. Every numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the teaching
+versions v1-v6 and b1-b2 know only plain and top-left causal attention and refuse the rest by name. The
+version history with measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's
+interpreter on CPU tensors.
 """
 
 from flashcourse import device as _device
@@ -23,7 +30,8 @@ from . import configs  # noqa: E402
 from ._checks import check_qkv, check_saved  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402
 from .decode import flash_decode  # noqa: E402
-from .forward import FORWARD_VERSIONS, run_forward  # noqa: E402
+from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402
+from .rules import Rules, parse_rules  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -36,8 +44,6 @@ __all__ = [
     "flash_attention_forward",
     "flash_decode",
 ]
-
-DEFAULT_FORWARD = "v6"  # the fastest measured version (docs/KERNELS.md); it falls back to v5 off Hopper
 
 
 def _forward_version(version: str | None):
@@ -54,57 +60,67 @@ def _backward_version(version: str | None):
     return BACKWARD_VERSIONS[name]
 
 
-def flash_attention_forward(q, k, v, *, causal: bool = False, scale: float | None = None,
-                            version: str | None = None):
-    """FlashAttention forward: o (B, H, N_q, D) like q and lse (B, H, N_q) float32 (natural log).
+def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
+                            alibi_slopes=None, document_ids=None, mask_mod=None, version: str | None = None):
+    """FlashAttention forward: o (B, H_q, N_q, D) like q and lse (B, H_q, N_q) float32 (natural log).
 
-    q: (B, H, N_q, D); k, v: (B, H, N_kv, D); ``causal`` masks key j > query i (top-left aligned);
-    ``scale`` defaults to 1/sqrt(D); ``version`` picks a numbered kernel ("v1".."v6", default the fastest).
+    q: (B, H_q, N_q, D); k, v: (B, H_kv, N_kv, D); the options are the module's; ``scale`` defaults to
+    1/sqrt(D); ``version`` picks a numbered kernel ("v1".."v7", default the one that supports every option).
     Not differentiable: use :func:`flash_attention` for that. Rows with no visible key give 0 and -inf.
     """
     check_qkv(q, k, v)
-    return run_forward(_forward_version(version), q, k, v, causal=causal, scale=scale)
+    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        document_ids=document_ids, mask_mod=mask_mod)
+    return run_forward(_forward_version(version), q, k, v, rules=rules, scale=scale)
 
 
-def flash_attention_backward(q, k, v, o, lse, do, *, causal: bool = False, scale: float | None = None,
+def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
+                             softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None,
                              version: str | None = None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv) like q, k, v.
 
-    o and do: like q; lse: (B, H, N_q) float32, as :func:`flash_attention_forward` returns it. P is recomputed
-    from (q, k, lse), so a caller that merged partial results (ring attention) passes the merged o and lse.
+    o and do: like q; lse: (B, H_q, N_q) float32, as :func:`flash_attention_forward` returns it; the options
+    must be the forward's. P is recomputed from (q, k, lse), so a caller that merged partial results (ring
+    attention) passes the merged o and lse.
     """
     check_qkv(q, k, v)
     check_saved(q, o, lse, do)
-    return run_backward(_backward_version(version), q, k, v, o, lse, do, causal=causal, scale=scale)
+    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        document_ids=document_ids, mask_mod=mask_mod)
+    return run_backward(_backward_version(version), q, k, v, o, lse, do, rules=rules, scale=scale)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, o, lse) in the forward; the backward recomputes P from them (no N x N matrix)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, forward_version, backward_version):
-        o, lse = run_forward(_forward_version(forward_version), q, k, v, causal=causal, scale=scale)
+    def forward(ctx, q, k, v, rules: Rules, scale, forward_version, backward_version):
+        o, lse = run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.backward_version = causal, scale, backward_version
+        ctx.rules, ctx.scale, ctx.backward_version = rules, scale, backward_version
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = run_backward(_backward_version(ctx.backward_version), q, k, v, o, lse, do,
-                                  causal=ctx.causal, scale=ctx.scale)
+                                  rules=ctx.rules, scale=ctx.scale)
         return dq, dk, dv, None, None, None, None
 
 
-def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-                    forward_version: str | None = None, backward_version: str | None = None):
+def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
+                    alibi_slopes=None, document_ids=None, mask_mod=None, forward_version: str | None = None,
+                    backward_version: str | None = None):
     """Differentiable FlashAttention, a drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)``.
 
-    q: (B, H, N_q, D); k, v: (B, H, N_kv, D) -> o (B, H, N_q, D). Gradients flow to q, k and v.
+    q: (B, H_q, N_q, D); k, v: (B, H_kv, N_kv, D) -> o (B, H_q, N_q, D); the options are the module's.
+    Gradients flow to q, k and v (dk, dv summed over each K/V head's group of query heads).
     """
     check_qkv(q, k, v)
+    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        document_ids=document_ids, mask_mod=mask_mod)
     forward = _forward_version(forward_version)
     _backward_version(backward_version)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return run_forward(forward, q, k, v, causal=causal, scale=scale)[0]  # inference: skip autograd's cost
-    return FlashAttentionFunction.apply(q, k, v, causal, scale, forward_version, backward_version)
+        return run_forward(forward, q, k, v, rules=rules, scale=scale)[0]  # inference: skip autograd's cost
+    return FlashAttentionFunction.apply(q, k, v, rules, scale, forward_version, backward_version)

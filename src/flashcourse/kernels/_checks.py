@@ -6,7 +6,7 @@ import torch
 
 from . import configs
 
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -46,12 +46,12 @@ def check_head_dim(head_dim: int) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"head dim {head_dim} is not supported: expected one of {SUPPORTED_HEAD_DIMS} "
-            "(80 and 96 are padded to 128 inside)"
+            "(80 and 96 are padded to 128 inside; 256 is Gemma's)"
         )
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q (B, H, N_q, D), k and v (B, H, N_kv, D), one dtype, one device."""
+    """q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, one dtype, one device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor of shape (B, H, N, D)")
@@ -63,10 +63,15 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}: they must be on one device")
     if k.shape != v.shape:
         raise ValueError(f"k has shape {tuple(k.shape)} but v has shape {tuple(v.shape)}: they must match")
-    if q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(
-            f"q has shape {tuple(q.shape)} but k has shape {tuple(k.shape)}: batch, heads and head dim "
-            "(dims 0, 1 and 3) must match"
+            f"q has shape {tuple(q.shape)} but k has shape {tuple(k.shape)}: batch and head dim "
+            "(dims 0 and 3) must match"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"q has {q.shape[1]} heads and k has {k.shape[1]}: H_q must be a multiple of H_kv (grouped-query "
+            "attention: query head h uses KV head h // (H_q // H_kv))"
         )
     check_head_dim(q.shape[3])
     check_device(q, "q")

@@ -12,6 +12,9 @@ Three launches:
      (7 matmuls in all instead of 5) but writes dQ once, with plain stores.
    - "b2" dQ accumulated by the dK/dV kernel with fp32 atomic adds into a (B, H, N_q, D) buffer (FA2's own
      scheme): 5 matmuls, but every (key tile, query tile) pair adds a BLOCK_M x D tile into L2.
+   - "b3" ``_bwd_dkdv_b3_kernel`` + ``_bwd_dq_b3_kernel``: b1's scheme under the variant rules (``rules.py``)
+     as compile-time switches; a dK/dV program loops over the query heads of its K/V head's group, so GQA's
+     dK, dV are summed in registers (no atomics, no expanded K/V).
 Scores are kept in base 2 as in the forward: p = exp2(qk * scale*log2(e) - lse*log2(e)).
 """
 
@@ -23,9 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs
+from . import blockmask, configs
 from ._checks import dot_precision, padded_head_dim
-from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, load_tile, strides
+from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, load_tile, modified_scores, strides, visible
+from .rules import Rules, causal_rules, refuse_missing
 
 
 @triton.jit
@@ -217,6 +221,269 @@ def _bwd_dq_kernel(
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
+# ------------------------------------------------------------------------------------------ b3 (rules)
+@triton.jit
+def _dkdv_tile_b3(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                  stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
+                  slope2, MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
+                  HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                  HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dK, dV of one key tile from the query tile [start_m, start_m + BLOCK_M) of head h, under the rules.
+    Transposed layout, as b1: scores are (BLOCK_N keys, BLOCK_M queries)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = start_m + tl.arange(0, BLOCK_M)
+    q = load_tile(q_base + rows[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                  rows, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED)  # (BLOCK_M, BLOCK_D)
+    do = load_tile(do_base + rows[:, None] * stride_don + offs_d[None, :] * stride_dod,
+                   rows, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    if MASKED:
+        lse2 = tl.load(lse_base + rows, mask=rows < N_Q, other=0.0) * LOG2E_IN_KERNEL
+        delta = tl.load(delta_base + rows, mask=rows < N_Q, other=0.0)
+    else:
+        lse2 = tl.load(lse_base + rows) * LOG2E_IN_KERNEL
+        delta = tl.load(delta_base + rows)
+    qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+    if SCORE_MOD:
+        s_t, tanh_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], qk_scale, softcap2, slope2, SHIFT,
+                                      HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        s_t = qk_t * qk_scale
+    p_t = tl.exp2(s_t - lse2[None, :])
+    if MASKED:  # after exp2: a row with no visible key has lse = -inf, and its p must become 0, not inf
+        ok = visible(b, h, rows[None, :], offs_n[:, None], N_Q, N_KV, UPPER, LOWER, doc_ids,
+                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        p_t = tl.where(ok, p_t, 0.0)
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_D)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+    ds_t = p_t * (dp_t - delta[None, :])
+    if HAS_SOFTCAP:  # through the cap: d(c * tanh(s / c)) / ds = 1 - tanh^2
+        ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_b3_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H_KV, GROUP, N_Q, N_KV,
+    UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1)  # over B * H_kv: one program owns a K/V tile of one K/V head
+    b = (pid_bkv // H_KV).to(tl.int64)
+    h_kv = (pid_bkv % H_KV).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = load_tile(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D), stays resident
+    v = load_tile(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    doc_ids = DOC_IDS + b * stride_doc_b
+
+    # Query rows from the bounds alone (key j is seen by rows j - UPPER <= i <= j - LOWER): rows [lo, hi) see
+    # some key of this tile; the query tiles inside [full_lo, full_hi) see all of them (no mask).
+    lo = 0
+    hi = N_Q
+    full_lo = 0
+    full_hi = N_Q
+    if HAS_UPPER:
+        lo = tl.minimum(tl.maximum(start_n - UPPER, 0), N_Q) // BLOCK_M * BLOCK_M
+        full_lo = (tl.maximum(start_n + BLOCK_N - 1 - UPPER, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    if HAS_LOWER:
+        hi = tl.minimum(N_Q, tl.maximum(tl.minimum(start_n + BLOCK_N, N_KV) - LOWER, 0))
+        full_hi = tl.minimum(N_Q, tl.maximum(start_n - LOWER + 1, 0))
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
+    full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_M * BLOCK_M, full_lo), hi)
+
+    # Every query head of the group adds into the same dK, dV registers: the sum over the group, no atomics.
+    for g in range(0, GROUP):
+        h = h_kv * GROUP + g
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        lse_base = LSE + (b * H_KV * GROUP + h) * N_Q
+        delta_base = DELTA + (b * H_KV * GROUP + h) * N_Q
+        slope2 = 0.0
+        if HAS_ALIBI:
+            slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
+        if BLOCK_SPARSE:  # the block mask lists this key tile's full and partial query tiles
+            row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_n
+            for i in range(0, tl.load(FULL_COUNTS + row)):
+                start_m = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
+                dk, dv = _dkdv_tile_b3(
+                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                    softcap2, slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            for i in range(0, tl.load(PARTIAL_COUNTS + row)):
+                start_m = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
+                dk, dv = _dkdv_tile_b3(
+                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                    softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+        else:
+            if HAS_UPPER:  # the diagonal: rows that see only part of the tile
+                for start_m in range(lo, full_lo, BLOCK_M):
+                    dk, dv = _dkdv_tile_b3(
+                        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                        stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                        softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                        SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            for start_m in range(full_lo, full_hi, BLOCK_M):
+                dk, dv = _dkdv_tile_b3(
+                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                    softcap2, slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+            # The window's far edge and the tail tile past the last whole query tile.
+            for start_m in range(full_hi, hi, BLOCK_M):
+                dk, dv = _dkdv_tile_b3(
+                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                    softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+
+    store_mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
+    dk_ptrs = DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV + b * stride_dvb + h_kv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
+    tl.store(dk_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=store_mask)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
+                b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr,
+                MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                SCORE_MOD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """(Unscaled) dQ of one query tile from the key tile [start_n, start_n + BLOCK_N), under the rules."""
+    offs_d = tl.arange(0, BLOCK_D)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                  cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)  # (BLOCK_N, BLOCK_D)
+    v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                  cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    if SCORE_MOD:
+        s, tanh_s = modified_scores(qk, offs_m[:, None], cols[None, :], qk_scale, softcap2, slope2, SHIFT,
+                                    HAS_SOFTCAP, HAS_ALIBI)
+    else:
+        s = qk * qk_scale
+    p = tl.exp2(s - lse2[:, None])
+    if MASKED:
+        ok = visible(b, h, offs_m[:, None], cols[None, :], N_Q, N_KV, UPPER, LOWER, doc_ids,
+                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    ds = p * (dp - delta[:, None])
+    if HAS_SOFTCAP:
+        ds = ds * (1.0 - tanh_s * tanh_s)
+    return dq + tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _bwd_dq_b3_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, scale, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, GROUP, N_Q, N_KV,
+    UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    h_kv = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                  offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+    do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
+                   + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    row_ok = offs_m < N_Q
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_IN_KERNEL
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b * stride_kb + h_kv * stride_kh
+    v_base = V + b * stride_vb + h_kv * stride_vh
+    doc_ids = DOC_IDS + b * stride_doc_b
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    if BLOCK_SPARSE:
+        row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
+        for i in range(0, tl.load(FULL_COUNTS + row)):
+            start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
+            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
+                             slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        for i in range(0, tl.load(PARTIAL_COUNTS + row)):
+            start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
+            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
+                             slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    else:  # key tiles from the bounds, as the v7 forward
+        first_row = pid_m * BLOCK_M
+        last_row = tl.minimum(first_row + BLOCK_M, N_Q) - 1
+        lo = 0
+        hi = N_KV
+        full_lo = 0
+        full_hi = N_KV
+        if HAS_UPPER:
+            hi = tl.minimum(N_KV, tl.maximum(last_row + UPPER + 1, 0))
+            full_hi = tl.minimum(N_KV, tl.maximum(first_row + UPPER + 1, 0))
+        if HAS_LOWER:
+            lo = tl.minimum(tl.maximum(first_row + LOWER, 0), N_KV) // BLOCK_N * BLOCK_N
+            full_lo = (tl.maximum(last_row + LOWER, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo), hi)
+        if HAS_LOWER:
+            for start_n in range(lo, full_lo, BLOCK_N):
+                dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                                 stride_vd, start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
+                                 softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP,
+                                 HAS_ALIBI, SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
+                             slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
+                             slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
+                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+    tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
 @dataclass(frozen=True)
 class BackwardVersion:
     """One dQ scheme of the backward: what it changes and what we predicted."""
@@ -226,6 +493,7 @@ class BackwardVersion:
     changes: str
     prediction: str
     atomic_dq: bool
+    takes_rules: bool = False  # GQA, both causal alignments, window, softcap, ALiBi, documents, mask_mod
 
 
 BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
@@ -237,9 +505,14 @@ BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
         BackwardVersion("b2", "atomic dQ", "dQ added by the dK/dV kernel with fp32 atomics (FA2's scheme)",
                         "5 matmuls, but N/BLOCK_N atomic passes over dQ through L2: slower at large N",
                         atomic_dq=True),
+        BackwardVersion("b3", "rules", "b1's two kernels with v7's rules as compile-time switches; GQA dK/dV "
+                        "summed over the group inside one program (no atomics, no expanded K/V)",
+                        "dense: same as b1; window and documents: time proportional to the visible tiles; "
+                        "GQA: dK/dV programs read each K/V tile once per group",
+                        atomic_dq=False, takes_rules=True),
     ]
 }
-DEFAULT_BACKWARD = "b1"
+DEFAULT_BACKWARD = "b3"  # supports every option; with none it compiles to b1's work
 
 
 def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.KernelConfig, *, causal: bool) -> None:
@@ -256,17 +529,25 @@ def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.Kernel
         )
 
 
-def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool, scale: float | None,
-                 configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None):
-    """dq, dk, dv from the forward's saved (o, lse); all (B, H, N, D) tensors of q's dtype."""
+def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False, scale: float | None,
+                 configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None,
+                 rules: Rules | None = None):
+    """dq, dk, dv from the forward's saved (o, lse), tensors like q, k, v. ``rules`` (from
+    ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
+    rules = causal_rules(causal) if rules is None else rules
+    if not version.takes_rules:
+        refuse_missing("backward", version.name, DEFAULT_BACKWARD, "backward_version", rules,
+                       k.shape[1] != heads, n_q, n_kv)
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
+    masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
     cfg_dkdv, cfg_dq = configs_override or configs.backward_config(props, block_d, q.element_size(),
-                                                                           causal=causal)
-    check_backward_launch(cfg_dkdv, cfg_dq, causal=causal)
+                                                                   causal=masked)
+    if not version.takes_rules:  # b1/b2 split at tile edges; b3 classifies tiles from the bounds themselves
+        check_backward_launch(cfg_dkdv, cfg_dq, causal=rules.causal is not None)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:
@@ -282,12 +563,15 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
         O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     )
+    if version.takes_rules:
+        _run_b3(q, k, v, do, dk, dv, dq_acc, lse, delta, rules, scale, cfg_dkdv, cfg_dq, block_d)
+        return dq_acc, dk, dv
     _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * heads)](
         Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
         **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dk, "dk"),
         **strides(dv, "dv"), **strides(dq_acc, "dq"),
         H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=causal, ATOMIC_DQ=version.atomic_dq, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        CAUSAL=rules.causal is not None, ATOMIC_DQ=version.atomic_dq, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n, DOT_PRECISION=precision,
         num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
     )
@@ -297,8 +581,38 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal: bool,
         Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
         **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),
         H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=causal, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        CAUSAL=rules.causal is not None, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, DOT_PRECISION=precision,
         num_warps=cfg_dq.num_warps, num_stages=cfg_dq.num_stages,
     )
     return dq_acc, dk, dv
+
+
+def _block_lists(rules: Rules, q, k, cfg: configs.KernelConfig, *, by_key: bool) -> dict:
+    """The block mask's tile lists at this kernel's tile size: per query tile (dQ) or per key tile (dK/dV)."""
+    if not rules.needs_block_mask:
+        return blockmask.no_tile_lists(q)
+    kinds = blockmask.tile_kinds(rules, q, k, cfg.block_m, cfg.block_n)
+    return blockmask.tile_lists(kinds.transpose(-1, -2) if by_key else kinds).kernel_args()
+
+
+def _run_b3(q, k, v, do, dk, dv, dq, lse, delta, rules: Rules, scale: float, cfg_dkdv: configs.KernelConfig,
+            cfg_dq: configs.KernelConfig, block_d: int) -> None:
+    """b3's two launches: dK/dV per (key tile, K/V head) over the group's query heads, then dQ per query tile."""
+    batch, heads, n_q, head_dim = q.shape
+    h_kv, n_kv = k.shape[1], k.shape[2]
+    shared = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
+                  **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
+                  GROUP=heads // h_kv, N_Q=n_q, N_KV=n_kv, **blockmask.rule_args(rules, q, k),
+                  HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
+    _bwd_dkdv_b3_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * h_kv)](
+        DK=dk, DV=dv, **strides(dk, "dk"), **strides(dv, "dv"), H_KV=h_kv, **shared,
+        **_block_lists(rules, q, k, cfg_dkdv, by_key=True),
+        BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
+        num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
+    )
+    _bwd_dq_b3_kernel[(triton.cdiv(n_q, cfg_dq.block_m), batch * heads)](
+        DQ=dq, **strides(dq, "dq"), H=heads, **shared, **_block_lists(rules, q, k, cfg_dq, by_key=False),
+        BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n,
+        num_warps=cfg_dq.num_warps, num_stages=cfg_dq.num_stages,
+    )

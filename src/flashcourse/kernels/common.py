@@ -66,3 +66,48 @@ def normalise_rows(acc, l_i, m_i):
 def strides(t, name: str, axes: str = "bhnd") -> dict[str, int]:
     """A tensor's strides as the kernels' keyword arguments: ``strides(q, "q")`` -> {"stride_qb": ..., ...}."""
     return {f"stride_{name}{axis}": s for axis, s in zip(axes, t.stride(), strict=True)}
+
+
+# ------------------------------------------------------------------------------------------ variant rules
+# The rules of kernels/rules.py inside a kernel. Indices arrive as broadcastable tiles: q_idx (BLOCK_M, 1) and
+# kv_idx (1, BLOCK_N) in the forward, the transpose in the dK/dV kernel, so one helper serves every layout.
+@triton.jit
+def visible(b, h, q_idx, kv_idx, N_Q, N_KV, UPPER, LOWER, doc_ids,
+            HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr):
+    """True where query q_idx may see key kv_idx: both in range, q_idx + LOWER <= kv_idx <= q_idx + UPPER,
+    same document (``doc_ids`` points at batch b's ids), and ``MASK_MOD(b, h, q_idx, kv_idx)``."""
+    ok = (q_idx < N_Q) & (kv_idx < N_KV)
+    if HAS_UPPER:
+        ok = ok & (kv_idx <= q_idx + UPPER)
+    if HAS_LOWER:
+        ok = ok & (kv_idx >= q_idx + LOWER)
+    if HAS_DOCS:
+        doc_q = tl.load(doc_ids + q_idx, mask=q_idx < N_Q, other=0)
+        doc_k = tl.load(doc_ids + kv_idx, mask=kv_idx < N_KV, other=0)
+        ok = ok & (doc_q == doc_k)
+    if MASK_MOD is not None:
+        ok = ok & MASK_MOD(b, h, q_idx, kv_idx)
+    return ok
+
+
+@triton.jit
+def tanh_via_exp2(x):
+    """tanh(x) = 1 - 2 / (1 + e^(2x)), from one EX2; exact limits +-1 (e^(2x) -> inf or 0), works in the
+    interpreter as on every GPU (no libdevice)."""
+    return 1.0 - 2.0 / (1.0 + tl.exp2(x * (2.0 * LOG2E_IN_KERNEL)))
+
+
+@triton.jit
+def modified_scores(qk, q_idx, kv_idx, qk_scale, softcap2, slope2, SHIFT,
+                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores in base 2 (``qk * qk_scale``), soft-capped, then ALiBi-biased; also tanh of the cap (for the
+    backward: d cap(s) / ds = 1 - tanh^2). In base 2 the cap is ``softcap2 = softcap * log2(e)`` and the slope
+    ``slope2 = slope * log2(e)``; query q_idx sits at key position q_idx + SHIFT."""
+    s = qk * qk_scale
+    t = s  # unused unless HAS_SOFTCAP; a tensor of the right shape either way
+    if HAS_SOFTCAP:
+        t = tanh_via_exp2(s / softcap2)
+        s = softcap2 * t
+    if HAS_ALIBI:
+        s = s - slope2 * tl.abs(q_idx + SHIFT - kv_idx).to(tl.float32)
+    return s, t

@@ -15,8 +15,13 @@ Each version is a whole kernel you can read alone, except v4, which is only a la
       so the last wave is made of short programs instead of long ones.
 - v6  ``_fwd_v6_kernel``: v5 with Q, K, V moved through tensor descriptors (Hopper's TMA copy engine) instead of
       pointer tiles; GPUs without TMA run v5 (Triton's interpreter emulates descriptors, so on a CPU v6 runs).
+- v7  ``_fwd_v7_kernel``: v6 plus the variant rules of ``rules.py``, each a compile-time switch: grouped-query
+      attention, both causal alignments, a sliding window (tile ranges from the bounds: empty tiles skipped,
+      whole visible ones unmasked), softcap, ALiBi, and documents / ``mask_mod`` through a block mask
+      (``blockmask.py``). Tensor descriptors on Hopper, pointer tiles elsewhere (``USE_DESC``).
 
-Shapes: q (B, H, N_q, D), k and v (B, H, N_kv, D), any strides; o like q; lse (B, H, N_q) float32, natural log.
+Shapes: q (B, H, N_q, D), k and v (B, H, N_kv, D) (v7: H_kv heads, a divisor of H), any strides; o like q;
+lse (B, H, N_q) float32, natural log.
 """
 
 from __future__ import annotations
@@ -28,9 +33,21 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs
+from . import blockmask, configs
 from ._checks import dot_precision, padded_head_dim
-from .common import LOG2E, MASKED_FILL, default_scale, load_tile, normalise_rows, online_softmax_update, strides
+from .common import (
+    LOG2E,
+    LOG2E_IN_KERNEL,
+    MASKED_FILL,
+    default_scale,
+    load_tile,
+    modified_scores,
+    normalise_rows,
+    online_softmax_update,
+    strides,
+    visible,
+)
+from .rules import Rules, causal_rules, refuse_missing
 
 
 @triton.jit
@@ -338,6 +355,144 @@ def _fwd_v6_kernel(
                   stride_on, stride_od, N_Q, HEAD_DIM)
 
 
+# ------------------------------------------------------------------------------------------ v7 (rules)
+@triton.jit
+def _attend_tile_v7(acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn,
+                    stride_vd, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                    MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
+                    HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, USE_DESC: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr):
+    """Key tile [start_n, start_n + BLOCK_N) of the online softmax under the rules. MASKED=False: every score of
+    the tile is visible, so no mask code runs (the scores are still capped and biased)."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    if USE_DESC:  # k_src, v_src: tensor descriptors (rows past N_KV come back as 0)
+        k = k_src.load([start_n, 0])  # (BLOCK_N, BLOCK_D)
+        v = v_src.load([start_n, 0])
+    else:  # k_src, v_src: this (batch, KV head)'s base pointers
+        offs_d = tl.arange(0, BLOCK_D)
+        k = load_tile(k_src + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+        v = load_tile(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
+    step_scale = qk_scale
+    if SCORE_MOD:  # capped and biased scores come out already scaled, in base 2
+        qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], qk_scale, softcap2, slope2, SHIFT,
+                                HAS_SOFTCAP, HAS_ALIBI)
+        step_scale = 1.0
+    if MASKED:
+        ok = visible(b, h, offs_m[:, None], cols[None, :], N_Q, N_KV, UPPER, LOWER, doc_ids,
+                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        qk = tl.where(ok, qk, float("-inf"))
+    return online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
+
+
+@triton.jit
+def _fwd_v7_kernel(
+    Q, K, V, O, LSE, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, GROUP, N_Q, N_KV,
+    UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
+    USE_DESC: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    if HAS_UPPER:  # causal-like: the bottom query tiles see the most keys, start them first (v5)
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    h_kv = h // GROUP  # grouped-query attention: GROUP consecutive query heads share a K/V head
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    if USE_DESC:  # Hopper: TMA copies through one 2-D (N, D) descriptor per (batch, head), as v6
+        q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
+                                           strides=[stride_qn, 1], block_shape=[BLOCK_M, BLOCK_D])
+        k_src = tl.make_tensor_descriptor(K + b * stride_kb + h_kv * stride_kh, shape=[N_KV, HEAD_DIM],
+                                          strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(V + b * stride_vb + h_kv * stride_vh, shape=[N_KV, HEAD_DIM],
+                                          strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        q = q_desc.load([pid_m * BLOCK_M, 0])
+    else:  # pointer tiles, as v5
+        q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+                      offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+        k_src = K + b * stride_kb + h_kv * stride_kh
+        v_src = V + b * stride_vb + h_kv * stride_vh
+    doc_ids = DOC_IDS + b * stride_doc_b
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
+
+    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if BLOCK_SPARSE:  # documents / mask_mod: the block mask lists this query tile's full and partial key tiles
+        row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
+        for i in range(0, tl.load(FULL_COUNTS + row)):
+            start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
+            acc, l_i, m_i = _attend_tile_v7(
+                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
+                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
+                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        for i in range(0, tl.load(PARTIAL_COUNTS + row)):
+            start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
+            acc, l_i, m_i = _attend_tile_v7(
+                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
+                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
+                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    else:
+        # Key tiles from the bounds alone: keys [lo, hi) reach some row of this tile; the tiles inside
+        # [full_lo, full_hi) are whole and visible to every row (no mask), the ones around them are masked.
+        first_row = pid_m * BLOCK_M
+        last_row = tl.minimum(first_row + BLOCK_M, N_Q) - 1
+        lo = 0
+        hi = N_KV
+        full_lo = 0
+        full_hi = N_KV
+        if HAS_UPPER:
+            hi = tl.minimum(N_KV, tl.maximum(last_row + UPPER + 1, 0))
+            full_hi = tl.minimum(N_KV, tl.maximum(first_row + UPPER + 1, 0))
+        if HAS_LOWER:
+            lo = tl.minimum(tl.maximum(first_row + LOWER, 0), N_KV) // BLOCK_N * BLOCK_N
+            full_lo = (tl.maximum(last_row + LOWER, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
+        full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo), hi)
+        if HAS_LOWER:  # the window's left edge
+            for start_n in range(lo, full_lo, BLOCK_N):
+                acc, l_i, m_i = _attend_tile_v7(
+                    acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn,
+                    stride_vd, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                    True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
+                    HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        for start_n in range(full_lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile_v7(
+                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
+                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
+                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+        # The diagonal / right edge and the tail tile past the last whole one.
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile_v7(
+                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
+                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
+                True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
+                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+
+    o, lse = normalise_rows(acc, l_i, m_i)
+    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
+                  stride_on, stride_od, N_Q, HEAD_DIM)
+
+
 # ------------------------------------------------------------------------------------------ launching
 @dataclass(frozen=True)
 class ForwardVersion:
@@ -352,6 +507,7 @@ class ForwardVersion:
     base2: bool  # the kernel takes qk_scale = scale * log2(e) (exp2) rather than scale
     splits_causal_keys: bool  # splits a causal row's keys at a query-tile edge: needs BLOCK_M % BLOCK_N == 0
     needs_descriptors: bool = False  # Hopper's TMA; without it the version launches v5's kernel
+    takes_rules: bool = False  # GQA, both causal alignments, window, softcap, ALiBi, documents, mask_mod
 
     @property
     def kernel_name(self) -> str:
@@ -384,38 +540,51 @@ def check_forward_launch(version: ForwardVersion, config: configs.KernelConfig, 
         )
 
 
-def run_forward(version: ForwardVersion, q, k, v, *, causal: bool, scale: float | None,
-                config: configs.KernelConfig | None = None):
-    """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch."""
+def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float | None,
+                config: configs.KernelConfig | None = None, rules: Rules | None = None):
+    """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch;
+    ``rules`` (from ``rules.parse_rules``), when given, replaces ``causal``."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
+    rules = causal_rules(causal) if rules is None else rules
+    if not version.takes_rules:
+        refuse_missing("forward", version.name, DEFAULT_FORWARD, "version", rules, k.shape[1] != heads, n_q, n_kv)
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
+    # Causal, a window or a block mask leave partial tiles, where the small-tile launch wastes less.
+    masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
     if config is None and version.tuned_launch:
-        config = configs.forward_config(props, block_d, q.element_size(), causal=causal)
+        config = configs.forward_config(props, block_d, q.element_size(), causal=masked)
     elif config is None:
         config = configs.baseline_forward_config(props, block_d, q.element_size())
-    check_forward_launch(version, config, causal=causal)
+    check_forward_launch(version, config, causal=rules.causal is not None)
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     if batch * heads * n_q == 0:
         return o, lse
-    kernel = version.kernel
-    if version.needs_descriptors:
-        if descriptors_usable(props, q, k, v):
-            triton.set_allocator(tma_scratch(q.device))
-        else:
-            kernel = _fwd_v5_kernel
-    scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
-    kernel[(triton.cdiv(n_q, config.block_m), batch * heads)](
-        Q=q, K=k, V=v, O=o, LSE=lse, **scale_arg,
-        **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(o, "o"),
-        H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=causal, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    use_descriptors = version.needs_descriptors and descriptors_usable(props, q, k, v)
+    if use_descriptors:
+        triton.set_allocator(tma_scratch(q.device))
+    launch = dict(
+        Q=q, K=k, V=v, O=o, **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(o, "o"),
+        N_Q=n_q, N_KV=n_kv, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    grid = (triton.cdiv(n_q, config.block_m), batch * heads)
+    if version.takes_rules:
+        lists = (blockmask.tile_lists(blockmask.tile_kinds(rules, q, k, config.block_m, config.block_n))
+                 .kernel_args() if rules.needs_block_mask else blockmask.no_tile_lists(q))
+        version.kernel[grid](
+            LSE=lse, qk_scale=scale * LOG2E, H=heads, GROUP=heads // k.shape[1], **launch,
+            **blockmask.rule_args(rules, q, k), **lists, USE_DESC=use_descriptors,
+        )
+        return o, lse
+    kernel = version.kernel
+    if version.needs_descriptors and not use_descriptors:
+        kernel = _fwd_v5_kernel
+    scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
+    kernel[grid](LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None, **launch)
     return o, lse
 
 
@@ -442,5 +611,15 @@ FORWARD_VERSIONS: dict[str, ForwardVersion] = {
                        "+5-15% on sm_90: copies leave the warps' issue slots; falls back to v5 elsewhere",
                        _fwd_v6_kernel, tuned_launch=True, base2=True, splits_causal_keys=True,
                        needs_descriptors=True),
+        ForwardVersion("v7", "rules: GQA, causal alignment, window, softcap, ALiBi, documents, mask_mod",
+                       "v6 with every variant as a compile-time switch: tile ranges from the causal/window bounds "
+                       "(empty tiles skipped, full ones unmasked), a block mask for documents and mask_mod, "
+                       "K/V head h // (H_q / H_kv), capped and biased scores",
+                       "dense: same as v6 (every switch off compiles to v6's loops); window (1024, 0) at N=16K: "
+                       "time proportional to the visible tiles, >= 80% of dense causal TFLOP/s over visible "
+                       "entries; GQA as fast as K/V expanded to every head",
+                       _fwd_v7_kernel, tuned_launch=True, base2=True, splits_causal_keys=False,
+                       needs_descriptors=True, takes_rules=True),
     ]
 }
+DEFAULT_FORWARD = "v7"  # supports every option; with none it compiles to v6's work (docs/KERNELS.md)

@@ -1,0 +1,193 @@
+"""Attention variants as rules: which keys a query sees, and how a score changes before the softmax.
+
+Positions follow the FlashAttention library: with N_q queries and N_k keys, query ``i`` sits at key position
+``i + N_k - N_q`` ("bottom-right" alignment, what a KV-cache prefill needs). Then
+
+- ``causal="top_left"`` (or ``True``, as SDPA's ``is_causal``): key ``j`` visible when ``j <= i``;
+  ``causal="bottom_right"``: when ``j <= i + N_k - N_q``;
+- ``window=(left, right)``: when ``i + N_k - N_q - left <= j <= i + N_k - N_q + right``, ``-1`` = unbounded on
+  that side (the FlashAttention library's ``window_size``, Dao 2023, flash-attn 2.3);
+- ``document_ids`` (B, N): when query and key carry the same id (sequences packed into one row);
+- ``mask_mod(b, h, q_idx, kv_idx) -> bool``: a ``@triton.jit`` function, FlexAttention's signature (Dong et al.
+  2024);
+
+all combined by AND. Scores ``s = scale * q.k`` become ``softcap * tanh(s / softcap)`` (Gemma 2, Gemma Team
+2024, section 2) and then get the ALiBi bias ``-slope_h * |i + N_k - N_q - j|`` (Press et al. 2022).
+
+The two bounds on ``j - i`` that causal and window give are what the kernels use to skip and classify tiles
+without looking at them (:meth:`Rules.key_bounds`); documents and ``mask_mod`` need a block mask.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from triton.runtime.jit import KernelInterface
+
+CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensors inside have no truth value for ==
+class Rules:
+    """The variant options of one attention call, checked. All None (and causal None) is plain attention."""
+
+    causal: str | None = None  # None, "top_left" or "bottom_right"
+    window: tuple[int, int] | None = None  # (left, right), -1 = unbounded; never (-1, -1), that is None
+    softcap: float | None = None
+    alibi_slopes: torch.Tensor | None = None  # (H_q,) float32
+    document_ids: torch.Tensor | None = None  # (B, N) integer
+    mask_mod: Callable | None = None  # @triton.jit (b, h, q_idx, kv_idx) -> bool
+
+    @property
+    def needs_block_mask(self) -> bool:
+        """Documents and mask_mod can only be classified per tile by looking at the tile."""
+        return self.document_ids is not None or self.mask_mod is not None
+
+    @property
+    def has_score_mod(self) -> bool:
+        return self.softcap is not None or self.alibi_slopes is not None
+
+    def key_bounds(self, n_q: int, n_kv: int) -> tuple[int | None, int | None]:
+        """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side)."""
+        shift = n_kv - n_q  # query i sits at key position i + shift
+        uppers, lower = [], None
+        if self.causal is not None:
+            uppers.append(0 if self.causal == "top_left" else shift)
+        if self.window is not None:
+            left, right = self.window
+            if right >= 0:
+                uppers.append(shift + right)
+            if left >= 0:
+                lower = shift - left
+        return (min(uppers) if uppers else None), lower
+
+    def missing_in_numbered_version(self, gqa: bool, n_q: int, n_kv: int) -> str | None:
+        """What the numbered versions v1-v6, b1-b2 (plain or top-left causal attention) cannot do, or None."""
+        if gqa:
+            return "grouped-query attention (k and v with fewer heads than q)"
+        if self.causal == "bottom_right" and n_q != n_kv:
+            return "bottom-right causal alignment"
+        for present, what in ((self.window is not None, "sliding window"), (self.softcap is not None, "softcap"),
+                              (self.alibi_slopes is not None, "ALiBi (alibi_slopes)"),
+                              (self.document_ids is not None, "document masking (document_ids)"),
+                              (self.mask_mod is not None, "mask_mod")):
+            if present:
+                return what
+        return None
+
+
+DENSE = Rules()
+TOP_LEFT_CAUSAL = Rules(causal="top_left")
+
+
+def _causal(causal) -> str | None:
+    if causal is False or causal is None:
+        return None
+    if causal is True or causal == "top_left":
+        return "top_left"
+    if causal == "bottom_right":
+        return "bottom_right"
+    raise ValueError(f"causal is {causal!r}: expected one of {CAUSAL_VALUES} "
+                     "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
+
+
+def _window(window) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window is {window!r} ({type(window).__name__}): expected a (left, right) pair of ints, "
+                        "-1 for unbounded, e.g. window=(1024, 0) for 1024 keys back and none ahead")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"window is {tuple(window)}: each side must be >= -1 (-1 = unbounded, 0 = the query's "
+                         "own position only)")
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
+def _softcap(softcap) -> float | None:
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap is {softcap!r} ({type(softcap).__name__}): expected a positive number, "
+                        "e.g. softcap=30.0 (Gemma 2's attention cap is 50)")
+    if not (math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap is {softcap}: expected a finite number > 0 (scores become "
+                         "softcap * tanh(score / softcap)); pass None for no cap")
+    return float(softcap)
+
+
+def _alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
+    if slopes is None:
+        return None
+    heads = q.shape[1]
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes is a {type(slopes).__name__}: expected a torch.Tensor of shape ({heads},) "
+                        "float32, one slope per query head")
+    if tuple(slopes.shape) != (heads,) or slopes.dtype != torch.float32:
+        raise ValueError(f"alibi_slopes has shape {tuple(slopes.shape)} and dtype {slopes.dtype}: expected "
+                         f"({heads},) float32, one slope per query head (q has {heads} heads)")
+    if slopes.device != q.device:
+        raise ValueError(f"alibi_slopes is on {slopes.device}, q on {q.device}: move it with .to(q.device)")
+    return slopes.contiguous()
+
+
+def _document_ids(ids, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    if ids is None:
+        return None
+    batch, n_q, n_kv = q.shape[0], q.shape[2], k.shape[2]
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"document_ids is a {type(ids).__name__}: expected a torch.Tensor of shape (B, N) "
+                        "with an integer document id per position")
+    if n_q != n_kv:
+        raise ValueError(f"document_ids needs as many queries as keys, but N_q = {n_q} and N_k = {n_kv}: "
+                         "packed documents share one position axis")
+    if tuple(ids.shape) != (batch, n_q) or ids.dtype not in (torch.int32, torch.int64, torch.int16):
+        raise ValueError(f"document_ids has shape {tuple(ids.shape)} and dtype {ids.dtype}: expected "
+                         f"({batch}, {n_q}) int32 or int64, one document id per position")
+    if ids.device != q.device:
+        raise ValueError(f"document_ids is on {ids.device}, q on {q.device}: move it with .to(q.device)")
+    return ids.to(torch.int32).contiguous()
+
+
+def _mask_mod(mask_mod) -> Callable | None:
+    if mask_mod is None or isinstance(mask_mod, KernelInterface):
+        return mask_mod
+    raise TypeError(f"mask_mod is {mask_mod!r}: expected a @triton.jit function mask_mod(b, h, q_idx, kv_idx) "
+                    "-> bool (FlexAttention's signature; the indices arrive as broadcastable tiles)")
+
+
+def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, softcap=None, alibi_slopes=None,
+                document_ids=None, mask_mod=None) -> Rules:
+    """Check the variant options against q (B, H_q, N_q, D) and k (B, H_kv, N_k, D) and gather them.
+
+    The plain call (every option None) returns a shared constant after four ``is None`` tests: it costs nothing.
+    """
+    if window is None and softcap is None and alibi_slopes is None and document_ids is None and mask_mod is None:
+        if causal is False:
+            return DENSE
+        if causal is True:
+            return TOP_LEFT_CAUSAL
+    return Rules(causal=_causal(causal), window=_window(window), softcap=_softcap(softcap),
+                 alibi_slopes=_alibi_slopes(alibi_slopes, q), document_ids=_document_ids(document_ids, q, k),
+                 mask_mod=_mask_mod(mask_mod))
+
+
+def causal_rules(causal) -> Rules:
+    """The rules of a call that gives only ``causal`` (how the numbered versions are launched)."""
+    alignment = _causal(causal)
+    if alignment is None:
+        return DENSE
+    return TOP_LEFT_CAUSAL if alignment == "top_left" else Rules(causal=alignment)
+
+
+def refuse_missing(kind: str, name: str, default: str, keyword: str, rules: Rules, gqa: bool, n_q: int,
+                   n_kv: int) -> None:
+    """A numbered teaching version asked for an option it lacks: a ValueError naming it and what to use."""
+    missing = rules.missing_in_numbered_version(gqa, n_q, n_kv)
+    if missing is not None:
+        raise ValueError(f"{kind} version {name} has no {missing}: use the default version ({default}) "
+                         f"or {keyword}='{default}'")
