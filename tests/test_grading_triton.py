@@ -14,6 +14,7 @@ import pytest
 
 from flashcourse import device, grading, reference
 from flashcourse.grading import _mistakes as mistakes
+from flashcourse.grading import ex08
 
 device.setup()  # before anything imports triton: the interpreter is chosen when a kernel is defined
 pytest.importorskip("triton")
@@ -173,12 +174,117 @@ def _dkdv(power_dk=1, shift=0, jacobian=True, transpose_p=True):
     return flash_backward_dkdv
 
 
+def _dq(power=1, shift=0, jacobian=True, also_dk=False):
+    def flash_backward_dq(q, k, v, o, lse, do, causal=False, scale=None):
+        dq, dk, _ = _grads_np(q, k, v, do, causal, scale, power_dq=power, shift=shift, jacobian=jacobian)
+        return (_like(dq, q), _like(dk, q)) if also_dk else _like(dq, q)
+    return flash_backward_dq
+
+
+def _grads_np(q, k, v, do, causal, scale, *, power_dq=1, shift=0, jacobian=True):
+    """dq, dk, dv in float64 NumPy from the whole score matrix, with a chosen mistake."""
+    qs, ks, vs, dos = (_np(t).astype(np.float64) for t in (q, k, v, do))
+    scale_ = qs.shape[-1] ** -0.5 if scale is None else scale
+    s = qs @ np.swapaxes(ks, -1, -2) * scale_
+    if causal:
+        s = np.where(np.arange(s.shape[-1])[None, :] > np.arange(s.shape[-2])[:, None] + shift, -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    dp = dos @ np.swapaxes(vs, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) if jacobian else p * dp
+    return ds @ ks * scale_**power_dq, np.swapaxes(ds, -1, -2) @ qs * scale_, np.swapaxes(p, -1, -2) @ dos
+
+
+def _attention_function(order=(0, 1, 2), nones=(None, None), power_dq=1, backward_scale=None,
+                        save_unnormalised=False, returns_lse=False):
+    """flash_attention through a torch.autograd.Function computed in NumPy, with a chosen wrapping mistake."""
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            qs, ks, vs = (_np(t).astype(np.float64) for t in (q, k, v))
+            scale_ = qs.shape[-1] ** -0.5 if scale is None else scale
+            s = qs @ np.swapaxes(ks, -1, -2) * scale_
+            if causal:
+                s = np.where(np.arange(s.shape[-1])[None, :] > np.arange(s.shape[-2])[:, None], -np.inf, s)
+            m = s.max(-1)
+            acc = np.exp(s - m[..., None]) @ vs  # the output before dividing by l
+            l = np.exp(s - m[..., None]).sum(-1)
+            o, lse = _like(acc / l[..., None], q), _like(m + np.log(l), q)
+            ctx.save_for_backward(q, k, v, _like(acc, q) if save_unnormalised else o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return (o, lse) if returns_lse else o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = (_np(t).astype(np.float64) for t in ctx.saved_tensors)
+            dos = _np(do).astype(np.float64)
+            scale = q.shape[-1] ** -0.5 if ctx.scale is None else ctx.scale
+            scale = scale if backward_scale is None else backward_scale
+            keep = np.arange(k.shape[-2])[None, :] <= np.arange(q.shape[-2])[:, None] if ctx.causal else True
+            p = np.where(keep, np.exp(q @ np.swapaxes(k, -1, -2) * scale - lse[..., None]), 0.0)  # from lse
+            ds = p * (dos @ np.swapaxes(v, -1, -2) - (dos * o).sum(-1, keepdims=True))
+            grads = (ds @ k * scale**power_dq, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ dos)
+            return (*(_like(grads[i], do) for i in order), *nones)
+
+    def flash_attention(q, k, v, causal=False, scale=None):
+        return Attention.apply(q, k, v, causal, scale)
+    return flash_attention
+
+
+def _without_function(q, k, v, causal=False, scale=None):
+    return _like(mistakes.attention(_np(q), _np(k), _np(v), causal=causal, scale=scale), q)  # no grad_fn
+
+
+def _course_backward(q, k, v, causal=False, scale=None):
+    from flashcourse import kernels
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = kernels.flash_attention_forward(q, k, v, causal=causal, scale=scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            return kernels.flash_attention_backward(*ctx.saved_tensors, do, causal=causal, scale=scale)
+
+    return Attention.apply(q, k, v)
+
+
 EX08 = {
     "dv: P not transposed": (grading.check_dkdv_triton_dv, _dkdv(transpose_p=False), "dv differs"),
     "dk: scale forgotten": (grading.check_dkdv_triton_dk, _dkdv(power_dk=0), "dk misses the scale"),
     "dk: scale twice": (grading.check_dkdv_triton_dk, _dkdv(power_dk=2), "dk has the scale applied twice"),
     "dk: softmax jacobian term missing": (grading.check_dkdv_triton_dk, _dkdv(jacobian=False), "misses the - rowsum"),
     "causal: mask off by one": (grading.check_dkdv_triton_causal, _dkdv(shift=1), mistakes.MASK_ONE_LATE),
+    "dq: scale forgotten": (ex08.check_dq_triton, _dq(power=0), "dq misses the scale"),
+    "dq: scale twice": (ex08.check_dq_triton, _dq(power=2), "dq has the scale applied twice"),
+    "dq: softmax jacobian term missing": (ex08.check_dq_triton, _dq(jacobian=False), "misses the - rowsum"),
+    "dq: causal mask off by one": (ex08.check_dq_triton, _dq(shift=1), mistakes.MASK_ONE_LATE),
+    "dq: returns (dq, dk)": (ex08.check_dq_triton, _dq(also_dk=True), "must return dq alone"),
+    "function: gradients in the wrong order": (ex08.check_attention_function, _attention_function(order=(1, 0, 2)),
+                                               "your dq is the gradient of k", "dq, dk, dv, None, None"),
+    "function: no None for causal and scale": (ex08.check_attention_function, _attention_function(nones=()),
+                                               "wrong number of gradients", "None for causal and scale"),
+    "function: a gradient for causal": (ex08.check_attention_function,
+                                        _attention_function(nones=(torch.zeros(()), None)),
+                                        "gradient for causal or scale", "return None in their places"),
+    "function: dq scale forgotten": (ex08.check_attention_function, _attention_function(power_dq=0),
+                                     "dq misses the scale"),
+    "function: backward with the default scale": (ex08.check_attention_function,
+                                                  _attention_function(backward_scale=16**-0.5),
+                                                  "default scale", "ctx.scale = scale"),
+    "function: unnormalised output saved": (ex08.check_attention_function,
+                                            _attention_function(save_unnormalised=True), "unnormalised output"),
+    "function: returns (o, lse)": (ex08.check_attention_function, _attention_function(returns_lse=True),
+                                   "returned a tuple of 2", "expected o alone"),
+    "function: no autograd.Function": (ex08.check_attention_function, _without_function, "has no grad_fn",
+                                       "FlashAttention.apply"),
+    "function: calls the course's backward": (ex08.check_attention_function, _course_backward,
+                                              "flashcourse.kernels.__init__.flash_attention_backward",
+                                              "earns no points"),
 }
 
 
@@ -298,3 +404,11 @@ def test_a_real_kernel_that_forgets_to_rescale_the_output_is_diagnosed(tmp_path)
     module = _solution_module("ex07_triton_forward", tmp_path,
                               {"acc = alpha[:, None] * acc + tl.dot": "acc = acc + tl.dot"})
     _rejects(grading.check_flash_forward_triton, module.flash_forward_triton, mistakes.OUTPUT_NOT_RESCALED)
+
+
+@pytest.mark.slow
+def test_a_real_dq_kernel_that_forgets_the_scale_is_diagnosed(tmp_path):
+    module = _solution_module("ex08_triton_backward", tmp_path,
+                              {"tl.store(DQ + q_offsets, dq * scale,": "tl.store(DQ + q_offsets, dq,"})
+    _rejects(ex08.check_dq_triton, module.flash_backward_dq, "dq misses the scale")
+    _rejects(ex08.check_attention_function, module.flash_attention, "dq misses the scale")

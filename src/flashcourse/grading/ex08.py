@@ -74,7 +74,8 @@ def _run_dq(fns, case):
     tensors = [to_tensor(case[name]) for name in ("q", "k", "v", "o", "lse", "do")]
     result = fns["flash_backward_dq"](*tensors, causal=case["causal"], scale=case["scale"])
     if isinstance(result, tuple):
-        raise AssertionError(f"flash_backward_dq must return dq alone (one tensor), got a tuple of {len(result)}")
+        raise AssertionError(f"ex08 (d): flash_backward_dq must return dq alone (one tensor), got a tuple of "
+                             f"{len(result)}")
     return {"dq": to_numpy(result, "dq")}
 
 
@@ -138,19 +139,20 @@ def _run_function(fns, case):
     o = fns["flash_attention"](q, k, v, causal=case["causal"], scale=case["scale"])
     if isinstance(o, tuple):
         raise AssertionError(
-            f"flash_attention returned a tuple of {len(o)}, expected o alone: FlashAttention.forward returns only "
-            "o and keeps lse with ctx.save_for_backward (each output of forward would need its own gradient)")
+            f"ex08 (e): flash_attention returned a tuple of {len(o)}, expected o alone: FlashAttention.forward "
+            "returns only o and keeps lse with ctx.save_for_backward (each output of forward would need its own "
+            "gradient)")
     if not isinstance(o, torch.Tensor):
-        raise AssertionError(f"flash_attention returned a {type(o).__name__}, expected the tensor o")
+        raise AssertionError(f"ex08 (e): flash_attention returned a {type(o).__name__}, expected the tensor o")
     if o.grad_fn is None:
-        raise AssertionError(NO_GRAD_FN)
+        raise AssertionError(f"ex08 (e): {NO_GRAD_FN}")
     try:
         dq, dk, dv = torch.autograd.grad(o, (q, k, v), grad_outputs=to_tensor(case["do"]))
     except RuntimeError as error:
         diagnosis = _function_error(error)
         if diagnosis is None:
             raise
-        raise AssertionError(diagnosis) from None
+        raise AssertionError(f"ex08 (e): {diagnosis}") from None
     return {"o": to_numpy(o, "o"), "dq": to_numpy(dq, "dq"), "dk": to_numpy(dk, "dk"), "dv": to_numpy(dv, "dv")}
 
 
