@@ -14,7 +14,12 @@ def _chunks(world, rank, layout):
     return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
 
 
-def _schedule(world, rank, step, layout, *, source=None, kind=schedule.block_kind):
+def _causal_kind(q_chunk, k_chunk):
+    # written here, not taken from schedule.block_kind: the checks refuse answers that call the library
+    return "full" if k_chunk < q_chunk else ("lower" if k_chunk == q_chunk else "skip")
+
+
+def _schedule(world, rank, step, layout, *, source=None, kind=_causal_kind):
     source = (rank - step) % world if source is None else source
     return {(qc, kc): kind(qc, kc) for qc in _chunks(world, rank, layout) for kc in _chunks(world, source, layout)}
 
@@ -94,3 +99,9 @@ def test_the_librarys_own_function_earns_nothing(check, library):
 def test_the_exercise_is_registered_with_its_parts():
     assert [part.grade_id for part in grading.parts("ex11_ring_schedule")] == ["ex11_a", "ex11_b", "ex11_c"]
     assert sum(part.points for part in grading.parts("ex11")) == 8
+
+
+def test_calling_the_librarys_function_inside_your_own_is_caught():
+    """A wrapper that hands the work to distributed.schedule is a library call the guard names."""
+    with pytest.raises(AssertionError, match="schedule.zigzag_indices"):
+        grading.check_zigzag_indices(lambda n, world, rank: schedule.zigzag_indices(n, world, rank))

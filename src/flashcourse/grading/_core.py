@@ -172,8 +172,9 @@ def _library_files() -> dict[str, str]:
     files = {}
     for module in ("reference", "tiled", "iomodel"):
         files[str(_PACKAGE_DIR / f"{module}.py")] = f"flashcourse.{module}"
-    for path in (_PACKAGE_DIR / "kernels").glob("*.py"):
-        files[str(path)] = f"flashcourse.kernels.{path.stem}"
+    for package in ("kernels", "distributed"):  # exercise 11 writes what distributed.schedule computes
+        for path in (_PACKAGE_DIR / package).glob("*.py"):
+            files[str(path)] = f"flashcourse.{package}.{path.stem}"
     scipy_special = sys.modules.get("scipy.special")
     if scipy_special is not None:  # scipy.special.softmax / logsumexp, if the learner has scipy
         files[str(Path(scipy_special.__file__).parent / "_logsumexp.py")] = "scipy.special"
@@ -182,7 +183,7 @@ def _library_files() -> dict[str, str]:
 
 class CallGuard:
     """While active, record calls from the learner's code into the library's implementations (reference, tiled,
-    iomodel, kernels, PyTorch's softmax / SDPA) and, when ``forbid_matmul``, PyTorch matrix products.
+    iomodel, kernels, distributed, PyTorch's softmax / SDPA) and, when ``forbid_matmul``, PyTorch matrix products.
 
     ``allowed``: function names the exercise permits (for example the ``Memory`` methods of the simulator).
     Only calls made directly from code outside the library and outside ``flashcourse.grading`` count, so the
