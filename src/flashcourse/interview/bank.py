@@ -202,7 +202,7 @@ def evidence_value(item: dict, *, root: Path | None = None):
             value = value / ev.results_value(item["results"], item["divide_by"], root=root)
         return value * item.get("multiply", 1) if "quote" in item else value
     if "compute" in item:
-        return ev.compute(item["compute"], item.get("args"))
+        return ev.compute(item["compute"], item.get("args")) * item.get("multiply", 1)
     if "paper" in item:
         if not str(item.get("section", "")).strip():
             raise ev.EvidenceError(f"paper evidence {item['paper']!r} needs a section")

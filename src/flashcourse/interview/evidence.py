@@ -48,6 +48,7 @@ __all__ = [
     "compute_time_us",
     "decode_benchmark_page_size",
     "decode_intensity",
+    "io_algorithm_ratio",
     "io_traffic_mb",
     "kv_cache_gb",
     "latent_cache_gb",
@@ -113,6 +114,11 @@ def standard_traffic_mb(batch: int, heads: int, n: int, d: int, bytes_per_elemen
     """Bytes the standard three-step attention moves through HBM (:func:`flashcourse.bench.naive_attention_hbm_bytes`,
     lesson 01's line-by-line count), in MB."""
     return bench.naive_attention_hbm_bytes(batch, heads, n, d, bytes_per_element=bytes_per_element)["total"] / 1e6
+
+
+def io_algorithm_ratio(n: int, d: int, sram: int, algorithm: str, baseline: str) -> float:
+    """Traffic of one simulated algorithm over another's, same N, d and M (e.g. "flash2" over "flash")."""
+    return io_traffic(n, d, sram, algorithm) / io_traffic(n, d, sram, baseline)
 
 
 def io_traffic_ratio(n: int, d: int, sram: int) -> float:
@@ -299,7 +305,7 @@ COMPUTE: dict[str, Callable[..., float]] = {
                memory_saved_ratio, decode_grid_fill, io_traffic_mb, standard_traffic_mb, paper_block_size,
                backward_matmuls_over_forward, percent_more, attention_gflop, compute_time_us, transfer_time_us,
                ridge_point, kv_cache_gb, latent_cache_gb, decode_intensity, causal_tile_fraction,
-               decode_benchmark_page_size)
+               decode_benchmark_page_size, io_algorithm_ratio)
 }
 
 
