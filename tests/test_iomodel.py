@@ -134,3 +134,45 @@ def test_scaling_laws_at_n4096(rng):
     assert 3.0 <= totals[4096, "flash", 65536] / totals[4096, "flash", 262144] <= 5.5
     assert 3.5 <= totals[4096, "standard", 65536] / totals[2048, "standard", 65536] <= 4.5
     assert 3.5 <= totals[4096, "flash", 65536] / totals[2048, "flash", 65536] <= 4.5
+
+
+# ------------------------------------------------------------------------------------------------ variants
+@pytest.mark.parametrize("algorithm", ["standard", "flash", "flash2"])
+def test_variant_outputs_are_exact(rng, algorithm):
+    q, k, v = (rng.standard_normal((40, 8)) for _ in range(3))
+    ids = np.sort(rng.integers(0, 3, size=(1, 40)), axis=1)
+    for options in ({"causal": "bottom_right", "window": (6, 2)}, {"softcap": 1.5, "alibi_slopes": np.array([0.3])},
+                    {"document_ids": ids, "mask_mod": lambda b, h, i, j: (i + j) % 5 != 0}):
+        o, _ = iomodel.simulate(algorithm, q, k, v, sram=2048, block_q=8, block_k=8, **options)
+        assert_close(o, reference.attention(q[None, None], k[None, None], v[None, None], **options)[0, 0],
+                     what=f"{algorithm} {list(options)}")
+
+
+def test_a_sliding_windows_traffic_grows_with_the_window_not_with_n(rng):
+    """FA2 order, fixed blocks: full causal traffic grows as N^2, a window's as N * window."""
+    def traffic(n, **options):
+        q, k, v = (rng.standard_normal((n, 16)) for _ in range(3))
+        return iomodel.simulate("flash2", q, k, v, sram=8192, block_q=64, block_k=16, causal=True,
+                                **options)[1].total
+
+    small, large = traffic(512, window=(63, 0)), traffic(1024, window=(63, 0))
+    assert 1.9 < large / small < 2.1, f"window: doubling N multiplied the traffic by {large / small:.2f}, expected 2"
+    causal_small, causal_large = traffic(512), traffic(1024)
+    assert causal_large / causal_small > 3.2
+    once = 1024 * 16 + 1024 * 16 + 1024  # Q read, O and lse written, whatever the mask
+    kv_ratio = (traffic(1024, window=(255, 0)) - once) / (large - once)
+    assert 2.0 < kv_ratio <= 4.0, f"four times the window multiplied the K/V reads by {kv_ratio:.2f}"
+
+
+def test_the_standard_algorithm_pays_for_the_whole_matrix_whatever_the_mask(rng):
+    q, k, v = (rng.standard_normal((128, 8)) for _ in range(3))
+    dense = iomodel.simulate("standard", q, k, v, sram=2048)[1]
+    windowed = iomodel.simulate("standard", q, k, v, sram=2048, causal=True, window=(7, 0))[1]
+    assert windowed == dense
+    assert iomodel.simulate("flash2", q, k, v, sram=2048, causal=True, window=(7, 0))[1].total < dense.total / 4
+
+
+def test_a_callable_algorithm_refuses_variant_options(rng):
+    q = rng.standard_normal((8, 4))
+    with pytest.raises(ValueError, match="callable algorithm takes causal=True / False only"):
+        iomodel.simulate(lambda mem, **kw: None, q, q, q, sram=512, window=(2, 0))

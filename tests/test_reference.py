@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from variant_spec import torch_attention
 
 from flashcourse import reference
 from flashcourse.tolerance import assert_close
@@ -190,3 +191,146 @@ def test_scale_and_rescale_helpers():
     factors = reference.rescale_factor(np.array([-np.inf, 1.0, -np.inf]), np.array([-np.inf, 3.0, 2.0]))
     assert_close(factors, np.array([0.0, np.exp(-2.0), 0.0]))
     assert np.array_equal(reference.safe_max(np.array([-np.inf, 2.0])), [0.0, 2.0])
+
+
+# --------------------------------------------------------------------------------------------- variants as rules
+def _docs(rng, b, n):
+    """Document ids of b packed sequences of n positions: ascending ids, random lengths."""
+    return np.sort(rng.integers(0, 4, size=(b, n)), axis=1)
+
+
+# name -> (options for the course's functions, the same for the torch spec, (B, H_q, H_kv, N_q, N_k)).
+VARIANTS = {
+    "bottom_right N_q < N_k": ({"causal": "bottom_right"}, {}, (1, 2, 2, 5, 12)),
+    "bottom_right N_q > N_k": ({"causal": "bottom_right"}, {}, (1, 2, 2, 12, 5)),
+    "top_left rectangular": ({"causal": "top_left"}, {}, (2, 1, 1, 5, 9)),
+    "window (3, 0)": ({"window": (3, 0)}, {}, (1, 2, 2, 13, 13)),
+    "window (2, 1) rectangular": ({"window": (2, 1)}, {}, (1, 1, 1, 6, 11)),
+    "window (-1, 2)": ({"window": (-1, 2)}, {}, (1, 1, 1, 10, 10)),
+    "window (4, 0) and causal": ({"window": (4, 0), "causal": True}, {}, (2, 2, 2, 17, 17)),
+    "softcap": ({"softcap": 2.5}, {}, (1, 2, 2, 9, 9)),
+    "alibi": ({"alibi_slopes": np.array([0.5, 0.125, 0.03125], dtype=np.float32)}, {}, (1, 3, 3, 7, 11)),
+    "gqa 4 -> 2": ({"causal": True}, {}, (2, 4, 2, 9, 9)),
+    "mqa 3 -> 1": ({}, {}, (1, 3, 1, 6, 8)),
+    "everything": ({"causal": True, "window": (5, 0), "softcap": 3.0,
+                    "alibi_slopes": np.array([0.25, 0.5, 0.0625, 1.0])}, {}, (2, 4, 2, 15, 15)),
+}
+
+
+def variant_case(rng, name):
+    """q, k, v, the options and the torch spec's options of the named variant (documents and mask_mod added)."""
+    if name == "documents":
+        ids = _docs(rng, 2, 14)
+        options, spec, shape = {"document_ids": ids, "causal": True}, {"document_ids": ids}, (2, 2, 1, 14, 14)
+    elif name == "mask_mod":
+        options = {"mask_mod": lambda b, h, q_idx, kv_idx: (kv_idx % 3 != 1) | (h == b)}
+        spec, shape = {"extra": None}, (2, 2, 2, 8, 10)
+    else:
+        options, spec, shape = VARIANTS[name]
+        options, spec = dict(options), dict(spec)
+    b, h_q, h_kv, n_q, n_k = shape
+    if name == "mask_mod":
+        bi, hi = np.arange(b)[:, None, None, None], np.arange(h_q)[None, :, None, None]
+        spec["extra"] = options["mask_mod"](bi, hi, np.arange(n_q)[:, None], np.arange(n_k)[None, :])
+    spec.update({key: value for key, value in options.items() if key not in ("mask_mod", "document_ids")})
+    spec["causal"] = options.get("causal", False)
+    q = rng.standard_normal((b, h_q, n_q, 8)) * (2.0 if "softcap" in options else 1.0)
+    k = rng.standard_normal((b, h_kv, n_k, 8)) * (2.0 if "softcap" in options else 1.0)
+    v = rng.standard_normal((b, h_kv, n_k, 8))
+    return q, k, v, options, spec
+
+
+VARIANT_NAMES = [*VARIANTS, "documents", "mask_mod"]
+
+
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+def test_variants_match_the_torch_spec(rng, name):
+    q, k, v, options, spec = variant_case(rng, name)
+    o, lse = reference.attention_lse(q, k, v, **options)
+    o_spec, lse_spec = torch_attention(q, k, v, **spec)
+    assert_close(o, o_spec, what=f"{name} o")
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_spec)), f"{name}: rows with no visible key differ"
+    seen = np.isfinite(lse_spec)
+    assert_close(lse[seen], lse_spec[seen], what=f"{name} lse")
+
+
+def test_bottom_right_is_torch_causal_lower_right_and_empty_rows_are_zero(rng):
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k, v = _qkv(rng, (1, 1), 12, 4, n_k=5)
+    o, lse = reference.attention_lse(q, k, v, causal="bottom_right")
+    assert np.all(o[..., :7, :] == 0) and np.all(np.isneginf(lse[..., :7]))  # queries before the first key
+    q, k, v = _qkv(rng, (1, 2), 5, 4, n_k=12)
+    t = [torch.from_numpy(x) for x in (q, k, v)]
+    lower_right = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=causal_lower_right(5, 12))
+    assert_close(reference.attention(q, k, v, causal="bottom_right"), lower_right.numpy())
+    assert_close(reference.attention(q, k, v, causal=True), _sdpa(q, k, v, True))  # True stays top-left
+
+
+def test_options_and_their_mask_mod_give_one_answer(rng):
+    """A window, a causal mask or documents written as a NumPy mask_mod give the same output as the option."""
+    q, k, v = _qkv(rng, (2, 2), 16, 4)
+    ids = _docs(rng, 2, 16)
+    pairs = [({"window": (3, 1)}, lambda b, h, i, j: (j >= i - 3) & (j <= i + 1)),
+             ({"causal": True}, lambda b, h, i, j: j <= i),
+             ({"document_ids": ids}, lambda b, h, i, j: ids[b, i] == ids[b, j])]
+    for options, mask_mod in pairs:
+        assert_close(reference.attention(q, k, v, mask_mod=mask_mod), reference.attention(q, k, v, **options),
+                     what=str(list(options)))
+
+
+def test_rule_block_gives_the_mask_and_the_alibi_bias():
+    rule = reference.attention_rule(3, 5, batch=1, heads=2, causal="bottom_right", window=(1, 0),
+                                    alibi_slopes=np.array([1.0, 0.5]))
+    keep, bias = rule.block(np.array(0), np.array([[[1]]]), np.arange(3)[:, None], np.arange(5)[None, :])
+    assert np.array_equal(np.broadcast_to(keep, (3, 5)), [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]])
+    assert_close(bias[0], -0.5 * np.array([[2, 1, 0, 1, 2], [3, 2, 1, 0, 1], [4, 3, 2, 1, 0]], dtype=float))
+
+
+def test_variants_keep_the_input_dtype(rng):
+    q, k, v = (x.astype(np.float32) for x in _qkv(rng, (1, 2), 9, 4))
+    o, lse = reference.attention_lse(q, k, v, softcap=5.0, alibi_slopes=np.array([0.5, 0.25]), window=(2, 2))
+    assert o.dtype == lse.dtype == np.float32
+
+
+BAD_OPTIONS = [
+    ({"window": 4}, TypeError, "window must be a \\(left, right\\) pair of ints"),
+    ({"window": (2.0, 0)}, TypeError, "window must be a \\(left, right\\) pair of ints"),
+    ({"window": (3, -2)}, ValueError, "ints >= -1"),
+    ({"window": (1, 2, 3)}, ValueError, "pair"),
+    ({"softcap": 0.0}, ValueError, "softcap must be a finite number > 0"),
+    ({"softcap": -1}, ValueError, "softcap must be a finite number > 0"),
+    ({"softcap": "50"}, TypeError, "softcap must be a number"),
+    ({"alibi_slopes": np.ones(3)}, ValueError, "alibi_slopes has shape \\(3,\\), expected \\(2,\\)"),
+    ({"alibi_slopes": np.ones(2, dtype=int)}, TypeError, "alibi_slopes has dtype int"),
+    ({"document_ids": np.zeros((1, 8), dtype=int)}, ValueError,
+     "document_ids has shape \\(1, 8\\), expected \\(2, 8\\)"),
+    ({"document_ids": np.zeros((2, 8))}, ValueError, "document_ids has dtype float64, but integers"),
+    ({"causal": "lower_right"}, ValueError, "causal must be False, True, 'top_left' or 'bottom_right'"),
+    ({"causal": 1}, ValueError, "causal must be"),
+    ({"mask_mod": "causal"}, TypeError, "mask_mod must be a function"),
+    ({"mask_mod": lambda b, h, i, j: j - i}, TypeError, "mask_mod returned dtype int64, but a boolean"),
+    ({"mask_mod": lambda b, h, i, j: (j <= i) and (i < 4)}, ValueError, "use &, \\| and ~"),
+    ({"mask_mod": lambda b, h, i, j: np.ones((3, 3), dtype=bool)}, ValueError, "does not broadcast"),
+]
+
+
+@pytest.mark.parametrize("options,error,match", BAD_OPTIONS, ids=[m for *_, m in BAD_OPTIONS])
+def test_bad_variant_options_are_explained(options, error, match):
+    q = np.zeros((2, 2, 8, 4))
+    with pytest.raises(error, match=match):
+        reference.attention(q, q, q, **options)
+
+
+def test_options_that_name_a_batch_or_head_need_four_dims_and_gqa_needs_a_multiple():
+    q = np.zeros((2, 8, 4))
+    for options in ({"alibi_slopes": np.ones(2)}, {"document_ids": np.zeros((2, 8), dtype=int)},
+                    {"mask_mod": lambda b, h, i, j: j <= i}):
+        with pytest.raises(ValueError, match="needs q, k, v in the \\(B, H, N, D\\) layout"):
+            reference.attention(q, q, q, **options)
+    with pytest.raises(ValueError, match="needs as many queries as keys"):
+        reference.attention(np.zeros((1, 1, 4, 2)), np.zeros((1, 1, 6, 2)), np.zeros((1, 1, 6, 2)),
+                            document_ids=np.zeros((1, 6), dtype=int))
+    with pytest.raises(ValueError, match="H_q to be a multiple of H_kv"):
+        reference.attention(np.zeros((1, 3, 4, 2)), np.zeros((1, 2, 4, 2)), np.zeros((1, 2, 4, 2)))
+    assert reference.attention(q, q, q, window=(1, 1), softcap=2.0).shape == (2, 8, 4)  # any leading dims

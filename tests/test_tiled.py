@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_reference import VARIANT_NAMES, variant_case
+from variant_spec import dense_keep, torch_attention
 
 from flashcourse import reference, tiled
 from flashcourse.measure import peak_memory
@@ -125,3 +127,69 @@ def test_bad_input_is_explained(rng):
         tiled.flash_forward(q, k, v, order="fa3")
     with pytest.raises(ValueError, match="lse has shape"):
         tiled.flash_backward(q, k, v, q, np.zeros(3), q)
+
+
+# --------------------------------------------------------------------------------------------- variants
+@pytest.mark.parametrize("name", VARIANT_NAMES)
+@pytest.mark.parametrize("order", ["fa2", "fa1"])
+def test_variant_forward_and_backward_match_the_torch_spec(rng, name, order):
+    q, k, v, options, spec = variant_case(rng, name)
+    do = rng.standard_normal((*q.shape[:-1], v.shape[-1]))
+    o_spec, lse_spec, grads_spec = torch_attention(q, k, v, **spec, do=do)
+    o, lse = tiled.flash_forward(q, k, v, block_q=4, block_k=5, order=order, **options)
+    assert_close(o, o_spec, what=f"{name} o")
+    assert np.array_equal(np.isneginf(lse), np.isneginf(lse_spec)), f"{name}: rows with no visible key differ"
+    assert_close(lse[np.isfinite(lse)], lse_spec[np.isfinite(lse_spec)], what=f"{name} lse")
+    grads = tiled.flash_backward(q, k, v, o, lse, do, block_q=5, block_k=3, **options)
+    for what, got, expected in zip(("dq", "dk", "dv"), grads, grads_spec, strict=True):
+        assert got.shape == expected.shape, what
+        assert_close(got, expected, what=f"{name} {what}")
+
+
+def test_tile_kinds_follow_the_rule_entry_by_entry(rng):
+    """Every tile's kind is what the dense mask says of its entries, over every batch entry and head."""
+    ids = np.sort(rng.integers(0, 3, size=(2, 23)), axis=1)
+    cases = [({"causal": True}, "diagonal"), ({"causal": "bottom_right"}, "diagonal"),
+             ({"window": (5, 2)}, "masked"), ({"causal": True, "window": (6, 0)}, "masked"),
+             ({"document_ids": ids}, "masked"), ({"mask_mod": lambda b, h, i, j: (h == 1) | (j < 4)}, "masked")]
+    for options, partial in cases:
+        n_k = 17 if set(options) == {"causal"} else 23
+        extra = None
+        if "mask_mod" in options:
+            extra = options["mask_mod"](0, np.arange(2)[None, :, None, None], np.arange(23)[:, None],
+                                        np.arange(n_k)[None, :])
+        keep = dense_keep(2, 2, 23, n_k, causal=options.get("causal", False), window=options.get("window"),
+                          document_ids=options.get("document_ids"), extra=extra).numpy()
+        tiles = tiled.tile_schedule(23, n_k, 4, 6, batch=2, heads=2, **options)
+        assert len(tiles) == 6 * -(-n_k // 6)
+        for t in tiles:
+            entries = keep[..., t.q_start:t.q_stop, t.k_start:t.k_stop]
+            expected = "skipped" if not entries.any() else "full" if entries.all() else partial
+            assert t.kind == expected, (options, t)
+
+
+def test_a_row_of_skipped_tiles_gives_zero_and_minus_inf_in_both_orders(rng):
+    q, k, v = _qkv(rng, (1, 1), 20, 4)
+    for order in ("fa2", "fa1"):
+        o, lse = tiled.flash_forward(q[..., :3, :], k, v, causal="bottom_right", window=(0, 0), block_q=2,
+                                     block_k=4, order=order)
+        assert_close(o, reference.attention(q[..., :3, :], k, v, causal="bottom_right", window=(0, 0)))
+    o, lse = tiled.flash_forward(q, k[..., :8, :], v[..., :8, :], causal="bottom_right", block_q=4, block_k=4)
+    assert np.all(o[..., :12, :] == 0) and np.all(np.isneginf(lse[..., :12]))
+    states = list(tiled.forward_steps(q, k, v, window=(2, 0), block_q=4, block_k=4))
+    assert all(s.tile.kind != "skipped" and s.m.shape == (1, 1, 4) for s in states)
+
+
+def test_a_sliding_window_skips_all_but_a_band_of_tiles():
+    tiles = tiled.tile_schedule(1024, 1024, 64, 64, causal=True, window=(127, 0))
+    computed = [t for t in tiles if t.kind != "skipped"]
+    # Query block i (first query 64 i) reaches back to key 64 i - 127, in key block i - 2: blocks i-2..i.
+    assert len(computed) == 1 + 2 + 14 * 3
+    assert max(t.i - t.j for t in computed) == 2 and min(t.i - t.j for t in computed) == 0
+
+
+def test_variant_tiles_never_hold_an_n_by_n_array(rng):
+    n, d = 2048, 32
+    q, k, v = (x.astype(np.float32)[None, None] for x in _qkv(rng, (), n, d))
+    options = {"window": (256, 0), "alibi_slopes": np.array([0.1]), "softcap": 20.0}
+    assert peak_memory(lambda: tiled.flash_forward(q, k, v, **options)) < 0.1 * n * n * 4

@@ -163,12 +163,12 @@ class AttentionRule:
         """True when the causal mask is the only one: its partial tiles are the "diagonal" ones of lesson 03."""
         return self.causal is not None and all(x is None for x in (self.window, self.document_ids, self.mask_mod))
 
-    def block(self, b, h, q_idx, kv_idx) -> tuple[np.ndarray, np.ndarray | float]:
+    def block(self, b, h, q_idx, kv_idx, *, with_bias: bool = True) -> tuple[np.ndarray, np.ndarray | float]:
         """The mask (True = query ``q_idx`` sees key ``kv_idx``) and the additive bias of a block of pairs.
 
         b, h, q_idx, kv_idx: integer arrays that broadcast together (batch, query head, query and key index),
         e.g. q_idx (B_q, 1) and kv_idx (1, B_k) for one tile. Every option is ANDed into one mask; the bias is
-        ALiBi's (0.0 without it). The Triton kernels evaluate the same rule on the same indices.
+        ALiBi's (0.0 without it, or with ``with_bias=False``). The Triton kernels evaluate the same rule.
         """
         position = q_idx + (self.n_k - self.n_q)  # the query's position among the keys (bottom-right)
         keep = np.ones((), dtype=bool)
@@ -187,7 +187,7 @@ class AttentionRule:
         if self.mask_mod is not None:
             keep = keep & _call_mask_mod(self.mask_mod, b, h, q_idx, kv_idx)
         bias = 0.0
-        if self.alibi_slopes is not None:
+        if self.alibi_slopes is not None and with_bias:
             bias = -self.alibi_slopes[h] * np.abs(position - kv_idx)
         return keep, bias
 
@@ -221,7 +221,8 @@ class AttentionRule:
             return []
         if not self.masks:
             return ["full"] * -(-self.n_k // block_k)
-        keep, _ = self.block(b, h, np.arange(q_start, q_stop)[:, None], np.arange(self.n_k)[None, :])
+        keep, _ = self.block(b, h, np.arange(q_start, q_stop)[:, None], np.arange(self.n_k)[None, :],
+                             with_bias=False)
         rows = np.broadcast_to(keep, np.broadcast_shapes(np.shape(b), np.shape(h), keep.shape,
                                                          (q_stop - q_start, self.n_k))).reshape(-1, self.n_k)
         starts = np.arange(0, self.n_k, block_k)
