@@ -131,3 +131,27 @@ def test_bar_chart():
     fig = plots.bar_chart(flops, xlabel="pass", ylabel="FLOPs", title="FLOPs")
     _check_labelled(fig)
     assert [p.get_height() for p in fig.axes[0].patches] == list(flops.values())
+
+
+def test_rule_tile_maps_colour_tiles_by_kind_and_count_the_computed_ones():
+    window = tiled.tile_schedule(32, 32, 8, 8, causal=True, window=(7, 0))
+    causal = tiled.tile_schedule(32, 32, 8, 8, causal=True)
+    keep, _ = reference.attention_rule(32, 32, causal=True, window=(7, 0)).block(
+        0, 0, np.arange(32)[:, None], np.arange(32)[None, :])
+    fig = plots.rule_tile_maps({"causal": (causal, reference.causal_mask(32, 32)), "window 8": (window, keep)})
+    _check_labelled(fig)
+    assert [len(ax.patches) for ax in fig.axes] == [16, 16]
+    assert fig.axes[0].get_title().endswith("10 of 16 tiles computed")
+    assert fig.axes[1].get_title().endswith("7 of 16 tiles computed")
+    colours = {tuple(np.round(p.get_facecolor()[:3], 3)) for p in fig.axes[1].patches}
+    assert len(colours) == 2  # window tiles are "masked" or "skipped", none entirely "full" at blocks of 8
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["skipped tile", "full tile", "diagonal tile", "masked tile", "entry kept"]
+
+
+def test_grouped_bars_leave_a_gap_for_a_missing_value():
+    fig = plots.grouped_bars({"causal": {"ours": 300.0, "flex": 250.0}, "window": {"ours": 280.0}},
+                             ylabel="TFLOP/s", title="speed")
+    _check_labelled(fig)
+    assert len(fig.axes[0].patches) == 3
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["250", "280", "300"]

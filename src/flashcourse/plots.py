@@ -17,12 +17,14 @@ from matplotlib.ticker import MaxNLocator
 __all__ = [
     "bar_chart",
     "causal_alignment",
+    "grouped_bars",
     "matrix_heatmaps",
     "memory_capacities",
     "memory_hierarchy",
     "memory_vs_n",
     "online_softmax_state",
     "roofline",
+    "rule_tile_maps",
     "tile_map",
     "tile_order",
     "traffic_bars",
@@ -31,7 +33,7 @@ __all__ = [
 ]
 
 # One colour per tile kind, used by every tile figure so the lessons read alike.
-TILE_COLOURS = {"skipped": "#eeeeee", "full": "#9ecae1", "diagonal": "#fdd49e"}
+TILE_COLOURS = {"skipped": "#eeeeee", "full": "#9ecae1", "diagonal": "#fdd49e", "masked": "#fdae6b"}
 _CURRENT, _DONE = "#d62728", "#6baed6"
 
 
@@ -316,6 +318,29 @@ def tile_order(orders: Mapping[str, Sequence], *, title: str = "Order in which t
     return fig
 
 
+def rule_tile_maps(panels: Mapping[str, tuple[Sequence, np.ndarray]], *,
+                   title: str = "Which tiles each rule computes") -> Figure:
+    """One panel per attention rule: its tiles coloured by kind (skipped, partial, full) and, over them, the
+    entries the rule keeps (dark). panels: name -> (tiles from ``tiled.tile_schedule``, boolean (N_q, N_k) mask).
+    """
+    fig, axes = _figure(3.3 * len(panels) + 0.4, 3.9, ncols=len(panels))
+    for ax, (name, (tiles, mask)) in zip(axes, panels.items(), strict=True):
+        mask = np.asarray(mask, dtype=bool)
+        n_q, n_k = mask.shape
+        _tile_grid(ax, tiles, n_q, n_k)
+        overlay = np.zeros((n_q, n_k, 4))
+        overlay[mask] = (0.03, 0.19, 0.42, 0.55)  # kept entries dark blue, masked ones transparent
+        ax.imshow(overlay, interpolation="nearest", extent=(0, n_k, n_q, 0))
+        computed = sum(t.kind != "skipped" for t in tiles)
+        ax.set_title(f"{name}\n{computed} of {len(tiles)} tiles computed", fontsize=9)
+    kinds = [kind for kind in TILE_COLOURS if any(t.kind == kind for _, (tiles, _) in panels.items() for t in tiles)]
+    handles = [Patch(facecolor=TILE_COLOURS[kind], label=f"{kind} tile") for kind in kinds]
+    handles.append(Patch(facecolor=(0.03, 0.19, 0.42, 0.55), label="entry kept"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
 # --------------------------------------------------------------------------------------------- lesson 04
 def traffic_vs(x_values: Sequence[float], measured: Mapping[str, Sequence[float]],
                formulas: Mapping[str, Sequence[float]] | None = None, *, xlabel: str, title: str,
@@ -371,5 +396,28 @@ def bar_chart(values: Mapping[str, float], *, xlabel: str, ylabel: str, title: s
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
+    ax.margins(y=0.15)
+    return fig
+
+
+def grouped_bars(values: Mapping[str, Mapping[str, float]], *, ylabel: str, title: str,
+                 xlabel: str = "variant") -> Figure:
+    """Bars grouped by the outer key (a variant, say), one bar per inner key (a provider), values written on top;
+    a missing inner key leaves a gap. values: group -> {series: value}."""
+    groups = list(values)
+    series = list(dict.fromkeys(name for group in values.values() for name in group))
+    fig, (ax,) = _figure(max(6.0, 1.1 * len(groups) * max(1, len(series)) ** 0.5 + 2), 4.0)
+    width = 0.8 / max(1, len(series))
+    for index, name in enumerate(series):
+        xs = [g + (index - (len(series) - 1) / 2) * width for g, group in enumerate(groups) if name in values[group]]
+        heights = [values[group][name] for group in groups if name in values[group]]
+        ax.bar(xs, heights, width, label=name)
+        for x, height in zip(xs, heights, strict=True):
+            ax.text(x, height, f"{height:,.3g}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     ax.margins(y=0.15)
     return fig
