@@ -407,7 +407,7 @@ def test_a_real_kernel_that_forgets_to_rescale_the_output_is_diagnosed(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_real_dq_kernel_that_forgets_the_scale_is_diagnosed(tmp_path):
+def test_ex08_a_real_dq_kernel_that_forgets_the_scale_is_diagnosed(tmp_path):
     module = _solution_module("ex08_triton_backward", tmp_path,
                               {"tl.store(DQ + q_offsets, dq * scale,": "tl.store(DQ + q_offsets, dq,"})
     _rejects(ex08.check_dq_triton, module.flash_backward_dq, "dq misses the scale")
