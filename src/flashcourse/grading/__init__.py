@@ -26,6 +26,7 @@ EXERCISES = {
     "ex07_triton_forward": "ex07",
     "ex08_triton_backward": "ex08",
     "ex09_decode_combine": "ex09",
+    "ex10_mask_rules": "ex10",
     "ex11_ring_schedule": "ex11",
 }
 
@@ -40,7 +41,10 @@ _CHECKS = {
     "check_triton_softmax": "ex06", "check_triton_softmax_long_rows": "ex06",
     "check_flash_forward_triton": "ex07", "check_flash_forward_triton_causal": "ex07",
     "check_dkdv_triton_dv": "ex08", "check_dkdv_triton_dk": "ex08", "check_dkdv_triton_causal": "ex08",
+    "check_dq_triton": "ex08", "check_attention_function": "ex08",
     "check_combine_partials": "ex09", "check_split_kv_attention": "ex09", "check_combine_triton": "ex09",
+    "check_prefix_lm_mask": "ex10", "check_chunked_causal_mask": "ex10", "check_block_kinds": "ex10",
+    "check_chunked_causal_triton": "ex10",
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
 }
 
