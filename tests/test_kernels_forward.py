@@ -86,7 +86,8 @@ def test_no_keys_gives_zero_and_minus_inf(rng):
     "change,error,words",
     [
         (lambda q, k, v: (q, k.half(), v), TypeError, "one dtype"),
-        (lambda q, k, v: (q, k[:, :1], v[:, :1]), ValueError, "must match"),
+        (lambda q, k, v: (q, k[:1], v[:1]), ValueError, "must match"),
+        (lambda q, k, v: (q[:, :1].expand(-1, 3, -1, -1), k, v), ValueError, "multiple of H_kv"),
         (lambda q, k, v: (q[..., :8], k[..., :8], v[..., :8]), ValueError, "head dim 8"),
         (lambda q, k, v: (q[0], k[0], v[0]), ValueError, "4 dims"),
         (lambda q, k, v: (q, k, v[:, :, :3]), ValueError, "must match"),
@@ -94,7 +95,7 @@ def test_no_keys_gives_zero_and_minus_inf(rng):
     ],
 )
 def test_bad_inputs_raise_clear_errors(rng, change, error, words):
-    q, k, v = make_qkv(rng, (1, 2, 8, 16))
+    q, k, v = make_qkv(rng, (2, 2, 8, 16))
     with pytest.raises(error, match=words):
         kernels.flash_attention_forward(*change(q, k, v))
 
