@@ -28,7 +28,7 @@ def test_known_devices_match_the_data_sheet():
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
-@pytest.mark.parametrize("block_d", [16, 32, 64, 128])
+@pytest.mark.parametrize("block_d", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_config_fits_shared_memory(name, block_d, elem_bytes, causal):
@@ -42,7 +42,7 @@ def test_forward_config_fits_shared_memory(name, block_d, elem_bytes, causal):
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
-@pytest.mark.parametrize("block_d", [16, 64, 128])
+@pytest.mark.parametrize("block_d", [16, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_configs_fit_and_nest(name, block_d, causal):
     limit = DATA_SHEET_SMEM_KB[name] * 1024
@@ -55,7 +55,7 @@ def test_backward_configs_fit_and_nest(name, block_d, causal):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 128])
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
     """The proof the estimates above stand for: every kernel compiles and runs under the config chosen here."""
@@ -64,11 +64,20 @@ def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
     dtype = getattr(torch, dtype)
     q, k, v = (torch.randn(1, 2, 300, head_dim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     for causal in (False, True):
-        for version in ("v3", "v6"):  # the textbook launch (v1-v3) and the tuned one (v4-v6)
+        for version in ("v3", "v6", "v7"):  # the textbook launch (v1-v3), the tuned one (v4-v7)
             kernels.flash_attention_forward(q, k, v, causal=causal, version=version)
         kernels.flash_attention(q, k, v, causal=causal).sum().backward()
     kernels.flash_decode(q[:, :, 0].detach(), k.detach(), v.detach())
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("name", list(DEVICES))
+def test_head_dim_256_gets_real_tiles_on_every_device(name):
+    """D=256 must not fall through to the 16x16 emergency launch on fp16 (Gemma's head dim)."""
+    fwd = configs.forward_config(DEVICES[name], 256, 2, causal=False)
+    dkdv, dq = configs.backward_config(DEVICES[name], 256, 2)
+    assert fwd.block_m >= 32 and fwd.block_n >= 32, fwd
+    assert dkdv.block_n >= 32 and dq.block_m >= 32, (dkdv, dq)
 
 
 def test_what_each_device_gets():

@@ -141,6 +141,8 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
     if props.interpreter:
         return KernelConfig(32, 16, 4, 1)
     big_d = block_d > 64
+    if block_d > 128:  # D=256 (Gemma): a 64-row fp32 accumulator already takes 128 registers a thread
+        return _first_fitting(_head_dim_256_forward(props, causal), props, block_d, elem_bytes)
     if props.capability >= (9, 0):
         # Swept on the H200 at N=8192 (benchmarks/results/*-tune.json): 8 warps over 128-row tiles win, except
         # causal D=128, where 64x64 tiles waste less work on the diagonal (495 vs 464 TFLOP/s).
@@ -160,6 +162,15 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
     return _first_fitting(candidates, props, block_d, elem_bytes)
 
 
+def _head_dim_256_forward(props: DeviceProps, causal: bool) -> list[KernelConfig]:
+    """Forward candidates at D=256, not measured yet (no GPU sweep): the Q tile alone is 32-64 KB, so two
+    stages of 64-key K/V tiles are the most a Hopper (227 KB) or an A100 (163 KB) holds."""
+    small = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1)]
+    if props.capability >= (9, 0) and not causal:
+        return [KernelConfig(128, 64, 8, 2), *small]  # 8 warps over 128 rows: 128 accumulator registers each
+    return small
+
+
 @functools.cache  # asked on every launch; a pure function of hashable arguments
 def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
                     ) -> tuple[KernelConfig, KernelConfig]:
@@ -174,7 +185,10 @@ def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal
     def fits(cfg: KernelConfig, resident: int, streamed: int) -> bool:
         return elem_bytes * block_d * (2 * resident + 2 * cfg.num_stages * streamed) <= props.shared_memory_per_block
 
-    if props.capability >= (9, 0):  # swept on the H200 at N=8192 (benchmarks/results/*-tune.json)
+    if block_d > 128:  # D=256, not measured yet: dK and dV (or dQ) accumulators over 8 warps, two stages
+        dkdv = [KernelConfig(32, 64, 8, 2), KernelConfig(16, 64, 8, 1), KernelConfig(16, 32, 4, 1)]
+        dq = [KernelConfig(64, 32, 8, 2), KernelConfig(32, 32, 4, 1), KernelConfig(32, 16, 4, 1)]
+    elif props.capability >= (9, 0):  # swept on the H200 at N=8192 (benchmarks/results/*-tune.json)
         if block_d > 64:
             dkdv, dq = [KernelConfig(64, 128, 8, 2)], [KernelConfig(128, 32, 4, 3)]
         else:
