@@ -138,3 +138,81 @@ def test_gpu_long_cache(rng, dtype, page_size):
         kp, vp, table = paged(k, v, page_size, rng)
         o = kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens_t)
     assert_close(o, expected(q, k, v, lens), what="decode at 20K keys")
+
+
+# ------------------------------------------------------------------------------------------ variants (issue 11)
+def expected_variant(q, k, v, lens, *, window_left=None, softcap=None, slopes=None):
+    """Float64 decode written from the rules: the new token at position L-1 sees keys max(0, L-1-left)..L-1,
+    scores capped as softcap * tanh(s / softcap), then biased by -slope_h * (L - 1 - j)."""
+    q, k, v = (t.detach().cpu().double().numpy() for t in (q, k, v))
+    batch, h_q, d = q.shape
+    group = h_q // k.shape[1]
+    out = np.zeros((batch, h_q, d))
+    for b in range(batch):
+        n = lens[b]
+        first = 0 if window_left is None else max(0, n - 1 - window_left)
+        for h in range(h_q):
+            keys, values = k[b, h // group, first:n], v[b, h // group, first:n]
+            s = keys @ q[b, h] / np.sqrt(d)
+            if softcap is not None:
+                s = softcap * np.tanh(s / softcap)
+            if slopes is not None:
+                s = s - float(slopes[h]) * (n - 1 - np.arange(first, n))
+            if n > first:
+                p = np.exp(s - s.max())
+                out[b, h] = p @ values / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("paged_size", [None, 16])
+def test_window_reads_only_the_window(rng, paged_size):
+    """Keys before the window are NaN: a kernel that read them would return NaN (0 * NaN in P V)."""
+    q, k, v = make(rng, 3, 4, 2, 90, 32, torch.float32)
+    lens = [90, 7, 50]
+    left = 20
+    for b, n in enumerate(lens):
+        k[b, :, : max(0, n - 1 - left)] = float("nan")
+        v[b, :, : max(0, n - 1 - left)] = float("nan")
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    if paged_size is None:
+        o = kernels.flash_decode(q, k, v, cache_seqlens=lens_t, window=(left, 0), num_splits=2)
+    else:
+        kp, vp, table = paged(k, v, paged_size, rng)
+        o = kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens_t, window=(left, 0))
+    assert_close(o, expected_variant(q, k, v, lens, window_left=left), what=f"windowed decode (pages {paged_size})")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_softcap_and_alibi(rng, num_splits):
+    q, k, v = make(rng, 2, 4, 2, 70, 16, torch.float32)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    lens = [70, 33]
+    o = kernels.flash_decode(q * 4, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+                             softcap=2.0, alibi_slopes=slopes, window=(40, -1), num_splits=num_splits)
+    want = expected_variant(q * 4, k, v, lens, window_left=40, softcap=2.0, slopes=slopes.cpu().numpy())
+    assert_close(o, want, what=f"decode with softcap, ALiBi and a window ({num_splits} splits)")
+
+
+@pytest.mark.parametrize(
+    "options,error,words",
+    [({"window": 8}, TypeError, "pair of ints"), ({"softcap": 0}, ValueError, "softcap is 0"),
+     ({"alibi_slopes": torch.ones(2)}, ValueError, r"expected \(4,\) float32")],
+)
+def test_bad_variant_options(rng, options, error, words):
+    q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)
+    options = {n: o.to(DEVICE) if isinstance(o, torch.Tensor) else o for n, o in options.items()}
+    with pytest.raises(error, match=words):
+        kernels.flash_decode(q, k, v, **options)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_window_softcap_alibi(rng, dtype):
+    q, k, v = make(rng, 2, 32, 8, 20000, 128, dtype)
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / 32) for h in range(32)], device=DEVICE)
+    lens = [20000, 12345]
+    o = kernels.flash_decode(q, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+                             window=(4096, 0), softcap=30.0, alibi_slopes=slopes)
+    want = expected_variant(q, k, v, lens, window_left=4096, softcap=30.0, slopes=slopes.cpu().numpy())
+    assert_close(o, want, what="decode at 20K keys, window 4096, softcap 30, ALiBi")

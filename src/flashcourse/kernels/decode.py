@@ -8,7 +8,8 @@ merge rule of lesson 02 (``reference.merge_partials``), applied to all splits at
     lse = log(sum_s exp(lse_s)),    o = sum_s exp(lse_s - lse) * o_s;   empty splits have lse_s = -inf.
 
 Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
-tile is read from memory once for the whole group (the bytes that bound decoding). Paged cache: K/V live in
+tile is read from memory once for the whole group (the bytes that bound decoding). A sliding window reads
+only its keys: the splits cover [seqlen - 1 - left, seqlen), not the whole cache. Paged cache: K/V live in
 pages of ``page_size`` rows, ``k_cache[block_table[b, pos // page_size], h, pos % page_size]``, as vLLM's
 PagedAttention stores them.
 """
@@ -21,7 +22,17 @@ import triton.language as tl
 
 from . import configs
 from ._checks import check_device, check_dtype, check_head_dim, dot_precision, padded_head_dim
-from .common import LOG2E, MASKED_FILL, default_scale, normalise_rows, online_softmax_update, strides
+from .common import (
+    LOG2E,
+    LOG2E_IN_KERNEL,
+    MASKED_FILL,
+    default_scale,
+    modified_scores,
+    normalise_rows,
+    online_softmax_update,
+    strides,
+)
+from .rules import check_alibi_slopes, check_softcap, check_window
 
 
 @triton.jit
@@ -31,10 +42,10 @@ def _decode_split_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_bt_b, stride_bt_p,
-    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS,
+    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2, ALIBI_SLOPES,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
@@ -43,7 +54,10 @@ def _decode_split_kernel(
     seqlen = N_MAX
     if HAS_SEQLENS:
         seqlen = tl.load(SEQLENS + b)
-    start = pid_split * SPLIT_LEN
+    first = 0  # the new token sits at position seqlen - 1; a window reaches back WINDOW_LEFT keys from there
+    if HAS_WINDOW:
+        first = tl.maximum(seqlen - 1 - WINDOW_LEFT, 0)
+    start = first + pid_split * SPLIT_LEN  # the splits share out the window only: keys before it are never read
     end = tl.minimum(start + SPLIT_LEN, seqlen)
 
     offs_g = tl.arange(0, BLOCK_G)  # query heads of this KV head's group, padded to a dot-able 16
@@ -53,6 +67,9 @@ def _decode_split_kernel(
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
 
+    slope2 = tl.zeros([BLOCK_G, 1], dtype=tl.float32)
+    if HAS_ALIBI:  # one slope per query head of the group, in base 2
+        slope2 = tl.load(ALIBI_SLOPES + heads, mask=offs_g < GROUP, other=0.0)[:, None] * LOG2E_IN_KERNEL
     m_i = tl.full([BLOCK_G], MASKED_FILL, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -71,8 +88,13 @@ def _decode_split_kernel(
         k = tl.load(K + h_kv * stride_kh + k_off[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
+        step_scale = qk_scale
+        if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
+            qk, _ = modified_scores(qk, seqlen - 1, cols[None, :], qk_scale, softcap2, slope2, 0,
+                                    HAS_SOFTCAP, HAS_ALIBI)
+            step_scale = 1.0
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
-        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
+        acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
     o, lse = normalise_rows(acc, l_i, m_i)
@@ -143,6 +165,7 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
 
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
+                 window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
     """Attention of one query token per sequence over its KV cache, split along the cache length.
 
@@ -153,8 +176,16 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     of the KV length (default: enough programs for two waves over the SMs). ``block_n``, ``num_warps``,
     ``num_stages`` override the launch (for tuning). Returns o (B, H_q, D) in q's dtype. No causal mask: the
     new token sees every cached key. A sequence of length 0 gives o = 0.
+
+    The new token sits at position ``seqlen - 1``. ``window=(left, right)``: it sees only the last ``left + 1``
+    keys (``right`` has nothing to reach: no key follows it), and only those are read: the splits share out the
+    window, not the cache. ``softcap`` and ``alibi_slopes`` (H_q,) float32 as in ``flash_attention``.
     """
     _check_decode(q, k_cache, v_cache, cache_seqlens, block_table)
+    window = check_window(window)
+    softcap = check_softcap(softcap)
+    alibi_slopes = check_alibi_slopes(alibi_slopes, q)
+    window_left = window[0] if window is not None and window[0] >= 0 else None
     batch, h_q, head_dim = q.shape
     h_kv = k_cache.shape[1]
     group = h_q // h_kv
@@ -166,10 +197,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 1
     n_max = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    span = n_max if window_left is None else min(n_max, window_left + 1)  # keys a token can see at most
     if num_splits is None:
-        num_splits = configs.decode_num_splits(props, batch * h_kv, n_max, block_n)
-    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(n_max, block_n))))
-    split_len = triton.cdiv(triton.cdiv(max(n_max, 1), num_splits), block_n) * block_n
+        num_splits = configs.decode_num_splits(props, batch * h_kv, span, block_n)
+    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
+    split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
 
     o = torch.empty_like(q)
     if batch * h_q == 0:
@@ -184,9 +216,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         qk_scale=scale * LOG2E,
         **strides(q, "q", axes="bhd"), **strides(k_cache, "k"), **strides(v_cache, "v"),
         stride_bt_b=table.stride(0) if paged else 0, stride_bt_p=table.stride(1) if paged else 0,
-        H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits,
+        H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
+        softcap2=(softcap or 1.0) * LOG2E, ALIBI_SLOPES=alibi_slopes if alibi_slopes is not None else q,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
+        HAS_WINDOW=window_left is not None, HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
         DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages,
     )

@@ -94,7 +94,7 @@ def _causal(causal) -> str | None:
                      "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
 
 
-def _window(window) -> tuple[int, int] | None:
+def check_window(window) -> tuple[int, int] | None:
     if window is None:
         return None
     if (not isinstance(window, (tuple, list)) or len(window) != 2
@@ -108,7 +108,7 @@ def _window(window) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def _softcap(softcap) -> float | None:
+def check_softcap(softcap) -> float | None:
     if softcap is None:
         return None
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
@@ -120,7 +120,7 @@ def _softcap(softcap) -> float | None:
     return float(softcap)
 
 
-def _alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
+def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
     if slopes is None:
         return None
     heads = q.shape[1]
@@ -171,8 +171,8 @@ def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, 
             return DENSE
         if causal is True:
             return TOP_LEFT_CAUSAL
-    return Rules(causal=_causal(causal), window=_window(window), softcap=_softcap(softcap),
-                 alibi_slopes=_alibi_slopes(alibi_slopes, q), document_ids=_document_ids(document_ids, q, k),
+    return Rules(causal=_causal(causal), window=check_window(window), softcap=check_softcap(softcap),
+                 alibi_slopes=check_alibi_slopes(alibi_slopes, q), document_ids=_document_ids(document_ids, q, k),
                  mask_mod=_mask_mod(mask_mod))
 
 
