@@ -119,7 +119,9 @@ def test_the_style_check_catches_each_rule():
     for expected in ("内核", "张量核心", "词元", "a space after full-width punctuation", "少 X 倍", "written twice",
                      "bold heading", "quotation marks"):
         assert expected in problems, expected
-    assert zh_style.problems("速度是 FA2 的 1.5-2.0 倍，`a ，b` 里的空格不算。**30 秒回答：**") == []
+    assert "does not render" in "\n".join(zh_style.problems("**30 秒回答：**注意力"))
+    assert zh_style.problems("速度是 FA2 的 1.5-2.0 倍，`a ，b` 里的空格不算。<strong>30 秒回答：</strong>注意力，"
+                             "点击 **显示答案**。**追问** 会给出追问。") == []
 
 
 def test_glossary_lists_every_avoided_rendering():

@@ -1,6 +1,12 @@
-"""The ``flashcourse`` command (also ``python -m flashcourse``). ``flashcourse grade SUBMISSION.ipynb... --out DIR``
-grades notebooks in batch (docs/GRADING.md). Grading runs student code: run it in a container or a dedicated
-grading account."""
+"""The ``flashcourse`` command (also ``python -m flashcourse``).
+
+- ``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades notebooks in batch (docs/GRADING.md). Grading runs
+  student code: run it in a container or a dedicated grading account.
+- ``flashcourse quiz [--lang zh|en] [--section S] [--short-only] [--retry-missed] [--seed N]`` drills the interview
+  questions in a terminal (:mod:`flashcourse.interview.terminal`).
+- ``flashcourse interview export --format md|anki --lang zh|en [--out PATH]`` writes the questions as Markdown or
+  an Anki deck (:mod:`flashcourse.interview.export`).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +35,34 @@ def main(argv: list[str] | None = None) -> int:
                        help="folder of solution notebooks whose check cells (with hidden tests) replace the "
                             "submission's (default: ./solutions if present)")
     grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+
+    quiz = commands.add_parser(
+        "quiz", help="drill the interview questions in a terminal",
+        description="Ask the interview questions in a random order: the 30-second answer first, the longer one and "
+                    "its evidence on request, then each follow-up; score yourself after each. Scores are kept in "
+                    "$XDG_DATA_HOME/flashcourse/ (default ~/.local/share/flashcourse/).")
+    quiz.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    quiz.add_argument("--section", default=None, help="only this section (e.g. myths, serving, telling)")
+    quiz.add_argument("--short-only", action="store_true", help="30-second answers only, no longer answers")
+    quiz.add_argument("--retry-missed", action="store_true",
+                      help="only the questions last scored partly or missed (here or in a follow-up)")
+    quiz.add_argument("--seed", type=int, default=None, help="seed of the order (default: a new order each time)")
+
+    interview = commands.add_parser("interview", help="the interview question bank")
+    interview_commands = interview.add_subparsers(dest="interview_command", required=True)
+    export = interview_commands.add_parser(
+        "export", help="write the questions as Markdown or an Anki deck",
+        description="Markdown goes to --out or to standard output; an Anki deck (needs genanki: "
+                    'pip install "flashcourse[anki]") goes to --out or ./flashcourse-interview-LANG.apkg.')
+    export.add_argument("--format", choices=("md", "anki"), required=True)
+    export.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    export.add_argument("--out", type=Path, default=None, help="output file")
+
     args = parser.parse_args(argv)
+    if args.command == "quiz":
+        return _quiz(parser, args)
+    if args.command == "interview":
+        return _export(args)
     from .grading.batch import DuplicateSubmissionError, grade_all
 
     try:
@@ -40,6 +73,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {args.out / 'grades.csv'}, {args.out / 'grades.json'} and {len(results)} feedback file(s) in "
           f"{args.out / 'feedback'}")
+    return 0
+
+
+def _quiz(parser: argparse.ArgumentParser, args) -> int:
+    from .interview import bank
+    from .interview.terminal import run_quiz
+
+    if args.section is not None and args.section not in bank.load().sections:
+        parser.error(f"--section {args.section!r}: expected one of {', '.join(bank.load().sections)}")
+    return run_quiz(lang=args.lang, section=args.section, short_only=args.short_only,
+                    retry_missed=args.retry_missed, seed=args.seed)
+
+
+def _export(args) -> int:
+    from .interview import export
+
+    if args.format == "md":
+        text = export.render_document(lang=args.lang)
+        if args.out is None:
+            sys.stdout.write(text)
+        else:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text, encoding="utf-8")
+            print(f"wrote {args.out}")
+        return 0
+    path = export.write_anki(args.out or Path(f"flashcourse-interview-{args.lang}.apkg"), lang=args.lang)
+    print(f"wrote {path}")
     return 0
 
 

@@ -8,13 +8,15 @@ its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`)
 Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
 language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
 not count as a stated number: digits inside names (FA2, H100, FP8, 64K), exponents (N^2), single-digit counts
-(not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as "lesson 04", "section 3.1",
-"第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate` reports every breach.
+(not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
+"lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
+reports every breach.
 """
 
 from __future__ import annotations
 
 import functools
+import html
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -29,6 +31,7 @@ __all__ = [
     "Bank",
     "evidence_label",
     "load",
+    "markdown_to_html",
     "numbers_in",
     "one_line_answer",
     "render_entry",
@@ -36,6 +39,7 @@ __all__ = [
     "render_evidence_table",
     "render_markdown",
     "render_question_list",
+    "run_in",
     "text",
     "validate",
 ]
@@ -47,10 +51,12 @@ ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 LABELS = {
     "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
-           "right_prefix": "Correction:", "cell": "cell", "heading": "section", "end": ".", "gap": " ", "results": "results", "computed": "computed by",
+           "right_prefix": "Correction:", "cell": "cell", "heading": "section",
+           "end": ".", "gap": " ", "results": "results", "computed": "computed by",
            "table": "| question | number | value held by the evidence | evidence |"},
     "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
-           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格", "heading": "小节", "end": "：", "gap": "",
+           "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
+           "heading": "小节", "end": "：", "gap": "",
            "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
 }
 
@@ -309,11 +315,20 @@ def evidence_label(item: dict, lang: str = "en") -> str:
     return f"{item['paper']}, {item['section']}"
 
 
+def run_in(label: str, lang: str) -> str:
+    """A bold run-in heading: "**Evidence:** " in English; "<strong>证据：</strong>" in Chinese, because CommonMark
+    (GitHub, JupyterLab, the website) does not close "**" right after a full-width colon that a Chinese
+    character follows."""
+    if lang == "en":
+        return f"**{label}** "
+    return f"<strong>{label}</strong>"
+
+
 def render_evidence(entry: dict, lang: str = "en") -> str:
-    """The evidence of an entry as one Markdown paragraph: "**Evidence:** a; b" or "**证据：**a；b"."""
+    """The evidence of an entry as one Markdown paragraph: "**Evidence:** a; b" or "<strong>证据：</strong>a；b"."""
     labels = LABELS[lang]
     separator = "; " if lang == "en" else "；"
-    return (f"**{labels['evidence']}{labels['end'] if lang == 'zh' else ':'}**{labels['gap']}"
+    return (run_in(labels["evidence"] + (":" if lang == "en" else labels["end"]), lang)
             + separator.join(evidence_label(i, lang) for i in entry["evidence"]))
 
 
@@ -322,8 +337,8 @@ def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> st
     labels = LABELS[lang]
     hashes = "#" * heading_level
     end = labels["end"]
-    lines = [f"{hashes} {entry['question'][lang]}", "", f"**{labels['short']}{end}**{labels['gap']}{entry['short'][lang]}",
-             "", f"**{labels['long']}{end}**{labels['gap']}{entry['long'][lang].strip()}", "",
+    lines = [f"{hashes} {entry['question'][lang]}", "", f"{run_in(labels['short'] + end, lang)}{entry['short'][lang]}",
+             "", f"{run_in(labels['long'] + end, lang)}{entry['long'][lang].strip()}", "",
              f"**{labels['follow_ups']}**", ""]
     for follow in entry["follow_ups"]:
         lines.append(f"- *{follow['question'][lang]}* {follow['answer'][lang]}")
@@ -393,3 +408,30 @@ def render_evidence_table(bank: Bank | None = None, lang: str = "en", *, root: P
             value = evidence_value(item, root=root)
             lines.append(f"| {entry['question'][lang]} | {quote} | {value:.4g} | {evidence_label(item, lang)} |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- HTML
+def markdown_to_html(source: str) -> str:
+    """The small Markdown subset the bank uses (paragraphs, ``- `` lists, `code`, **bold**, *italic*) as HTML."""
+    def inline(line: str) -> str:
+        parts = re.split(r"(`[^`]*`)", line)
+        out = []
+        for part in parts:
+            if part.startswith("`") and part.endswith("`") and len(part) > 1:
+                out.append(f"<code>{html.escape(part[1:-1])}</code>")
+            else:
+                part = html.escape(part).replace("&lt;strong&gt;", "<strong>").replace("&lt;/strong&gt;", "</strong>")
+                part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
+                part = re.sub(r"(?<![*\w])\*(?!\s)(.+?)(?<!\s)\*(?![*\w])", r"<em>\1</em>", part)
+                out.append(part)
+        return "".join(out)
+
+    blocks = []
+    for block in re.split(r"\n\s*\n", source.strip()):
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        if lines and all(line.startswith("- ") for line in lines):
+            items = "".join(f"<li>{inline(line[2:])}</li>" for line in lines)
+            blocks.append(f"<ul>{items}</ul>")
+        elif lines:
+            blocks.append(f"<p>{inline(' '.join(lines))}</p>")
+    return "".join(blocks)

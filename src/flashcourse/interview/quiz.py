@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import html
 import random
-import re
 
 import ipywidgets as widgets
 
 from . import bank as bank_module
+from .bank import markdown_to_html
 
 __all__ = ["Quiz", "markdown_to_html"]
 
@@ -30,32 +30,6 @@ UI = {
            "follow_up_label": "追问", "start": "点击“新问题”开始。",
            "no_more": "没有更多追问：先给自己打分，再换一道新问题。"},
 }
-
-
-def markdown_to_html(source: str) -> str:
-    """The small Markdown subset the bank uses (paragraphs, ``- `` lists, `code`, **bold**, *italic*) as HTML."""
-    def inline(line: str) -> str:
-        parts = re.split(r"(`[^`]*`)", line)
-        out = []
-        for part in parts:
-            if part.startswith("`") and part.endswith("`") and len(part) > 1:
-                out.append(f"<code>{html.escape(part[1:-1])}</code>")
-            else:
-                part = html.escape(part)
-                part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
-                part = re.sub(r"(?<![*\w])\*(?!\s)(.+?)(?<!\s)\*(?![*\w])", r"<em>\1</em>", part)
-                out.append(part)
-        return "".join(out)
-
-    blocks = []
-    for block in re.split(r"\n\s*\n", source.strip()):
-        lines = [line.strip() for line in block.splitlines() if line.strip()]
-        if lines and all(line.startswith("- ") for line in lines):
-            items = "".join(f"<li>{inline(line[2:])}</li>" for line in lines)
-            blocks.append(f"<ul>{items}</ul>")
-        elif lines:
-            blocks.append(f"<p>{inline(' '.join(lines))}</p>")
-    return "".join(blocks)
 
 
 class Quiz:

@@ -50,6 +50,11 @@ def problems(text: str, where: str = "text") -> list[str]:
     for term, instead in AVOID.items():
         if term in prose:
             found.append(f"{where}: writes “{term}”; write {instead}")
+    for match in re.finditer(r"\*\*([^\n]+?)\*\*", prose):  # pairs of ** from the left, as Markdown does
+        followed_by_text = match.end() < len(prose) and prose[match.end()].isalnum()
+        if match[1][-1] in "，。：；！？、）”" and followed_by_text:
+            found.append(f"{where}: “**{match[1]}**” followed by text does not render in CommonMark: write "
+                         f"<strong>{match[1]}</strong>")
     for pattern, rule in _RULES:
         for match in pattern.finditer(prose):
             start = max(0, match.start() - 12)
