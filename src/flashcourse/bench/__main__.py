@@ -7,6 +7,8 @@
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
     overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs SDPA
+    variants  [--out DIR] [--dtype ...] [--variants NAME ...] [--providers ...]
+                                           causal, windows, documents, GQA, softcap vs FlexAttention and SDPA
     profile   [--out DIR]                  proton: each kernel's share of a forward + backward step
     ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
                                            PyTorch's context parallel (bench/ring.py)
@@ -99,6 +101,20 @@ def _overhead(args) -> None:
     print(f"wrote {save_results('overhead', rows, directory=args.out)}")
 
 
+def _variants(args) -> None:
+    from flashcourse.bench import variants
+
+    earlier = variants.earlier_rows_today(args.out)  # a run of the other dtype today: its rows stay in the file
+
+    def save(rows):
+        return save_results("variants", variants.merge_rows(earlier, rows), directory=args.out)
+
+    rows = variants.run(args.dtype, args.variants, args.providers, on_variant=save)
+    path = save(rows)
+    print(variants.format_table(rows))
+    print(f"wrote {path}")
+
+
 def _ring(args) -> None:
     from flashcourse.bench import ring
 
@@ -154,6 +170,13 @@ def main(argv=None) -> None:
     table = sub.add_parser("table")
     table.add_argument("--results", type=Path, default=None, help="results folder (default benchmarks/results)")
     table.add_argument("--write", action="store_true", help="rewrite the table inside docs/KERNELS.md")
+    var = sub.add_parser("variants", help="attention variants vs FlexAttention and SDPA (issue 11)")
+    var.add_argument("--out", type=Path, default=resources.new_results_dir(),
+                     help="folder for the JSON (default: %(default)s)")
+    var.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
+    var.add_argument("--variants", nargs="+", help="variant names, e.g. 'window 1024' (default: all)")
+    var.add_argument("--providers", nargs="+", default=["flashcourse", "flex", "sdpa_flash", "sdpa_cudnn",
+                                                        "flashcourse_expanded_kv"])
     ring = sub.add_parser("ring", help="run with torchrun --nproc-per-node 2 -m flashcourse.bench ring")
     ring.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
     ring.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 65536 131072)")
