@@ -141,6 +141,9 @@ def test_rule_tile_maps_colour_tiles_by_kind_and_count_the_computed_ones():
     fig = plots.rule_tile_maps({"causal": (causal, reference.causal_mask(32, 32)), "window 8": (window, keep)})
     _check_labelled(fig)
     assert [len(ax.patches) for ax in fig.axes] == [16, 16]
+    (image,) = fig.axes[1].images  # the kept entries, drawn over the tiles and exactly where the mask keeps
+    assert image.get_zorder() > max(p.get_zorder() for p in fig.axes[1].patches)
+    assert np.array_equal(image.get_array()[..., 3] > 0, keep)
     assert fig.axes[0].get_title().endswith("10 of 16 tiles computed")
     assert fig.axes[1].get_title().endswith("7 of 16 tiles computed")
     colours = {tuple(np.round(p.get_facecolor()[:3], 3)) for p in fig.axes[1].patches}

@@ -329,13 +329,13 @@ def rule_tile_maps(panels: Mapping[str, tuple[Sequence, np.ndarray]], *,
         n_q, n_k = mask.shape
         _tile_grid(ax, tiles, n_q, n_k)
         overlay = np.zeros((n_q, n_k, 4))
-        overlay[mask] = (0.03, 0.19, 0.42, 0.55)  # kept entries dark blue, masked ones transparent
-        ax.imshow(overlay, interpolation="nearest", extent=(0, n_k, n_q, 0))
+        overlay[mask] = (0.03, 0.19, 0.42, 0.4)  # kept entries dark blue, masked ones transparent
+        ax.imshow(overlay, interpolation="nearest", extent=(0, n_k, n_q, 0), zorder=2)  # over the tiles
         computed = sum(t.kind != "skipped" for t in tiles)
         ax.set_title(f"{name}\n{computed} of {len(tiles)} tiles computed", fontsize=9)
     kinds = [kind for kind in TILE_COLOURS if any(t.kind == kind for _, (tiles, _) in panels.items() for t in tiles)]
     handles = [Patch(facecolor=TILE_COLOURS[kind], label=f"{kind} tile") for kind in kinds]
-    handles.append(Patch(facecolor=(0.03, 0.19, 0.42, 0.55), label="entry kept"))
+    handles.append(Patch(facecolor=(0.03, 0.19, 0.42, 0.4), label="entry kept"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
     fig.suptitle(title)
     return fig
