@@ -17,6 +17,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402, F401  (Triton wants it in scope of every jit function, mask_mods too)
 
 from flashcourse import kernels  # noqa: E402
 from flashcourse.kernels import blockmask, rules  # noqa: E402
@@ -92,8 +93,8 @@ def reference(q, k, v, *, scale=None, causal=False, window=None, softcap=None, a
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     if alibi_slopes is not None:
-        distance = (torch.arange(n_q)[:, None] + n_kv - n_q - torch.arange(n_kv)[None, :]).abs()
-        s = s - alibi_slopes.double().cpu()[None, :, None, None] * distance.to(s.device)
+        distance = (torch.arange(n_q)[:, None] + n_kv - n_q - torch.arange(n_kv)[None, :]).abs().to(s.device)
+        s = s - alibi_slopes.to(s)[None, :, None, None] * distance
     keep = visible_mask(batch, heads, n_q, n_kv, causal=causal, window=window, document_ids=document_ids,
                         mask_mod=mask_mod).to(s.device)
     seen = keep.any(-1, keepdim=True)
@@ -115,21 +116,21 @@ def check_variant(rng, shape, options, *, dtype=torch.float32, grads=True):
     """Forward (o, lse) and gradients (dq, dk, dv) of the default kernels against the float64 reference."""
     q, k, v, do = make(rng, *shape, dtype=dtype)
     o, lse = kernels.flash_attention_forward(q, k, v, **options)
-    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]  # float64 where q is (GPU: fast)
     o_ref, lse_ref = reference(*leaves, **options)
     what = f"{options} {shape}"
-    assert_close(o, o_ref.detach().numpy(), what=f"o {what}")
-    assert_close(lse, lse_ref.detach().numpy(), dtype="float32" if dtype == torch.float32 else dtype,
+    assert_close(o, o_ref.detach().cpu().numpy(), what=f"o {what}")
+    assert_close(lse, lse_ref.detach().cpu().numpy(), dtype="float32" if dtype == torch.float32 else dtype,
                  what=f"lse {what}")
     if not grads:
         return
     for t in (q, k, v):
         t.requires_grad_(True)
     kernels.flash_attention(q, k, v, **options).backward(do)
-    o_ref.backward(do.detach().cpu().double())
+    o_ref.backward(do.detach().double())
     for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True):
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
-        ref = leaf.grad.numpy()
+        ref = leaf.grad.cpu().numpy()
         norm = max(1.0, float(np.abs(ref).max()))  # gradients sum many products: compare at their own scale
         assert_close(t.grad.double().cpu() / norm, ref / norm, dtype=dtype, what=f"{name} {what}")
 
