@@ -17,7 +17,8 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("ex*.ipynb"))
 NAMES = [p.name for p in SOLUTIONS]
 LESSON_LINK_NAMES = ["ex01_naive_attention", "ex02_softmax", "ex03_tiled_forward", "ex04_io", "ex05_backward",
                      "ex06_triton_softmax", "ex07_triton_forward", "ex08_triton_backward", "ex09_decode_combine"]
-LATER_LESSON_LINKS = {11: "ex10_mask_rules", 12: "ex11_ring_schedule"}  # lesson -> exercise, past the run above
+LATER_LESSON_LINKS = {10: "ex12_from_memory", 11: "ex10_mask_rules",
+                      12: "ex11_ring_schedule"}  # lesson -> exercise, past the run above
 
 
 def _grade_cells(nb):

@@ -28,6 +28,7 @@ EXERCISES = {
     "ex09_decode_combine": "ex09",
     "ex10_mask_rules": "ex10",
     "ex11_ring_schedule": "ex11",
+    "ex12_from_memory": "ex12",
 }
 
 # check function name -> module that defines it; modules load on first use (the Triton ones import torch).
@@ -46,6 +47,7 @@ _CHECKS = {
     "check_prefix_lm_mask": "ex10", "check_chunked_causal_mask": "ex10", "check_block_kinds": "ex10",
     "check_chunked_causal_triton": "ex10",
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
+    "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",
 }
 
 __all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "keep_going", "parts", "run_check",
