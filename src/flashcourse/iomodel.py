@@ -187,6 +187,11 @@ def flash_block_sizes(sram: int, d: int, n: int | None = None, *, order: str = "
 _B = _H = np.array(0)  # the simulator runs one head: batch 0, head 0 for the rule
 
 
+def _causal_rule(mem: Memory, causal) -> reference.AttentionRule:
+    """The rule of a plain (causal or not) run, for a built-in algorithm called like a learner's callable."""
+    return reference.attention_rule(mem.shape("q")[0], mem.shape("k")[0], causal=causal)
+
+
 def _tile_scores(rule: reference.AttentionRule, q_blk, k_blk, scale: float, r: int, c: int,
                  kind: str = "masked") -> np.ndarray:
     """The scores of the tile whose first query is r and first key c, through the rule (masked unless full)."""
@@ -194,9 +199,10 @@ def _tile_scores(rule: reference.AttentionRule, q_blk, k_blk, scale: float, r: i
     return rule.scores((q_blk @ k_blk.T) * scale, _B, _H, q_idx, kv_idx, mask=kind != "full")
 
 
-def _standard(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
-              block_k: int | None) -> None:
+def _standard(mem: Memory, *, causal=False, scale: float, block_q: int | None, block_k: int | None,
+              rule: reference.AttentionRule | None = None) -> None:
     """The three-step implementation: S = QK^T to HBM, P = softmax(S) to HBM, O = PV; each step blocked."""
+    rule = rule or _causal_rule(mem, causal)
     n, d = mem.shape("q")
     n_k = mem.shape("k")[0]
     # Square tiles of S: Q and K row blocks plus the S tile must fit (2 b d + b^2 <= M).
@@ -233,9 +239,10 @@ def _standard(mem: Memory, *, rule: reference.AttentionRule, scale: float, block
         mem.free(acc)
 
 
-def _flash(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
-           block_k: int | None) -> None:
+def _flash(mem: Memory, *, causal=False, scale: float, block_q: int | None, block_k: int | None,
+           rule: reference.AttentionRule | None = None) -> None:
     """Algorithm 1 of FlashAttention: outer loop over K/V blocks, inner over Q blocks; O, l, m in HBM."""
+    rule = rule or _causal_rule(mem, causal)
     n, d = mem.shape("q")
     n_k = mem.shape("k")[0]
     d_v = mem.shape("v")[1]
@@ -272,12 +279,13 @@ def _flash(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q:
         mem.free(k_blk, v_blk)
 
 
-def _flash2(mem: Memory, *, rule: reference.AttentionRule, scale: float, block_q: int | None,
-            block_k: int | None) -> None:
+def _flash2(mem: Memory, *, causal=False, scale: float, block_q: int | None, block_k: int | None,
+            rule: reference.AttentionRule | None = None) -> None:
     """FlashAttention-2's order: outer loop over Q blocks, inner over K/V blocks; O, m, l stay in SRAM.
 
     Q_i is read once and O_i, lse_i written once; every query block reads all the K_j, V_j it needs.
     """
+    rule = rule or _causal_rule(mem, causal)
     n, d = mem.shape("q")
     n_k = mem.shape("k")[0]
     d_v = mem.shape("v")[1]
@@ -344,7 +352,7 @@ def simulate(algorithm, q, k, v, *, sram: int, causal=False, block_q: int | None
     if isinstance(algorithm, str):
         if algorithm not in _ALGORITHMS:
             raise ValueError(f'algorithm must be "standard", "flash", "flash2" or a callable, got {algorithm!r}')
-        _ALGORITHMS[algorithm](mem, rule=rule, scale=scale, block_q=block_q, block_k=block_k)
+        _ALGORITHMS[algorithm](mem, causal=causal, scale=scale, block_q=block_q, block_k=block_k, rule=rule)
     elif callable(algorithm):
         given = [name for name, value in variants.items() if value is not None]
         if given or not isinstance(causal, (bool, np.bool_)):
