@@ -379,9 +379,14 @@ def test_cross_check_with_the_numpy_reference_when_it_has_the_options(rng):
 
     if "window" not in inspect.signature(numpy_reference.attention_lse).parameters:
         pytest.skip("reference.attention_lse does not take the variant options yet")
-    q, k, v, _ = make(rng, 1, 2, 2, 30, 40, 16)
-    options = {"causal": "bottom_right", "window": (6, 2), "softcap": 3.0}
-    o, lse = numpy_reference.attention_lse(*(t.cpu().double().numpy() for t in (q, k, v)), **options)
-    o_ref, lse_ref = reference(*(t.cpu().double() for t in (q, k, v)), **options)
-    np.testing.assert_allclose(o, o_ref.numpy(), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(lse, lse_ref.numpy(), rtol=1e-9, atol=1e-12)
+    ids = np.repeat([0, 1, 2], [10, 15, 5])[None]
+    for n_kv, numpy_options, torch_options in [
+        (40, {"causal": "bottom_right", "window": (6, 2), "softcap": 3.0}, {}),
+        (30, {"causal": True, "alibi_slopes": np.array([0.5, 0.25]), "document_ids": ids},
+         {"alibi_slopes": torch.tensor([0.5, 0.25]), "document_ids": torch.tensor(ids)}),
+    ]:
+        q, k, v, _ = make(rng, 1, 2, 2, 30, n_kv, 16)
+        o, lse = numpy_reference.attention_lse(*(t.cpu().double().numpy() for t in (q, k, v)), **numpy_options)
+        o_ref, lse_ref = reference(*(t.cpu().double() for t in (q, k, v)), **{**numpy_options, **torch_options})
+        np.testing.assert_allclose(o, o_ref.numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(lse, lse_ref.numpy(), rtol=1e-9, atol=1e-12)
