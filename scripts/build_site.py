@@ -47,6 +47,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 IMAGE_MIME_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 # A relative link to a notebook inside a markdown cell: ](path.ipynb) or ](path.ipynb#anchor).
 NOTEBOOK_LINK = re.compile(r"(\]\((?![a-z][a-z0-9+.-]*:)[^)\s]*?)\.ipynb((?:#[^)\s]*)?\))")
+# The same in HTML outputs (lesson 10's answers cite lessons): href="path.ipynb" or href="path.ipynb#anchor".
+NOTEBOOK_HREF = re.compile(r'(href="(?![a-z][a-z0-9+.-]*:)[^"\s]*?)\.ipynb((?:#[^"\s]*)?")')
 
 
 def lesson_number(path: Path) -> int | None:
@@ -109,7 +111,8 @@ def widget_note(output: nbformat.NotebookNode) -> str:
 
 
 def prepare_for_site(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """A copy for the site: links to notebooks point to their pages; widgets become a note."""
+    """A copy for the site: links to notebooks (in markdown cells and HTML outputs) point to their pages; widgets
+    become a note."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     nb.metadata.pop("widgets", None)  # rendering saved widget state would load JavaScript from a CDN
     for cell in nb.cells:
@@ -118,6 +121,10 @@ def prepare_for_site(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         for output in cell.get("outputs", []):
             if WIDGET_VIEW in output.get("data", {}):
                 output.data = nbformat.from_dict({"text/html": widget_note(output)})
+            elif "text/html" in output.get("data", {}):
+                page = output.data["text/html"]
+                page = "".join(page) if isinstance(page, list) else page
+                output.data["text/html"] = NOTEBOOK_HREF.sub(r"\1.html\2", page)
     return nb
 
 

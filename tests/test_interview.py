@@ -345,3 +345,33 @@ def test_quiz_rejects_bad_arguments():
         Quiz(BANK, section="nope")
     with pytest.raises(ValueError, match="kind must be one of"):
         Quiz(BANK).score("perfect")
+
+
+# ------------------------------------------------------------------------------------------- lesson 10's HTML
+@pytest.mark.parametrize("lang", interview.LANGUAGES)
+def test_lesson_html_hides_answers_shows_evidence_after_them_and_wrong_answers_beside_corrections(lang):
+    entry = BANK.entry("myth-io-linear")
+    page = interview.render_entry_html(entry, lang)
+    hidden = page[page.index('<details class="fc-answer">'):page.index("</details>")]
+    assert markdown_to_html(entry["short"][lang]) in hidden and markdown_to_html(entry["long"][lang]) in hidden
+    assert hidden.index(markdown_to_html(entry["long"][lang])) < hidden.index('class="fc-evidence"')
+    assert entry["question"][lang] in page[:page.index("<details")]  # the question is shown, its answer is not
+    for follow in entry["follow_ups"]:
+        answer = markdown_to_html(follow["answer"][lang])
+        assert f"</summary>{answer}</details>" in page  # each follow-up's answer hidden too
+    table = page[page.index('<table class="fc-wrong">'):]
+    for wrong in entry["wrong_answers"]:
+        assert (f"<tr><td>{markdown_to_html(wrong['claim'][lang])}</td>"
+                f"<td>{markdown_to_html(wrong['correction'][lang])}</td></tr>") in table
+    section = interview.render_html(BANK, lang, section="myths")
+    assert section.count('<div class="fc-entry"') == len(BANK.in_section("myths"))
+
+
+@pytest.mark.parametrize("lang", interview.LANGUAGES)
+def test_lesson_10_renders_every_section_with_hidden_answers_and_links_exercise_12(lang):
+    name = "10_interview_walkthrough.ipynb" if lang == "en" else "10_interview_walkthrough_zh.ipynb"
+    lesson = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    code = "\n".join(cell.source for cell in lesson.cells if cell.cell_type == "code")
+    for section in BANK.sections:
+        assert f'interview.render_html(bank, "{lang}", section="{section}")' in code, section
+    assert "../exercises/ex12_from_memory.ipynb" in "\n".join(c.source for c in lesson.cells)

@@ -2,7 +2,9 @@
 
 ``load()`` returns the bank shipped with the package (``questions.yaml``), ``validate()`` lists every problem
 in it (missing translations, evidence that does not resolve, quoted numbers that do not match),
-``render_markdown(lang="zh")`` renders it for lesson 10, and ``Quiz`` (in :mod:`flashcourse.interview.quiz`,
+``render_markdown(lang="zh")`` renders it as Markdown (docs/interview_*.md), ``render_html`` for lesson 10 (answers
+hidden until opened), ``flashcourse quiz`` drills it in a terminal (:mod:`.terminal`), and ``Quiz`` (in
+:mod:`flashcourse.interview.quiz`,
 imported on demand because it needs ipywidgets) drills it.
 """
 
@@ -12,14 +14,16 @@ from .bank import (
     load,
     numbers_in,
     render_entry,
+    render_entry_html,
     render_evidence_table,
+    render_html,
     render_markdown,
     render_question_list,
     validate,
 )
 
-__all__ = ["LANGUAGES", "Bank", "Quiz", "load", "numbers_in", "render_entry", "render_evidence_table",
-           "render_markdown", "render_question_list", "validate"]
+__all__ = ["LANGUAGES", "Bank", "Quiz", "load", "numbers_in", "render_entry", "render_entry_html",
+           "render_evidence_table", "render_html", "render_markdown", "render_question_list", "validate"]
 
 
 def __getattr__(name):

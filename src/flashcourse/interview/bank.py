@@ -37,6 +37,8 @@ __all__ = [
     "render_entry",
     "render_evidence",
     "render_evidence_table",
+    "render_entry_html",
+    "render_html",
     "render_markdown",
     "render_question_list",
     "run_in",
@@ -49,12 +51,14 @@ TEXT_FIELDS = ("question", "short", "long")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 LABELS = {
-    "en": {"short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
+    "en": {"show": "Show the answer", "show_follow_up": "answer", "claim": "Wrong answer", "correction": "Correction",
+           "short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
            "right_prefix": "Correction:", "cell": "cell", "heading": "section",
            "end": ".", "gap": " ", "results": "results", "computed": "computed by",
            "table": "| question | number | value held by the evidence | evidence |"},
-    "zh": {"short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
+    "zh": {"show": "显示答案", "show_follow_up": "答案", "claim": "错误说法", "correction": "纠正",
+           "short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
            "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
            "heading": "小节", "end": "：", "gap": "",
            "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
@@ -300,15 +304,16 @@ def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]
 def evidence_label(item: dict, lang: str = "en") -> str:
     """One evidence item as a line of Markdown, in ``lang``."""
     labels = LABELS[lang]
+    comma = ", " if lang == "en" else "，"
     if "notebook" in item:
         name = Path(item["notebook"]).name
         if "heading" in item:
             space = " " if lang == "en" else ""
-            return f"[{name}](../{item['notebook']}), {labels['heading']}{space}“{item['heading']}”"
-        return f"[{name}](../{item['notebook']}), {labels['cell']} `{item['cell_tag']}`"
+            return f"[{name}](../{item['notebook']}){comma}{labels['heading']}{space}“{item['heading']}”"
+        return f"[{name}](../{item['notebook']}){comma}{labels['cell']} `{item['cell_tag']}`"
     if "results" in item:
         ratio = f" / `{item['divide_by']}`" if "divide_by" in item else ""
-        return f"{labels['results']} `{item['results']}`, `{item['key']}`{ratio}"
+        return f"{labels['results']} `{item['results']}`{comma}`{item['key']}`{ratio}"
     if "compute" in item:
         args = ", ".join(f"{k}={v}" for k, v in (item.get("args") or {}).items())
         return f"{labels['computed']} `flashcourse.interview.evidence.{item['compute']}({args})`"
@@ -349,6 +354,36 @@ def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> st
                      f"{wrong['correction'][lang]}")
     lines += ["", render_evidence(entry, lang), ""]
     return "\n".join(lines)
+
+
+def render_entry_html(entry: dict, lang: str = "en") -> str:
+    """One entry as HTML for lesson 10: the question, then the answer hidden in a ``<details>`` until opened (the
+    30-second answer, the longer answer, then the evidence behind them), each follow-up with its answer hidden,
+    and the wrong answers beside their corrections in a two-column table. CSS classes: ``fc-entry``,
+    ``fc-answer``, ``fc-evidence``, ``fc-follow-up``, ``fc-wrong``."""
+    labels = LABELS[lang]
+    html_of = markdown_to_html
+    end = labels["end"]
+    follow_ups = "".join(
+        f'<li class="fc-follow-up">{html_of(f["question"][lang])}<details><summary>{labels["show_follow_up"]}'
+        f"</summary>{html_of(f['answer'][lang])}</details></li>" for f in entry["follow_ups"])
+    wrong_rows = "".join(f"<tr><td>{html_of(w['claim'][lang])}</td><td>{html_of(w['correction'][lang])}</td></tr>"
+                         for w in entry["wrong_answers"])
+    return (
+        f'<div class="fc-entry" id="fc-{entry["id"]}"><h3>{html.escape(entry["question"][lang])}</h3>'
+        f'<details class="fc-answer"><summary>{labels["show"]}</summary>'
+        f"<p><strong>{labels['short']}{end}</strong>{labels['gap']}</p>{html_of(entry['short'][lang])}"
+        f"<p><strong>{labels['long']}{end}</strong></p>{html_of(entry['long'][lang])}"
+        f'<div class="fc-evidence">{html_of(render_evidence(entry, lang))}</div></details>'
+        f"<p><strong>{labels['follow_ups']}</strong></p><ul>{follow_ups}</ul>"
+        f'<table class="fc-wrong"><tr><th>{labels["claim"]}</th><th>{labels["correction"]}</th></tr>{wrong_rows}'
+        "</table></div>")
+
+
+def render_html(bank: Bank | None = None, lang: str = "en", *, section: str) -> str:
+    """A section of the bank as HTML, answers hidden (:func:`render_entry_html`)."""
+    bank = bank or load()
+    return "".join(render_entry_html(e, lang) for e in bank.in_section(section))
 
 
 def render_markdown(bank: Bank | None = None, lang: str = "en", *, section: str | None = None) -> str:
@@ -421,6 +456,7 @@ def markdown_to_html(source: str) -> str:
                 out.append(f"<code>{html.escape(part[1:-1])}</code>")
             else:
                 part = html.escape(part).replace("&lt;strong&gt;", "<strong>").replace("&lt;/strong&gt;", "</strong>")
+                part = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', part)
                 part = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", part)
                 part = re.sub(r"(?<![*\w])\*(?!\s)(.+?)(?<!\s)\*(?![*\w])", r"<em>\1</em>", part)
                 out.append(part)
