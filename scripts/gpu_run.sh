@@ -2,6 +2,7 @@
 # The course's GPU work, run from the repository root on a CUDA machine (PYTHONPATH=src, nothing installed):
 # one stage per invocation, each under 10 minutes. Results land in $OUT; copy them into benchmarks/results/.
 #   scripts/gpu_run.sh verify     pytest -m gpu, launch overhead, decode, softmax cost
+#   scripts/gpu_run.sh rules      variant kernels: GPU tests, dense default vs v6/b1, fp16 variants grid, profile
 #   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
@@ -30,6 +31,15 @@ verify)
     stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
     stage decode 90 $py -m flashcourse.bench decode --out "$OUT"
     stage softmax_cost 90 $py -m flashcourse.bench softmax-cost --out "$OUT"
+    ;;
+rules)
+    stage pytest_variants 150 $py -m pytest -m gpu -x -q -p no:cacheprovider tests/test_kernels_variants.py
+    stage versions 150 $py -m flashcourse.bench versions --n 16384 --out "$OUT"
+    stage variants_a 120 $py -m flashcourse.bench variants --dtype float16 --variants causal "window 1024" \
+        "window 4096" --out "$OUT"
+    stage variants_b 120 $py -m flashcourse.bench variants --dtype float16 --variants "8 documents, causal" \
+        "GQA 32/8, causal" "softcap 30, causal" --out "$OUT"
+    stage profile 45 $py -m flashcourse.bench profile --out "$OUT"
     ;;
 check)
     stage pytest_gpu 260 $py -m pytest -m gpu -x -q -p no:cacheprovider $GPU_TESTS

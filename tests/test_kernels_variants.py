@@ -390,3 +390,15 @@ def test_cross_check_with_the_numpy_reference_when_it_has_the_options(rng):
         o_ref, lse_ref = reference(*(t.cpu().double() for t in (q, k, v)), **{**numpy_options, **torch_options})
         np.testing.assert_allclose(o, o_ref.numpy(), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(lse, lse_ref.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_the_default_backward_runs_b1_where_b1_can():
+    """b3 measured slower than b1 on dense calls: the default keeps b1 unless the call needs b3's rules."""
+    from flashcourse.kernels.rules import parse_rules
+
+    q = torch.zeros(1, 4, 8, 16, device=DEVICE)
+    grouped = torch.zeros(1, 2, 8, 16, device=DEVICE)
+    assert kernels._backward_version(None, q, q, parse_rules(q, q, causal=True)).name == "b1"
+    assert kernels._backward_version(None, q, grouped, parse_rules(q, grouped)).name == "b3"
+    assert kernels._backward_version(None, q, q, parse_rules(q, q, window=(4, 0))).name == "b3"
+    assert kernels._backward_version("b3", q, q, parse_rules(q, q)).name == "b3"

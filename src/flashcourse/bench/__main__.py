@@ -170,7 +170,7 @@ def main(argv=None) -> None:
     table = sub.add_parser("table")
     table.add_argument("--results", type=Path, default=None, help="results folder (default benchmarks/results)")
     table.add_argument("--write", action="store_true", help="rewrite the table inside docs/KERNELS.md")
-    var = sub.add_parser("variants", help="attention variants vs FlexAttention and SDPA (issue 11)")
+    var = sub.add_parser("variants", help="attention variants vs FlexAttention and SDPA")
     var.add_argument("--out", type=Path, default=resources.new_results_dir(),
                      help="folder for the JSON (default: %(default)s)")
     var.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
@@ -186,9 +186,8 @@ def main(argv=None) -> None:
     if args.command != "table":
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
-                "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile,
-                "table": _table}
-    commands["ring"] = _ring
+                "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile, "ring": _ring,
+                "variants": _variants, "table": _table}
     commands[args.command](args)
 
 

@@ -63,12 +63,13 @@ def run(shapes=SHAPES, log=print) -> list[dict]:
         q, k, v, do = make_inputs(shape)
 
         def step(q=q, k=k, v=v, do=do, causal=shape.causal):
-            kernels.flash_attention(q, k, v, causal=causal).backward(do)
+            torch.autograd.grad(kernels.flash_attention(q, k, v, causal=causal), (q, k, v), do)
 
         step()  # compile outside the profile
         steps[_label(shape)] = step
     torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as folder:
+    # The backward must run on this thread: proton's scopes belong to the thread that opened them.
+    with torch.autograd.set_multithreading_enabled(False), tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "flashcourse"
         proton.start(str(path), context="shadow")
         for label, step in steps.items():

@@ -177,6 +177,9 @@ def flex(variant: Variant, inputs: Inputs) -> Callable:
         def score_mod(score, b, h, q_idx, kv_idx):
             return cap * torch.tanh(score / cap)
 
+    # The backward is timed by replaying one kept graph (retain_graph=True, as for every provider), which a
+    # compiled backward that donates its saved buffers refuses.
+    torch._functorch.config.donated_buffer = False
     compiled = torch.compile(flex_attention, dynamic=False)  # one compiled graph per variant, dtype, grad mode
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
                                     enable_gqa=variant.group > 1)

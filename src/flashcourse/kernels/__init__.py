@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from . import configs  # noqa: E402
 from ._checks import check_qkv, check_saved  # noqa: E402
-from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402
+from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
 from .decode import flash_decode  # noqa: E402
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402
 from .rules import Rules, parse_rules  # noqa: E402
@@ -53,10 +53,15 @@ def _forward_version(version: str | None):
     return FORWARD_VERSIONS[name]
 
 
-def _backward_version(version: str | None):
+def _backward_version(version: str | None, q=None, k=None, rules: Rules | None = None):
+    """The named backward version; by default b3, or b1 where b1 can run the call: on the H200, dense, b3 measured
+    3-9% slower than b1 (docs/KERNELS.md), so a call that needs none of b3's rules keeps b1's speed."""
     name = DEFAULT_BACKWARD if version is None else version
     if name not in BACKWARD_VERSIONS:
         raise ValueError(f"unknown backward version {name!r}: expected one of {sorted(BACKWARD_VERSIONS)}")
+    if version is None and rules is not None and rules.missing_in_numbered_version(
+            k.shape[1] != q.shape[1], q.shape[2], k.shape[2]) is None:
+        return BACKWARD_VERSIONS[DENSE_BACKWARD]
     return BACKWARD_VERSIONS[name]
 
 
@@ -87,7 +92,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
     check_saved(q, o, lse, do)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)
-    return run_backward(_backward_version(version), q, k, v, o, lse, do, rules=rules, scale=scale)
+    return run_backward(_backward_version(version, q, k, rules), q, k, v, o, lse, do, rules=rules, scale=scale)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -103,7 +108,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = run_backward(_backward_version(ctx.backward_version), q, k, v, o, lse, do,
+        dq, dk, dv = run_backward(_backward_version(ctx.backward_version, q, k, ctx.rules), q, k, v, o, lse, do,
                                   rules=ctx.rules, scale=ctx.scale)
         return dq, dk, dv, None, None, None, None
 
