@@ -27,3 +27,9 @@ def test_kernels_doc_table_matches_the_json():
     doc = (ROOT / "docs" / "KERNELS.md").read_text()
     committed = _between(doc, "<!-- versions-table:start -->", "<!-- versions-table:end -->")
     assert committed == "\n" + versions.kernels_table(), f"docs/KERNELS.md's version table is stale: {FIX}"
+
+
+def test_kernels_doc_variants_table_matches_the_json():
+    doc = (ROOT / "docs" / "KERNELS.md").read_text()
+    committed = _between(doc, "<!-- variants-table:start -->", "<!-- variants-table:end -->")
+    assert committed == "\n" + summary.variants_summary(), f"docs/KERNELS.md's variants table is stale: {FIX}"

@@ -141,8 +141,9 @@ def _table(args) -> None:
         sys.exit("table --write rewrites README.md and docs/KERNELS.md of a checkout, and this flashcourse is "
                  "installed from a wheel: run it in a clone of the repository after `pip install -e .`")
     doc = root / "docs" / "KERNELS.md"
-    doc.write_text(summary.replace_between(doc.read_text(), "<!-- versions-table:start -->",
-                                           "<!-- versions-table:end -->", "\n" + text))
+    for section, body in (("versions-table", text), ("variants-table", summary.variants_summary(args.results))):
+        doc.write_text(summary.replace_between(doc.read_text(), f"<!-- {section}:start -->", f"<!-- {section}:end -->",
+                                               "\n" + body))
     readme = root / "README.md"
     readme.write_text(summary.replace_between(readme.read_text(), summary.README_START, summary.README_END,
                                               summary.readme_section(args.results)))

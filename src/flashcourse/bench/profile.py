@@ -56,7 +56,6 @@ def run(shapes=SHAPES, log=print) -> list[dict]:
     import triton.profiler as proton
 
     from flashcourse import kernels
-    from flashcourse.kernels import forward
 
     steps = {}
     for shape in shapes:
@@ -90,8 +89,9 @@ def run(shapes=SHAPES, log=print) -> list[dict]:
             if scope == label and ns > 0:
                 rows.append({"shape": label, "kernel": name, "ms_per_step": ns / STEPS / 1e6, "share": ns / total})
                 log(f"{label:22} {name:28} {ns / STEPS / 1e6:8.3f} ms  {ns / total:6.1%}")
-    dots = dot_operands(forward._fwd_v6_kernel)
-    rows.append({"kernel": "_fwd_v6_kernel", "ttgir_dots": dots[:8]})
+    default = kernels.FORWARD_VERSIONS[kernels.DEFAULT_FORWARD].kernel  # the forward the steps above compiled
+    dots = dot_operands(default)
+    rows.append({"kernel": default.fn.__name__, "ttgir_dots": dots[:8]})
     for line in dots[:4]:
         log(line[:200])
     return rows

@@ -84,9 +84,47 @@ def decode_summary(directory: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def variants_summary(directory: Path | None = None) -> str:
+    """Attention variants: our TFLOP/s over the visible score entries beside compiled FlexAttention and SDPA."""
+    newest = _newest("*-variants.json", directory)
+    if newest is None:
+        return ""
+    meta, rows, name = newest
+
+    def rate(row):
+        return "-" if row is None else f"{row['tflops']:.0f}"
+
+    lines = [
+        f"Attention variants, B = 4 (GQA: 2), H = 16 (GQA: 32 query heads on 8 KV heads), D = 128, N = 16384 "
+        f"(GQA: 8192), on {meta['device']} on {meta['date']} (`{name}`); TFLOP/s over the visible score entries "
+        "only, FlexAttention compiled with its block mask built outside the timed region:",
+        "",
+        "| variant | dtype | pass | visible | ours | FlexAttention | ours vs Flex | SDPA flash | SDPA cuDNN | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = dict.fromkeys((r["variant"], r["dtype"], r["mode"]) for r in rows)
+    for variant, dtype, mode in keys:
+        get = {p: _find(rows, provider=p, variant=variant, dtype=dtype, mode=mode)
+               for p in ("flashcourse", "flex", "sdpa_flash", "sdpa_cudnn")}
+        ours = get["flashcourse"]
+        if ours is None:
+            continue
+        ratio = f"{ours['ratio_vs_flex']:.2f}x" if "ratio_vs_flex" in ours else "-"
+        note = ""
+        if "vs_our_causal" in ours:
+            note = f"{ours['vs_our_causal']:.2f}x our causal"
+        elif "ratio_vs_flashcourse_expanded_kv" in ours:
+            note = f"{ours['ratio_vs_flashcourse_expanded_kv']:.2f}x ours on expanded K/V"
+        cells = [variant, dtype.replace("float", "fp"), mode, f"{ours['density']:.0%}", rate(ours), rate(get["flex"]),
+                 ratio, rate(get["sdpa_flash"]), rate(get["sdpa_cudnn"]), note]
+        lines.append(f"| {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
 def readme_section(directory: Path | None = None) -> str:
     """The text between the README's gpu-results markers."""
-    return "\n" + attention_summary(directory) + "\n" + decode_summary(directory)
+    parts = [attention_summary(directory), decode_summary(directory), variants_summary(directory)]
+    return "\n" + "\n".join(part for part in parts if part)
 
 
 def replace_between(text: str, start: str, end: str, body: str) -> str:
