@@ -216,10 +216,10 @@ def test_lesson_figures_have_titles_and_labelled_axes():
     import matplotlib
 
     matplotlib.use("agg")
-    from flashcourse import plots_distributed
+    from flashcourse import plots
 
-    figures = [plots_distributed.ring_schedule(3),
-               plots_distributed.step_time([4096, 65536], world=2, heads=16, head_dim=128, tflops=400, link_gbs=450)]
+    figures = [plots.ring_schedule(3),
+               plots.step_time([4096, 65536], world=2, heads=16, head_dim=128, tflops=400, link_gbs=450)]
     for fig in figures:
         for ax in fig.axes:
             assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()

@@ -2,7 +2,8 @@
 
 Each returns a :class:`matplotlib.figure.Figure` with a title, labelled axes and units, built without pyplot's
 global state, so it works headless (tests, CI) and in a notebook alike (a Figure displays itself in Jupyter).
-Nothing here computes attention, a softmax or a traffic count: the callers pass states and results in.
+Nothing here computes attention, a softmax or a traffic count: the callers pass states and results in (lesson
+12's ring figures ask ``distributed.schedule`` and ``distributed.cost`` for the schedule and the step costs).
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from matplotlib import colormaps
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
+
+from .distributed import cost, schedule  # NumPy-only parts of distributed: no torch.distributed needed
 
 __all__ = [
     "bar_chart",
@@ -23,8 +28,10 @@ __all__ = [
     "memory_hierarchy",
     "memory_vs_n",
     "online_softmax_state",
+    "ring_schedule",
     "roofline",
     "rule_tile_maps",
+    "step_time",
     "tile_map",
     "tile_order",
     "traffic_bars",
@@ -420,4 +427,60 @@ def grouped_bars(values: Mapping[str, Mapping[str, float]], *, ylabel: str, titl
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.margins(y=0.15)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ lesson 12
+def ring_schedule(world: int, layouts=("contiguous", "zigzag")):
+    """Per layout, the causal chunk-by-chunk attention matrix, each block coloured by the rank computing it and
+    labelled with the ring step (and "/2" for a diagonal block, of which only the lower triangle is computed);
+    blank blocks are skipped."""
+    fig = Figure(figsize=(5 * len(layouts), 4.6))
+    axes = fig.subplots(1, len(layouts), squeeze=False)
+    colours = ListedColormap(colormaps["tab10"].colors[:world])
+    for ax, layout in zip(axes[0], layouts, strict=True):
+        chunks = world * schedule.chunks_per_rank(layout)
+        owner = np.full((chunks, chunks), np.nan)
+        for rank in range(world):
+            for step in range(world):
+                for (qc, kc), kind in schedule.block_schedule(world, rank, step, layout).items():
+                    if kind == "skip":
+                        continue
+                    owner[qc, kc] = rank
+                    ax.text(kc, qc, f"s{step}" + ("/2" if kind == "lower" else ""), ha="center", va="center",
+                            fontsize=9 if chunks <= 8 else 7)
+        ax.imshow(owner, cmap=colours, vmin=-0.5, vmax=world - 0.5, alpha=0.6)
+        work = [sum({"full": 1.0, "lower": 0.5, "skip": 0.0}[k] for s in range(world)
+                    for k in schedule.block_schedule(world, r, s, layout).values()) for r in range(world)]
+        ax.set_title(f"{layout}\nshare of the work per rank: " + ", ".join(f"{w / sum(work):.0%}" for w in work))
+        ax.set_xlabel("key chunk")
+        ax.set_ylabel("query chunk")
+        ax.set_xticks(range(chunks))
+        ax.set_yticks(range(chunks))
+    handles = [Rectangle((0, 0), 1, 1, color=colours(r), alpha=0.6) for r in range(world)]
+    fig.legend(handles, [f"rank {r}" for r in range(world)], loc="lower center", ncol=world)
+    fig.suptitle(f"Causal ring attention over {world} ranks: who computes each block, at which step (s)")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def step_time(seq_lens, *, world: int, heads: int, head_dim: int, tflops: float, link_gbs: float,
+              element_bytes: int = 2):
+    """Per ring step, forward: milliseconds to compute a block at ``tflops`` and to send a K/V shard at
+    ``link_gbs`` GB/s, against the sequence length (causal, zigzag, B = 1). Compute grows as N^2, the transfer
+    as N, so above the crossing the transfer hides behind the compute."""
+    seq_lens = np.asarray(seq_lens)
+    compute = [cost.ring_step_flops(1, heads, n, head_dim, world) / (tflops * 1e12) * 1e3 for n in seq_lens]
+    transfer = [cost.ring_step_bytes(1, heads, n, head_dim, world, element_bytes) / (link_gbs * 1e9) * 1e3
+                for n in seq_lens]
+    fig = Figure(figsize=(6.5, 4))
+    ax = fig.subplots()
+    ax.loglog(seq_lens, compute, "o-", label=f"compute a block at {tflops:.0f} TFLOP/s")
+    ax.loglog(seq_lens, transfer, "s-", label=f"send a K/V shard at {link_gbs:.0f} GB/s")
+    ax.set_xlabel("sequence length N (tokens, whole sequence)")
+    ax.set_ylabel("time per ring step (ms)")
+    ax.set_title(f"One ring step on {world} GPUs: H={heads}, D={head_dim}, bf16, causal")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
     return fig
