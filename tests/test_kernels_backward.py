@@ -128,6 +128,8 @@ def test_public_backward_from_saved_output_matches_autograd(rng):
         kernels.flash_attention_backward(q, k, v, o, lse[..., :3], do)
     with pytest.raises(ValueError, match="do is"):
         kernels.flash_attention_backward(q, k, v, o, lse, do[:, :, :5])
+    with pytest.raises(ValueError, match="lse is not contiguous"):
+        kernels.flash_attention_backward(q, k, v, o, lse.transpose(0, 1).contiguous().transpose(0, 1), do)
 
 
 def test_a_backward_launch_that_breaks_its_rule_is_refused(rng):

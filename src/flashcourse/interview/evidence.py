@@ -163,8 +163,9 @@ def rescale_time_share(d: int, block_k: int, nonmatmul_cost: float = 1.0) -> flo
     """Percent that the online softmax's rescaling adds to the forward's matmul work: per K/V block each row
     multiplies its accumulator (d numbers) and its sum by alpha = exp(m_old - m_new) and computes alpha, i.e.
     (d + 2) / B_c operations per score, against 4 d matmul FLOPs per score. ``nonmatmul_cost``: how many times
-    dearer a non-matmul operation is than a matmul FLOP (1 counts FLOPs; 16 is the A100's throughput ratio);
-    an upper bound on time, as if nothing overlapped."""
+    dearer a non-matmul operation is than a matmul FLOP (1 counts FLOPs; 16 is the A100's throughput ratio).
+    A throughput estimate, not a bound on time: the rescale sits between a tile's two matrix products, so it can
+    also delay them (lesson 09)."""
     return 100.0 * nonmatmul_cost * (d + 2) / block_k / matmul_flops_per_score(d)
 
 

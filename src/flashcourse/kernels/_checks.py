@@ -89,3 +89,5 @@ def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.T
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != want or lse.dtype != torch.float32:
         got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse).__name__
         raise ValueError(f"lse is {got}: expected {want} float32, as flash_attention_forward returns it")
+    if not lse.is_contiguous():  # the kernels index lse as a dense (B * H, N_q) array
+        raise ValueError("lse is not contiguous: pass lse.contiguous() (the kernels read it as one dense array)")
