@@ -78,7 +78,7 @@ def test_memory_vs_n_plots_megabytes():
 
 
 def test_traffic_by_step_leaves_out_the_total():
-    steps = bench.naive_attention_hbm_bytes(1, 1, 256, 64)
+    steps = iomodel.naive_attention_hbm_bytes(1, 1, 256, 64)
     fig = plots.traffic_by_step(steps)
     _check_labelled(fig)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]

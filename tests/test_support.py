@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from flashcourse import bench, device, measure
+from flashcourse import bench, device, iomodel, measure
 from flashcourse.tolerance import TOLERANCES, assert_close, tolerance_for
 
 
@@ -24,7 +24,7 @@ def test_flop_formulas():
 
 
 def test_naive_traffic_counts_each_line():
-    steps = bench.naive_attention_hbm_bytes(1, 1, 1000, 64, bytes_per_element=2)
+    steps = iomodel.naive_attention_hbm_bytes(1, 1, 1000, 64, bytes_per_element=2)
     nn, nd = 1000 * 1000 * 2, 1000 * 64 * 2
     assert steps["total"] == 4 * nn + 4 * nd
     assert sum(v for key, v in steps.items() if key != "total") == steps["total"]

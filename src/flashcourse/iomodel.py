@@ -25,7 +25,7 @@ import numpy as np
 
 from . import reference
 
-__all__ = ["IOStats", "Memory", "SramOverflowError", "flash_block_sizes", "simulate"]
+__all__ = ["IOStats", "Memory", "SramOverflowError", "flash_block_sizes", "naive_attention_hbm_bytes", "simulate"]
 
 
 class SramOverflowError(MemoryError):
@@ -153,6 +153,28 @@ def _fmt(s: slice | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ block sizes
+def naive_attention_hbm_bytes(batch: int, heads: int, n: int, head_dim: int, *, bytes_per_element: int = 2
+                              ) -> dict[str, int]:
+    """Bytes the three-step implementation moves through HBM, line by line.
+
+    S = Q K^T (read Q, K; write S), P = softmax(S) (read S; write P), O = P V (read P, V; write O).
+    Returns each step's bytes and the total.
+    """
+    nd = batch * heads * n * head_dim * bytes_per_element
+    nn = batch * heads * n * n * bytes_per_element
+    steps = {
+        "S = QK^T: read Q, K": 2 * nd,
+        "S = QK^T: write S": nn,
+        "P = softmax(S): read S": nn,
+        "P = softmax(S): write P": nn,
+        "O = PV: read P": nn,
+        "O = PV: read V": nd,
+        "O = PV: write O": nd,
+    }
+    steps["total"] = sum(steps.values())
+    return steps
+
+
 def flash_block_sizes(sram: int, d: int, n: int | None = None, *, order: str = "fa1") -> tuple[int, int]:
     """Block sizes (B_r, B_c) for the flash algorithms in an SRAM of ``sram`` elements.
 

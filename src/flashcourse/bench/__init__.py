@@ -16,7 +16,6 @@ from flashcourse import resources
 
 __all__ = [
     "attention_flops",
-    "naive_attention_hbm_bytes",
     "results_dir",
     "save_results",
     "load_results",
@@ -35,28 +34,6 @@ def attention_flops(batch: int, heads: int, n: int, head_dim: int, *, causal: bo
     if mode not in factors:
         raise ValueError(f"mode must be one of {sorted(factors)}, got {mode!r}")
     return forward * factors[mode]
-
-
-def naive_attention_hbm_bytes(batch: int, heads: int, n: int, head_dim: int, *, bytes_per_element: int = 2
-                              ) -> dict[str, int]:
-    """Bytes the three-step implementation moves through HBM, line by line.
-
-    S = Q K^T (read Q, K; write S), P = softmax(S) (read S; write P), O = P V (read P, V; write O).
-    Returns each step's bytes and the total.
-    """
-    nd = batch * heads * n * head_dim * bytes_per_element
-    nn = batch * heads * n * n * bytes_per_element
-    steps = {
-        "S = QK^T: read Q, K": 2 * nd,
-        "S = QK^T: write S": nn,
-        "P = softmax(S): read S": nn,
-        "P = softmax(S): write P": nn,
-        "O = PV: read P": nn,
-        "O = PV: read V": nd,
-        "O = PV: write O": nd,
-    }
-    steps["total"] = sum(steps.values())
-    return steps
 
 
 def tflops(flops: float, seconds: float) -> float:

@@ -20,6 +20,7 @@ from typing import NoReturn
 import numpy as np
 
 from .. import tolerance
+from ..reference import resolve_scale  # noqa: F401 - the checks' one default scale, re-exported to exNN
 
 Case = dict  # str -> np.ndarray | int | float | bool | str | None: the inputs of one test
 Outputs = dict  # str -> np.ndarray: what the learner's functions returned on one case
@@ -396,9 +397,6 @@ def randn(rng: np.random.Generator, *shape: int, dtype=np.float64) -> np.ndarray
     return rng.standard_normal(shape).astype(dtype)
 
 
-def resolve_scale(scale, head_dim: int) -> float:
-    """scale=None means 1/sqrt(D)."""
-    return 1.0 / np.sqrt(head_dim) if scale is None else float(scale)
 
 
 def qkv_case(rng: np.random.Generator, lead: tuple[int, ...], n_q: int, n_k: int, d: int, *, causal=False,

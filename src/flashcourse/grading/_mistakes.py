@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference
+from ..reference import resolve_scale
 
 # The diagnoses, one sentence each, shared by every exercise.
 SCALE_FORGOTTEN = "the scale is forgotten: multiply the scores q k^T by scale (1/sqrt(D) when scale is None)"
@@ -37,13 +38,11 @@ EMPTY_ROW_NAN = ("NaN where a row saw no visible key (l = 0, so 0 / 0): with a r
 def attention_nan_hint(q, k, *, causal: bool, scale) -> str | None:
     """What a NaN in an attention output most likely means on these inputs."""
     scores = np.abs(np.asarray(q, dtype=np.float64) @ np.swapaxes(np.asarray(k, dtype=np.float64), -1, -2))
-    if scores.size and scores.max() * _scale(scale, q.shape[-1]) > 80:
+    if scores.size and scores.max() * resolve_scale(scale, q.shape[-1]) > 80:
         return NO_MAX
     return EMPTY_ROW_NAN if causal else None
 
 
-def _scale(scale, head_dim: int) -> float:
-    return 1.0 / np.sqrt(head_dim) if scale is None else float(scale)
 
 
 def causal_keep(n_q: int, n_k: int, shift: int = 0, *, reversed_: bool = False) -> np.ndarray:
@@ -57,7 +56,7 @@ def attention(q, k, v, *, causal=False, scale=None, scale_power=1.0, mask: str =
     """Attention with a chosen mistake. scale_power: 0 = scale forgotten, 2 = applied twice.
     mask: "right", "diagonal" (hides j = i), "late" (shows j = i + 1), "none", "reversed"; axis: softmax axis."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    s = (q @ np.swapaxes(k, -1, -2)) * _scale(scale, q.shape[-1]) ** scale_power
+    s = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(scale, q.shape[-1]) ** scale_power
     if causal and mask != "none":
         n_q, n_k = s.shape[-2:]
         keep = {"right": causal_keep(n_q, n_k), "diagonal": causal_keep(n_q, n_k, -1),
@@ -100,7 +99,7 @@ def flash_forward(q, k, v, *, causal=False, scale=None, block_q=16, block_k=16, 
                   rescale_acc=True, normalise=True, scale_power=1.0, mask: str = "right"):
     """FA2's forward with chosen mistakes; returns (o, lse). For the running-state bugs of the tiled loop."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    s_all = (q @ np.swapaxes(k, -1, -2)) * _scale(scale, q.shape[-1]) ** scale_power
+    s_all = (q @ np.swapaxes(k, -1, -2)) * resolve_scale(scale, q.shape[-1]) ** scale_power
     n_q, n_k = s_all.shape[-2:]
     if causal and mask != "none":
         keep = {"right": causal_keep(n_q, n_k), "diagonal": causal_keep(n_q, n_k, -1),
@@ -152,7 +151,7 @@ def attention_grads(q, k, v, do, *, causal=False, scale=None, scale_power_dq=1.0
                     mask: str = "right", softmax_jacobian: bool = True):
     """dq, dk, dv of attention, materialising everything, with chosen mistakes (in float64)."""
     q, k, v, do = (np.asarray(a, dtype=np.float64) for a in (q, k, v, do))
-    sc = _scale(scale, q.shape[-1])
+    sc = resolve_scale(scale, q.shape[-1])
     s = (q @ np.swapaxes(k, -1, -2)) * sc
     if causal and mask != "none":
         n_q, n_k = s.shape[-2:]

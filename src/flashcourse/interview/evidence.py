@@ -111,9 +111,9 @@ def io_traffic_mb(n: int, d: int, sram: int, algorithm: str = "flash", block_q: 
 
 
 def standard_traffic_mb(batch: int, heads: int, n: int, d: int, bytes_per_element: int = 2) -> float:
-    """Bytes the standard three-step attention moves through HBM (:func:`flashcourse.bench.naive_attention_hbm_bytes`,
+    """Bytes the standard three-step attention moves through HBM (:func:`flashcourse.iomodel.naive_attention_hbm_bytes`,
     lesson 01's line-by-line count), in MB."""
-    return bench.naive_attention_hbm_bytes(batch, heads, n, d, bytes_per_element=bytes_per_element)["total"] / 1e6
+    return iomodel.naive_attention_hbm_bytes(batch, heads, n, d, bytes_per_element=bytes_per_element)["total"] / 1e6
 
 
 def io_algorithm_ratio(n: int, d: int, sram: int, algorithm: str, baseline: str) -> float:
