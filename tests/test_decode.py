@@ -140,7 +140,7 @@ def test_gpu_long_cache(rng, dtype, page_size):
     assert_close(o, expected(q, k, v, lens), what="decode at 20K keys")
 
 
-# ------------------------------------------------------------------------------------------ variants (issue 11)
+# ------------------------------------------------------------------------------------------ variants (lesson 11)
 def expected_variant(q, k, v, lens, *, window_left=None, softcap=None, slopes=None):
     """Float64 decode written from the rules: the new token at position L-1 sees keys max(0, L-1-left)..L-1,
     scores capped as softcap * tanh(s / softcap), then biased by -slope_h * (L - 1 - j)."""

@@ -1,4 +1,4 @@
-"""Attention variants (issue 11) in the kernels: forward v7 and backward b3 against a float64 reference.
+"""Attention variants (lesson 11) in the kernels: forward v7 and backward b3 against a float64 reference.
 
 The reference below is written here from the rules (rules.py's docstring), with every mask built explicitly as
 an (N_q, N_k) boolean array, and differentiated by torch's autograd in float64. Sizes are small and awkward for

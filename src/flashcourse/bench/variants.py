@@ -1,4 +1,4 @@
-"""GPU benchmark of the attention variants (issue 11): our default kernels against FlexAttention and SDPA.
+"""GPU benchmark of the attention variants (lesson 11): our default kernels against FlexAttention and SDPA.
 
 For every variant shape and dtype: each provider is first validated (forward and gradients) against a float32
 reference built from the rule, on batch 0 and a few heads at the full length; a provider that fails or raises is
@@ -331,7 +331,7 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
 
 def add_ratios(rows: list[dict]) -> None:
     """Our rows get ratio_vs_<provider> per (variant, dtype, mode), and window rows ``vs_our_causal``: their
-    TFLOP/s over our dense causal TFLOP/s at the same N (the issue asks >= 0.8 for window 1024)."""
+    TFLOP/s over our dense causal TFLOP/s at the same N (the target is >= 0.8 for window 1024)."""
     shared_add_ratios(rows, rate="tflops", ours=("flashcourse",),
                       key=lambda r: (r["variant"], r["dtype"], r["mode"]))
     causal = {(r["dtype"], r["mode"], r["n"]): r["tflops"] for r in rows
