@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import blockmask, configs
 from ._checks import dot_precision, padded_head_dim
-from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, load_tile, modified_scores, strides, visible
+from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, key_tile_range, load_tile, modified_scores, strides, visible
 from .rules import Rules, causal_rules, refuse_missing
 
 
@@ -451,19 +451,8 @@ def _bwd_dq_b3_kernel(
                              SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
     else:  # key tiles from the bounds, as the v7 forward
         first_row = pid_m * BLOCK_M
-        last_row = tl.minimum(first_row + BLOCK_M, N_Q) - 1
-        lo = 0
-        hi = N_KV
-        full_lo = 0
-        full_hi = N_KV
-        if HAS_UPPER:
-            hi = tl.minimum(N_KV, tl.maximum(last_row + UPPER + 1, 0))
-            full_hi = tl.minimum(N_KV, tl.maximum(first_row + UPPER + 1, 0))
-        if HAS_LOWER:
-            lo = tl.minimum(tl.maximum(first_row + LOWER, 0), N_KV) // BLOCK_N * BLOCK_N
-            full_lo = (tl.maximum(last_row + LOWER, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-        full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo), hi)
+        lo, hi, full_lo, full_hi = key_tile_range(first_row, tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV,
+                                                  UPPER, LOWER, HAS_UPPER, HAS_LOWER, BLOCK_N)
         if HAS_LOWER:
             for start_n in range(lo, full_lo, BLOCK_N):
                 dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,

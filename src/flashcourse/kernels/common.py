@@ -63,6 +63,26 @@ def normalise_rows(acc, l_i, m_i):
     return o, lse
 
 
+@triton.jit
+def key_tile_range(first_row, last_row, N_KV, UPPER, LOWER, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """Key tiles of a query tile (rows first_row..last_row) from the bounds ``i + LOWER <= j <= i + UPPER``:
+    keys [lo, hi) reach some row; tiles inside [full_lo, full_hi) are whole and visible to every row (no mask)."""
+    lo = 0
+    hi = N_KV
+    full_lo = 0
+    full_hi = N_KV
+    if HAS_UPPER:
+        hi = tl.minimum(N_KV, tl.maximum(last_row + UPPER + 1, 0))
+        full_hi = tl.minimum(N_KV, tl.maximum(first_row + UPPER + 1, 0))
+    if HAS_LOWER:
+        lo = tl.minimum(tl.maximum(first_row + LOWER, 0), N_KV) // BLOCK_N * BLOCK_N
+        full_lo = (tl.maximum(last_row + LOWER, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
+    full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo), hi)
+    return lo, hi, full_lo, full_hi
+
+
 def strides(t, name: str, axes: str = "bhnd") -> dict[str, int]:
     """A tensor's strides as the kernels' keyword arguments: ``strides(q, "q")`` -> {"stride_qb": ..., ...}."""
     return {f"stride_{name}{axis}": s for axis, s in zip(axes, t.stride(), strict=True)}

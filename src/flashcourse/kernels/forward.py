@@ -40,6 +40,7 @@ from .common import (
     LOG2E_IN_KERNEL,
     MASKED_FILL,
     default_scale,
+    key_tile_range,
     load_tile,
     modified_scores,
     normalise_rows,
@@ -454,19 +455,8 @@ def _fwd_v7_kernel(
         # Key tiles from the bounds alone: keys [lo, hi) reach some row of this tile; the tiles inside
         # [full_lo, full_hi) are whole and visible to every row (no mask), the ones around them are masked.
         first_row = pid_m * BLOCK_M
-        last_row = tl.minimum(first_row + BLOCK_M, N_Q) - 1
-        lo = 0
-        hi = N_KV
-        full_lo = 0
-        full_hi = N_KV
-        if HAS_UPPER:
-            hi = tl.minimum(N_KV, tl.maximum(last_row + UPPER + 1, 0))
-            full_hi = tl.minimum(N_KV, tl.maximum(first_row + UPPER + 1, 0))
-        if HAS_LOWER:
-            lo = tl.minimum(tl.maximum(first_row + LOWER, 0), N_KV) // BLOCK_N * BLOCK_N
-            full_lo = (tl.maximum(last_row + LOWER, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
-        full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo), hi)
+        lo, hi, full_lo, full_hi = key_tile_range(first_row, tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV,
+                                                  UPPER, LOWER, HAS_UPPER, HAS_LOWER, BLOCK_N)
         if HAS_LOWER:  # the window's left edge
             for start_n in range(lo, full_lo, BLOCK_N):
                 acc, l_i, m_i = _attend_tile_v7(
