@@ -196,7 +196,7 @@ def test_the_launcher_returns_each_ranks_output_in_rank_order(capsys):
 
 
 def test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed(capsys):
-    with pytest.raises(Exception, match="rank 1 fails on purpose"):
+    with pytest.raises(RuntimeError, match="rank 1 failed first(.|\n)*rank 1 fails on purpose"):
         launch.run(_fail_on_rank_one, 2)
     assert "[rank 1] before the error" in capsys.readouterr().err
 

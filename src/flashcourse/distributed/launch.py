@@ -18,6 +18,8 @@ import io
 import pickle
 import sys
 import tempfile
+import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -44,6 +46,10 @@ def _rank_main(rank: int, world: int, folder: str, backend: str, call: bytes) ->
                                 timeout=TIMEOUT)
         try:
             fn(*args)
+        except BaseException:
+            # When one rank fails, its peers fail next (a closed connection): the earliest failure is the cause.
+            (Path(folder) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
+            raise
         finally:
             dist.destroy_process_group()
 
@@ -52,8 +58,8 @@ def run(fn, nproc: int, *args, backend: str = "gloo") -> list[str]:
     """Call ``fn(*args)`` in ``nproc`` new processes forming a group; return each rank's printed output.
 
     ``backend``: "gloo" (CPU tensors) or "nccl" (rank r on GPU r; needs ``nproc`` GPUs).
-    An exception in any rank stops all of them; what the ranks printed is shown, then the exception is raised
-    here with that rank's traceback.
+    An exception in any rank stops all of them; what the ranks printed is shown, then a RuntimeError is raised
+    here with the traceback of the rank that failed first (the others' errors follow from it).
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int (the number of ranks), got {nproc!r}")
@@ -66,10 +72,28 @@ def run(fn, nproc: int, *args, backend: str = "gloo") -> list[str]:
         logs = [Path(folder) / f"rank{r}.txt" for r in range(nproc)]
         try:
             mp.start_processes(_rank_main, args=(nproc, folder, backend, call), nprocs=nproc, start_method="spawn")
-        except Exception:
+        except Exception as err:
             show([log.read_text() if log.exists() else "" for log in logs], out=sys.stderr)
-            raise
+            first = _first_failure(Path(folder), nproc)
+            if first is None:
+                raise
+            rank, text = first
+            raise RuntimeError(f"rank {rank} failed first (the other ranks' errors follow from it):\n{text}") from err
         return [log.read_text() for log in logs]
+
+
+def _first_failure(folder: Path, nproc: int) -> tuple[int, str] | None:
+    """(rank, traceback) of the rank whose function raised first, from the ``rank{r}.error`` files."""
+    failures = []
+    for rank in range(nproc):
+        path = folder / f"rank{rank}.error"
+        if path.exists():
+            stamp, text = path.read_text().split("\n", 1)
+            failures.append((float(stamp), rank, text))
+    if not failures:
+        return None
+    _, rank, text = min(failures)
+    return rank, text
 
 
 def show(outputs: list[str], out=None) -> None:
