@@ -18,6 +18,7 @@ if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402, F401  (Triton wants it in scope of every jit function, mask_mods too)
+from variant_spec import dense_keep  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
 from flashcourse.kernels import blockmask, rules  # noqa: E402
@@ -56,29 +57,15 @@ MASK_MOD_TWINS = {
 
 # ------------------------------------------------------------------------------------------ reference
 def visible_mask(batch, heads, n_q, n_kv, *, causal=False, window=None, document_ids=None, mask_mod=None):
-    """(B, H, N_q, N_k) bool: True where query i sees key j, every rule written out."""
-    i = np.arange(n_q)[:, None]
-    j = np.arange(n_kv)[None, :]
-    pos = i + n_kv - n_q  # query i's position on the key axis (bottom-right alignment)
-    keep = np.ones((batch, heads, n_q, n_kv), dtype=bool)
-    if causal is True or causal == "top_left":
-        keep &= j <= i
-    elif causal == "bottom_right":
-        keep &= j <= pos
-    if window is not None:
-        left, right = window
-        if left >= 0:
-            keep &= j >= pos - left
-        if right >= 0:
-            keep &= j <= pos + right
-    if document_ids is not None:
-        ids = np.asarray(document_ids.cpu())
-        keep &= (ids[:, :, None] == ids[:, None, :])[:, None]
+    """(B, H, N_q, N_k) bool: the rules written out (variant_spec, shared with the NumPy-side tests), and a
+    mask_mod through its NumPy twin."""
+    extra = None
     if mask_mod is not None:
         b = np.arange(batch)[:, None, None, None]
         h = np.arange(heads)[None, :, None, None]
-        keep &= MASK_MOD_TWINS[mask_mod](b, h, i[None, None], j[None, None])
-    return torch.tensor(keep)
+        extra = MASK_MOD_TWINS[mask_mod](b, h, np.arange(n_q)[:, None], np.arange(n_kv)[None, :])
+    ids = None if document_ids is None else document_ids.cpu().numpy()
+    return dense_keep(batch, heads, n_q, n_kv, causal=causal, window=window, document_ids=ids, extra=extra)
 
 
 def reference(q, k, v, *, scale=None, causal=False, window=None, softcap=None, alibi_slopes=None,
