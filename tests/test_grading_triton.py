@@ -159,17 +159,8 @@ def test_ex07_rejects(bug):
 # ------------------------------------------------------------------------------------------ ex08
 def _dkdv(power_dk=1, shift=0, jacobian=True, transpose_p=True):
     def flash_backward_dkdv(q, k, v, o, lse, do, causal=False, scale=None):
-        qs, ks, vs, dos = (_np(t).astype(np.float64) for t in (q, k, v, do))
-        scale_ = qs.shape[-1] ** -0.5 if scale is None else scale
-        s = qs @ np.swapaxes(ks, -1, -2) * scale_
-        if causal:
-            s = np.where(np.arange(s.shape[-1])[None, :] > np.arange(s.shape[-2])[:, None] + shift, -np.inf, s)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p = p / p.sum(-1, keepdims=True)
-        dp = dos @ np.swapaxes(vs, -1, -2)
-        ds = p * (dp - (p * dp).sum(-1, keepdims=True)) if jacobian else p * dp
-        dk = np.swapaxes(ds, -1, -2) @ qs * scale_**power_dk
-        dv = (np.swapaxes(p, -1, -2) if transpose_p else p) @ dos
+        _, dk, dv = _grads_np(q, k, v, do, causal, scale, power_dk=power_dk, shift=shift, jacobian=jacobian,
+                              transpose_p=transpose_p)
         return _like(dk, q), _like(dv, q)
     return flash_backward_dkdv
 
@@ -181,7 +172,7 @@ def _dq(power=1, shift=0, jacobian=True, also_dk=False):
     return flash_backward_dq
 
 
-def _grads_np(q, k, v, do, causal, scale, *, power_dq=1, shift=0, jacobian=True):
+def _grads_np(q, k, v, do, causal, scale, *, power_dq=1, power_dk=1, shift=0, jacobian=True, transpose_p=True):
     """dq, dk, dv in float64 NumPy from the whole score matrix, with a chosen mistake."""
     qs, ks, vs, dos = (_np(t).astype(np.float64) for t in (q, k, v, do))
     scale_ = qs.shape[-1] ** -0.5 if scale is None else scale
@@ -192,7 +183,8 @@ def _grads_np(q, k, v, do, causal, scale, *, power_dq=1, shift=0, jacobian=True)
     p = p / p.sum(-1, keepdims=True)
     dp = dos @ np.swapaxes(vs, -1, -2)
     ds = p * (dp - (p * dp).sum(-1, keepdims=True)) if jacobian else p * dp
-    return ds @ ks * scale_**power_dq, np.swapaxes(ds, -1, -2) @ qs * scale_, np.swapaxes(p, -1, -2) @ dos
+    dv = (np.swapaxes(p, -1, -2) if transpose_p else p) @ dos
+    return ds @ ks * scale_**power_dq, np.swapaxes(ds, -1, -2) @ qs * scale_**power_dk, dv
 
 
 def _attention_function(order=(0, 1, 2), nones=(None, None), power_dq=1, backward_scale=None,
