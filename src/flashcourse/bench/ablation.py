@@ -19,8 +19,8 @@ from flashcourse.bench import tflops
 from flashcourse.bench.attention import Shape, bench_ms, make_inputs
 from flashcourse.kernels import configs
 from flashcourse.kernels._checks import check_qkv, dot_precision, padded_head_dim
-from flashcourse.kernels.common import LOG2E, MASKED_FILL, default_scale, normalise_rows, strides
-from flashcourse.kernels.forward import _store_output, descriptors_usable, tma_scratch
+from flashcourse.kernels.common import LOG2E, MASKED_FILL, default_scale, normalise_rows, strides, tma_scratch
+from flashcourse.kernels.forward import _store_output, descriptors_usable
 
 VARIANTS = {0: "v6 (exact)", 1: "no rescaling (wrong on purpose)", 2: "no softmax at all (wrong on purpose)"}
 SHAPES = [Shape("float16", 4, 32, 64, 8192, False), Shape("float16", 4, 16, 128, 8192, False),

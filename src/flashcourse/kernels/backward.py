@@ -28,7 +28,17 @@ import triton.language as tl
 
 from . import blockmask, configs
 from ._checks import dot_precision, padded_head_dim
-from .common import LOG2E, LOG2E_IN_KERNEL, default_scale, key_tile_range, load_tile, modified_scores, strides, visible
+from .common import (
+    LOG2E,
+    LOG2E_IN_KERNEL,
+    default_scale,
+    key_tile_range,
+    load_tile,
+    modified_scores,
+    strides,
+    tma_scratch,
+    visible,
+)
 from .rules import Rules, causal_rules, refuse_missing
 
 
@@ -50,11 +60,18 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
     tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
 
+# How the dK/dV kernel adds its share of dQ (a compile-time switch; BackwardVersion.dq_mode).
+DQ_KERNEL = tl.constexpr(0)  # not at all: a separate dQ kernel (b1)
+DQ_ATOMIC = tl.constexpr(1)  # fp32 atomic adds, acquire-release order (b2: Triton's default)
+DQ_RELAXED = tl.constexpr(2)  # fp32 atomic adds, relaxed order (b4)
+DQ_TMA = tl.constexpr(3)  # a TMA reduce-add of the tile through a tensor descriptor (b5)
+
+
 @triton.jit
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
                 stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                 offs_n, lo, hi, N_Q, qk_scale, scale,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, DQ_MODE: tl.constexpr,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     """Accumulate dK, dV of one key tile over query tiles [lo, hi); MASKED adds bounds and causal masks.
@@ -82,10 +99,17 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
         ds_t = p_t * (dp_t - delta[None, :])
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
-        if ATOMIC_DQ:  # dQ rows of this query tile get this key tile's share: scale * dS K
-            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=DOT_PRECISION) * scale
-            dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
-            tl.atomic_add(dq_ptrs, dq_part, mask=(rows[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM))
+        if DQ_MODE != DQ_KERNEL:  # dQ rows of this query tile get this key tile's share: dS K (scaled later)
+            dq_part = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=DOT_PRECISION)
+            if DQ_MODE == DQ_TMA:  # dq_base is a tensor descriptor; rows past N_Q are clipped by the copy
+                dq_base.atomic_add([start_m, 0], dq_part)
+            else:
+                dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
+                dq_mask = (rows[:, None] < N_Q) & (offs_d[None, :] < HEAD_DIM)
+                if DQ_MODE == DQ_RELAXED:
+                    tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask, sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq_part, mask=dq_mask)
     return dk, dv
 
 
@@ -100,7 +124,7 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, N_Q, N_KV,
-    CAUSAL: tl.constexpr, ATOMIC_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, DQ_MODE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -119,6 +143,9 @@ def _bwd_dkdv_kernel(
     q_base = Q + b * stride_qb + h * stride_qh
     do_base = DO + b * stride_dob + h * stride_doh
     dq_base = DQ + b * stride_dqb + h * stride_dqh
+    if DQ_MODE == DQ_TMA:  # this head's (N_Q, HEAD_DIM) slice of the fp32 accumulator, in BLOCK_M-row tiles
+        dq_base = tl.make_tensor_descriptor(dq_base, shape=[N_Q, HEAD_DIM], strides=[stride_dqn, 1],
+                                            block_shape=[BLOCK_M, BLOCK_D])
     lse_base = LSE + pid_bh.to(tl.int64) * N_Q
     delta_base = DELTA + pid_bh.to(tl.int64) * N_Q
 
@@ -131,11 +158,11 @@ def _bwd_dkdv_kernel(
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
                              stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                              offs_n, start_n, tl.minimum(start_n + BLOCK_N, N_Q), N_Q, qk_scale, scale,
-                             True, CAUSAL, ATOMIC_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                             True, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
                          stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                          offs_n, full_lo, full_end, N_Q, qk_scale, scale,
-                         False, CAUSAL, ATOMIC_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                         False, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
     # The tail tile past the last whole query tile (if not already covered by the diagonal).
     tail_lo = full_end
     if CAUSAL:
@@ -143,7 +170,7 @@ def _bwd_dkdv_kernel(
     dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
                          stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
                          offs_n, tail_lo, N_Q, N_Q, qk_scale, scale,
-                         True, CAUSAL, ATOMIC_DQ, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                         True, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
 
     store_mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
     dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -481,24 +508,37 @@ class BackwardVersion:
     title: str
     changes: str
     prediction: str
-    atomic_dq: bool
+    dq_mode: int = DQ_KERNEL.value  # how dQ is summed: a dQ kernel, or added by the dK/dV kernel (DQ_* above)
     takes_rules: bool = False  # GQA, both causal alignments, window, softcap, ALiBi, documents, mask_mod
+
+    @property
+    def atomic_dq(self) -> bool:
+        """Whether the dK/dV kernel adds dQ into an fp32 accumulator (5 matmuls) instead of a dQ kernel (7)."""
+        return self.dq_mode != DQ_KERNEL.value
 
 
 BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
     v.name: v
     for v in [
         BackwardVersion("b1", "separate dQ kernel", "Q-stationary dQ kernel after the K/V-stationary dK/dV one",
-                        "7 matmuls instead of 5 (+40% FLOPs), but no atomics: about SDPA flash's speed",
-                        atomic_dq=False),
+                        "7 matmuls instead of 5 (+40% FLOPs), but no atomics: about SDPA flash's speed"),
         BackwardVersion("b2", "atomic dQ", "dQ added by the dK/dV kernel with fp32 atomics (FA2's scheme)",
                         "5 matmuls, but N/BLOCK_N atomic passes over dQ through L2: slower at large N",
-                        atomic_dq=True),
+                        dq_mode=DQ_ATOMIC.value),
         BackwardVersion("b3", "rules", "b1's two kernels with v7's rules as compile-time switches; GQA dK/dV "
                         "summed over the group inside one program (no atomics, no expanded K/V)",
                         "dense: same as b1; window and documents: time proportional to the visible tiles; "
                         "GQA: dK/dV programs read each K/V tile once per group",
-                        atomic_dq=False, takes_rules=True),
+                        takes_rules=True),
+        BackwardVersion("b4", "relaxed atomic dQ", "b2 with relaxed atomics: no acquire-release fence per add",
+                        "b2 + 10-30% (the fences serialise each program's adds); still below b1 if the L2 "
+                        "traffic of the adds, not their order, is what costs",
+                        dq_mode=DQ_RELAXED.value),
+        BackwardVersion("b5", "TMA reduce-add dQ", "b2 with each dQ tile added by the copy engine (a TMA "
+                        "reduce-add through a tensor descriptor), as FlashAttention-3 does",
+                        "5 matmuls with the adds off the warps: 1.1-1.25x b1 at N >= 4096 on sm_90 if the "
+                        "reduce overlaps the next tile's matmuls; Hopper only (b4 runs elsewhere, the interpreter too)",
+                        dq_mode=DQ_TMA.value),
     ]
 }
 DEFAULT_BACKWARD = "b3"  # supports every option
@@ -556,17 +596,23 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     if version.takes_rules:
         _run_b3(q, k, v, do, dk, dv, dq_acc, lse, delta, rules, scale, cfg_dkdv, cfg_dq, block_d)
         return dq_acc, dk, dv
+    dq_mode = version.dq_mode
+    if dq_mode == DQ_TMA.value:  # needs Hopper's copy engine; the interpreter (Triton 3.9) has no reduce-add either
+        if configs.supports_tensor_descriptors(props):
+            triton.set_allocator(tma_scratch(q.device))  # the scratch where the kernel builds its descriptor
+        else:
+            dq_mode = DQ_RELAXED.value
     _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * heads)](
         Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
         **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dk, "dk"),
         **strides(dv, "dv"), **strides(dq_acc, "dq"),
         H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=rules.causal is not None, ATOMIC_DQ=version.atomic_dq, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        CAUSAL=rules.causal is not None, DQ_MODE=dq_mode, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n, DOT_PRECISION=precision,
         num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
     )
     if version.atomic_dq:
-        return dq_acc.to(q.dtype), dk, dv
+        return (dq_acc * scale).to(q.dtype), dk, dv
     _bwd_dq_kernel[(triton.cdiv(n_q, cfg_dq.block_m), batch * heads)](
         Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
         **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),

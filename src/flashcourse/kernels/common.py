@@ -7,8 +7,10 @@ logsumexp is ``LN2 * (m2 + log2(l))`` where ``m2`` is its base-2 running max.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import torch
 import triton
 import triton.language as tl
 
@@ -24,6 +26,12 @@ MASKED_FILL = tl.constexpr(-1.0e30)
 def default_scale(head_dim: int, scale: float | None) -> float:
     """``scale`` as a float, or 1/sqrt(head_dim) when it is None (the scale of "Attention Is All You Need")."""
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+@functools.cache  # one allocator per device, so setting it again on every call costs nothing new
+def tma_scratch(device: torch.device):
+    """The allocator Triton calls for the global scratch where a kernel builds its tensor descriptors."""
+    return lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device)
 
 
 @triton.jit

@@ -1,0 +1,83 @@
+"""Cheap repeat launches: a call whose shapes, strides, dtypes, alignment and options were seen before reuses
+that call's compiled kernel and argument list, and skips both Triton's argument binding and our own setup.
+
+Why it pays: ``kernel[grid](**kwargs)`` binds every argument, works out the specialisation key (which integer
+arguments are 1 or multiples of 16, which pointers are 16-byte aligned) and looks the compiled kernel up in a
+dictionary. With the ~50 arguments of our kernels that, plus building the arguments, is most of the host time
+of a small call (``python -m flashcourse.bench overhead``; docs/KERNELS.md, "Launch cost"). Every input of that
+specialisation key is a function of what the caller puts in our key, so the kernel found is the one Triton
+would have found; only the tensors change from call to call, and they are swapped into the saved list.
+
+Only compiled (CUDA) launches are cached: the interpreter has no compiled kernel to keep.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class _Launch:
+    compiled: object  # triton.compiler.CompiledKernel
+    grid: tuple[int, ...]
+    args: tuple  # every kernel parameter in signature order, constexprs included, as Triton's launcher wants
+    slots: tuple[tuple[int, int], ...]  # (position in args, index in the call's tensors): swapped per call
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> None:
+        args = list(self.args)
+        for position, index in self.slots:
+            args[position] = tensors[index]
+        self.compiled[self.grid](*args)  # CompiledKernel[grid] runs Triton's launch hooks (the profiler's) too
+
+
+class LaunchCache:
+    """Launches remembered by key; the oldest is dropped past ``capacity`` (a key holds one shape)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._launches: dict[Hashable, _Launch] = {}
+
+    def __len__(self) -> int:
+        return len(self._launches)
+
+    def clear(self) -> None:
+        self._launches.clear()
+
+    def run(self, key: Hashable | None, tensors: Sequence[torch.Tensor]) -> bool:
+        """Launch the remembered call for ``key`` on this call's ``tensors``; False when there is none."""
+        launch = self._launches.get(key) if key is not None else None
+        if launch is None:
+            return False
+        launch(tensors)
+        return True
+
+    def remember(self, key: Hashable | None, kernel, compiled, grid, kwargs: dict,
+                 tensors: Sequence[torch.Tensor]) -> None:
+        """Keep the launch ``kernel[grid](**kwargs)`` that returned ``compiled``. ``tensors`` are the arguments
+        that change from call to call (in the order :meth:`run` will get them); every argument that *is* one of
+        them, stand-ins included, becomes a slot. Any other tensor argument would pin a stale pointer: refused."""
+        if key is None or not hasattr(compiled, "packed_metadata"):  # the interpreter returns no compiled kernel
+            return
+        params = inspect.signature(kernel.fn).parameters
+        args, slots = [], []
+        for position, (name, param) in enumerate(params.items()):
+            value = kwargs[name] if name in kwargs else param.default
+            index = next((i for i, t in enumerate(tensors) if value is t), None)
+            if index is not None:
+                slots.append((position, index))
+            elif isinstance(value, torch.Tensor):
+                raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
+                                 "a cached launch would reuse a stale pointer")
+            args.append(value)
+        if len(self._launches) >= self.capacity:
+            del self._launches[next(iter(self._launches))]
+        self._launches[key] = _Launch(compiled, tuple(grid), tuple(args), tuple(slots))
+
+
+def layout_key(*tensors: torch.Tensor) -> tuple:
+    """What Triton specialises a kernel on, per tensor: shape, strides, dtype, device and 16-byte alignment."""
+    return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)

@@ -1,0 +1,110 @@
+"""The launch cache (kernels/launch.py): tensors swapped into the remembered argument list, stale pointers
+refused, keys that change whenever Triton's specialisation would; on a GPU, repeat calls that hit it give the
+same results as the reference and new layouts miss it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+from flashcourse import kernels, reference  # noqa: E402
+from flashcourse.kernels import forward  # noqa: E402
+from flashcourse.kernels.launch import LaunchCache, layout_key  # noqa: E402
+from flashcourse.tolerance import assert_close  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _kernel(Q, O, n, BLOCK=16):  # a stand-in for a @triton.jit function: launch.py reads only its signature
+    pass
+
+
+class FakeJit:
+    fn = staticmethod(_kernel)
+
+
+class FakeCompiled:
+    packed_metadata = object()
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((grid, args))
+
+
+def test_a_hit_swaps_this_calls_tensors_into_the_remembered_arguments():
+    cache, compiled = LaunchCache(), FakeCompiled()
+    q, o = torch.zeros(4), torch.zeros(4)
+    cache.remember("key", FakeJit, compiled, (3, 2), {"Q": q, "O": o, "n": 4}, (q, o))
+    q2, o2 = torch.ones(4), torch.ones(4)
+    assert cache.run("key", (q2, o2))
+    grid, args = compiled.launches[-1]
+    assert grid == (3, 2) and args[0] is q2 and args[1] is o2 and args[2:] == (4, 16)  # the default filled in
+    assert not cache.run("other key", (q2, o2)) and not cache.run(None, (q2, o2))
+
+
+def test_a_tensor_that_is_not_a_per_call_tensor_is_refused():
+    q, o, stale = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    with pytest.raises(ValueError, match="stale pointer"):
+        LaunchCache().remember("key", FakeJit, FakeCompiled(), (1,), {"Q": q, "O": stale, "n": 4}, (q, o))
+
+
+def test_nothing_is_kept_without_a_key_or_a_compiled_kernel_and_the_oldest_goes_first():
+    cache, q = LaunchCache(capacity=2), torch.zeros(4)
+    cache.remember(None, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, (q,))
+    cache.remember("interpreted", FakeJit, None, (1,), {"Q": q, "O": q, "n": 4}, (q,))  # the interpreter's
+    assert len(cache) == 0
+    for key in ("a", "b", "c"):
+        cache.remember(key, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, (q,))
+    assert len(cache) == 2 and not cache.run("a", (q,)) and cache.run("c", (q,))
+
+
+def test_the_layout_key_changes_with_everything_triton_specialises_on():
+    x = torch.zeros(2, 3, 32, 16)
+    key = layout_key(x)
+    assert layout_key(torch.zeros(2, 3, 32, 16)) == key
+    assert layout_key(x.transpose(1, 2)) != key  # strides
+    assert layout_key(torch.zeros(2, 3, 33, 16)) != key  # shape
+    assert layout_key(x.half()) != key  # dtype
+    unaligned = torch.zeros(2 * 3 * 32 * 16 + 1)[1:].view(2, 3, 32, 16)  # 4 bytes past an aligned start
+    assert layout_key(unaligned) != key
+
+
+def test_cpu_tensors_and_rules_with_tensors_of_their_own_are_never_cached():
+    from flashcourse.kernels.rules import Rules, causal_rules
+
+    v7, q = forward.FORWARD_VERSIONS["v7"], torch.zeros(1, 2, 4, 16)
+    assert forward._launch_key(v7, causal_rules(True), None, None, q, q, q) is None  # the interpreter's tensors
+    if DEVICE == "cuda":
+        q = q.cuda()
+        assert forward._launch_key(v7, causal_rules(True), None, None, q, q, q) is not None
+        slopes = Rules(alibi_slopes=torch.ones(2, device="cuda"))
+        assert forward._launch_key(v7, slopes, None, None, q, q, q) is None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_repeat_calls_hit_the_cache_and_stay_right(rng):
+    forward._LAUNCHES.clear()
+    shapes = [(1, 2, 100, 64), (2, 4, 257, 128), (1, 2, 100, 64)]
+    for causal in (False, True):
+        for shape in shapes:
+            for _ in range(2):  # the second call of a shape is a hit
+                q, k, v = (torch.tensor(rng.standard_normal(shape), dtype=torch.float16, device="cuda")
+                           for _ in range(3))
+                o = kernels.flash_attention(q, k, v, causal=causal)
+                want = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal)
+                assert_close(o, want, dtype=torch.float16, what=f"cached launch {shape} causal={causal}")
+    assert len(forward._LAUNCHES) == 4  # two shapes, two causal settings
+    q = torch.randn(2, 4, 257, 128, device="cuda", dtype=torch.float16)
+    transposed = q.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides: a new entry
+    o = kernels.flash_attention(transposed, q, q)
+    assert len(forward._LAUNCHES) == 5
+    np.testing.assert_allclose(o.float().cpu(), kernels.flash_attention(q, q, q).float().cpu(), atol=2e-3)
