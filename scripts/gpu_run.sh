@@ -5,6 +5,7 @@
 #   scripts/gpu_run.sh rules      variant kernels: GPU tests, dense default vs v6/b1, fp16 variants grid, profile
 #   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
+#   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -51,6 +52,13 @@ bench)
     stage versions 140 $py -m flashcourse.bench versions --out "$OUT"
     stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
     stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag=-bf16 --out "$OUT"
+    ;;
+sweep)
+    stage pytest_gpu 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_launch_cache.py \
+        tests/test_kernels_backward.py -k "launch or (gpu_real_sizes and (b4 or b5))"
+    stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
+    stage profile_launch 60 $py scripts/profile_launch.py
+    stage sweep 400 $py scripts/sweep_kernels.py --out "$OUT"
     ;;
 final)  # the attention grid, decode, and the GPU tests of the default kernels
     stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
