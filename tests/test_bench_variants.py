@@ -110,11 +110,18 @@ def test_earlier_rows_today_reads_only_todays_file_for_this_device(tmp_path):
     assert [r["tflops"] for r in variants.earlier_rows_today(tmp_path)] == [5.0]
 
 
+def fake_time_modes(fn, inputs):
+    """Timings as ``bench.time_repeats`` returns them: 1 ms forward and 2 ms backward, each +-10%."""
+    from flashcourse.bench import Timing
+
+    return {"fwd": Timing(1.0, 0.9, 1.1, 3), "bwd": Timing(2.0, 1.8, 2.2, 3)}
+
+
 def test_validate_then_time_path_on_a_tiny_variant(monkeypatch):
     """run_variant on CPU: ours and SDPA's math backend validated against the reference slice, a wrong provider
     recorded as wrong, a raising one as an error, and the run goes on."""
     monkeypatch.setattr(variants, "DEVICE", "cpu")
-    monkeypatch.setattr(variants, "time_modes", lambda fn, inputs: {"fwd": 1.0, "bwd": 2.0})
+    monkeypatch.setattr(variants, "time_modes", fake_time_modes)
     real = variants.provider_fn
 
     def provider_fn(provider, variant, inputs):
@@ -135,11 +142,13 @@ def test_validate_then_time_path_on_a_tiny_variant(monkeypatch):
     assert "no such kernel" in next(r for r in rows if r["provider"] == "broken")["error"]
     expected_flops = variants.variant_flops(tiny, ours["visible_entries"], "fwd")
     assert ours["tflops"] == pytest.approx(expected_flops / 1e-3 / 1e12)
+    assert ours["tflops_min"] == pytest.approx(expected_flops / 1.1e-3 / 1e12), "the slowest repeat: the lowest rate"
+    assert (ours["ms"], ours["ms_min"], ours["ms_max"], ours["repeats"]) == (1.0, 0.9, 1.1, 3)
 
 
 def test_validation_of_sdpa_and_expanded_kv_on_gqa(monkeypatch):
     monkeypatch.setattr(variants, "DEVICE", "cpu")
-    monkeypatch.setattr(variants, "time_modes", lambda fn, inputs: {"fwd": 1.0, "bwd": 2.0})
+    monkeypatch.setattr(variants, "time_modes", fake_time_modes)
     gqa = Variant("tiny gqa", 1, 4, 1, 33, 16, causal=True)
     rows = variants.run_variant(gqa, "float32", providers=("flashcourse_expanded_kv", "sdpa_math"),
                                 log=lambda *a: None)

@@ -1,9 +1,9 @@
 """``python -m flashcourse.bench COMMAND``: the GPU benchmarks and the kernel history table.
 
     attention [--out DIR] [--dtype float16 bfloat16] [--n 1024 ...] [--head-config 32x64 ...]
-              [--causal both|yes|no] [--providers ...] [--quick]
+              [--head-dim 64 128] [--causal both|yes|no] [--providers ...] [--quick] [--tag -fp16]
     decode    [--out DIR] [--tune]         one query token, GQA, KV 32K and 128K, vs SDPA and copy bandwidth
-    versions  [--out DIR] [--n ...]        every numbered kernel version, validated then timed
+    versions  [--out DIR] [--n ...] [--head-dim ...] [--tag ...]   every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
     overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs SDPA
@@ -13,9 +13,15 @@
     ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
                                            PyTorch's context parallel (bench/ring.py)
     table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
+    merge     NAME FILE.json FILE.json ... [--out DIR]   one results file from partial runs of one benchmark (a grid
+                                           split by dtype or head dim across commands); refuses mixed devices
 
 Each GPU command validates before timing, prints a table and writes
-``<out>/<date>-<device>-<what>.json`` and, for attention and decode, a plot. The default ``--out`` is
+``<out>/<date>-<device>-<what>.json`` and, for attention and decode, a plot. attention, versions and variants
+time every figure ``bench.REPEATS`` times and store the median with the range (``ms``, ``ms_min``, ``ms_max``,
+``tflops``, ``tflops_min``, ``tflops_max``). A grid too long for one command is split, e.g.
+``attention --dtype float16 --head-dim 64 --tag -fp16-d64`` and ``... --head-dim 128 --tag -fp16-d128``, then
+``merge attention-fp16 <the two files>``. The default ``--out`` is
 ``benchmarks/results`` of the checkout; installed from a wheel, ``benchmarks/results`` under the current folder.
 """
 
@@ -26,7 +32,7 @@ import sys
 from pathlib import Path
 
 from flashcourse import resources
-from flashcourse.bench import results_dir, save_results
+from flashcourse.bench import load_results, results_dir, save_results
 
 
 def _need_gpu() -> None:
@@ -43,17 +49,30 @@ def _attention(args) -> None:
     seq_lens = args.n or (attention.SEQ_LENS if not args.quick else (1024, 4096))
     heads = [tuple(int(x) for x in hc.split("x")) for hc in args.head_config] if args.head_config else \
         attention.HEAD_CONFIGS
+    heads = _with_head_dims(heads, args.head_dim)
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     shapes = attention.shape_grid(dtypes, seq_lens, heads, causals)
     rows = attention.run(shapes, providers=args.providers,
-                         on_shape=lambda rows: save_results(f"attention{args.tag}", rows, directory=args.out))
+                         on_shape=lambda rows: save_results(f"attention{args.tag}", rows, directory=args.out,
+                                                            kind="attention"))
     print(attention.format_table(rows))
-    path = save_results(f"attention{args.tag}", rows, directory=args.out)
+    path = save_results(f"attention{args.tag}", rows, directory=args.out, kind="attention")
     from flashcourse import figures_gpu  # matplotlib only here: the benchmark itself runs without it
 
     figure = figures_gpu.attention_grid(rows, attention.PROVIDERS, title=f"attention, B=4, {path.stem}")
     figure.savefig(path.with_suffix(".png"), dpi=110)
     print(f"wrote {path} and {path.with_suffix('.png').name}")
+
+
+def _with_head_dims(head_configs, head_dims):
+    """The (heads, head_dim) pairs whose head dim is asked for (all of them without --head-dim)."""
+    if not head_dims:
+        return tuple(head_configs)
+    kept = tuple(hc for hc in head_configs if hc[1] in head_dims)
+    if not kept:
+        sys.exit(f"--head-dim {' '.join(map(str, head_dims))} matches none of the head configs "
+                 f"{' '.join(f'{h}x{d}' for h, d in head_configs)}: pass --head-config HxD for another head dim")
+    return kept
 
 
 def _decode(args) -> None:
@@ -72,9 +91,10 @@ def _decode(args) -> None:
 def _versions(args) -> None:
     from flashcourse.bench import attention, versions
 
-    shapes = attention.shape_grid(("float16",), args.n or (4096, 16384))
+    heads = _with_head_dims(attention.HEAD_CONFIGS, args.head_dim)
+    shapes = attention.shape_grid(("float16",), args.n or (4096, 16384), heads)
     rows = versions.run_versions(shapes)
-    path = save_results("versions", rows, directory=args.out)
+    path = save_results(f"versions{args.tag}", rows, directory=args.out, kind="versions")
     print(versions.kernels_table(path.parent))
     print(f"wrote {path}")
 
@@ -107,7 +127,7 @@ def _variants(args) -> None:
     earlier = variants.earlier_rows_today(args.out)  # a run of the other dtype today: its rows stay in the file
 
     def save(rows):
-        return save_results("variants", variants.merge_rows(earlier, rows), directory=args.out)
+        return save_results("variants", variants.merge_rows(earlier, rows), directory=args.out, kind="variants")
 
     rows = variants.run(args.dtype, args.variants, args.providers, on_variant=save)
     path = save(rows)
@@ -126,6 +146,24 @@ def _profile(args) -> None:
 
     rows = profile.run()
     print(f"wrote {save_results('profile', rows, directory=args.out)}")
+
+
+def _merge(args) -> None:
+    from flashcourse.bench import merge_results
+
+    try:
+        path = merge_results(args.name, args.files, directory=args.out)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"merge: {err}")
+    merged = load_results(path.name, directory=path.parent)[0]
+    if merged["meta"].get("kind") == "attention":  # the whole grid's figure, as one attention run draws it
+        from flashcourse import figures_gpu
+        from flashcourse.bench import attention
+
+        figure = figures_gpu.attention_grid(merged["rows"], attention.PROVIDERS, title=f"attention, B=4, {path.stem}")
+        figure.savefig(path.with_suffix(".png"), dpi=110)
+        print(f"wrote {path.with_suffix('.png')}")
+    print(f"wrote {path}")
 
 
 def _table(args) -> None:
@@ -166,8 +204,18 @@ def main(argv=None) -> None:
     att.add_argument("--providers", nargs="+", default=["flashcourse", "sdpa_flash", "sdpa_cudnn",
                                                         "sdpa_efficient", "naive"])
     att.add_argument("--quick", action="store_true", help="N in {1024, 4096} only")
+    for name in ("attention", "versions"):
+        sub.choices[name].add_argument("--head-dim", type=int, nargs="+",
+                                       help="only the head configs with these head dims (split a long grid)")
+    sub.choices["versions"].add_argument("--tag", default="", help="suffix of the result name, e.g. -d64 for "
+                                         "a part to merge (the table reads *-versions.json)")
     att.add_argument("--tag", default="", help="suffix of the result name, e.g. -fp16")
     sub.choices["decode"].add_argument("--tune", action="store_true", help="sweep splits/blocks/warps/stages")
+    merge = sub.add_parser("merge", help="merge result files of partial runs of one benchmark")
+    merge.add_argument("name", help="result name of the merged file, e.g. attention-fp16")
+    merge.add_argument("files", type=Path, nargs="+", help="the partial runs' JSON files, in order (later wins)")
+    merge.add_argument("--out", type=Path, default=resources.new_results_dir(),
+                       help="folder for the merged JSON (default: %(default)s)")
     table = sub.add_parser("table")
     table.add_argument("--results", type=Path, default=None, help="results folder (default benchmarks/results)")
     table.add_argument("--write", action="store_true", help="rewrite the table inside docs/KERNELS.md")
@@ -184,11 +232,11 @@ def main(argv=None) -> None:
     ring.add_argument("--quick", action="store_true", help="N in {4096, 8192}, 3 repetitions: a smoke test")
     ring.add_argument("--reps", type=int, default=10, help="timed repetitions per provider")
     args = parser.parse_args(argv)
-    if args.command != "table":
+    if args.command not in ("table", "merge"):
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
                 "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile, "ring": _ring,
-                "variants": _variants, "table": _table}
+                "variants": _variants, "table": _table, "merge": _merge}
     commands[args.command](args)
 
 

@@ -2,7 +2,9 @@
 
 Every provider runs the same shapes in the same process; a provider that runs out of memory or does not
 support a shape is recorded as such (``status``), never skipped silently. Our kernel is validated against
-SDPA before it is timed. Times are medians of CUDA-event timings (``triton.testing.do_bench``).
+SDPA before it is timed. Every time is the median of ``bench.REPEATS`` CUDA-event timings
+(``triton.testing.do_bench``, each with its warm-up), stored with the repeats' range (``ms_min``, ``ms_max``,
+``tflops_min``, ``tflops_max``; :func:`flashcourse.bench.time_repeats`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashcourse.bench import attention_flops, tflops
+from flashcourse.bench import Timing, attention_flops, do_bench_ms, time_repeats
 from flashcourse.bench.providers import add_ratios as shared_add_ratios
 from flashcourse.bench.providers import sdpa
 from flashcourse.measure import peak_memory
@@ -76,10 +78,13 @@ def make_inputs(shape: Shape, device="cuda", requires_grad: bool = True):
 
 
 def bench_ms(fn: Callable[[], object], grad_to_none=None) -> float:
-    """Median milliseconds of fn over CUDA-event-timed repeats, after warm-up."""
-    import triton.testing
+    """Median milliseconds of fn over one CUDA-event timing, after warm-up (sweeps that only rank configs)."""
+    return do_bench_ms(fn, grad_to_none)
 
-    return float(triton.testing.do_bench(fn, warmup=10, rep=50, grad_to_none=grad_to_none, return_mode="median"))
+
+def bench_timing(fn: Callable[[], object], grad_to_none=None) -> Timing:
+    """fn timed ``bench.REPEATS`` times: the median milliseconds and the repeats' range."""
+    return time_repeats(fn, grad_to_none=grad_to_none)
 
 
 def _guarded(measure: Callable[[], dict]) -> dict:
@@ -97,7 +102,8 @@ def _guarded(measure: Callable[[], dict]) -> dict:
 
 def measure_shape(shape: Shape, provider: str, modes=("fwd", "bwd"), memory: bool = False,
                   **kernel_kwargs) -> list[dict]:
-    """Time one provider on one shape: rows with ms and TFLOP/s per mode, plus peak memory if asked."""
+    """Time one provider on one shape: rows with ms and TFLOP/s per mode (median and range of the repeats),
+    plus peak memory if asked."""
     fn = provider_fn(provider, **kernel_kwargs)
     base = {"provider": provider, **shape.__dict__, **kernel_kwargs}
     rows = []
@@ -106,11 +112,11 @@ def measure_shape(shape: Shape, provider: str, modes=("fwd", "bwd"), memory: boo
             q, k, v, do = make_inputs(shape, requires_grad=(mode == "bwd"))
             if mode == "fwd":
                 with torch.no_grad():
-                    ms = bench_ms(lambda: fn(q, k, v, shape.causal))
+                    timing = bench_timing(lambda: fn(q, k, v, shape.causal))
             else:
                 o = fn(q, k, v, shape.causal)
-                ms = bench_ms(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-            return {"ms": ms, "tflops": tflops(shape.flops(mode), ms * 1e-3)}
+                timing = bench_timing(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            return timing.fields(shape.flops(mode))
 
         rows.append({**base, "mode": mode, **_guarded(measure)})
     if memory:

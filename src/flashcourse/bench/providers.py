@@ -27,7 +27,9 @@ def sdpa(provider: str, **sdpa_kwargs) -> Callable:
 
 def add_ratios(rows: list[dict], *, key: Callable[[dict], tuple], rate: str, ours: Iterable[str]) -> None:
     """Give each of our rows (provider in ``ours``) ``ratio_vs_<provider>`` = its ``rate`` over every other
-    provider's on the same ``key`` (shape and mode), counting only rows whose status is ok."""
+    provider's on the same ``key`` (shape and mode), counting only rows whose status is ok. Where both rows
+    carry the repeats' range (``<rate>_min``, ``<rate>_max``), the ratio's range goes beside it:
+    ``ratio_vs_<provider>_min`` (our slowest repeat over their fastest) and ``..._max``."""
     ours = set(ours)
     groups: dict = {}
     for r in rows:
@@ -38,4 +40,8 @@ def add_ratios(rows: list[dict], *, key: Callable[[dict], tuple], rate: str, our
                 continue
             for other in group:
                 if other["provider"] not in ours and other.get("status") == "ok" and other.get(rate):
-                    mine[f"ratio_vs_{other['provider']}"] = mine[rate] / other[rate]
+                    name = f"ratio_vs_{other['provider']}"
+                    mine[name] = mine[rate] / other[rate]
+                    if all(r.get(f"{rate}_{end}") for r in (mine, other) for end in ("min", "max")):
+                        mine[f"{name}_min"] = mine[f"{rate}_min"] / other[f"{rate}_max"]
+                        mine[f"{name}_max"] = mine[f"{rate}_max"] / other[f"{rate}_min"]

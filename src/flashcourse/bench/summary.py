@@ -1,14 +1,15 @@
 """The README's GPU results: a summary table written from the committed benchmark JSON, never by hand.
 
 ``python -m flashcourse.bench table --write`` rewrites it (with docs/KERNELS.md's version table), and
-tests/test_results_docs.py checks that the committed README matches a fresh generation.
+tests/test_results_docs.py checks that the committed README matches a fresh generation. A figure recorded with
+repeats shows their range, ``544 (538-551)``; older files, without it, show the median alone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flashcourse.bench import load_results
+from flashcourse.bench import format_spread, load_results
 
 README_START, README_END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
 SUMMARY_NS = (4096, 16384)
@@ -19,6 +20,13 @@ def _find(rows, **match):
         if all(row.get(k) == v for k, v in match.items()) and row.get("status") == "ok":
             return row
     return None
+
+
+def _repeats_note(rows) -> str:
+    """A sentence on the repeats when the rows have them (nothing for results recorded before them)."""
+    repeats = max((r.get("repeats", 0) for r in rows if r.get("tflops_min") is not None), default=0)
+    return (f" Each figure is the median of {repeats} repeats, the slowest and fastest in brackets (a ratio's "
+            "range: our slowest over their fastest, and the reverse)." if repeats else "")
 
 
 def _newest(pattern: str, directory: Path | None):
@@ -38,7 +46,7 @@ def attention_summary(directory: Path | None = None) -> str:
     lines = [
         f"Forward and backward, fp16, B = 4, measured on {meta['device']} on {meta['date']} (torch {meta['torch']}, "
         f"triton {meta['triton']}; `{name}`). TFLOP/s of our default kernels and the ratio to "
-        "each PyTorch SDPA backend timed in the same run:",
+        f"each PyTorch SDPA backend timed in the same run:{_repeats_note(rows)}",
         "",
         "| H x D | N | causal | pass | ours TFLOP/s | vs SDPA flash | vs cuDNN | vs efficient |",
         "|---|---|---|---|---|---|---|---|",
@@ -52,10 +60,10 @@ def attention_summary(directory: Path | None = None) -> str:
                                  causal=causal, mode=mode)
                     if ours is None:
                         continue
-                    ratios = " | ".join(f"{ours[f'ratio_vs_{p}']:.2f}x" if f"ratio_vs_{p}" in ours else "-"
-                                        for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"))
+                    ratios = " | ".join(format_spread(ours, f"ratio_vs_{p}", ".2f", "x") if f"ratio_vs_{p}" in ours
+                                        else "-" for p in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"))
                     lines.append(f"| {heads} x {head_dim} | {n} | {'yes' if causal else 'no'} | {mode} | "
-                                 f"{ours['tflops']:.0f} | {ratios} |")
+                                 f"{format_spread(ours)} | {ratios} |")
     return "\n".join(lines) + "\n"
 
 
@@ -92,12 +100,12 @@ def variants_summary(directory: Path | None = None) -> str:
     meta, rows, name = newest
 
     def rate(row):
-        return "-" if row is None else f"{row['tflops']:.0f}"
+        return "-" if row is None else format_spread(row)
 
     lines = [
         f"Attention variants, B = 4 (GQA: 2), H = 16 (GQA: 32 query heads on 8 KV heads), D = 128, N = 16384 "
         f"(GQA: 8192), on {meta['device']} on {meta['date']} (`{name}`); TFLOP/s over the visible score entries "
-        "only, FlexAttention compiled with its block mask built outside the timed region:",
+        f"only, FlexAttention compiled with its block mask built outside the timed region:{_repeats_note(rows)}",
         "",
         "| variant | dtype | pass | visible | ours | FlexAttention | ours vs Flex | SDPA flash | SDPA cuDNN | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -109,12 +117,12 @@ def variants_summary(directory: Path | None = None) -> str:
         ours = get["flashcourse"]
         if ours is None:
             continue
-        ratio = f"{ours['ratio_vs_flex']:.2f}x" if "ratio_vs_flex" in ours else "-"
+        ratio = format_spread(ours, "ratio_vs_flex", ".2f", "x") if "ratio_vs_flex" in ours else "-"
         note = ""
         if "vs_our_causal" in ours:
-            note = f"{ours['vs_our_causal']:.2f}x our causal"
+            note = f"{format_spread(ours, 'vs_our_causal', '.2f', 'x')} our causal"
         elif "ratio_vs_flashcourse_expanded_kv" in ours:
-            note = f"{ours['ratio_vs_flashcourse_expanded_kv']:.2f}x ours on expanded K/V"
+            note = f"{format_spread(ours, 'ratio_vs_flashcourse_expanded_kv', '.2f', 'x')} ours on expanded K/V"
         cells = [variant, dtype.replace("float", "fp"), mode, f"{ours['density']:.0%}", rate(ours), rate(get["flex"]),
                  ratio, rate(get["sdpa_flash"]), rate(get["sdpa_cudnn"]), note]
         lines.append(f"| {' | '.join(cells)} |")

@@ -10,7 +10,8 @@ variant (causal; GQA with ``enable_gqa=True``), and ``flashcourse_expanded_kv`` 
 to every query head, the baseline that GQA support must beat while holding H_q / H_kv times fewer K/V bytes.
 
 TFLOP/s count only the visible score entries (:func:`visible_entries`): forward 4 * D FLOPs per visible entry
-(Q K^T and P V), backward 2.5x that, as ``bench.attention_flops`` does for the dense and causal cases.
+(Q K^T and P V), backward 2.5x that, as ``bench.attention_flops`` does for the dense and causal cases. Every time
+is the median of ``bench.REPEATS`` timings with their range (``ms_min``, ``ms_max``, ``tflops_min``, ``tflops_max``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from flashcourse.bench import BACKWARD_OVER_FORWARD, environment_info, load_results, tflops
+from flashcourse.bench import BACKWARD_OVER_FORWARD, Timing, environment_info, load_results
 from flashcourse.bench.providers import add_ratios as shared_add_ratios
 
 DTYPES = ("float16", "bfloat16")
@@ -265,17 +266,18 @@ def relative_errors(variant: Variant, inputs: Inputs, fn: Callable, reference) -
             "dk": rel(grads[1][:1, :kv_heads], grads_ref[1]), "dv": rel(grads[2][:1, :kv_heads], grads_ref[2])}
 
 
-def time_modes(fn: Callable, inputs: Inputs) -> dict:
-    """Median ms of the forward (no autograd) and of the backward alone (autograd.grad of a kept graph)."""
+def time_modes(fn: Callable, inputs: Inputs) -> dict[str, Timing]:
+    """The forward (no autograd) and the backward alone (autograd.grad of a kept graph), each timed
+    ``bench.REPEATS`` times: median ms and range."""
     import torch
 
-    from flashcourse.bench.attention import bench_ms
+    from flashcourse.bench.attention import bench_timing
 
     q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
     with torch.no_grad():
-        fwd = bench_ms(lambda: fn(q, k, v))
+        fwd = bench_timing(lambda: fn(q, k, v))
     o = fn(q, k, v)
-    bwd = bench_ms(lambda: torch.autograd.grad(o, (q, k, v), inputs.do, retain_graph=True))
+    bwd = bench_timing(lambda: torch.autograd.grad(o, (q, k, v), inputs.do, retain_graph=True))
     return {"fwd": fwd, "bwd": bwd}
 
 
@@ -317,9 +319,8 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
     for fn, row in ready.values():
         try:
             times = time_modes(fn, inputs)
-            rows += [{**row, "mode": mode, "status": "ok", "ms": ms,
-                      "tflops": tflops(variant_flops(variant, visible, mode), ms * 1e-3)}
-                     for mode, ms in times.items()]
+            rows += [{**row, "mode": mode, "status": "ok", **timing.fields(variant_flops(variant, visible, mode))}
+                     for mode, timing in times.items()]
         except Exception as err:  # noqa: BLE001
             rows += [{**row, "mode": mode, "status": "error", "error": _error_text(err)} for mode in ("fwd", "bwd")]
         torch.cuda.empty_cache()
@@ -334,13 +335,17 @@ def add_ratios(rows: list[dict]) -> None:
     TFLOP/s over our dense causal TFLOP/s at the same N (the target is >= 0.8 for window 1024)."""
     shared_add_ratios(rows, rate="tflops", ours=("flashcourse",),
                       key=lambda r: (r["variant"], r["dtype"], r["mode"]))
-    causal = {(r["dtype"], r["mode"], r["n"]): r["tflops"] for r in rows
+    causal = {(r["dtype"], r["mode"], r["n"]): r for r in rows
               if r["provider"] == "flashcourse" and r["variant"] == "causal" and r.get("status") == "ok"}
     for r in rows:
         key = (r["dtype"], r["mode"], r["n"])
         if r["provider"] == "flashcourse" and r.get("window_left") is not None and r.get("status") == "ok" \
                 and key in causal:
-            r["vs_our_causal"] = r["tflops"] / causal[key]
+            dense = causal[key]
+            r["vs_our_causal"] = r["tflops"] / dense["tflops"]
+            if all(x.get(f"tflops_{end}") for x in (r, dense) for end in ("min", "max")):
+                r["vs_our_causal_min"] = r["tflops_min"] / dense["tflops_max"]
+                r["vs_our_causal_max"] = r["tflops_max"] / dense["tflops_min"]
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:

@@ -1,9 +1,10 @@
 """The kernel version history: time every numbered version, sweep launch configs, and write docs/KERNELS.md.
 
-``python -m flashcourse.bench versions`` validates then times each forward version (v1..v6) and backward
-scheme (b1, b2) beside SDPA's flash and cuDNN backends; ``tune`` sweeps block sizes / warps / stages on the
-current GPU (the source of the sm_90 numbers in ``kernels/configs.py``); ``table`` turns the committed JSON
-into the markdown table of ``docs/KERNELS.md``.
+``python -m flashcourse.bench versions`` validates then times each forward version (v1..v7) and backward
+scheme (b1..b3) beside SDPA's flash and cuDNN backends, every time the median of ``bench.REPEATS`` repeats with
+their range; ``tune`` sweeps block sizes / warps / stages on the current GPU (the source of the sm_90 numbers in
+``kernels/configs.py``); ``table`` turns the committed JSON into the markdown table of ``docs/KERNELS.md``, where a
+version is marked faster or slower than the one before only beyond both spreads (:func:`version_verdicts`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from flashcourse.bench import load_results, tflops
+from flashcourse.bench import format_spread, load_results, tflops, verdict
 from flashcourse.bench.attention import Shape, bench_ms, make_inputs, measure_shape, provider_fn, shape_grid
 
 VERSION_SHAPES = shape_grid(dtypes=("float16",), seq_lens=(4096, 16384))
@@ -156,8 +157,45 @@ def _version_cells(mode: str, name: str, ver) -> list[str]:
     return [f"{mode} {name} {ver.title}", kernel, ver.changes, ver.prediction]
 
 
+VERDICT_MARKS = {"gain": " ▲", "loss": " ▼", "within spread": "", None: ""}
+
+
+def _shape_of(row) -> tuple:
+    return row["heads"], row["head_dim"], row["n"], row["causal"]
+
+
+def _find_version(rows, provider: str, mode: str, shape: tuple, **match) -> dict | None:
+    for r in rows:
+        if (r["provider"] == provider and r["mode"] == mode and _shape_of(r) == shape
+                and all(r.get(k) == v for k, v in match.items()) and r["status"] == "ok"):
+            return r
+    return None
+
+
+def version_verdicts(rows: list[dict], mode: str = "fwd") -> list[dict]:
+    """Each numbered version against the one before it on every shape of one versions run: ``verdict`` is
+    ``"gain"`` or ``"loss"`` only when the repeats' ranges do not overlap (:func:`flashcourse.bench.verdict`),
+    ``"within spread"`` when they do, None for a run recorded without repeats. Rows: {version, previous, shape
+    (heads, head_dim, n, causal), tflops, previous_tflops, verdict}."""
+    from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
+
+    names, key = (list(FORWARD_VERSIONS), "forward_version") if mode == "fwd" else \
+        (list(BACKWARD_VERSIONS), "backward_version")
+    shapes = sorted({_shape_of(r) for r in rows if r["mode"] == mode})
+    found = []
+    for previous, name in zip(names[:-1], names[1:], strict=True):
+        for shape in shapes:
+            new = _find_version(rows, "flashcourse", mode, shape, **{key: name})
+            old = _find_version(rows, "flashcourse", mode, shape, **{key: previous})
+            if new is not None and old is not None:
+                found.append({"version": name, "previous": previous, "shape": shape, "tflops": new["tflops"],
+                              "previous_tflops": old["tflops"], "verdict": verdict(new, old)})
+    return found
+
+
 def kernels_table(directory: Path | None = None) -> str:
-    """Markdown: each version, what it changed, what we predicted and what the newest versions JSON measured."""
+    """Markdown: each version, what it changed, what we predicted and what the newest versions JSON measured
+    (with the repeats' range, and the verdict against the version before, when the run has them)."""
     from flashcourse.kernels import BACKWARD_VERSIONS, FORWARD_VERSIONS
 
     found = load_results("*-versions.json", directory=directory)
@@ -165,36 +203,34 @@ def kernels_table(directory: Path | None = None) -> str:
         return "No versions results yet: run `python -m flashcourse.bench versions` on a GPU.\n"
     data = found[-1]
     meta, rows = data["meta"], data["rows"]
-    shapes = sorted({(r["heads"], r["head_dim"], r["n"], r["causal"]) for r in rows if r["mode"] == "fwd"})
+    shapes = sorted({_shape_of(r) for r in rows if r["mode"] == "fwd"})
+    verdicts = {(v["version"], v["shape"]): v["verdict"] for mode in ("fwd", "bwd")
+                for v in version_verdicts(rows, mode)}
 
-    def rate(provider, mode, shape, **match):
-        for r in rows:
-            if (r["provider"] == provider and r["mode"] == mode and (r["heads"], r["head_dim"], r["n"], r["causal"])
-                    == shape and all(r.get(k) == v for k, v in match.items()) and r["status"] == "ok"):
-                return r["tflops"]
-        return None
-
-    def fmt(x):
-        return "-" if x is None else f"{x:.0f}"
+    def cell(row, name=None, shape=None):
+        if row is None:
+            return "-"
+        return format_spread(row) + VERDICT_MARKS[verdicts.get((name, shape))]
 
     head = " | ".join(f"H{h} D{d} N{n}{' c' if c else ''}" for h, d, n, c in shapes)
+    spread = any("tflops_min" in r for r in rows)
+    legend = (f" Each cell: the median of {max(r.get('repeats', 0) for r in rows)} repeats (slowest-fastest); "
+              "▲ / ▼: faster / slower than the version above beyond both ranges, no mark: within them." if spread
+              else "")
     lines = [
         f"Measured on {meta['device']}, {meta['date']}, torch {meta.get('torch')}, triton {meta.get('triton')}; "
-        f"fp16, B=4, TFLOP/s (file `{Path(data['path']).name}`; `c` = causal).",
+        f"fp16, B=4, TFLOP/s (file `{Path(data['path']).name}`; `c` = causal).{legend}",
         "",
         f"| version | kernel | what changed | prediction | {head} |",
         "|---|---|---|---|" + "---|" * len(shapes),
     ]
-    for name, ver in FORWARD_VERSIONS.items():
-        cells = " | ".join(fmt(rate("flashcourse", "fwd", s, forward_version=name)) for s in shapes)
-        lines.append(f"| {' | '.join(_version_cells('fwd', name, ver))} | {cells} |")
-    for provider in ("sdpa_flash", "sdpa_cudnn"):
-        cells = " | ".join(fmt(rate(provider, "fwd", s)) for s in shapes)
-        lines.append(f"| fwd {provider} | | reference, same run | | {cells} |")
-    for name, ver in BACKWARD_VERSIONS.items():
-        cells = " | ".join(fmt(rate("flashcourse", "bwd", s, backward_version=name)) for s in shapes)
-        lines.append(f"| {' | '.join(_version_cells('bwd', name, ver))} | {cells} |")
-    for provider in ("sdpa_flash", "sdpa_cudnn"):
-        cells = " | ".join(fmt(rate(provider, "bwd", s)) for s in shapes)
-        lines.append(f"| bwd {provider} | | reference, same run | | {cells} |")
+    for mode, registry, key in (("fwd", FORWARD_VERSIONS, "forward_version"),
+                                ("bwd", BACKWARD_VERSIONS, "backward_version")):
+        for name, ver in registry.items():
+            cells = " | ".join(cell(_find_version(rows, "flashcourse", mode, s, **{key: name}), name, s)
+                               for s in shapes)
+            lines.append(f"| {' | '.join(_version_cells(mode, name, ver))} | {cells} |")
+        for provider in ("sdpa_flash", "sdpa_cudnn"):
+            cells = " | ".join(cell(_find_version(rows, provider, mode, s)) for s in shapes)
+            lines.append(f"| {mode} {provider} | | reference, same run | | {cells} |")
     return "\n".join(lines) + "\n"
