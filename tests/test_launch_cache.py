@@ -46,7 +46,7 @@ def test_a_hit_swaps_this_calls_tensors_into_the_remembered_arguments():
     q2, o2 = torch.ones(4), torch.ones(4)
     assert cache.run("key", (q2, o2))
     grid, args = compiled.launches[-1]
-    assert grid == (3, 2) and args[0] is q2 and args[1] is o2 and args[2:] == (4, 16)  # the default filled in
+    assert grid == (3, 2, 1) and args[0] is q2 and args[1] is o2 and args[2:] == (4, 16)  # the default filled in
     assert not cache.run("other key", (q2, o2)) and not cache.run(None, (q2, o2))
 
 

@@ -551,7 +551,8 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     # Causal, a window or a block mask leave partial tiles, where the small-tile launch wastes less.
     masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
     if config is None and version.tuned_launch:
-        config = configs.forward_config(props, block_d, q.element_size(), causal=masked)
+        config = configs.forward_config(props, block_d, q.element_size(), causal=masked,
+                                        classified=version.takes_rules)
     elif config is None:
         config = configs.baseline_forward_config(props, block_d, q.element_size())
     check_forward_launch(version, config, causal=rules.causal is not None)

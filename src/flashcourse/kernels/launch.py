@@ -75,7 +75,8 @@ class LaunchCache:
             args.append(value)
         if len(self._launches) >= self.capacity:
             del self._launches[next(iter(self._launches))]
-        self._launches[key] = _Launch(compiled, tuple(grid), tuple(args), tuple(slots))
+        grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launcher takes all three grid dims
+        self._launches[key] = _Launch(compiled, grid, tuple(args), tuple(slots))
 
 
 def layout_key(*tensors: torch.Tensor) -> tuple:
