@@ -6,6 +6,7 @@
 #   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
 #   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
+#   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -59,6 +60,12 @@ sweep)
     stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
     stage profile_launch 60 $py scripts/profile_launch.py
     stage sweep 400 $py scripts/sweep_kernels.py --out "$OUT"
+    ;;
+ncu)
+    stage ncu 240 /usr/local/cuda/bin/ncu --clock-control none -k "regex:_fwd_v7|_bwd_dkdv|_bwd_dq" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --csv --page details $py scripts/ncu_kernels.py
+    cp "$OUT/ncu.log" "$OUT/ncu.csv"
     ;;
 final)  # the attention grid, decode, and the GPU tests of the default kernels
     stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
