@@ -65,14 +65,47 @@ def test_contiguous_cache_uneven_lengths(rng, h_q, h_kv, dtype):
     assert_close(o, expected(q, k, v, lens), what="decode output")
 
 
-@pytest.mark.parametrize("page_size", [16, 32])
-def test_paged_cache_shuffled_table(rng, page_size):
+# (page size, block_n): the interpreter's 16-key tiles lie inside a page of 16 or 64; 64-key tiles cover four
+# pages of 16 or two of 32 (one table read per page, spread over the tile's rows).
+PAGED_TILINGS = [(16, None), (64, None), (16, 64), (32, 64)]
+
+
+@pytest.mark.parametrize("page_size,block_n", PAGED_TILINGS)
+def test_paged_cache_shuffled_table(rng, page_size, block_n):
+    """Ragged lengths, none a multiple of the page; the longest sequence is last, so its final tile reaches past
+    the block table's last column (entries that must not be read)."""
     q, k, v = make(rng, 3, 8, 2, 75, 80, torch.float16)
-    lens = [75, 1, 40]
+    lens = [40, 1, 75]
     kp, vp, table = paged(k, v, page_size, rng)
-    o = kernels.flash_decode(q, kp, vp, block_table=table,
+    o = kernels.flash_decode(q, kp, vp, block_table=table, block_n=block_n,
                              cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE))
-    assert_close(o, expected(q, k, v, lens), what=f"paged decode output (page size {page_size})")
+    assert_close(o, expected(q, k, v, lens), what=f"paged decode output (page size {page_size}, block_n {block_n})")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 100])
+@pytest.mark.parametrize("page_size,block_n", [(16, 32), (32, None)])
+def test_paged_cache_any_number_of_splits(rng, num_splits, page_size, block_n):
+    """Splits start on tile boundaries, never inside a tile's pages, whatever their number."""
+    q, k, v = make(rng, 2, 4, 4, 150, 32, torch.float32)
+    lens = [150, 97]
+    kp, vp, table = paged(k, v, page_size, rng)
+    o = kernels.flash_decode(q, kp, vp, block_table=table, block_n=block_n, num_splits=num_splits,
+                             cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    assert_close(o, expected(q, k, v, lens), what=f"paged decode with {num_splits} splits (page size {page_size})")
+
+
+@pytest.mark.parametrize("page_size", [8, 24, 1])
+def test_bad_page_size(rng, page_size):
+    q, k, v = make(rng, 1, 4, 2, 48, 16, torch.float32)
+    kp, vp, table = paged(k, v, page_size, rng)
+    with pytest.raises(ValueError, match=rf"page_size = {page_size} .*power of two >= 16"):
+        kernels.flash_decode(q, kp, vp, block_table=table)
+
+
+def test_bad_block_n(rng):
+    q, k, v = make(rng, 1, 4, 2, 48, 16, torch.float32)
+    with pytest.raises(ValueError, match="block_n = 48: expected a power of two >= 16"):
+        kernels.flash_decode(q, k, v, block_n=48)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 5, 100])
@@ -127,17 +160,18 @@ def test_bad_block_table_and_lengths(rng):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("page_size", [None, 256])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
 def test_gpu_long_cache(rng, dtype, page_size):
+    """The GPU's 128-key tiles: a page of 16 gives 8 pages per tile, a page of 256 two tiles per page."""
     q, k, v = make(rng, 2, 32, 8, 20000, 128, dtype)
-    lens = [20000, 12345]
+    lens = [12345, 20000]
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     if page_size is None:
         o = kernels.flash_decode(q, k, v, cache_seqlens=lens_t)
     else:
         kp, vp, table = paged(k, v, page_size, rng)
         o = kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens_t)
-    assert_close(o, expected(q, k, v, lens), what="decode at 20K keys")
+    assert_close(o, expected(q, k, v, lens), what=f"decode at 20K keys (page size {page_size})")
 
 
 # ------------------------------------------------------------------------------------------ variants (lesson 11)
@@ -164,9 +198,10 @@ def expected_variant(q, k, v, lens, *, window_left=None, softcap=None, slopes=No
     return out
 
 
-@pytest.mark.parametrize("paged_size", [None, 16])
-def test_window_reads_only_the_window(rng, paged_size):
-    """Keys before the window are NaN: a kernel that read them would return NaN (0 * NaN in P V)."""
+@pytest.mark.parametrize("paged_size,block_n", [(None, None), *PAGED_TILINGS])
+def test_window_reads_only_the_window(rng, paged_size, block_n):
+    """Keys before the window are NaN: a kernel that read them would return NaN (0 * NaN in P V). Paged tiles
+    start on a tile boundary, so the first one begins before the window: its early rows must stay unread."""
     q, k, v = make(rng, 3, 4, 2, 90, 32, torch.float32)
     lens = [90, 7, 50]
     left = 20
@@ -178,19 +213,25 @@ def test_window_reads_only_the_window(rng, paged_size):
         o = kernels.flash_decode(q, k, v, cache_seqlens=lens_t, window=(left, 0), num_splits=2)
     else:
         kp, vp, table = paged(k, v, paged_size, rng)
-        o = kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens_t, window=(left, 0))
-    assert_close(o, expected_variant(q, k, v, lens, window_left=left), what=f"windowed decode (pages {paged_size})")
+        o = kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens_t, window=(left, 0),
+                                 block_n=block_n)
+    assert_close(o, expected_variant(q, k, v, lens, window_left=left),
+                 what=f"windowed decode (pages {paged_size}, block_n {block_n})")
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_softcap_and_alibi(rng, num_splits):
+@pytest.mark.parametrize("num_splits,page_size", [(1, None), (3, None), (3, 16)])
+def test_softcap_and_alibi(rng, num_splits, page_size):
     q, k, v = make(rng, 2, 4, 2, 70, 16, torch.float32)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
     lens = [70, 33]
-    o = kernels.flash_decode(q * 4, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+    cache = {"k_cache": k, "v_cache": v}
+    if page_size is not None:  # 32-key tiles over pages of 16
+        kp, vp, table = paged(k, v, page_size, rng)
+        cache = {"k_cache": kp, "v_cache": vp, "block_table": table, "block_n": 32}
+    o = kernels.flash_decode(q * 4, **cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
                              softcap=2.0, alibi_slopes=slopes, window=(40, -1), num_splits=num_splits)
     want = expected_variant(q * 4, k, v, lens, window_left=40, softcap=2.0, slopes=slopes.cpu().numpy())
-    assert_close(o, want, what=f"decode with softcap, ALiBi and a window ({num_splits} splits)")
+    assert_close(o, want, what=f"decode with softcap, ALiBi and a window ({num_splits} splits, pages {page_size})")
 
 
 @pytest.mark.parametrize(
@@ -208,11 +249,103 @@ def test_bad_variant_options(rng, options, error, words):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_window_softcap_alibi(rng, dtype):
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+def test_gpu_window_softcap_alibi(rng, dtype, page_size):
     q, k, v = make(rng, 2, 32, 8, 20000, 128, dtype)
     slopes = torch.tensor([2.0 ** (-8 * (h + 1) / 32) for h in range(32)], device=DEVICE)
     lens = [20000, 12345]
-    o = kernels.flash_decode(q, k, v, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+    cache = {"k_cache": k, "v_cache": v}
+    if page_size is not None:
+        kp, vp, table = paged(k, v, page_size, rng)
+        cache = {"k_cache": kp, "v_cache": vp, "block_table": table}
+    o = kernels.flash_decode(q, **cache, cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
                              window=(4096, 0), softcap=30.0, alibi_slopes=slopes)
     want = expected_variant(q, k, v, lens, window_left=4096, softcap=30.0, slopes=slopes.cpu().numpy())
-    assert_close(o, want, what="decode at 20K keys, window 4096, softcap 30, ALiBi")
+    assert_close(o, want, what=f"decode at 20K keys, window 4096, softcap 30, ALiBi (page size {page_size})")
+
+
+# ------------------------------------------------------------------------------------------ the benchmark's rows
+def test_decode_benchmark_rows_on_cpu(monkeypatch):
+    """``bench.decode.run`` end to end at a tiny size (kernels in the interpreter, fake timers): one contiguous
+    row per KV length, one paged row per page size with ``page_size`` and ``ratio_vs_contiguous``, every figure
+    a median with its range; the table renders these rows and the older files' alike."""
+    from flashcourse.bench import decode as decode_bench
+    from flashcourse.bench import load_results
+
+    times = iter([1.0, 2.0, 1.0, 1.2, 2.0, 1.1] * 10)  # contiguous, paged 16, paged 32, one round after another
+    monkeypatch.setattr(decode_bench, "graph_ms", lambda fn, rep=0: next(times))
+    monkeypatch.setattr(decode_bench, "copy_bandwidth", lambda: 3e12)
+    monkeypatch.setattr(decode_bench, "read_bandwidth", lambda: 2.9e12)
+    make_cache = decode_bench.make_cache
+    monkeypatch.setattr(decode_bench, "make_cache", lambda *shape: make_cache(*shape, dtype=torch.float32,
+                                                                              device=DEVICE))
+    rows = decode_bench.run(shapes=((1, 4, 2, 16, 64),), providers=("flashcourse", "flashcourse_paged"),
+                            page_sizes=(16, 32), log=lambda line: None)
+    ours = [r for r in rows if r["provider"] == "flashcourse"]
+    paged_rows = {r["page_size"]: r for r in rows if r["provider"] == "flashcourse_paged"}
+    assert len(ours) == 1 and sorted(paged_rows) == [16, 32]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-5 and r["repeats"] == 3
+               for r in [*ours, *paged_rows.values()])
+    assert ours[0]["ms"] == 1.0 and (ours[0]["ms_min"], ours[0]["ms_max"]) == (1.0, 1.2)
+    assert paged_rows[16]["ms"] == 2.0 and paged_rows[32]["ms"] == 1.0
+    assert paged_rows[16]["ratio_vs_contiguous"] == pytest.approx(0.5)
+    assert paged_rows[16]["ratio_vs_contiguous_min"] == pytest.approx(1.0 / 2.0)  # its slowest over their fastest
+    assert paged_rows[32]["ratio_vs_contiguous_max"] == pytest.approx(1.2 / 1.0)
+    assert ours[0]["bandwidth_tbs_min"] < ours[0]["bandwidth_tbs"] == ours[0]["bandwidth_tbs_max"]
+    table = decode_bench.format_table(rows)
+    assert "flashcourse_paged" in table and "0.50" in table
+    for recorded in load_results("*-decode.json"):  # history: no page_size, no ranges
+        assert "flashcourse_paged" in decode_bench.format_table(recorded["rows"])
+
+
+# ------------------------------------------------------------------------------------------ the compiled pipeline
+SM90_SHARED_MEMORY = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashcourse.kernels.decode import _decode_split_kernel as kernel
+
+names = kernel.arg_names
+pointers = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32", "O_PART": "*fp32",
+            "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32"}
+unit_strides = ("stride_qd", "stride_kd", "stride_vd")  # what the launcher specialises: 1, or divisible by 16
+shared = {}
+for page_size in (None, 16, 256):
+    values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
+                  PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
+                  HAS_ALIBI=False, DOT_PRECISION="ieee", **dict.fromkeys(unit_strides, 1))
+    signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
+                 for n in names}
+    constexprs = {(names.index(n),): v for n, v in values.items()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n in pointers or (n.startswith("stride_") and n not in unit_strides and "_bt_" not in n)}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+    shared[str(page_size)] = compiled.metadata.shared
+json.dump(shared, sys.stdout)
+"""
+
+
+def test_paged_tiles_keep_the_contiguous_pipeline():
+    """Compiled for an H100/H200 (sm_90, no GPU needed), the paged kernel holds as many K/V tiles in flight in
+    shared memory as the contiguous one. A block-table load that feeds the K/V addresses in the same loop step
+    (the old per-row lookup) made Triton's pipeliner prefetch one tile ahead instead of two: half the buffers,
+    0.66x the contiguous cache's bandwidth on the H200."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", SM90_SHARED_MEMORY], capture_output=True, text=True, env=env,
+                          timeout=600)
+    no_ptxas = "ptxas" in done.stderr and ("not found" in done.stderr or "No such file" in done.stderr)
+    if done.returncode != 0 and no_ptxas:
+        pytest.skip("Triton's ptxas is missing here: cannot compile for sm_90")
+    assert done.returncode == 0, f"the decode kernel does not compile for sm_90:\n{done.stderr[-3000:]}"
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    assert shared["16"] == shared["256"] == shared["None"], f"shared memory (bytes) by page size: {shared}"
