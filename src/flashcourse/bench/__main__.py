@@ -12,6 +12,8 @@
     profile   [--out DIR]                  proton: each kernel's share of a forward + backward step
     ring      [--quick] [--n ...] [--out DIR]   under torchrun, 2+ GPUs: ring attention and Ulysses vs
                                            PyTorch's context parallel (bench/ring.py)
+    fp8       [--out DIR] [--n ...] [--head-dim 128 64] [--causal both|yes|no]
+                                           the FP8 forward vs our fp16 forward, errors vs float64 (bench/fp8.py)
     table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
     merge     NAME FILE.json FILE.json ... [--out DIR]   one results file from partial runs of one benchmark (a grid
                                            split by dtype or head dim across commands); refuses mixed devices
@@ -166,6 +168,20 @@ def _merge(args) -> None:
     print(f"wrote {path}")
 
 
+def _fp8(args) -> None:
+    from flashcourse.bench import fp8
+
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+
+    def save(rows):
+        return save_results("attention-fp8", rows, directory=args.out, kind="attention-fp8", extra=fp8.meta())
+
+    rows = fp8.run(args.n or fp8.SEQ_LENS, args.head_dim, causals, on_row=save)
+    path = save(rows)
+    print(fp8.format_table(rows))
+    print(f"wrote {path}")
+
+
 def _table(args) -> None:
     from flashcourse.bench import summary, versions
 
@@ -231,12 +247,19 @@ def main(argv=None) -> None:
     ring.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 65536 131072)")
     ring.add_argument("--quick", action="store_true", help="N in {4096, 8192}, 3 repetitions: a smoke test")
     ring.add_argument("--reps", type=int, default=10, help="timed repetitions per provider")
+    f8 = sub.add_parser("fp8", help="the FP8 forward vs our fp16 forward (Hopper)")
+    f8.add_argument("--out", type=Path, default=resources.new_results_dir(),
+                    help="folder for the JSON (default: %(default)s)")
+    f8.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 4096 8192 16384)")
+    f8.add_argument("--head-dim", type=int, nargs="+", default=[128, 64], choices=[64, 128])
+    f8.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     args = parser.parse_args(argv)
     if args.command not in ("table", "merge"):
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
                 "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile, "ring": _ring,
-                "variants": _variants, "table": _table, "merge": _merge}
+                "variants": _variants, "table": _table, "merge": _merge,
+                "fp8": _fp8}
     commands[args.command](args)
 
 

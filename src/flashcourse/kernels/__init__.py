@@ -6,6 +6,8 @@ strides; D in 16, 32, 64, 80, 96, 128, 256)::
     flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
                     document_ids=None, mask_mod=None) -> o                            # differentiable
     flash_attention_forward(q, k, v, *, <same options>) -> (o, lse)                # lse (B, H_q, N_q) float32
+    flash_attention_forward(q8, k8, v8, *, q_descale=None, k_descale=None, v_descale=None,
+                            out_dtype=torch.bfloat16, causal=False, scale=None) -> (o, lse)  # FP8, sm_90+
     flash_attention_backward(q, k, v, o, lse, do, *, <same options>) -> (dq, dk, dv)
     flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
                  num_splits=None, window=None, softcap=None, alibi_slopes=None) -> o  # q (B, H_q, D)
@@ -26,7 +28,7 @@ _device.setup()  # must run before any @triton.jit below: the interpreter is cho
 
 import torch  # noqa: E402
 
-from . import configs  # noqa: E402
+from . import configs, fp8  # noqa: E402
 from ._checks import check_qkv, check_saved  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
 from .decode import flash_decode  # noqa: E402
@@ -43,6 +45,7 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "flash_decode",
+    "fp8",
 ]
 
 
@@ -66,13 +69,28 @@ def _backward_version(version: str | None, q=None, k=None, rules: Rules | None =
 
 
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
-                            alibi_slopes=None, document_ids=None, mask_mod=None, version: str | None = None):
+                            alibi_slopes=None, document_ids=None, mask_mod=None, version: str | None = None,
+                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
     """FlashAttention forward: o (B, H_q, N_q, D) like q and lse (B, H_q, N_q) float32 (natural log).
 
     q: (B, H_q, N_q, D); k, v: (B, H_kv, N_kv, D); the options are the module's; ``scale`` defaults to
     1/sqrt(D); ``version`` picks a numbered kernel ("v1".."v7", default the one that supports every option).
     Not differentiable: use :func:`flash_attention` for that. Rows with no visible key give 0 and -inf.
+
+    FP8 (``fp8.py``): q, k, v all ``torch.float8_e4m3fn`` on a GPU of compute capability 9.0 or newer (else a
+    RuntimeError saying so), the true tensors being ``fp8 * descale`` with ``q_descale``, ``k_descale``,
+    ``v_descale`` (B, H_kv) float32 (None = 1; ``fp8.quantize_fp8`` makes all six); o comes in ``out_dtype``
+    (bfloat16 or float16). Dense and causal only: the other options raise a ValueError naming them. The
+    descales and ``out_dtype`` belong to FP8 calls: given with 16/32-bit inputs, they raise a ValueError.
     """
+    if getattr(q, "dtype", None) is fp8.FP8:
+        return fp8.flash_attention_forward_fp8(
+            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
+            causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            document_ids=document_ids, mask_mod=mask_mod, version=version)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
+        raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
+                         f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
     check_qkv(q, k, v)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)

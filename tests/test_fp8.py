@@ -1,0 +1,255 @@
+"""The FP8 forward (kernels/fp8.py): quantising, incoherent processing, the kernel's logic, its refusals.
+
+On a CPU: the quantiser and the rotation against float64, the refusal without an FP8 GPU, and the kernel's
+index, mask, descale and layout logic run in the Triton interpreter with 16-bit values (the launch is
+dtype-agnostic; P is cast to V's dtype). Not the FP8 rounding of P itself: the interpreter's float32 -> e4m3
+cast drops the carry when rounding up overflows the mantissa (125 -> 64 instead of 128), so a full FP8 run there
+is wrong by up to 2x per weight. The tests marked ``gpu`` run the real FP8 kernel on Hopper against the float64
+attention of the dequantised inputs, within :func:`fp8.error_bound` (its docstring derives it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+from flashcourse import kernels  # noqa: E402
+from flashcourse.kernels import configs, fp8  # noqa: E402
+from flashcourse.kernels.rules import parse_rules  # noqa: E402
+from flashcourse.tolerance import assert_close  # noqa: E402
+
+HAS_FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= fp8.MIN_CAPABILITY
+needs_fp8_gpu = pytest.mark.skipif(not HAS_FP8_GPU, reason="needs a GPU of compute capability 9.0 or newer")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def randn(rng, *shape, device=DEVICE):
+    return torch.tensor(rng.standard_normal(shape), dtype=torch.float32, device=device)
+
+
+def with_outlier_channels(x, channels=(3, 17), factor=8.0):
+    x = x.clone()
+    x[..., list(channels)] *= factor
+    return x
+
+
+# ------------------------------------------------------------------------------------------ quantising (CPU)
+def test_quantize_tensor_round_trip_within_e4m3_rounding(rng):
+    x = randn(rng, 2, 4, 33, 64, device="cpu") * 3
+    x8, descale = fp8.quantize_tensor(x, heads_kv=2)
+    assert x8.dtype == fp8.FP8 and descale.shape == (2, 2) and descale.dtype == torch.float32
+    # Each group of 2 heads is scaled so that its largest magnitude lands on 448.
+    group_max = x.abs().reshape(2, 2, -1).amax(-1)
+    torch.testing.assert_close(descale, group_max / fp8.E4M3_MAX)
+    back = fp8.dequantize(x8, descale).double()
+    err = (back - x.double()).abs()
+    # Normal e4m3 numbers keep 3 mantissa bits (relative error <= 2^-4); subnormals have spacing 2^-9 * descale.
+    allowed = 2.0**-4 * x.double().abs() + 2.0**-10 * descale.repeat_interleave(2, 1)[:, :, None, None].double()
+    assert (err <= allowed + 1e-12).all(), f"worst excess {(err - allowed).max().item():.3g}"
+
+
+def test_quantize_zero_heads_and_empty_tensors():
+    x8, descale = fp8.quantize_tensor(torch.zeros(1, 2, 5, 64), heads_kv=2)
+    assert torch.equal(descale, torch.ones(1, 2)) and torch.equal(x8.float(), torch.zeros(1, 2, 5, 64))
+    _, descale = fp8.quantize_tensor(torch.zeros(1, 2, 0, 64), heads_kv=1)
+    assert descale.shape == (1, 1)
+
+
+def test_rotation_is_orthogonal_and_keeps_scores(rng):
+    r = fp8.random_rotation(128, seed=3).double()
+    torch.testing.assert_close(r @ r.T, torch.eye(128, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert not torch.equal(fp8.random_rotation(128, seed=3), fp8.random_rotation(128, seed=4))
+    q, k = randn(rng, 1, 2, 16, 128, device="cpu").double(), randn(rng, 1, 2, 16, 128, device="cpu").double()
+    r64 = fp8.hadamard(128) / 128**0.5
+    torch.testing.assert_close((q @ r64) @ (k @ r64).transpose(-1, -2), q @ k.transpose(-1, -2), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="power-of-two"):
+        fp8.hadamard(80)
+
+
+def test_incoherent_processing_lowers_the_error_with_outlier_channels(rng):
+    """The kernel's numerics (P rounded as it rounds it) on quantised inputs whose q and k have outlier
+    channels: rotating q and k first must lower the error against the unquantised float64 attention."""
+    q, k = (with_outlier_channels(randn(rng, 1, 2, 256, 128, device="cpu")) for _ in range(2))
+    v = randn(rng, 1, 2, 256, 128, device="cpu")
+    exact, _, _ = fp8.reference_forward(q, k, v, causal=True)
+    errors = {}
+    for incoherent in (False, True):
+        x = fp8.quantize_fp8(q, k, v, incoherent=incoherent, seed=0)
+        o, _, _ = fp8.reference_forward(*x.dequantized(), causal=True, p_shift=fp8.P_SHIFT)
+        errors[incoherent] = (o - exact).pow(2).mean().sqrt().item()
+    assert errors[True] < errors[False] / 1.5, errors
+
+
+def test_quantize_fp8_keeps_q_k_products_when_incoherent(rng):
+    q, k, v = (randn(rng, 1, 4, 8, 64, device="cpu") for _ in range(3))
+    x = fp8.quantize_fp8(q, k[:, :2], v[:, :2], incoherent=True, seed=1)
+    assert x.rotation is not None and x.q_descale.shape == (1, 2)
+    qr, kr, _ = x.dequantized()
+    scores = qr.double() @ kr.double().repeat_interleave(2, 1).transpose(-1, -2)
+    exact = q.double() @ k[:, :2].double().repeat_interleave(2, 1).transpose(-1, -2)
+    assert (scores - exact).abs().max() < 0.25 * exact.abs().max()  # FP8's rounding, not the rotation
+
+
+def test_v_keys_contiguous_keeps_values_and_pads_rows():
+    v = torch.randn(2, 3, 37, 64)
+    vt = fp8.v_keys_contiguous(v)
+    assert torch.equal(vt, v) and vt.stride(2) == 1 and vt.stride(3) == 48  # 37 keys padded to 48
+
+
+# ------------------------------------------------------------------------------------------ kernel logic (interpreter)
+def run_emulated(rng, shape_q, shape_kv, causal, **launch):
+    """The FP8 kernel's launch with 16-bit values that are exactly the FP8 values (P then rounds to fp16), and
+    descales that differ per (batch, KV head): against float64 attention of the dequantised inputs."""
+    q, k, v = randn(rng, *shape_q), randn(rng, *shape_kv), randn(rng, *shape_kv)
+    x = fp8.quantize_fp8(q, k, v)
+    q_descale = x.q_descale * torch.tensor(rng.uniform(0.5, 2.0, x.q_descale.shape), dtype=torch.float32,
+                                           device=q.device)
+    q16, k16, v16 = (t.to(torch.float16) for t in (x.q, x.k, x.v))
+    o, lse = fp8.run_fp8_forward(q16, k16, v16, q_descale, x.k_descale, x.v_descale,
+                                 rules=parse_rules(q16, k16, causal=causal), out_dtype=torch.float16, **launch)
+    o_ref, lse_ref, _ = fp8.reference_forward(fp8.dequantize(x.q, q_descale), fp8.dequantize(x.k, x.k_descale),
+                                              fp8.dequantize(x.v, x.v_descale), causal=causal)
+    assert o.shape == q.shape and o.dtype == torch.float16 and lse.shape == q.shape[:3]
+    assert_close(o, o_ref, what=f"o (causal={causal}, {launch})")
+    assert_close(lse, lse_ref, dtype="float32", what=f"lse (causal={causal}, {launch})")
+
+
+@pytest.mark.parametrize("shape_q,shape_kv,causal", [
+    ((1, 2, 37, 64), (1, 2, 37, 64), False),      # tail tile
+    ((1, 4, 37, 64), (1, 2, 37, 64), True),       # GQA, causal
+    ((2, 2, 1, 64), (2, 1, 1, 64), True),         # one token
+    ((1, 2, 20, 64), (1, 2, 45, 64), "bottom_right"),
+    ((1, 2, 45, 64), (1, 2, 20, 64), "bottom_right"),  # first rows see no key: 0 and -inf
+    ((1, 2, 33, 128), (1, 1, 50, 128), False),
+])
+def test_kernel_logic_in_the_interpreter(rng, shape_q, shape_kv, causal):
+    run_emulated(rng, shape_q, shape_kv, causal)
+
+
+@pytest.mark.parametrize("launch", [dict(use_descriptors=False), dict(transpose_v=False),
+                                    dict(transpose_v=False, use_descriptors=False),
+                                    dict(config=configs.KernelConfig(16, 32, 4, 1))])
+def test_fallback_launches_in_the_interpreter(rng, launch):
+    run_emulated(rng, (1, 2, 70, 64), (1, 1, 70, 64), True, **launch)
+
+
+def test_fp8_scores_in_the_interpreter(rng):
+    """Real FP8 q and k (loads, descriptors, the QK^T product), V in fp16 so that P is not cast to e4m3."""
+    q, k, v = randn(rng, 1, 4, 40, 64), randn(rng, 1, 2, 40, 64), randn(rng, 1, 2, 40, 64)
+    x = fp8.quantize_fp8(q, k, v)
+    o, lse = fp8.run_fp8_forward(x.q, x.k, x.v.to(torch.float16), **x.descales(),
+                                 rules=parse_rules(q, k, causal=True), out_dtype=torch.float16)
+    o_ref, lse_ref, _ = fp8.reference_forward(*x.dequantized(), causal=True)
+    assert_close(o, o_ref, what="o")
+    assert_close(lse, lse_ref, dtype="float32", what="lse")
+
+
+# ------------------------------------------------------------------------------------------ refusals (CPU)
+@pytest.mark.skipif(HAS_FP8_GPU, reason="this machine has an FP8 GPU")
+def test_without_an_fp8_gpu_the_call_says_what_is_needed(rng):
+    x = fp8.quantize_fp8(*(randn(rng, 1, 2, 8, 64) for _ in range(3)))
+    with pytest.raises(RuntimeError, match=r"compute capability 9\.0 \(Hopper"):
+        kernels.flash_attention_forward(x.q, x.k, x.v, **x.descales())
+
+
+@pytest.mark.parametrize("option,value", [("window", (8, 0)), ("softcap", 30.0), ("alibi_slopes", "slopes"),
+                                          ("document_ids", "ids"), ("mask_mod", "fn"), ("version", "v7")])
+def test_variant_options_with_fp8_are_refused_by_name(rng, option, value):
+    x = fp8.quantize_fp8(*(randn(rng, 1, 2, 8, 64) for _ in range(3)))
+    with pytest.raises(ValueError, match=f"not {option}"):
+        kernels.flash_attention_forward(x.q, x.k, x.v, **{option: value})
+
+
+@pytest.mark.parametrize("bad,error,words", [
+    (dict(out_dtype=torch.float32), ValueError, "bfloat16 or torch.float16"),
+    (dict(k_descale=torch.ones(2, 2)), ValueError, r"expected \(1, 2\) float32"),
+    (dict(v_fp16=True), TypeError, "float8_e4m3fn"),
+    (dict(head_dim=32), ValueError, "head dim 32"),
+])
+def test_bad_fp8_inputs_raise_clear_errors(rng, bad, error, words):
+    d = bad.pop("head_dim", 64)
+    x = fp8.quantize_fp8(*(randn(rng, 1, 2, 8, d) for _ in range(3)))
+    v = x.v.float() if bad.pop("v_fp16", False) else x.v
+    with pytest.raises(error, match=words):
+        kernels.flash_attention_forward(x.q, x.k, v, **bad)
+
+
+@pytest.mark.parametrize("extra", [dict(q_descale=torch.ones(1, 2)), dict(out_dtype=torch.float16)])
+def test_fp8_keywords_with_16_bit_inputs_are_refused(rng, extra):
+    q = randn(rng, 1, 2, 8, 64)
+    with pytest.raises(ValueError, match="float8_e4m3fn inputs"):
+        kernels.flash_attention_forward(q, q, q, **extra)
+
+
+# ------------------------------------------------------------------------------------------ GPU (Hopper)
+def check_fp8_forward(x: fp8.Fp8QKV, *, causal, out_dtype=torch.bfloat16, v=None, **launch):
+    """The FP8 kernel against float64 attention of its dequantised inputs, every element within error_bound."""
+    o, lse = fp8.flash_attention_forward_fp8(x.q, x.k, x.v if v is None else v, **x.descales(), causal=causal,
+                                             out_dtype=out_dtype, **launch)
+    q, k, v_deq = x.dequantized()
+    o_ref, lse_ref, p_abs_v = fp8.reference_forward(q, k, v_deq, causal=causal)
+    assert o.dtype == out_dtype and o.shape == x.q.shape and lse.shape == x.q.shape[:3]
+    bound = fp8.error_bound(o_ref, p_abs_v, v_deq.abs().max().item(), k.shape[2], out_dtype)
+    excess = (o.double() - o_ref).abs() - bound
+    worst = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    assert excess.max() <= 0, (f"o at {worst}: {o[worst].item():.5f} vs {o_ref[worst].item():.5f}, bound "
+                               f"{bound[worst].item():.4f} (causal={causal}, {launch})")
+    # Scores from FP8 values are exact products; the tensor core's accumulation keeps ~14 bits: 5e-3 in lse.
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite), "rows with no visible key must give lse = -inf"
+    assert (lse.double()[finite] - lse_ref[finite]).abs().max() < 5e-3
+    return o
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+@pytest.mark.parametrize("n_q,n_kv", [(1, 1), (17, 17), (1000, 1000), (2048, 2048), (300, 1000), (1000, 300)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+def test_gpu_fp8_awkward_sizes(rng, n_q, n_kv, d, causal):
+    q = randn(rng, 2, 4, n_q, d)
+    k, v = randn(rng, 2, 2, n_kv, d), randn(rng, 2, 2, n_kv, d)  # GQA: 2 query heads per KV head
+    check_fp8_forward(fp8.quantize_fp8(q, k, v), causal=causal)
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_fp8_descales_per_batch_and_kv_head(rng, out_dtype):
+    """Heads and batches of very different magnitudes, each with its own descale; None means 1."""
+    size = torch.tensor(rng.uniform(0.05, 20.0, (2, 2, 1, 1)), dtype=torch.float32, device=DEVICE)
+    q = randn(rng, 2, 4, 500, 128) * size.repeat_interleave(2, 1)
+    k, v = randn(rng, 2, 2, 500, 128) * size, randn(rng, 2, 2, 500, 128) / size
+    x = fp8.quantize_fp8(q, k, v)
+    assert len(set(x.v_descale.flatten().tolist())) == 4
+    check_fp8_forward(x, causal=True, out_dtype=out_dtype)
+    ones = torch.ones_like(x.q_descale)
+    plain = x._replace(q_descale=ones, k_descale=ones, v_descale=ones)
+    o, _ = fp8.flash_attention_forward_fp8(plain.q, plain.k, plain.v, causal=True)
+    torch.testing.assert_close(o, check_fp8_forward(plain, causal=True), atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+def test_gpu_fp8_v_layouts_and_fallback_launches(rng):
+    x = fp8.quantize_fp8(randn(rng, 1, 4, 1000, 128), randn(rng, 1, 4, 1000, 128), randn(rng, 1, 4, 1000, 128))
+    o = check_fp8_forward(x, causal=True)
+    o_kept = check_fp8_forward(x, causal=True, v=fp8.v_keys_contiguous(x.v))  # no copy inside
+    assert torch.equal(o, o_kept)
+    for launch in (dict(use_descriptors=False), dict(transpose_v=False)):
+        check_fp8_forward(x, causal=True, **launch)
+
+
+@pytest.mark.gpu
+@needs_fp8_gpu
+def test_gpu_fp8_public_entry_and_incoherent_inputs(rng):
+    q, k, v = randn(rng, 2, 4, 1024, 128), randn(rng, 2, 4, 1024, 128), randn(rng, 2, 4, 1024, 128)
+    x = fp8.quantize_fp8(q, k, v, incoherent=True)
+    o, lse = kernels.flash_attention_forward(x.q, x.k, x.v, **x.descales(), causal=True)
+    exact, lse_exact, _ = fp8.reference_forward(q, k, v, causal=True)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert (o.double() - exact).pow(2).mean().sqrt() < 0.02  # quantised inputs: FP8's rounding of q, k, v and P
