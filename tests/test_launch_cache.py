@@ -42,7 +42,7 @@ class FakeCompiled:
 def test_a_hit_swaps_this_calls_tensors_into_the_remembered_arguments():
     cache, compiled = LaunchCache(), FakeCompiled()
     q, o = torch.zeros(4), torch.zeros(4)
-    cache.remember("key", FakeJit, compiled, (3, 2), {"Q": q, "O": o, "n": 4}, (q, o))
+    cache.remember("key", FakeJit, compiled, (3, 2), {"Q": q, "O": o, "n": 4}, ("Q", "O"))
     q2, o2 = torch.ones(4), torch.ones(4)
     assert cache.run("key", (q2, o2))
     grid, args = compiled.launches[-1]
@@ -50,19 +50,35 @@ def test_a_hit_swaps_this_calls_tensors_into_the_remembered_arguments():
     assert not cache.run("other key", (q2, o2)) and not cache.run(None, (q2, o2))
 
 
+def test_arguments_are_slotted_by_name_so_one_tensor_passed_twice_is_two_slots():
+    cache, compiled, x = LaunchCache(), FakeCompiled(), torch.zeros(4)
+    cache.remember("key", FakeJit, compiled, (1,), {"Q": x, "O": x, "n": 4}, ("Q", "O"))  # q is o at first
+    q, o = torch.zeros(4), torch.ones(4)
+    cache.run("key", (q, o))
+    assert compiled.launches[-1][1][:2] == (q, o)
+
+
+def test_a_stand_in_follows_the_tensor_it_stands_in_for():
+    cache, compiled, q = LaunchCache(), FakeCompiled(), torch.zeros(4)
+    cache.remember("key", FakeJit, compiled, (1,), {"Q": q, "O": q, "n": 4}, ("Q",))  # O: q as a stand-in
+    q2 = torch.ones(4)
+    cache.run("key", (q2,))
+    assert compiled.launches[-1][1][0] is q2 and compiled.launches[-1][1][1] is q2
+
+
 def test_a_tensor_that_is_not_a_per_call_tensor_is_refused():
-    q, o, stale = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    q, stale = torch.zeros(4), torch.zeros(4)
     with pytest.raises(ValueError, match="stale pointer"):
-        LaunchCache().remember("key", FakeJit, FakeCompiled(), (1,), {"Q": q, "O": stale, "n": 4}, (q, o))
+        LaunchCache().remember("key", FakeJit, FakeCompiled(), (1,), {"Q": q, "O": stale, "n": 4}, ("Q",))
 
 
 def test_nothing_is_kept_without_a_key_or_a_compiled_kernel_and_the_oldest_goes_first():
     cache, q = LaunchCache(capacity=2), torch.zeros(4)
-    cache.remember(None, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, (q,))
-    cache.remember("interpreted", FakeJit, None, (1,), {"Q": q, "O": q, "n": 4}, (q,))  # the interpreter's
+    cache.remember(None, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
+    cache.remember("interpreted", FakeJit, None, (1,), {"Q": q, "O": q, "n": 4}, ("Q",))  # the interpreter's
     assert len(cache) == 0
     for key in ("a", "b", "c"):
-        cache.remember(key, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, (q,))
+        cache.remember(key, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
     assert len(cache) == 2 and not cache.run("a", (q,)) and cache.run("c", (q,))
 
 
@@ -108,3 +124,24 @@ def test_gpu_repeat_calls_hit_the_cache_and_stay_right(rng):
     o = kernels.flash_attention(transposed, q, q)
     assert len(forward._LAUNCHES) == 5
     np.testing.assert_allclose(o.float().cpu(), kernels.flash_attention(q, q, q).float().cpu(), atol=2e-3)
+    k, v = torch.randn_like(q), torch.randn_like(q)  # the layout of the (q, q, q) entry, now three tensors
+    want = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)))
+    assert_close(kernels.flash_attention(q, k, v), want, dtype=torch.float16, what="k and v no longer q")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_decode_repeat_calls_hit_the_cache_and_stay_right():
+    from flashcourse.kernels import decode
+
+    decode._LAUNCHES.clear()
+    x = torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16)
+    kernels.flash_decode(x[:, :, 0].repeat_interleave(2, 1), x, x)  # k is v in the call that fills the cache
+    for _ in range(2):
+        q = torch.randn(2, 8, 64, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+        kk, vv = (t.double().repeat_interleave(2, 1) for t in (k, v))
+        p = torch.softmax(torch.einsum("bhd,bhnd->bhn", q.double(), kk) / 8.0, -1)
+        assert_close(kernels.flash_decode(q, k, v), torch.einsum("bhn,bhnd->bhd", p, vv).cpu().numpy(),
+                     dtype=torch.float16, what="cached decode")
+    assert len(decode._LAUNCHES) == 2  # the split launch and the combine launch of one layout

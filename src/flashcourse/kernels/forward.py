@@ -576,7 +576,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
         scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
         launch.update(LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None)
     compiled = kernel[grid](**launch)
-    _LAUNCHES.remember(key, kernel, compiled, grid, launch, (q, k, v, o, lse))
+    _LAUNCHES.remember(key, kernel, compiled, grid, launch, ("Q", "K", "V", "O", "LSE"))
     return o, lse
 
 

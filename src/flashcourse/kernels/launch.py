@@ -55,23 +55,25 @@ class LaunchCache:
         launch(tensors)
         return True
 
-    def remember(self, key: Hashable | None, kernel, compiled, grid, kwargs: dict,
-                 tensors: Sequence[torch.Tensor]) -> None:
-        """Keep the launch ``kernel[grid](**kwargs)`` that returned ``compiled``. ``tensors`` are the arguments
-        that change from call to call (in the order :meth:`run` will get them); every argument that *is* one of
-        them, stand-ins included, becomes a slot. Any other tensor argument would pin a stale pointer: refused."""
+    def remember(self, key: Hashable | None, kernel, compiled, grid, kwargs: dict, names: Sequence[str]) -> None:
+        """Keep the launch ``kernel[grid](**kwargs)`` that returned ``compiled``. ``names`` are the arguments
+        that change from call to call, in the order :meth:`run` gets their tensors. Any other tensor argument
+        must be one of those same tensors standing in for an absent one (a pointer the kernel never reads);
+        a tensor of its own would pin a stale pointer, and is refused."""
         if key is None or not hasattr(compiled, "packed_metadata"):  # the interpreter returns no compiled kernel
             return
         params = inspect.signature(kernel.fn).parameters
         args, slots = [], []
         for position, (name, param) in enumerate(params.items()):
             value = kwargs[name] if name in kwargs else param.default
-            index = next((i for i, t in enumerate(tensors) if value is t), None)
-            if index is not None:
-                slots.append((position, index))
+            if name in names:
+                slots.append((position, names.index(name)))
             elif isinstance(value, torch.Tensor):
-                raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
-                                 "a cached launch would reuse a stale pointer")
+                index = next((i for i, n in enumerate(names) if kwargs.get(n) is value), None)
+                if index is None:
+                    raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
+                                     "a cached launch would reuse a stale pointer")
+                slots.append((position, index))
             args.append(value)
         if len(self._launches) >= self.capacity:
             del self._launches[next(iter(self._launches))]
