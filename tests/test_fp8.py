@@ -253,3 +253,56 @@ def test_gpu_fp8_public_entry_and_incoherent_inputs(rng):
     exact, lse_exact, _ = fp8.reference_forward(q, k, v, causal=True)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
     assert (o.double() - exact).pow(2).mean().sqrt() < 0.02  # quantised inputs: FP8's rounding of q, k, v and P
+
+
+# ------------------------------------------------------------------------------------------ compiled for sm_90 (CPU)
+SM90_COMPILE = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashcourse.kernels.fp8 import _fwd_fp8_kernel as kernel
+
+names = kernel.arg_names
+pointers = {"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv", "O": "*bf16", "LSE": "*fp32",
+            "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32"}
+unit = ("stride_qd", "stride_kd", "stride_od", "stride_vn")  # V stored keys-adjacent: unit stride along N
+found = {}
+for use_desc in (True, False):
+    values = dict(HAS_UPPER=True, USE_DESC=use_desc, V_TRANSPOSED=True, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=128,
+                  BLOCK_N=128, P_SHIFT=8, **dict.fromkeys(unit, 1))
+    signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n == "qk_scale" else "i32")
+                 for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n in pointers or (n.startswith("stride_") and n not in unit)}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs={(names.index(n),): v for n, v in values.items()},
+                                        attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+    ptx = compiled.asm["ptx"]
+    found[str(use_desc)] = {"wgmma": sorted(set(re.findall(r"wgmma\.mma_async\S*", ptx))),
+                            "cvt_e4m3": "cvt.rn.satfinite.e4m3x2.f32" in ptx, "shared": compiled.metadata.shared}
+json.dump(found, sys.stdout)
+"""
+
+
+def test_kernel_compiles_for_sm90_with_fp8_tensor_core_products():
+    """Compiled for an H100/H200 without one (this machine's Triton, which may be newer than the GPU machine's):
+    both products are FP8 warpgroup MMAs and P is converted with round-to-nearest, with and without TMA."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", SM90_COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    no_ptxas = "ptxas" in done.stderr and ("not found" in done.stderr or "No such file" in done.stderr)
+    if done.returncode != 0 and no_ptxas:
+        pytest.skip("Triton's ptxas is missing here: cannot compile for sm_90")
+    assert done.returncode == 0, f"the FP8 kernel does not compile for sm_90:\n{done.stderr[-3000:]}"
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for use_desc, what in found.items():
+        assert what["wgmma"] and all("e4m3.e4m3" in w for w in what["wgmma"]), (use_desc, what)
+        assert what["cvt_e4m3"] and what["shared"] <= 227 * 1024, (use_desc, what)
