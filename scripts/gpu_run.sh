@@ -7,6 +7,7 @@
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
 #   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
 #   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
+#   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -61,8 +62,16 @@ sweep)
     stage profile_launch 60 $py scripts/profile_launch.py
     stage sweep 400 $py scripts/sweep_kernels.py --out "$OUT"
     ;;
+round2)
+    stage pytest_gpu 140 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_launch_cache.py tests/test_decode.py \
+        tests/test_fp8.py
+    stage overhead 45 $py -m flashcourse.bench overhead --out "$OUT"
+    stage decode 100 $py -m flashcourse.bench decode --out "$OUT"
+    stage fp8 190 $py -m flashcourse.bench fp8 --out "$OUT"
+    "$0" ncu
+    ;;
 ncu)
-    stage ncu 240 /usr/local/cuda/bin/ncu --clock-control none -k "regex:_fwd_v7|_bwd_dkdv|_bwd_dq" \
+    stage ncu 110 /usr/local/cuda/bin/ncu --clock-control none -k "regex:_fwd_v7|_bwd_dkdv|_bwd_dq" \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         --csv --page details $py scripts/ncu_kernels.py
     cp "$OUT/ncu.log" "$OUT/ncu.csv"
