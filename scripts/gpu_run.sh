@@ -8,6 +8,8 @@
 #   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
 #   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
 #   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
+#   scripts/gpu_run.sh grids      the attention grid in four parts (dtype x head dim); merge them with
+#                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -69,6 +71,15 @@ round2)
     stage decode 100 $py -m flashcourse.bench decode --out "$OUT"
     stage fp8 190 $py -m flashcourse.bench fp8 --out "$OUT"
     "$0" ncu
+    ;;
+grids)
+    for dtype in float16 bfloat16; do
+        tag=$([ $dtype = float16 ] && echo fp16 || echo bf16)
+        for d in 128 64; do
+            stage attention_${tag}_d$d 150 $py -m flashcourse.bench attention --dtype $dtype --head-dim $d \
+                --tag=-$tag-d$d --out "$OUT"
+        done
+    done
     ;;
 ncu)
     stage ncu 110 /usr/local/cuda/bin/ncu --clock-control none -k "regex:_fwd_v7|_bwd_dkdv|_bwd_dq" \
