@@ -36,8 +36,9 @@ def launches(*, fallbacks: bool) -> list[dict]:
     default tiles with pointer loads instead of TMA descriptors, and with V read as given (not transposed)."""
     from flashcourse.kernels.configs import KernelConfig
 
-    tiles = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 4),
-             KernelConfig(64, 64, 4, 3)]
+    tiles = [KernelConfig(64, 64, 4, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3),
+             KernelConfig(128, 128, 8, 4), KernelConfig(64, 128, 4, 3), KernelConfig(64, 64, 4, 4),
+             KernelConfig(64, 64, 8, 3), KernelConfig(128, 64, 4, 3)]
     found = [{"config": c} for c in tiles]
     if fallbacks:
         found += [{"config": tiles[0], "use_descriptors": False}, {"config": tiles[0], "transpose_v": False}]

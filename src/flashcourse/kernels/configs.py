@@ -133,12 +133,9 @@ def baseline_forward_config(props: DeviceProps, block_d: int, elem_bytes: int) -
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False,
-                   classified: bool = False) -> KernelConfig:
+def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False) -> KernelConfig:
     """The tuned forward launch for a device, padded head dim ``block_d`` and element size in bytes.
-    ``classified``: the kernel classifies its tiles from the rule bounds (v7); on sm_90 it keeps the dense
-    launch under causal masks too (swept on the H200 on 2026-11-30, D=128: 128x128 tiles 515 vs 467 TFLOP/s
-    at N=4096 and 513 vs 449 at N=16K over the 64x64 launch, ``scripts/sweep_kernels.py``).
+    ``causal``: the launch for rows with many partly masked tiles (the caller decides which rules those are).
 
     BLOCK_M is always a multiple of BLOCK_N: the causal kernel splits its keys at a BLOCK_M boundary.
     """
@@ -150,7 +147,7 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
     if props.capability >= (9, 0):
         # Swept on the H200 at N=8192 (benchmarks/results/*-tune.json): 8 warps over 128-row tiles win, except
         # causal D=128, where 64x64 tiles waste less work on the diagonal (495 vs 464 TFLOP/s).
-        if big_d and causal and not classified:
+        if big_d and causal:
             candidates = [KernelConfig(64, 64, 4, 3)]
         elif big_d:
             candidates = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3)]

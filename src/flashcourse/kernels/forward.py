@@ -548,11 +548,13 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    # Causal, a window or a block mask leave partial tiles, where the small-tile launch wastes less.
-    masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
+    # Where many tiles are partly masked, small tiles waste less. v3-v6 under causal: 64x64 won at D=128 on the
+    # H200. v7 skips and classifies tiles from the rule bounds: under causal or a block mask its 128x128 launch
+    # wins (515 vs 467 TFLOP/s causal at N=4096, D=128); only a window keeps the small tiles (a 1024-key band
+    # ran at 0.64x of causal with 128x128 tiles, 0.77x with 64x64; docs/KERNELS.md, 2026-11-30 sweeps).
+    masked = rules.window is not None if version.takes_rules else rules.causal is not None
     if config is None and version.tuned_launch:
-        config = configs.forward_config(props, block_d, q.element_size(), causal=masked,
-                                        classified=version.takes_rules)
+        config = configs.forward_config(props, block_d, q.element_size(), causal=masked)
     elif config is None:
         config = configs.baseline_forward_config(props, block_d, q.element_size())
     check_forward_launch(version, config, causal=rules.causal is not None)
