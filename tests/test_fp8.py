@@ -193,15 +193,20 @@ def check_fp8_forward(x: fp8.Fp8QKV, *, causal, out_dtype=torch.bfloat16, v=None
     q, k, v_deq = x.dequantized()
     o_ref, lse_ref, p_abs_v = fp8.reference_forward(q, k, v_deq, causal=causal)
     assert o.dtype == out_dtype and o.shape == x.q.shape and lse.shape == x.q.shape[:3]
+    # The tensor core sums FP8 products keeping about 14 bits of the running sum (DeepSeek-V3, section 3.3.2), so a
+    # score can be off by 2^-13 of scale * sum |q_i k_i|: lse by as much, and each p_j by twice that, relatively.
+    k_rep = k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
+    s_abs = (q.double().abs() @ k_rep.abs().transpose(-1, -2)).amax(-1) / q.shape[-1] ** 0.5  # (B, H, N_q)
+    score_error = 2.0**-13 * s_abs
     bound = fp8.error_bound(o_ref, p_abs_v, v_deq.abs().max().item(), k.shape[2], out_dtype)
+    bound = bound + 2 * score_error[..., None] * p_abs_v
     excess = (o.double() - o_ref).abs() - bound
     worst = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
     assert excess.max() <= 0, (f"o at {worst}: {o[worst].item():.5f} vs {o_ref[worst].item():.5f}, bound "
                                f"{bound[worst].item():.4f} (causal={causal}, {launch})")
-    # Scores from FP8 values are exact products; the tensor core's accumulation keeps ~14 bits: 5e-3 in lse.
     finite = torch.isfinite(lse_ref)
     assert torch.equal(torch.isfinite(lse), finite), "rows with no visible key must give lse = -inf"
-    assert (lse.double()[finite] - lse_ref[finite]).abs().max() < 5e-3
+    assert ((lse.double() - lse_ref).abs() - score_error)[finite].max() < 5e-3
     return o
 
 
@@ -220,7 +225,9 @@ def test_gpu_fp8_awkward_sizes(rng, n_q, n_kv, d, causal):
 @needs_fp8_gpu
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
 def test_gpu_fp8_descales_per_batch_and_kv_head(rng, out_dtype):
-    """Heads and batches of very different magnitudes, each with its own descale; None means 1."""
+    """Heads and batches of very different magnitudes, each with its own descale; None means 1. (Magnitudes up to
+    20 in q and k give scores near 400, where the tensor core's ~14-bit sums move lse by about 0.05: the bound in
+    check_fp8_forward grows with sum |q_i k_i| for that reason.)"""
     size = torch.tensor(rng.uniform(0.05, 20.0, (2, 2, 1, 1)), dtype=torch.float32, device=DEVICE)
     q = randn(rng, 2, 4, 500, 128) * size.repeat_interleave(2, 1)
     k, v = randn(rng, 2, 2, 500, 128) * size, randn(rng, 2, 2, 500, 128) / size
