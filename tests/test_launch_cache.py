@@ -66,6 +66,16 @@ def test_a_stand_in_follows_the_tensor_it_stands_in_for():
     assert compiled.launches[-1][1][0] is q2 and compiled.launches[-1][1][1] is q2
 
 
+def test_the_cache_keeps_no_tensor_of_the_call_that_filled_it_alive():
+    import weakref
+
+    cache, q = LaunchCache(), torch.zeros(4)
+    cache.remember("key", FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
+    gone = weakref.ref(q)
+    del q
+    assert gone() is None
+
+
 def test_a_tensor_that_is_not_a_per_call_tensor_is_refused():
     q, stale = torch.zeros(4), torch.zeros(4)
     with pytest.raises(ValueError, match="stale pointer"):

@@ -74,7 +74,7 @@ class LaunchCache:
                     raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
                                      "a cached launch would reuse a stale pointer")
                 slots.append((position, index))
-            args.append(value)
+            args.append(None if slots and slots[-1][0] == position else value)  # keep no tensor alive
         if len(self._launches) >= self.capacity:
             del self._launches[next(iter(self._launches))]
         grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launcher takes all three grid dims
