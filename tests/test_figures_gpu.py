@@ -58,8 +58,11 @@ def test_newest_per_shape_takes_each_shape_whole_from_the_newest_file(rng):
     rows, rates = _rows(rng)
     rerun = [_row("flashcourse", 2.0 * rates["v1"], forward_version="v1"), _row("sdpa_flash", 1.0)]
     other_shape = [_row("sdpa_flash", 7.0, n=1024)]
-    merged = figures_gpu.newest_per_shape([{"rows": rows + other_shape, "path": "a/old.json"},
-                                                  {"rows": rerun, "path": "a/rerun.json"}])
+    attention = {"kind": "attention"}
+    fp8_run = {"meta": {"kind": "attention-fp8"}, "rows": [{"n": 4096, "tflops": 9.0}], "path": "a/attention-fp8.json"}
+    merged = figures_gpu.newest_per_shape([{"meta": attention, "rows": rows + other_shape, "path": "a/old.json"},
+                                           {"meta": attention, "rows": rerun, "path": "a/rerun.json"},
+                                           fp8_run])  # another benchmark a glob on "attention" finds: left out
     by_shape = figures_gpu.version_rates(merged)
     # N=4096 comes from the rerun alone: nothing of the old file's N=4096 rows survives
     assert by_shape["fp16 B4 H16 D128 N4096"] == {"v1": 2.0 * rates["v1"], "SDPA flash": 1.0}

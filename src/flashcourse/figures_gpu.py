@@ -32,11 +32,16 @@ def _shape_key(row: Mapping) -> tuple:
 
 
 def newest_per_shape(results: Sequence[Mapping]) -> list[dict]:
-    """Rows of several result files (``bench.load_results``, oldest first), each shape taken whole from the
-    newest file that measured it: a rerun replaces the earlier numbers, and every ratio stays within one run.
+    """Rows of several attention-grid result files (``bench.load_results``, oldest first), each shape taken whole
+    from the newest file that measured it: a rerun replaces the earlier numbers, and every ratio stays within one
+    run. Files of other benchmarks that a glob such as ``*-attention*.json`` also finds (the FP8 run's
+    ``attention-fp8``) are left out.
 
     Each returned row is a copy with ``source_file``, the name of the file it came from.
     """
+    from flashcourse.bench import result_kind
+
+    results = [r for r in results if result_kind(r) == "attention"]
     source_of: dict[tuple, int] = {}
     for index, result in enumerate(results):
         for row in result["rows"]:
