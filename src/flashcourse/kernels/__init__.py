@@ -16,7 +16,7 @@ The options (``rules.py`` says exactly what each means): ``causal`` False | True
 "bottom_right"; ``window=(left, right)``, -1 unbounded; ``softcap``; ``alibi_slopes`` (H_q,) float32;
 ``document_ids`` (B, N) integer; ``mask_mod`` a ``@triton.jit`` (b, h, q_idx, kv_idx) -> bool. All combine by
 AND. Every numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the teaching
-versions v1-v6 and b1-b2 know only plain and top-left causal attention and refuse the rest by name. The
+versions v1-v6 and b1, b2, b4, b5 know only plain and top-left causal attention and refuse the rest by name. The
 version history with measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's
 interpreter on CPU tensors.
 """

@@ -65,7 +65,7 @@ class Rules:
         return (min(uppers) if uppers else None), lower
 
     def missing_in_numbered_version(self, gqa: bool, n_q: int, n_kv: int) -> str | None:
-        """What the numbered versions v1-v6, b1-b2 (plain or top-left causal attention) cannot do, or None."""
+        """What the numbered versions v1-v6, b1, b2, b4, b5 (plain or top-left causal attention) cannot do, or None."""
         if gqa:
             return "grouped-query attention (k and v with fewer heads than q)"
         if self.causal == "bottom_right" and n_q != n_kv:
