@@ -4,21 +4,20 @@ the same run: the data behind the configs in kernels/configs.py and the backward
     PYTHONPATH=src python scripts/sweep_kernels.py --out DIR        (a CUDA GPU; about 5 minutes on an H200)
 
 Writes DIR/<date>-<device>-sweep.json: one row per (shape, kernel, version, config) with the median time of
-three repeats, its min-max, TFLOP/s and the ratio to cuDNN's median on the same shape; backward rows also carry
-the largest difference of their gradients from b1's at its default launch (a wrong kernel shows there).
+three repeats (`bench.time_repeats`), its min-max, TFLOP/s and the ratio to cuDNN's median on the same shape;
+backward rows also carry the largest difference of their gradients from b1's at its default launch (a wrong
+kernel shows there).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 
 import torch
-import triton.testing
 
 from flashcourse import kernels
-from flashcourse.bench import save_results, tflops
+from flashcourse.bench import save_results, tflops, time_repeats
 from flashcourse.bench.attention import Shape, make_inputs
 from flashcourse.bench.providers import sdpa
 from flashcourse.kernels.backward import run_backward
@@ -35,15 +34,6 @@ DKDV_CONFIGS = {128: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 2), 
                       KernelConfig(64, 64, 4, 2)],
                 64: [KernelConfig(32, 128, 4, 2), KernelConfig(64, 128, 8, 2), KernelConfig(32, 64, 4, 3),
                      KernelConfig(64, 64, 4, 3)]}
-REPEATS = 3
-
-
-def timed(fn) -> tuple[float, float, float]:
-    """Median, min and max milliseconds of REPEATS CUDA-event timings (each a do_bench median)."""
-    times = [triton.testing.do_bench(fn, warmup=10, rep=40) for _ in range(REPEATS)]
-    return statistics.median(times), min(times), max(times)
-
-
 def sweep_shape(shape: Shape, log) -> list[dict]:
     q, k, v, do = make_inputs(shape, requires_grad=False)
     base = {**shape.__dict__}
@@ -51,25 +41,24 @@ def sweep_shape(shape: Shape, log) -> list[dict]:
 
     def record(kernel, version, cfg, fn, mode, reference_ms, **extra):
         try:
-            ms, lo, hi = timed(fn)
+            timing = time_repeats(fn)
         except Exception as err:  # noqa: BLE001 - a launch that fails to compile is a result too
             rows.append({**base, "kernel": kernel, "version": version, "config": cfg and cfg.__dict__,
                          "error": str(err)[:200]})
             log(f"  {kernel} {version} {cfg}: {str(err)[:120]}")
             return
-        rate = tflops(shape.flops(mode), ms * 1e-3)
-        rows.append({**base, "kernel": kernel, "version": version, "config": cfg and cfg.__dict__, "ms": ms,
-                     "ms_min": lo, "ms_max": hi, "tflops": rate, "tflops_min": tflops(shape.flops(mode), hi * 1e-3),
-                     "tflops_max": tflops(shape.flops(mode), lo * 1e-3),
-                     "ratio_vs_sdpa_cudnn": reference_ms / ms if reference_ms else None, **extra})
-        log(f"  {kernel} {version} {cfg}: {rate:.0f} TFLOP/s ({lo:.3f}-{hi:.3f} ms)"
-            + (f" {reference_ms / ms:.2f}x cuDNN" if reference_ms else ""))
+        row = {**base, "kernel": kernel, "version": version, "config": cfg and cfg.__dict__,
+               **timing.fields(shape.flops(mode)),
+               "ratio_vs_sdpa_cudnn": reference_ms / timing.ms if reference_ms else None, **extra}
+        rows.append(row)
+        log(f"  {kernel} {version} {cfg}: {row['tflops']:.0f} TFLOP/s ({timing.ms_min:.3f}-{timing.ms_max:.3f} ms)"
+            + (f" {reference_ms / timing.ms:.2f}x cuDNN" if reference_ms else ""))
 
     cudnn = sdpa("sdpa_cudnn")
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = cudnn(*leaves, shape.causal)
-    cudnn_fwd = timed(lambda: cudnn(q, k, v, shape.causal))[0]
-    cudnn_bwd = timed(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))[0]
+    cudnn_fwd = time_repeats(lambda: cudnn(q, k, v, shape.causal)).ms
+    cudnn_bwd = time_repeats(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)).ms
     rows.append({**base, "kernel": "fwd", "version": "sdpa_cudnn", "ms": cudnn_fwd,
                  "tflops": tflops(shape.flops("fwd"), cudnn_fwd * 1e-3)})
     rows.append({**base, "kernel": "bwd", "version": "sdpa_cudnn", "ms": cudnn_bwd,

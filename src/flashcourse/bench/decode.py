@@ -20,6 +20,7 @@ import statistics
 
 import torch
 
+from flashcourse.bench import REPEATS, format_spread
 from flashcourse.bench.providers import add_ratios as shared_add_ratios
 from flashcourse.bench.providers import sdpa
 
@@ -28,7 +29,6 @@ PROVIDERS = ("flashcourse", "flashcourse_paged", "sdpa_flash", "sdpa_cudnn", "sd
              "sdpa_flash_expanded")
 PAGE_SIZE = 256  # the paged rows' page size before page_size became a column (runs up to 2026-11-30)
 PAGE_SIZES = (16, PAGE_SIZE)  # vLLM's default page, and a large one
-REPEATS = 3  # timings per figure: the median is reported, the slowest and fastest bound its spread
 GRAPH_REP_MS = 60  # milliseconds of replays per timing (each timing: 10 replays of a graph this long)
 
 
@@ -235,13 +235,6 @@ def tune(shapes=DECODE_SHAPES, page_sizes=PAGE_SIZES, log=print) -> list[dict]:
     return rows
 
 
-def _spread(row: dict, key: str, fmt: str) -> str:
-    """``3.66 (3.61-3.70)``: the median with the repeats' range, or the median alone (runs before repeats)."""
-    if row.get(f"{key}_min") is None or row.get(f"{key}_max") is None:
-        return f"{row[key]:{fmt}}"
-    return f"{row[key]:{fmt}} ({row[f'{key}_min']:{fmt}}-{row[f'{key}_max']:{fmt}})"
-
-
 def format_table(rows: list[dict]) -> str:
     """Our decode beside SDPA: time, TB/s (with the repeats' range when recorded), share of the best bandwidth
     of the run (ceilings included, so never above 100%), the paged rows' ratio to the contiguous cache, and our
@@ -260,6 +253,6 @@ def format_table(rows: list[dict]) -> str:
         ratios = "".join(f"{r[key]:{width}.2f}" if key in r else f"{'-':>{width}}"
                          for key, width in (("ratio_vs_contiguous", 11), ("ratio_vs_sdpa_flash", 10),
                                             ("ratio_vs_sdpa_cudnn", 10)))
-        lines.append(f"{head}{r['ms'] * 1e3:8.1f}  {_spread(r, 'bandwidth_tbs', '.2f'):18}"
+        lines.append(f"{head}{r['ms'] * 1e3:8.1f}  {format_spread(r, 'bandwidth_tbs', '.2f'):18}"
                      f"{100 * r['bandwidth_tbs'] / best:6.0f}%{ratios}")
     return "\n".join(lines)
