@@ -71,17 +71,60 @@ def _backward_version(version: str | None, q=None, k=None, rules: Rules | None =
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                             alibi_slopes=None, document_ids=None, mask_mod=None, version: str | None = None,
                             q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
-    """FlashAttention forward: o (B, H_q, N_q, D) like q and lse (B, H_q, N_q) float32 (natural log).
+    """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
-    q: (B, H_q, N_q, D); k, v: (B, H_kv, N_kv, D); the options are the module's; ``scale`` defaults to
-    1/sqrt(D); ``version`` picks a numbered kernel ("v1".."v7", default the one that supports every option).
-    Not differentiable: use :func:`flash_attention` for that. Rows with no visible key give 0 and -inf.
+    Args:
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
+            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+            without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
+        k, v: (B, H_kv, N_k, D), q's dtype and device. H_q must be a multiple of H_kv: query head h reads K/V
+            head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is multi-query attention).
+        causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i, as
+            ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
+            j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
+            With N_q = N_k the two are the same mask.
+        scale: the factor on q.k before the softmax; None (default) means 1/sqrt(D).
+        window: None (default) or (left, right), two ints >= -1: query i sees only keys
+            c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
+            side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
+        softcap: None (default) or a float > 0: each score s becomes softcap * tanh(s / softcap) (Gemma 2).
+        alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
+            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+        document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
+            when both carry the same id (several sequences packed into one row).
+        mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
+            (FlexAttention's signature): key j is visible where it returns True.
+        version: a numbered forward kernel, "v1" ... "v7" (``FORWARD_VERSIONS``); None (default) is
+            ``DEFAULT_FORWARD``, the one that supports every option. v1-v6 know only plain and top-left causal
+            attention and refuse the other options by name.
+        q_descale, k_descale, v_descale, out_dtype: for FP8 inputs only (below); given with 16/32-bit inputs
+            they raise a ValueError.
 
-    FP8 (``fp8.py``): q, k, v all ``torch.float8_e4m3fn`` on a GPU of compute capability 9.0 or newer (else a
-    RuntimeError saying so), the true tensors being ``fp8 * descale`` with ``q_descale``, ``k_descale``,
-    ``v_descale`` (B, H_kv) float32 (None = 1; ``fp8.quantize_fp8`` makes all six); o comes in ``out_dtype``
-    (bfloat16 or float16). Dense and causal only: the other options raise a ValueError naming them. The
-    descales and ``out_dtype`` belong to FP8 calls: given with 16/32-bit inputs, they raise a ValueError.
+    The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
+    query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
+    j = i + N_k - N_q) with bottom-right causal, and also with causal=False, as the FlashAttention library does.
+    With N_q = N_k both give c = i. All masks combine by AND; a query row that sees no key gives o = 0 (and
+    lse = -inf), never NaN.
+
+    Returns:
+        o: (B, H_q, N_q, D), q's dtype (``out_dtype`` for FP8 inputs).
+        lse: (B, H_q, N_q) float32, each row's natural-log log-sum-exp of its (scaled, capped, biased) visible
+            scores; -inf for a row that sees no key (whose o is 0).
+
+    FP8 (Hopper): q, k, v all ``torch.float8_e4m3fn`` on a GPU of compute capability 9.0 or newer (else a
+    RuntimeError saying so) run ``fp8.py``'s kernel. The true tensors are ``fp8 * descale``, with ``q_descale``,
+    ``k_descale``, ``v_descale`` (B, H_kv) float32 (None = 1; ``fp8.quantize_fp8`` makes all six); o comes in
+    ``out_dtype`` (torch.bfloat16, the default, or torch.float16). Plain and causal attention only: the other
+    options raise a ValueError naming them.
+
+    Not differentiable: use :func:`flash_attention` for gradients, or pass o and lse to
+    :func:`flash_attention_backward`.
+
+    Example::
+
+        q, k, v = (torch.randn(1, 4, 512, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
+        o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
@@ -100,11 +143,30 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None,
                              version: str | None = None):
-    """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv) like q, k, v.
+    """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
-    o and do: like q; lse: (B, H_q, N_q) float32, as :func:`flash_attention_forward` returns it; the options
-    must be the forward's. P is recomputed from (q, k, lse), so a caller that merged partial results (ring
-    attention) passes the merged o and lse.
+    P is recomputed from (q, k, lse) tile by tile, so no N_q x N_k matrix is kept between the two passes; a
+    caller that merged partial results (ring attention) passes the merged o and lse.
+
+    Args:
+        q, k, v: as given to :func:`flash_attention_forward` (q (B, H_q, N_q, D); k, v (B, H_kv, N_k, D)).
+        o: (B, H_q, N_q, D), the forward's output, q's dtype.
+        lse: (B, H_q, N_q) float32, the forward's log-sum-exp.
+        do: (B, H_q, N_q, D), the gradient of the loss with respect to o, q's dtype.
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: the forward's options, with the
+            same meanings and defaults (see :func:`flash_attention_forward`); they must be the forward's, or
+            the gradients belong to another attention.
+        version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
+            option), or b1 (faster) when the call needs none of b3's options.
+
+    Returns:
+        (dq, dk, dv): shaped and typed like q, k, v; dk and dv summed over the query heads that share a K/V head.
+        A query row that saw no key contributes nothing.
+
+    Example::
+
+        o, lse = flash_attention_forward(q, k, v, causal=True)
+        dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
     check_qkv(q, k, v)
     check_saved(q, o, lse, do)
@@ -134,10 +196,54 @@ class FlashAttentionFunction(torch.autograd.Function):
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                     alibi_slopes=None, document_ids=None, mask_mod=None, forward_version: str | None = None,
                     backward_version: str | None = None):
-    """Differentiable FlashAttention, a drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)``.
+    """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
-    q: (B, H_q, N_q, D); k, v: (B, H_kv, N_kv, D) -> o (B, H_q, N_q, D); the options are the module's.
-    Gradients flow to q, k and v (dk, dv summed over each K/V head's group of query heads).
+    A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
+    to q, k and v (dk and dv summed over the query heads that share a K/V head). Without grad (inference, or
+    no input requiring it) it skips autograd and runs the forward alone.
+
+    Args:
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
+            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+            without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
+        k, v: (B, H_kv, N_k, D), q's dtype and device. H_q must be a multiple of H_kv: query head h reads K/V
+            head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is multi-query attention).
+        causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i, as
+            ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
+            j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
+            With N_q = N_k the two are the same mask.
+        scale: the factor on q.k before the softmax; None (default) means 1/sqrt(D).
+        window: None (default) or (left, right), two ints >= -1: query i sees only keys
+            c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
+            side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
+        softcap: None (default) or a float > 0: each score s becomes softcap * tanh(s / softcap) (Gemma 2).
+        alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
+            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+        document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
+            when both carry the same id (several sequences packed into one row).
+        mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
+            (FlexAttention's signature): key j is visible where it returns True.
+
+    The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
+    query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
+    j = i + N_k - N_q) with bottom-right causal, and also with causal=False, as the FlashAttention library does.
+    With N_q = N_k both give c = i. All masks combine by AND; a query row that sees no key gives o = 0 (and
+    lse = -inf), never NaN.
+
+    Other keywords: ``forward_version`` ("v1" ... "v7") and ``backward_version`` ("b1" ... "b5") pick a numbered
+    kernel of the course (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``, docs/KERNELS.md); None (default) runs
+    the fastest version that supports the call. v1-v6 and b1, b2, b4, b5 know only plain and top-left causal
+    attention and refuse the other options by name.
+
+    Returns:
+        o: (B, H_q, N_q, D), q's dtype and device.
+
+    Example::
+
+        q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        k, v = (torch.randn(2, 2, 1024, 64, device="cuda", dtype=torch.float16) for _ in range(2))  # GQA
+        o = flash_attention(q, k, v, causal=True, window=(255, 0))  # causal, 256 keys back at most
+        o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
     check_qkv(q, k, v)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
