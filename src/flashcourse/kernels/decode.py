@@ -212,21 +212,45 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
-    """Attention of one query token per sequence over its KV cache, split along the cache length.
+    """Attention of one new query token per sequence over its KV cache, split along the cache length.
 
-    q: (B, H_q, D). Contiguous cache: k_cache, v_cache (B, H_kv, N_max, D). Paged cache: k_cache, v_cache
-    (num_blocks, H_kv, page_size, D) with ``block_table`` (B, max_blocks) int32 naming each sequence's pages
-    in order. ``cache_seqlens`` (B,) int32: keys in use per sequence (default: all of N_max, or of
-    max_blocks * page_size). ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows): the
-    kernel reads the block table once per page, with tiles that never straddle a page edge. H_q must be a
-    multiple of H_kv (grouped-query attention). ``num_splits``: pieces of the KV length (default: about one
-    program per SM). ``block_n`` (a power of two >= 16), ``num_warps``, ``num_stages`` override the launch (for
-    tuning). Returns o (B, H_q, D) in q's dtype. No causal mask: the new token sees every cached key. A
-    sequence of length 0 gives o = 0.
+    Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
+    second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
+    token still spreads over every SM, where a FlashAttention forward would give it one program per
+    (batch, head).
 
-    The new token sits at position ``seqlen - 1``. ``window=(left, right)``: it sees only the last ``left + 1``
-    keys (``right`` has nothing to reach: no key follows it), and only those are read: the splits share out the
-    window, not the cache. ``softcap`` and ``alibi_slopes`` (H_q,) float32 as in ``flash_attention``.
+    Args:
+        q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
+            D one of 16, 32, 64, 80, 96, 128, 256.
+        k_cache, v_cache: q's dtype and device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
+            (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
+            be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
+        cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size) or a
+            (B,) int32 tensor, the keys in use per sequence. A sequence of length 0 gives o = 0.
+        block_table: None (default: contiguous cache) or (B, max_blocks) int32, each sequence's pages in
+            order. ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows); the table is
+            read once per page, by tiles that never straddle a page edge.
+        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        num_splits: pieces of the cache length; None (default) gives about one program per SM.
+        window: None (default) or (left, right), -1 = unbounded: the token, at position ``seqlen - 1``,
+            sees only the last ``left + 1`` keys (``right`` reaches nothing: no key follows it); only those
+            keys are read, the splits share out the window, not the cache.
+        softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
+        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (seqlen - 1 - j).
+        block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
+            None (default) takes ``configs.decode_config``'s.
+
+    No causal mask: the new token sees every cached key (the cache holds only the past).
+
+    Returns:
+        o: (B, H_q, D), q's dtype.
+
+    Example::
+
+        k_cache, v_cache = (torch.randn(4, 2, 8192, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+        q = torch.randn(4, 16, 128, device="cuda", dtype=torch.float16)  # 8 query heads per K/V head
+        lengths = torch.tensor([8192, 100, 5000, 1], device="cuda", dtype=torch.int32)
+        o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
     """
     _check_decode(q, k_cache, v_cache, cache_seqlens, block_table)
     window = check_window(window)
