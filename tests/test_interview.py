@@ -375,3 +375,32 @@ def test_lesson_10_renders_every_section_with_hidden_answers_and_links_exercise_
     for section in BANK.sections:
         assert f'interview.render_html(bank, "{lang}", section="{section}")' in code, section
     assert "../exercises/ex12_from_memory.ipynb" in "\n".join(c.source for c in lesson.cells)
+
+
+# ------------------------------------------------------------------------------------------- tags
+@pytest.mark.parametrize("entry", BANK.entries, ids=lambda e: e["id"])
+def test_every_entry_is_tagged_with_one_frequency_and_one_level(entry):
+    tags = bank_module.tags_of(entry)
+    assert sum(t.startswith("freq:") for t in tags) == 1 and sum(t.startswith("level:") for t in tags) == 1, tags
+    assert set(tags) <= set(bank_module.TAGS), tags
+
+
+def test_validator_rejects_tags_outside_the_vocabulary():
+    entry = _entry()
+    entry["tags"] = ["freq:common", "freq:rare", "level:expert"]
+    problems = "\n".join(interview.validate(_bank_with(entry)))
+    assert "unknown tag 'level:expert'" in problems
+    assert "has 2 freq: tags" in problems and "has 0 level: tags" in problems
+    entry["tags"] = "freq:common"
+    assert "tags must be a list" in "\n".join(interview.validate(_bank_with(entry)))
+    del entry["tags"]  # tags are optional in the schema
+    assert interview.validate(_bank_with(entry)) == []
+
+
+def test_with_tags_filters_the_bank():
+    common = BANK.with_tags("freq:common")
+    assert common and all("freq:common" in e["tags"] for e in common)
+    both = BANK.with_tags("freq:common", "level:advanced")
+    assert set(e["id"] for e in both) <= set(e["id"] for e in common)
+    with pytest.raises(KeyError, match="unknown tags"):
+        BANK.with_tags("freq:sometimes")

@@ -3,7 +3,10 @@
 The bank is data (``questions.yaml``, shipped in this package). Each entry has an ``id``, a ``section``, and
 these text fields, every one a mapping ``{en: ..., zh: ...}``: ``question``, ``short`` (the 30-second answer),
 ``long``; plus ``follow_ups`` (each a ``question`` and an ``answer``), ``wrong_answers`` (each a ``claim`` and
-its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`).
+its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`). An entry may carry ``tags``, a
+list from the fixed vocabulary :data:`TAGS`: how often interviewers ask it (``freq:common``, ``freq:occasional``,
+``freq:rare``) and how deep it goes (``level:basic``, ``level:intermediate``, ``level:advanced``), one of each;
+:func:`tags_of` reads them and :meth:`Bank.with_tags` filters by them.
 
 Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
 language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
@@ -28,6 +31,7 @@ from . import evidence as ev
 
 __all__ = [
     "LANGUAGES",
+    "TAGS",
     "Bank",
     "evidence_label",
     "load",
@@ -42,6 +46,7 @@ __all__ = [
     "render_markdown",
     "render_question_list",
     "run_in",
+    "tags_of",
     "text",
     "validate",
 ]
@@ -50,6 +55,9 @@ LANGUAGES = ("en", "zh")
 TEXT_FIELDS = ("question", "short", "long")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+# The tag vocabulary: each kind (the part before the colon) with its values. A tagged entry has one of each kind.
+TAG_KINDS = {"freq": ("common", "occasional", "rare"), "level": ("basic", "intermediate", "advanced")}
+TAGS = tuple(f"{kind}:{value}" for kind, values in TAG_KINDS.items() for value in values)
 LABELS = {
     "en": {"show": "Show the answer", "show_follow_up": "answer", "claim": "Wrong answer", "correction": "Correction",
            "short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
@@ -84,6 +92,18 @@ class Bank:
         if section not in self.sections:
             raise KeyError(f"no section {section!r}; the bank has {list(self.sections)}")
         return [e for e in self.entries if e["section"] == section]
+
+    def with_tags(self, *tags: str) -> list[dict]:
+        """Entries carrying every one of ``tags`` (e.g. ``"freq:common"``, ``"level:advanced"``), in bank order."""
+        unknown = [t for t in tags if t not in TAGS]
+        if unknown:
+            raise KeyError(f"unknown tags {unknown}; the vocabulary is {list(TAGS)}")
+        return [e for e in self.entries if set(tags) <= set(tags_of(e))]
+
+
+def tags_of(entry: dict) -> list[str]:
+    """The entry's tags (an empty list for an untagged entry)."""
+    return list(entry.get("tags") or [])
 
 
 @functools.cache
@@ -189,6 +209,23 @@ def _check_text(problems: list[str], where: str, field) -> None:
         problems.append(f"{where}: the en text contains Chinese characters: {en!r:.80}")
 
 
+def _check_tags(problems: list[str], where: str, entry: dict) -> None:
+    if "tags" not in entry:
+        return
+    tags = entry["tags"]
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        problems.append(f"{where}: tags must be a list of strings such as {list(TAGS[:1])}, got {tags!r:.80}")
+        return
+    for tag in tags:
+        if tag not in TAGS:
+            problems.append(f"{where}: unknown tag {tag!r}; the vocabulary is {list(TAGS)}")
+    for kind in TAG_KINDS:
+        count = sum(t.startswith(f"{kind}:") and t in TAGS for t in tags)
+        if count != 1:
+            problems.append(f"{where}: has {count} {kind}: tags; a tagged entry has exactly one "
+                            f"({', '.join(t for t in TAGS if t.startswith(kind))})")
+
+
 def evidence_value(item: dict, *, root: Path | None = None):
     """The number an evidence item holds (None for a pure pointer); raises EvidenceError if it does not resolve.
 
@@ -258,10 +295,10 @@ def _check_evidence(problems: list[str], entry: dict, root: Path | None) -> set[
 def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]:
     """Every problem of the bank, as messages; an empty list means valid.
 
-    Checks: ids unique and well formed; each entry's section exists; every text field has en and zh, the zh is
-    Chinese and not the en; every evidence item resolves (files, cell tags, JSON keys, compute functions);
-    every quoted number matches its evidence and appears in both languages; every number the answers state is
-    quoted by some evidence of the entry.
+    Checks: ids unique and well formed; each entry's section exists; tags from the vocabulary, one of each kind;
+    every text field has en and zh, the zh is Chinese and not the en; every evidence item resolves (files, cell
+    tags, JSON keys, compute functions); every quoted number matches its evidence and appears in both languages;
+    every number the answers state is quoted by some evidence of the entry.
     """
     bank = bank or load()
     problems: list[str] = []
@@ -276,6 +313,7 @@ def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]
         seen.add(entry_id)
         if entry.get("section") not in bank.sections:
             problems.append(f"{where}: section {entry.get('section')!r} is not one of {list(bank.sections)}")
+        _check_tags(problems, where, entry)
         missing = [f for f in (*TEXT_FIELDS, "follow_ups", "wrong_answers", "evidence") if not entry.get(f)]
         if missing:
             problems.append(f"{where}: missing or empty fields {missing}")
