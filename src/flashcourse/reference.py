@@ -363,12 +363,39 @@ def group_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> GroupedHeads:
 
 def attention_lse(q, k, v, *, causal=False, scale=None, mask=None, window=None, softcap=None, alibi_slopes=None,
                   document_ids=None, mask_mod=None) -> tuple[np.ndarray, np.ndarray]:
-    """Naive attention that also returns the row logsumexp of the scaled, masked scores.
+    """Naive attention that also returns each row's logsumexp: the (o, lse) a FlashAttention forward returns.
 
-    q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v) -> o: (..., N_q, D_v), lse: (..., N_q).
-    ``mask``: optional boolean array broadcastable to (..., N_q, N_k), True = keep. The variant options
-    (:func:`attention_rule`) are those of the kernels; grouped-query attention: q (B, H_q, N_q, D) with k, v
-    (B, H_kv, N_k, D), H_q % H_kv == 0. A row with every key masked gets o = 0 and lse = -inf.
+    Args:
+        q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v): float16, float32 or float64 arrays (or what
+            NumPy turns into them). Grouped-query attention: q (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D),
+            H_q a multiple of H_kv.
+        causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i (SDPA's
+            ``is_causal``). "bottom_right": query i sees keys j <= i + N_k - N_q (the last query lined up with
+            the last key). With N_q = N_k the two are the same mask.
+        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        mask: None (default) or a boolean array broadcastable to (..., N_q, N_k), True = keep.
+        window: None (default) or (left, right), ints >= -1, -1 = unbounded: query i sees keys
+            c - left <= j <= c + right, c being query i's key on the call's diagonal (below).
+        softcap: None (default) or a number > 0: scores s become softcap * tanh(s / softcap).
+        alibi_slopes: None (default) or (H_q,) floats, (B, H, N, D) inputs only: head h adds
+            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+        document_ids: None (default) or (B, N) ints, N = N_q = N_k: query i sees key j only in its own
+            document.
+        mask_mod: None (default) or a vectorised function (b, h, q_idx, kv_idx) -> bool array, True = keep.
+
+    The call's diagonal: causal, window and ALiBi measure from one diagonal, query i lined up with key
+    c = i + shift: shift = 0 with top-left causal, shift = N_k - N_q with bottom-right causal and with
+    causal=False (as the FlashAttention library does); with N_q = N_k both give c = i. Every mask combines by
+    AND; a row that sees no key gets o = 0 and lse = -inf, never NaN. Computes in the inputs' dtype (pass
+    float64 for the specification); :func:`attention_rule` checks the options, with errors that name them.
+
+    Returns:
+        o: (..., N_q, D_v) and lse: (..., N_q), the natural-log logsumexp of each row's final scores.
+
+    Example::
+
+        q, k, v = np.random.default_rng(0).standard_normal((3, 2, 4, 128, 64))
+        o, lse = attention_lse(q, k, v, causal="bottom_right", window=(31, 0))  # (2, 4, 128, 64), (2, 4, 128)
     """
     q, k, v = validate_qkv(q, k, v, gqa=True)
     rule = rule_of(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -396,11 +423,41 @@ def _broadcast_mask(mask, shape: tuple[int, ...]) -> np.ndarray:
 
 def attention(q, k, v, *, causal=False, scale=None, mask=None, window=None, softcap=None, alibi_slopes=None,
               document_ids=None, mask_mod=None) -> np.ndarray:
-    """softmax(q k^T * scale + mask) v, materialising the full N_q x N_k score matrix.
+    """softmax(scale * q @ k^T + masks) @ v, materialising the full N_q x N_k score matrix: the specification.
 
-    q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v) -> (..., N_q, D_v).
-    ``scale=None`` means 1/sqrt(D); ``causal=True`` masks key j > query i (top-left aligned); the other options
-    are the kernels' (:func:`attention_rule`).
+    The options are the kernels' (``flashcourse.kernels.flash_attention``), with the same meanings.
+
+    Args:
+        q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v): float16, float32 or float64 arrays (or what
+            NumPy turns into them). Grouped-query attention: q (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D),
+            H_q a multiple of H_kv.
+        causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i (SDPA's
+            ``is_causal``). "bottom_right": query i sees keys j <= i + N_k - N_q (the last query lined up with
+            the last key). With N_q = N_k the two are the same mask.
+        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        mask: None (default) or a boolean array broadcastable to (..., N_q, N_k), True = keep.
+        window: None (default) or (left, right), ints >= -1, -1 = unbounded: query i sees keys
+            c - left <= j <= c + right, c being query i's key on the call's diagonal (below).
+        softcap: None (default) or a number > 0: scores s become softcap * tanh(s / softcap).
+        alibi_slopes: None (default) or (H_q,) floats, (B, H, N, D) inputs only: head h adds
+            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+        document_ids: None (default) or (B, N) ints, N = N_q = N_k: query i sees key j only in its own
+            document.
+        mask_mod: None (default) or a vectorised function (b, h, q_idx, kv_idx) -> bool array, True = keep.
+
+    The call's diagonal: causal, window and ALiBi measure from one diagonal, query i lined up with key
+    c = i + shift: shift = 0 with top-left causal, shift = N_k - N_q with bottom-right causal and with
+    causal=False (as the FlashAttention library does); with N_q = N_k both give c = i. Every mask combines by
+    AND; a row that sees no key gets o = 0 and lse = -inf, never NaN. Computes in the inputs' dtype (pass
+    float64 for the specification); :func:`attention_rule` checks the options, with errors that name them.
+
+    Returns:
+        o: (..., N_q, D_v), in the inputs' dtype.
+
+    Example::
+
+        q, k, v = np.random.default_rng(0).standard_normal((3, 1, 2, 16, 8))  # (B, H, N, D) each
+        o = attention(q, k, v, causal=True)  # (1, 2, 16, 8) float64
     """
     return attention_lse(q, k, v, causal=causal, scale=scale, mask=mask, window=window, softcap=softcap,
                          alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod)[0]
@@ -417,7 +474,18 @@ def _logsumexp_rows(s: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------- softmax
 def softmax_naive(x, axis: int = -1) -> np.ndarray:
     """exp(x) / sum(exp(x)), exactly as the formula reads: overflows once x exceeds ~11 (float16) or ~88
-    (float32), giving inf / inf = NaN. Shown to fail, not to be used."""
+    (float32), giving inf / inf = NaN. Shown to fail, not to be used.
+
+    Args:
+        x: a float16 / float32 / float64 array of any shape. axis: the axis to normalise (default the last).
+
+    Returns:
+        An array like x (its shape and dtype); NaN where exp overflowed.
+
+    Example::
+
+        softmax_naive(np.array([1.0, 2.0, 1000.0], dtype=np.float32))  # [0, 0, nan]: exp(1000) is inf
+    """
     x = _float_array(x, "x")
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(x)
@@ -425,9 +493,19 @@ def softmax_naive(x, axis: int = -1) -> np.ndarray:
 
 
 def softmax_safe(x, axis: int = -1) -> np.ndarray:
-    """Softmax with the row max subtracted first (three passes: max, sum, normalise).
+    """Softmax with the row max subtracted first (three passes over the row: max, sum, normalise).
 
     exp(x - max) <= 1 never overflows. A row of all -inf gives 0 everywhere, not NaN.
+
+    Args:
+        x: a float16 / float32 / float64 array of any shape. axis: the axis to normalise (default the last).
+
+    Returns:
+        An array like x (its shape and dtype), each slice along ``axis`` summing to 1 (or all 0).
+
+    Example::
+
+        softmax_safe(np.array([1.0, 2.0, 1000.0], dtype=np.float32))  # [0, 0, 1]
     """
     x = _float_array(x, "x")
     m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
@@ -499,7 +577,20 @@ def softmax_online(x, block: int = 64, axis: int = -1) -> np.ndarray:
     """Two-pass online softmax: pass 1 reads the row block by block and keeps only the running max m and the
     running sum l (rescaling l whenever m grows); pass 2 writes exp(x - m) / l.
 
-    Matches ``softmax_safe`` up to rounding, for any block size. Works on any shape along ``axis``.
+    Matches :func:`softmax_safe` up to rounding, for any block size.
+
+    Args:
+        x: a float16 / float32 / float64 array of any shape.
+        block: entries of the row read at a time in pass 1, an int >= 1 (default 64).
+        axis: the axis to normalise (default the last).
+
+    Returns:
+        An array like x (its shape and dtype); a row of all -inf gives 0 everywhere.
+
+    Example::
+
+        x = np.random.default_rng(0).standard_normal((4, 1000))
+        np.allclose(softmax_online(x, block=128), softmax_safe(x))  # True
     """
     x = _float_array(x, "x")
     block = validate_block("block", block)
@@ -540,7 +631,18 @@ def merge(m1, l1, m2, l2):
 
     Part i has max m_i and sum l_i = sum(exp(x - m_i)). The whole has m = max(m1, m2) and
     l = l1 * exp(m1 - m) + l2 * exp(m2 - m). Associative and commutative, so blocks can be merged in any order
-    and in parallel. Arrays broadcast elementwise. An empty part is (-inf, 0): merge(-inf, 0, -inf, 0) = (-inf, 0).
+    and in parallel. An empty part is (-inf, 0): merge(-inf, 0, -inf, 0) = (-inf, 0).
+
+    Args:
+        m1, l1, m2, l2: numbers or float arrays that broadcast together (one entry per row).
+
+    Returns:
+        (m, l): the whole row's max and sum of exp(x - m), broadcast shape.
+
+    Example::
+
+        x = np.array([1.0, 5.0, 2.0, 3.0])
+        merge(1.0, np.exp(0.0), 5.0, np.exp(-3.0) + 1 + np.exp(-2.0))  # (5.0, sum(exp(x - 5)))
     """
     m = np.maximum(m1, m2)
     l = np.asarray(l1) * rescale_factor(m1, m) + np.asarray(l2) * rescale_factor(m2, m)
@@ -550,10 +652,22 @@ def merge(m1, l1, m2, l2):
 def merge_partials(o1, lse1, o2, lse2):
     """Combine two attention outputs computed over disjoint sets of keys, each already normalised.
 
-    o_i: (..., D_v) normalised over its own keys, lse_i: (...) the logsumexp of its scores.
-    lse = log(exp(lse1) + exp(lse2)) and o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2.
-    This is how split-KV decoding and ring attention combine partial results. Empty parts (lse = -inf)
-    contribute nothing; two empty parts give o = 0, lse = -inf.
+    lse = log(exp(lse1) + exp(lse2)) and o = exp(lse1 - lse) o1 + exp(lse2 - lse) o2. This is how split-KV
+    decoding and ring attention combine partial results. Empty parts (lse = -inf) contribute nothing; two
+    empty parts give o = 0, lse = -inf.
+
+    Args:
+        o1, o2: (..., D_v), each normalised over its own keys (one shape).
+        lse1, lse2: (...), the logsumexp of each part's scores (o's shape without its last dim).
+
+    Returns:
+        (o, lse): (..., D_v) and (...), as if attention had seen both sets of keys at once.
+
+    Example::
+
+        o1, lse1 = attention_lse(q, k[..., :64, :], v[..., :64, :])
+        o2, lse2 = attention_lse(q, k[..., 64:, :], v[..., 64:, :])
+        o, lse = merge_partials(o1, lse1, o2, lse2)  # == attention_lse(q, k, v)
     """
     o1, o2 = np.asarray(o1), np.asarray(o2)
     lse1, lse2 = np.asarray(lse1), np.asarray(lse2)
