@@ -146,9 +146,31 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                    group=None) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence, its keys spread over the ranks of ``group``.
 
-    q, k, v: (B, H, N/P, D), this rank's shard in ``layout`` (from :func:`shard`) -> o (B, H, N/P, D), this
-    rank's rows of attention over all N positions. Differentiable. ``causal`` masks key j > query i in the
-    whole sequence's order; ``scale`` defaults to 1/sqrt(D). Every rank must call it with the same shapes.
+    K/V shards travel around the ring of P ranks, one step per rank, while each rank computes its queries
+    against the shard it holds (``kernels.flash_attention_forward``); the partial results are merged by their
+    log-sum-exp (``reference.merge_partials``). Under a causal mask the blocks the mask hides are skipped.
+    Differentiable: the backward sends dK/dV around the ring the same way, recomputing from the merged o, lse.
+
+    Args:
+        q, k, v: (B, H, N / P, D) each, this rank's shard in ``layout`` (from :func:`shard`); one shape, one
+            dtype, on every rank. Dtypes and head dims as ``kernels.flash_attention``'s (CPU tensors and gloo
+            run the kernels in Triton's interpreter; CUDA tensors use NCCL).
+        causal: False (default) or True: key j hidden from query i when j > i, positions counted in the whole
+            sequence's order (self-attention, so top-left and bottom-right coincide).
+        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        layout: "zigzag" (default) or "contiguous". Contiguous: the sequence cut into P equal chunks, rank r
+            holding chunk r. Zigzag: 2P equal chunks, rank r holding chunks r and 2P - 1 - r, so that under a
+            causal mask every rank has the same work (``zigzag_indices(8, 2, 0)`` is [0, 1, 6, 7]).
+        group: the process group (default: the whole world, ``torch.distributed``'s default group), already
+            initialised; every rank of it must make the same call.
+
+    Returns:
+        o: (B, H, N / P, D), q's dtype: this rank's rows of attention over all N positions, in ``layout``
+        (``unshard(o, layout=layout)`` gives the whole output).
+
+    Example::
+
+        o_local = ring_attention(shard(q), shard(k), shard(v), causal=True)  # zigzag: equal work per rank
     """
     ring = current(group, what="ring_attention")
     if layout not in ("contiguous", "zigzag"):

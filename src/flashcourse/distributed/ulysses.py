@@ -43,8 +43,26 @@ class _AllToAll(torch.autograd.Function):
 
 
 def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None) -> torch.Tensor:
-    """Attention over the whole sequence from contiguous shards, by a head split: q, k, v (B, H, N/P, D), this
-    rank's chunk (``shard(x, layout="contiguous")``) -> o (B, H, N/P, D). Differentiable; needs H % P == 0."""
+    """Attention over the whole sequence from contiguous shards, by a head split (DeepSpeed Ulysses).
+
+    One all-to-all turns each rank's (B, H, N / P, D) into (B, H / P, N, D): a few whole heads, every position.
+    Each rank runs ``kernels.flash_attention`` on its heads, and a second all-to-all gives the rows back.
+    Differentiable (the backward's all-to-alls go the other way).
+
+    Args:
+        q, k, v: (B, H, N / P, D) each, this rank's contiguous chunk (``shard(x, layout="contiguous")``), one
+            shape on every rank. H must be a multiple of the number of ranks P (else :func:`ring_attention`).
+        causal: False (default) or True: key j hidden from query i when j > i, in the whole sequence's order.
+        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        group: the process group (default: the whole world), already initialised; every rank calls.
+
+    Returns:
+        o: (B, H, N / P, D), q's dtype: this rank's rows of the whole attention.
+
+    Example::
+
+        o_local = ulysses_attention(*(shard(x, layout="contiguous") for x in (q, k, v)), causal=True)
+    """
     ring = current(group, what="ulysses_attention")
     heads = q.shape[1] if q.dim() == 4 else None
     if heads is None or q.shape != k.shape or k.shape != v.shape:
