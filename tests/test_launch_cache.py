@@ -1,6 +1,8 @@
 """The launch cache (kernels/launch.py): tensors swapped into the remembered argument list, stale pointers
-refused, keys that change whenever Triton's specialisation would; on a GPU, repeat calls that hit it give the
-same results as the reference and new layouts miss it."""
+refused, keys that change whenever Triton's specialisation would, used only where Triton's compiled kernels
+follow the launcher convention it relies on (else, or when turned off, every call takes the plain launch); on a
+GPU, repeat calls that hit it give the same results as the reference, new layouts miss it, and a forced fallback
+gives the same results with nothing cached."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
 from flashcourse.kernels import forward  # noqa: E402
-from flashcourse.kernels.launch import LaunchCache, layout_key  # noqa: E402
+from flashcourse.kernels.launch import LaunchCache, cached_launch_supported, layout_key  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -29,8 +31,15 @@ class FakeJit:
     fn = staticmethod(_kernel)
 
 
+class FakeSource:
+    signature = {"Q": "*fp32", "O": "*fp32", "n": "i32", "BLOCK": "constexpr"}  # every parameter, by name
+
+
 class FakeCompiled:
+    """What Triton 3.6's CompiledKernel offers the cache: packed_metadata, src.signature and [grid](*args)."""
+
     packed_metadata = object()
+    src = FakeSource()
 
     def __init__(self):
         self.launches = []
@@ -90,6 +99,49 @@ def test_nothing_is_kept_without_a_key_or_a_compiled_kernel_and_the_oldest_goes_
     for key in ("a", "b", "c"):
         cache.remember(key, FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
     assert len(cache) == 2 and not cache.run("a", (q,)) and cache.run("c", (q,))
+
+
+class ShortSource:
+    signature = {"Q": "*fp32", "O": "*fp32", "n": "i32"}  # no constexpr BLOCK
+
+
+class OtherConventionCompiled(FakeCompiled):
+    """A compiled kernel whose launcher would take the non-constexpr arguments only: its signature is shorter."""
+
+    src = ShortSource()
+
+
+class NoSignatureCompiled(FakeCompiled):
+    src = None
+
+
+@pytest.mark.parametrize("compiled", [None, OtherConventionCompiled(), NoSignatureCompiled()],
+                         ids=["interpreter", "constexprs-not-passed", "no-signature"])
+def test_without_the_launcher_convention_nothing_is_kept_and_calls_take_the_plain_launch(compiled):
+    cache, q = LaunchCache(), torch.zeros(4)
+    cache.remember("key", FakeJit, compiled, (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
+    assert len(cache) == 0 and not cache.run("key", (q,))  # run() False: the caller launches kernel[grid](...)
+
+
+def test_the_convention_is_judged_by_attributes():
+    params = ("Q", "O", "n", "BLOCK")
+    assert cached_launch_supported(FakeCompiled(), params)
+    assert not cached_launch_supported(FakeCompiled(), params[:3])  # another kernel's parameters
+    assert not cached_launch_supported(OtherConventionCompiled(), params)
+    assert not cached_launch_supported(object(), params)
+
+
+def test_the_cache_can_be_turned_off(monkeypatch):
+    q = torch.zeros(4)
+    for cache in (LaunchCache(enabled=False), _with_env(monkeypatch, "0")):
+        cache.remember("key", FakeJit, FakeCompiled(), (1,), {"Q": q, "O": q, "n": 4}, ("Q",))
+        assert len(cache) == 0 and not cache.run("key", (q,))
+    assert _with_env(monkeypatch, "1").enabled
+
+
+def _with_env(monkeypatch, value: str) -> LaunchCache:
+    monkeypatch.setenv("FLASHCOURSE_LAUNCH_CACHE", value)
+    return LaunchCache()
 
 
 def test_the_layout_key_changes_with_everything_triton_specialises_on():
@@ -155,3 +207,22 @@ def test_gpu_decode_repeat_calls_hit_the_cache_and_stay_right():
         assert_close(kernels.flash_decode(q, k, v), torch.einsum("bhn,bhnd->bhd", p, vv).cpu().numpy(),
                      dtype=torch.float16, what="cached decode")
     assert len(decode._LAUNCHES) == 2  # the split launch and the combine launch of one layout
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("cache_on", [True, False], ids=["cached", "forced-fallback"])
+def test_gpu_forward_and_decode_agree_with_and_without_the_cache(cache_on, monkeypatch):
+    """The fallback forced (as on a Triton without the convention): same results, nothing remembered."""
+    from flashcourse.kernels import decode
+
+    for cache in (forward._LAUNCHES, decode._LAUNCHES):
+        cache.clear()
+        monkeypatch.setattr(cache, "enabled", cache_on)
+    q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    want = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
+    for _ in range(2):
+        assert_close(kernels.flash_attention(q, k, v, causal=True), want, dtype=torch.float16,
+                     what=f"forward, cache {'on' if cache_on else 'off'}")
+        kernels.flash_decode(q[:, :, -1], k, v)
+    assert (len(forward._LAUNCHES) > 0) == cache_on and (len(decode._LAUNCHES) > 0) == cache_on

@@ -9,11 +9,20 @@ specialisation key is a function of what the caller puts in our key, so the kern
 would have found; only the tensors change from call to call, and they are swapped into the saved list.
 
 Only compiled (CUDA) launches are cached: the interpreter has no compiled kernel to keep.
+
+The one convention of Triton's this relies on (tested with Triton 3.6 on the GPU): the ``CompiledKernel`` that
+``kernel[grid](...)`` returns is launched by ``compiled[grid](*args)`` with every kernel parameter in signature
+order, constexprs included, which is what its ``src.signature`` (keyed by every parameter's name) and its
+``packed_metadata`` show. :func:`cached_launch_supported` checks those attributes on each compiled kernel before
+it is remembered; where they are missing (another Triton) nothing is remembered and every call takes the plain
+``kernel[grid](...)`` launch: slower on the host, the same results. ``FLASHCOURSE_LAUNCH_CACHE=0`` in the
+environment (read when ``flashcourse.kernels`` is imported) turns the cache off the same way.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -37,8 +46,10 @@ class _Launch:
 class LaunchCache:
     """Launches remembered by key; the oldest is dropped past ``capacity`` (a key holds one shape)."""
 
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256, *, enabled: bool | None = None):
         self.capacity = capacity
+        # None: on unless FLASHCOURSE_LAUNCH_CACHE=0; off, every call takes the plain kernel[grid](...) launch
+        self.enabled = os.environ.get("FLASHCOURSE_LAUNCH_CACHE", "1") != "0" if enabled is None else enabled
         self._launches: dict[Hashable, _Launch] = {}
 
     def __len__(self) -> int:
@@ -60,9 +71,11 @@ class LaunchCache:
         that change from call to call, in the order :meth:`run` gets their tensors. Any other tensor argument
         must be one of those same tensors standing in for an absent one (a pointer the kernel never reads);
         a tensor of its own would pin a stale pointer, and is refused."""
-        if key is None or not hasattr(compiled, "packed_metadata"):  # the interpreter returns no compiled kernel
+        if key is None or not self.enabled:
             return
         params = inspect.signature(kernel.fn).parameters
+        if not cached_launch_supported(compiled, params):  # the interpreter's None, or another launcher convention
+            return
         args, slots = [], []
         for position, (name, param) in enumerate(params.items()):
             value = kwargs[name] if name in kwargs else param.default
@@ -79,6 +92,20 @@ class LaunchCache:
             del self._launches[next(iter(self._launches))]
         grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launcher takes all three grid dims
         self._launches[key] = _Launch(compiled, grid, tuple(args), tuple(slots))
+
+
+def cached_launch_supported(compiled, params) -> bool:
+    """Whether ``compiled`` (what ``kernel[grid](...)`` returned) takes the launch :class:`_Launch` makes:
+    ``compiled[grid](*args)``, args being every parameter of ``params`` in order, constexprs included. Judged by
+    the attributes that convention uses, not by Triton's version: a ``packed_metadata`` (a compiled kernel, not
+    the interpreter's None), indexing by grid, and a ``src.signature`` naming exactly those parameters in that
+    order (a launcher that takes only the non-constexpr arguments would come with a shorter signature)."""
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        return False
+    if not callable(getattr(type(compiled), "__getitem__", None)):
+        return False
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    return isinstance(signature, dict) and list(signature) == list(params)
 
 
 def layout_key(*tensors: torch.Tensor) -> tuple:
