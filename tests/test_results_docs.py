@@ -1,17 +1,32 @@
-"""The README's GPU results and docs/KERNELS.md's version table are generated from the committed JSON."""
+"""The README's GPU results and every generated block of docs/KERNELS.md match the committed results, and a hand
+edit inside a block is caught."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import pytest
 
 from flashcourse.bench import summary
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = "regenerate with `python -m flashcourse.bench table --write`"
+MARKER = re.compile(r"<!-- ([\w-]+):start -->")
 
 
 def _between(text: str, start: str, end: str) -> str:
     return text[text.index(start) + len(start):text.index(end)]
+
+
+def _kernels_doc() -> str:
+    return (ROOT / "docs" / "KERNELS.md").read_text()
+
+
+def _stale_blocks(doc: str) -> list[str]:
+    """The names of the generated blocks of ``doc`` that differ from a fresh generation."""
+    return [name for name, body in summary.kernels_doc_blocks().items()
+            if _between(doc, f"<!-- {name}:start -->", f"<!-- {name}:end -->") != body]
 
 
 def test_readme_results_match_the_json():
@@ -21,15 +36,37 @@ def test_readme_results_match_the_json():
     assert "TFLOP/s" in committed and "SDPA" in committed
 
 
-def test_kernels_doc_table_matches_the_json():
-    from flashcourse.bench import versions
+def test_every_marked_block_of_kernels_doc_has_a_generator_and_every_generator_its_block():
+    doc = _kernels_doc()
+    marked = MARKER.findall(doc)
+    assert len(marked) == len(set(marked)), f"a block is marked twice in docs/KERNELS.md: {marked}"
+    assert sorted(marked) == sorted(summary.kernels_doc_blocks()), (
+        "docs/KERNELS.md's markers and flashcourse.bench.summary.kernels_doc_blocks disagree")
+    for name in marked:
+        assert doc.count(f"<!-- {name}:end -->") == 1, f"block {name} has no single end marker"
 
-    doc = (ROOT / "docs" / "KERNELS.md").read_text()
-    committed = _between(doc, "<!-- versions-table:start -->", "<!-- versions-table:end -->")
-    assert committed == "\n" + versions.kernels_table(), f"docs/KERNELS.md's version table is stale: {FIX}"
+
+@pytest.mark.parametrize("name", list(summary.kernels_doc_blocks()))
+def test_kernels_doc_block_matches_the_results(name):
+    committed = _between(_kernels_doc(), f"<!-- {name}:start -->", f"<!-- {name}:end -->")
+    assert committed == summary.kernels_doc_blocks()[name], f"docs/KERNELS.md's block {name} is stale: {FIX}"
 
 
-def test_kernels_doc_variants_table_matches_the_json():
-    doc = (ROOT / "docs" / "KERNELS.md").read_text()
-    committed = _between(doc, "<!-- variants-table:start -->", "<!-- variants-table:end -->")
-    assert committed == "\n" + summary.variants_summary(), f"docs/KERNELS.md's variants table is stale: {FIX}"
+def test_a_hand_edit_inside_a_block_is_caught_and_regeneration_repairs_it():
+    doc = _kernels_doc()
+    start = doc.index("<!-- decode-table:start -->")
+    number = re.compile(r"\d+\.\d\d").search(doc, start)
+    edited = doc[:number.start()] + "9.99" + doc[number.end():]
+    assert _stale_blocks(edited) == ["decode-table"]
+    assert not _stale_blocks(summary.write_kernels_doc(edited))
+
+
+def test_generated_blocks_read_the_keys_they_cite():
+    blocks = summary.kernels_doc_blocks()
+    assert "`ratio_vs_flex`" in blocks["variants-findings"] and "bfp16" not in blocks["variants-table"]
+    assert "`bandwidth_tbs`" in blocks["decode-table"] and "L2 flushed" in blocks["decode-table"]
+    assert "b4 / b2, same launch" in blocks["sweep-backward"]
+    counters = summary.ncu_counters()
+    if counters is not None:  # the CSV is in a checkout, not in a wheel
+        assert counters["b1 dK/dV"]["Registers Per Thread"] == counters["b5 dK/dV (with the dQ tile)"][
+            "Registers Per Thread"] == 255

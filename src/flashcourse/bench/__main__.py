@@ -14,7 +14,7 @@
                                            PyTorch's context parallel (bench/ring.py)
     fp8       [--out DIR] [--n ...] [--head-dim 128 64] [--causal both|yes|no]
                                            the FP8 forward vs our fp16 forward, errors vs float64 (bench/fp8.py)
-    table     [--write]                    docs/KERNELS.md's version table and the README's results, from the JSON
+    table     [--write]                    docs/KERNELS.md's generated blocks and the README's results, from the JSON
     merge     NAME FILE.json FILE.json ... [--out DIR]   one results file from partial runs of one benchmark (a grid
                                            split by dtype or head dim across commands); refuses mixed devices
 
@@ -195,9 +195,7 @@ def _table(args) -> None:
         sys.exit("table --write rewrites README.md and docs/KERNELS.md of a checkout, and this flashcourse is "
                  "installed from a wheel: run it in a clone of the repository after `pip install -e .`")
     doc = root / "docs" / "KERNELS.md"
-    for section, body in (("versions-table", text), ("variants-table", summary.variants_summary(args.results))):
-        doc.write_text(summary.replace_between(doc.read_text(), f"<!-- {section}:start -->", f"<!-- {section}:end -->",
-                                               "\n" + body))
+    doc.write_text(summary.write_kernels_doc(doc.read_text(), args.results))
     readme = root / "README.md"
     readme.write_text(summary.replace_between(readme.read_text(), summary.README_START, summary.README_END,
                                               summary.readme_section(args.results)))

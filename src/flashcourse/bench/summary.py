@@ -1,18 +1,24 @@
-"""The README's GPU results: a summary table written from the committed benchmark JSON, never by hand.
+"""The README's GPU results and every measured block of docs/KERNELS.md, written from the committed results,
+never by hand.
 
-``python -m flashcourse.bench table --write`` rewrites it (with docs/KERNELS.md's version table), and
-tests/test_results_docs.py checks that the committed README matches a fresh generation. A figure recorded with
-repeats shows their range, ``544 (538-551)``; older files, without it, show the median alone.
+``python -m flashcourse.bench table --write`` rewrites them (the README between its gpu-results markers, and in
+docs/KERNELS.md each block between ``<!-- name:start -->`` and ``<!-- name:end -->`` for every name of
+:func:`kernels_doc_blocks`), and tests/test_results_docs.py checks that the committed files match a fresh
+generation. A figure recorded with repeats shows their range, ``544 (538-551)``; older files, without it, show the
+median alone.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
-from flashcourse.bench import format_spread, load_results
+from flashcourse.bench import format_spread, load_results, results_dir
 
 README_START, README_END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
 SUMMARY_NS = (4096, 16384)
+DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
 def _find(rows, **match):
@@ -123,7 +129,7 @@ def variants_summary(directory: Path | None = None) -> str:
             note = f"{format_spread(ours, 'vs_our_causal', '.2f', 'x')} our causal"
         elif "ratio_vs_flashcourse_expanded_kv" in ours:
             note = f"{format_spread(ours, 'ratio_vs_flashcourse_expanded_kv', '.2f', 'x')} ours on expanded K/V"
-        cells = [variant, dtype.replace("float", "fp"), mode, f"{ours['density']:.0%}", rate(ours), rate(get["flex"]),
+        cells = [variant, DTYPE_NAMES.get(dtype, dtype), mode, f"{ours['density']:.0%}", rate(ours), rate(get["flex"]),
                  ratio, rate(get["sdpa_flash"]), rate(get["sdpa_cudnn"]), note]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
@@ -139,3 +145,284 @@ def replace_between(text: str, start: str, end: str, body: str) -> str:
     """``text`` with everything between the ``start`` and ``end`` markers replaced by ``body``."""
     head, tail = text.index(start) + len(start), text.index(end)
     return text[:head] + body + text[tail:]
+
+
+# ----------------------------------------------------------------------------------- docs/KERNELS.md's blocks
+# Each function returns the markdown between one pair of markers in docs/KERNELS.md; every number in it is read
+# from the file it names, so the prose around the blocks carries no measured number of its own.
+
+
+def _span(values, fmt: str = ".2f", suffix: str = "x") -> str:
+    """``1.13-1.68x`` (or ``1.13x`` when every value rounds the same)."""
+    low, high = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+    return f"{low}{suffix}" if low == high else f"{low}-{high}{suffix}"
+
+
+def _source(meta: dict, name: str) -> str:
+    return f"{meta['device']}, {meta['date']}, `{name}`"
+
+
+def variants_findings(directory: Path | None = None) -> str:
+    """The variants run read across: ours against FlexAttention, windows against our causal, GQA against our
+    kernel on expanded K/V, per dtype (keys ``ratio_vs_flex``, ``vs_our_causal``,
+    ``ratio_vs_flashcourse_expanded_kv`` of the flashcourse rows)."""
+    newest = _newest("*-variants.json", directory)
+    if newest is None:
+        return "No variants run committed yet.\n"
+    meta, rows, name = newest
+    ours = [r for r in rows if r["provider"] == "flashcourse" and r.get("status") == "ok"]
+    dtypes = list(dict.fromkeys(r["dtype"] for r in ours))
+
+    def per_dtype(pick, key):
+        parts = []
+        for dtype in dtypes:
+            values = [r[key] for r in ours if r["dtype"] == dtype and key in r and pick(r)]
+            if values:
+                parts.append(f"{_span(values)} ({DTYPE_NAMES.get(dtype, dtype)})")
+        return ", ".join(parts) or "-"
+
+    def one(variant, mode, key):
+        return per_dtype(lambda r: r["variant"] == variant and r["mode"] == mode, key)
+
+    documents = next((r["variant"] for r in ours if "documents" in r["variant"]), None)
+    softcap = next((r["variant"] for r in ours if "softcap" in r["variant"]), None)
+    windows = list(dict.fromkeys(r["variant"] for r in ours if r["variant"].startswith("window")))
+    gqa = next((r["variant"] for r in ours if r["variant"].startswith("GQA")), None)
+    lines = [f"From {_source(meta, name)} (the table above; keys of our rows in brackets):", ""]
+    lines.append(f"- Forward against FlexAttention (`ratio_vs_flex`): "
+                 f"{per_dtype(lambda r: r['mode'] == 'fwd' and r['variant'] != documents, 'ratio_vs_flex')} on "
+                 f"every variant but {documents}; {documents}: {one(documents, 'fwd', 'ratio_vs_flex')}.")
+    lines.append(f"- Backward against FlexAttention: "
+                 f"{per_dtype(lambda r: r['mode'] == 'bwd' and r['variant'] != softcap, 'ratio_vs_flex')} on every "
+                 f"variant but {softcap}; {softcap}: {one(softcap, 'bwd', 'ratio_vs_flex')}.")
+    for window in windows:
+        lines.append(f"- {window}, over our dense causal TFLOP/s (`vs_our_causal`): forward "
+                     f"{one(window, 'fwd', 'vs_our_causal')}, backward {one(window, 'bwd', 'vs_our_causal')}.")
+    if gqa:
+        key = "ratio_vs_flashcourse_expanded_kv"
+        lines.append(f"- {gqa}, over our kernel on K/V expanded to every query head (`{key}`): forward "
+                     f"{one(gqa, 'fwd', key)}, backward {one(gqa, 'bwd', key)}.")
+    return "\n".join(lines) + "\n"
+
+
+def decode_kernels_table(directory: Path | None = None) -> str:
+    """docs/KERNELS.md's decoding table: effective bandwidth of every provider, the paged cache at each page size
+    against the contiguous one, and the two reference bandwidths timed in the same run."""
+    newest = _newest("*-decode.json", directory)
+    if newest is None:
+        return "No decoding run committed yet.\n"
+    meta, rows, name = newest
+    reference = {r["provider"]: r["bandwidth_tbs"] for r in rows if "kv_len" not in r}
+    pages = sorted({r["page_size"] for r in rows if r["provider"] == "flashcourse_paged" and "page_size" in r})
+    lines = [
+        f"{_source(meta, name)}: fp16, B = 1, 32 query heads on 8 KV heads, D = 128, CUDA-graph replays; TB/s of "
+        "K and V bytes read (`bandwidth_tbs`). Reference bandwidths of the same run, timed with CUDA events on "
+        "2 GiB with the L2 flushed: " + ", ".join(f"{p} {tbs:.2f} TB/s" for p, tbs in reference.items()) + ".",
+        "",
+        "| KV length | ours | " + " | ".join(f"ours, paged ({p}-row pages)" for p in pages)
+        + " | SDPA flash (GQA) | SDPA cuDNN | SDPA flash, cache expanded to 32 heads |",
+        "|---|---|" + "---|" * len(pages) + "---|---|---|",
+    ]
+    for kv_len in sorted({r["kv_len"] for r in rows if "kv_len" in r}):
+        ours = _find(rows, provider="flashcourse", kv_len=kv_len)
+        if ours is None:
+            continue
+        cells = [f"{format_spread(ours, 'bandwidth_tbs', '.2f')}; {ours['ratio_vs_sdpa_flash']:.2f}x flash, "
+                 f"{ours['ratio_vs_sdpa_cudnn']:.2f}x cuDNN"]
+        for page in pages:
+            paged = _find(rows, provider="flashcourse_paged", kv_len=kv_len, page_size=page)
+            cells.append("-" if paged is None else f"{paged['bandwidth_tbs']:.2f}; "
+                         f"{format_spread(paged, 'ratio_vs_contiguous', '.2f', 'x')} of ours")
+        for provider in ("sdpa_flash", "sdpa_cudnn", "sdpa_flash_expanded"):
+            row = _find(rows, provider=provider, kv_len=kv_len)
+            cells.append("-" if row is None else f"{row['bandwidth_tbs']:.2f}")
+        lines.append(f"| {kv_len // 1024}K | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _sweep(directory: Path | None):
+    return _newest("*-sweep.json", directory)
+
+
+def _launch(config) -> str:
+    if not config:
+        return "default launch"
+    return f"{config['block_m']}x{config['block_n']}/w{config['num_warps']}/s{config['num_stages']}"
+
+
+def sweep_forward_findings(directory: Path | None = None) -> str:
+    """v7's forward launches at D = 128 from the sweep (`kernel` fwd): each launch's TFLOP/s per shape, cuDNN's
+    beside them."""
+    newest = _sweep(directory)
+    if newest is None:
+        return "No sweep committed yet.\n"
+    meta, rows, name = newest
+    fwd = [r for r in rows if r["kernel"] == "fwd" and r["head_dim"] == 128]
+    shapes = list(dict.fromkeys((r["n"], r["causal"]) for r in fwd))
+    launches = list(dict.fromkeys(_launch(r.get("config")) for r in fwd if r["version"] != "sdpa_cudnn"))
+    lines = [f"{_source(meta, name)}, rows `kernel` = fwd, fp16, B = 4, H = 16, D = 128; TFLOP/s of v7 at each "
+             "launch (tiles / warps / stages) and of cuDNN:", "",
+             "| N | causal | " + " | ".join(launches) + " | cuDNN |", "|---|---|" + "---|" * (len(launches) + 1)]
+    for n, causal in shapes:
+        cells = []
+        for launch in launches:
+            row = next((r for r in fwd if (r["n"], r["causal"]) == (n, causal) and r["version"] == "v7"
+                        and _launch(r.get("config")) == launch), None)
+            cells.append("-" if row is None else f"{row['tflops']:.0f}")
+        cudnn = next(r for r in fwd if (r["n"], r["causal"]) == (n, causal) and r["version"] == "sdpa_cudnn")
+        lines.append(f"| {n} | {'yes' if causal else 'no'} | " + " | ".join(cells) + f" | {cudnn['tflops']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def backward_launch_comparison(directory: Path | None = None) -> list[dict]:
+    """Per backward shape of the sweep: each scheme's TFLOP/s at every launch it was timed at, and the ratios
+    that the data can support: b4 over b2 at b2's own launch (the one launch both were timed at), and b4 and b5
+    at their best launch over b1 at its single (default) launch. Rows: {shape, launches: {scheme: n},
+    b4_over_b2_same_launch, b4_best_over_b2, b4_best_over_b1, b5_best_over_b1, b2_launch}."""
+    newest = _sweep(directory)
+    if newest is None:
+        return []
+    rows = [r for r in newest[1] if r["kernel"] == "bwd"]
+    found = []
+    for shape in dict.fromkeys((r["head_dim"], r["n"], r["causal"]) for r in rows):
+        here = [r for r in rows if (r["head_dim"], r["n"], r["causal"]) == shape]
+        by = {}
+        for r in here:
+            by.setdefault(r["version"], {})[_launch(r.get("config"))] = r["tflops"]
+        b2_launch, b2 = next(iter(by["b2"].items()))
+        found.append({"shape": shape, "launches": {v: len(t) for v, t in by.items() if v != "sdpa_cudnn"},
+                      "b2_launch": b2_launch, "b4_over_b2_same_launch": by["b4"].get(b2_launch, float("nan")) / b2,
+                      "b4_best_over_b2": max(by["b4"].values()) / b2,
+                      "b4_best_over_b1": max(by["b4"].values()) / max(by["b1"].values()),
+                      "b5_best_over_b1": max(by["b5"].values()) / max(by["b1"].values()),
+                      "b1": max(by["b1"].values()), "cudnn": max(by["sdpa_cudnn"].values())})
+    return found
+
+
+def sweep_backward_findings(directory: Path | None = None) -> str:
+    """The backward schemes of the sweep, compared only where the launches allow it."""
+    newest = _sweep(directory)
+    found = backward_launch_comparison(directory)
+    if not found:
+        return "No sweep committed yet.\n"
+    meta, _, name = newest
+    counts = found[0]["launches"]
+    lines = [f"{_source(meta, name)}, rows `kernel` = bwd (fp16, B = 4; D = 128 with H = 16, D = 64 with H = 32). "
+             "Launches timed per scheme: " + ", ".join(f"{v} {c}" for v, c in counts.items())
+             + " (b1 at its default launch, b2 at one fixed launch, b4 and b5 at four dK/dV tile shapes).", "",
+             "| D | N | causal | b2's launch | b4 / b2, same launch | b4 best / b2 | b4 best / b1 | b5 best / b1 "
+             "| b1 / cuDNN |", "|---|---|---|---|---|---|---|---|---|"]
+    for f in found:
+        d, n, causal = f["shape"]
+        lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | {f['b2_launch']} | "
+                     f"{f['b4_over_b2_same_launch']:.2f}x | {f['b4_best_over_b2']:.2f}x | {f['b4_best_over_b1']:.2f}x "
+                     f"| {f['b5_best_over_b1']:.2f}x | {f['b1'] / f['cudnn']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+NCU_FILE = "2026-11-30-nvidia-h200-ncu.csv"
+# scripts/ncu_kernels.py launches, in this order: v7's forward, b1's dK/dV and dQ kernels, b5's dK/dV kernel
+NCU_LAUNCHES = (("_fwd_v7_kernel", "v7 forward"), ("_bwd_dkdv_kernel", "b1 dK/dV"), ("_bwd_dq_kernel", "b1 dQ"),
+                ("_bwd_dkdv_kernel", "b5 dK/dV (with the dQ tile)"))
+NCU_METRICS = (("Registers Per Thread", "registers / thread"),
+               ("Dynamic Shared Memory Per Block", "dynamic shared memory / program (B)"),
+               ("Block Limit Registers", "programs / SM allowed by registers"),
+               ("Block Limit Shared Mem", "programs / SM allowed by shared memory"),
+               ("Achieved Occupancy", "achieved occupancy (%)"),
+               ("Compute (SM) Throughput", "SM throughput (% of peak)"),
+               ("Warp Cycles Per Issued Instruction", "cycles per issued instruction"),
+               ("Duration", "duration (us)"))
+
+
+def ncu_counters(directory: Path | None = None) -> dict[str, dict[str, float]] | None:
+    """Nsight Compute's counters of scripts/ncu_kernels.py's four launches (fp16, B = 4, H = 16, N = 8192,
+    D = 128): {launch label: {metric name: value}}, from ``benchmarks/results/<NCU_FILE>``; None when the file
+    is not there (a wheel ships the JSON results only)."""
+    path = Path(directory or results_dir()) / NCU_FILE
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    by_id: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[header:]))):
+        entry = by_id.setdefault(row["ID"], {"kernel": row["Kernel Name"], "metrics": {}})
+        if row["Metric Name"] and row["Metric Value"]:
+            try:
+                entry["metrics"][row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+            except ValueError:
+                entry["metrics"][row["Metric Name"]] = row["Metric Value"]
+    launches = [by_id[i] for i in sorted(by_id, key=int)]
+    if [e["kernel"] for e in launches] != [kernel for kernel, _ in NCU_LAUNCHES]:
+        raise ValueError(f"{NCU_FILE}: expected the launches {[k for k, _ in NCU_LAUNCHES]} of "
+                         f"scripts/ncu_kernels.py, found {[e['kernel'] for e in launches]}")
+    return {label: entry["metrics"] for (_, label), entry in zip(NCU_LAUNCHES, launches, strict=True)}
+
+
+def ncu_table(directory: Path | None = None) -> str:
+    """docs/KERNELS.md's Nsight Compute table (metric names as Nsight Compute prints them)."""
+    counters = ncu_counters(directory)
+    if counters is None:
+        return f"`{NCU_FILE}` is not here.\n"
+    labels = list(counters)
+    lines = [f"NVIDIA H200, 2026-11-30, `{NCU_FILE}` (scripts/ncu_kernels.py: fp16, B = 4, H = 16, N = 8192, D = 128, "
+             "one launch each; sections SpeedOfLight, Occupancy, LaunchStats, WarpStateStats; no spill counters "
+             "were collected):", "", "| Nsight Compute metric | " + " | ".join(labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for metric, title in NCU_METRICS:
+        cells = []
+        for label in labels:
+            value = counters[label].get(metric)
+            if metric == "Duration" and value is not None:
+                value = value / 1000
+            cells.append("-" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:g}")
+        lines.append(f"| {title} (`{metric}`) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def fp8_findings(directory: Path | None = None) -> str:
+    """The FP8 forward's grid: speed over our fp16 forward with V copied and V kept, the share of the time the
+    copy of V takes, and how much incoherent processing lowers the RMS error, per head dim and mask."""
+    newest = _newest("*-attention-fp8.json", directory)
+    if newest is None:
+        return "No FP8 run committed yet.\n"
+    meta, rows, name = newest
+    grid = [r for r in rows if r.get("kind") == "grid" and r.get("status") == "ok"]
+    lines = [f"{_source(meta, name)}, the `grid` rows (fp16, B = 4, H = 16, N = "
+             + ", ".join(str(n) for n in sorted({r["n"] for r in grid})) + "; ranges over N):", "",
+             "| D | causal | FP8 / our fp16, V copied per call (`ratio_vs_flashcourse_fp16`) | FP8 / our fp16, V kept "
+             "keys-adjacent (`tflops_v_kept` / `tflops_fp16`) | share of the FP8 call's time spent copying V "
+             "(1 - `tflops` / `tflops_v_kept`) | RMS error FP8 / FP8 incoherent | RMS error fp16 |",
+             "|---|---|---|---|---|---|---|"]
+    for d in sorted({r["head_dim"] for r in grid}, reverse=True):
+        for causal in (False, True):
+            sel = [r for r in grid if r["head_dim"] == d and r["causal"] == causal]
+            if not sel:
+                continue
+            lines.append(
+                f"| {d} | {'yes' if causal else 'no'} | {_span([r['ratio_vs_flashcourse_fp16'] for r in sel])} | "
+                f"{_span([r['tflops_v_kept'] / r['tflops_fp16'] for r in sel])} | "
+                f"{_span([100 * (1 - r['tflops'] / r['tflops_v_kept']) for r in sel], '.0f', '%')} | "
+                f"{_span([r['rms_err_fp8'] / r['rms_err_fp8_incoherent'] for r in sel])} | "
+                f"{_span([r['rms_err_fp16'] for r in sel], '.0e', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def kernels_doc_blocks(directory: Path | None = None) -> dict[str, str]:
+    """Every generated block of docs/KERNELS.md: {marker name: the text between its start and end markers}."""
+    from flashcourse.bench import versions
+
+    return {"versions-table": "\n" + versions.kernels_table(directory),
+            "variants-table": "\n" + variants_summary(directory),
+            "variants-findings": "\n" + variants_findings(directory),
+            "sweep-forward": "\n" + sweep_forward_findings(directory),
+            "sweep-backward": "\n" + sweep_backward_findings(directory),
+            "ncu-counters": "\n" + ncu_table(directory),
+            "fp8-findings": "\n" + fp8_findings(directory),
+            "decode-table": "\n" + decode_kernels_table(directory)}
+
+
+def write_kernels_doc(text: str, directory: Path | None = None) -> str:
+    """``text`` (docs/KERNELS.md) with every generated block replaced by a fresh generation."""
+    for name, body in kernels_doc_blocks(directory).items():
+        text = replace_between(text, f"<!-- {name}:start -->", f"<!-- {name}:end -->", body)
+    return text
