@@ -48,6 +48,12 @@ __all__ = [
     "compute_time_us",
     "decode_benchmark_page_size",
     "decode_intensity",
+    "cascade_read_ratio",
+    "kv_quant_bytes_per_token",
+    "mla_decode_intensity",
+    "mla_decode_over_ridge",
+    "spec_expected_tokens",
+    "warpgroup_registers",
     "io_algorithm_ratio",
     "io_traffic_mb",
     "kv_cache_gb",
@@ -257,12 +263,58 @@ def decode_intensity(q_heads: int, kv_heads: int, bytes_per_element: int = 2) ->
     return (4 * q_heads / kv_heads) / (2 * bytes_per_element)
 
 
-def causal_tile_fraction(n: int, block: int, kind: str = "computed") -> float:
-    """Under a causal mask, the fraction of the (N / block)^2 tiles that are computed (full or diagonal), or of one
-    ``kind`` ("full", "diagonal", "skipped"), from :func:`flashcourse.tiled.tile_schedule`."""
+def mla_decode_intensity(q_heads: int, latent_dim: int, rope_dim: int, query_tokens: int = 1,
+                         bytes_per_element: int = 2) -> float:
+    """FLOPs per byte of an MLA decode step with the projections absorbed: per cached token the kernel reads one
+    latent row of ``latent_dim + rope_dim`` elements, which serves as the key (all of it) and as the value (the
+    latent part) for every query head and query token: ``2 (latent + rope) + 2 latent`` FLOPs each."""
+    flops = q_heads * query_tokens * 2 * ((latent_dim + rope_dim) + latent_dim)
+    return flops / ((latent_dim + rope_dim) * bytes_per_element)
+
+
+def mla_decode_over_ridge(q_heads: int, latent_dim: int, rope_dim: int, tflops: float, tbs: float,
+                          query_tokens: int = 1) -> float:
+    """:func:`mla_decode_intensity` over the ridge point (above 1: compute-bound on that GPU)."""
+    return mla_decode_intensity(q_heads, latent_dim, rope_dim, query_tokens) / ridge_point(tflops, tbs)
+
+
+def warpgroup_registers(producer: int, consumer: int, consumer_groups: int = 2) -> int:
+    """32-bit registers a thread block of one producer warpgroup and ``consumer_groups`` consumer warpgroups (128
+    threads each) holds after ``setmaxnreg`` sets ``producer`` and ``consumer`` registers per thread."""
+    return 128 * (producer + consumer * consumer_groups)
+
+
+def spec_expected_tokens(acceptance: float, draft_len: int) -> float:
+    """Tokens one verification step yields in speculative decoding with ``draft_len`` drafted tokens, each accepted
+    independently with probability ``acceptance`` (Leviathan et al. 2023, Equation 1): (1 - a^(k+1)) / (1 - a)."""
+    if not 0 <= acceptance < 1:
+        raise ValueError(f"acceptance must be in [0, 1), got {acceptance}")
+    return (1 - acceptance ** (draft_len + 1)) / (1 - acceptance)
+
+
+def cascade_read_ratio(batch: int, prefix: int, suffix: int) -> float:
+    """K/V rows a decode step reads when each of ``batch`` requests reads its own copy of a shared ``prefix`` plus
+    its ``suffix``, over the rows a cascade (shared-prefix) kernel reads: the prefix once plus every suffix."""
+    return batch * (prefix + suffix) / (prefix + batch * suffix)
+
+
+def kv_quant_bytes_per_token(head_dim: int, bits: int, group: int, scale_bytes: int = 2) -> float:
+    """Bytes per cached row of ``head_dim`` elements at ``bits`` per element with one ``scale_bytes`` scale (and one
+    zero point) per ``group`` elements, as KIVI-style asymmetric quantisation stores them."""
+    return head_dim * bits / 8 + 2 * scale_bytes * head_dim / group
+
+
+def causal_tile_fraction(n: int, block: int, kind: str = "computed", of: str = "all") -> float:
+    """Under a causal mask, the fraction of the tiles that are computed (full or diagonal), or of one ``kind``
+    ("full", "diagonal", "skipped"), from :func:`flashcourse.tiled.tile_schedule`; ``of="all"`` counts against all
+    (N / block)^2 tiles, ``of="computed"`` against the computed ones only (diagonal: 1 / T of all tiles, but
+    2 / (T + 1) of the computed ones, T = N / block)."""
     tiles = tiled.tile_schedule(n, n, block, block, causal=True)
     kinds = ("full", "diagonal") if kind == "computed" else (kind,)
-    return sum(t.kind in kinds for t in tiles) / len(tiles)
+    if of not in ("all", "computed"):
+        raise ValueError(f'of must be "all" or "computed", got {of!r}')
+    pool = tiles if of == "all" else [t for t in tiles if t.kind in ("full", "diagonal")]
+    return sum(t.kind in kinds for t in pool) / len(pool)
 
 
 def decode_benchmark_page_size() -> int:
@@ -306,7 +358,8 @@ COMPUTE: dict[str, Callable[..., float]] = {
                memory_saved_ratio, decode_grid_fill, io_traffic_mb, standard_traffic_mb, paper_block_size,
                backward_matmuls_over_forward, percent_more, attention_gflop, compute_time_us, transfer_time_us,
                ridge_point, kv_cache_gb, latent_cache_gb, decode_intensity, causal_tile_fraction,
-               decode_benchmark_page_size, io_algorithm_ratio)
+               decode_benchmark_page_size, io_algorithm_ratio, mla_decode_intensity, mla_decode_over_ridge,
+               warpgroup_registers, spec_expected_tokens, cascade_read_ratio, kv_quant_bytes_per_token)
 }
 
 
