@@ -1,5 +1,7 @@
-"""The terminal drill (``flashcourse quiz``) driven through a pseudo-terminal, its scores between sessions, and the
-export of the bank (``flashcourse interview export``): Markdown in sync with docs/, an Anki deck."""
+"""The terminal drill (``flashcourse quiz``) driven through a pseudo-terminal: answer first against a clock, the
+timer, spot-the-error, follow-ups in the score, scores between sessions (old files too), --stats, --tag, Chinese
+wrapped per character in a narrow terminal; and the export of the bank (``flashcourse interview export``): Markdown
+in sync with docs/, an Anki deck with a card per question, follow-up and wrong answer."""
 
 from __future__ import annotations
 
@@ -15,13 +17,66 @@ from pathlib import Path
 
 import pexpect
 import pytest
+import yaml
+from rich.cells import cell_len
 
 from flashcourse import interview
+from flashcourse.interview import bank as bank_module
 from flashcourse.interview import export
 from flashcourse.interview.terminal import ScoreStore
 
 ROOT = Path(__file__).resolve().parents[1]
 BANK = interview.load()
+
+# A small bank of our own (the drill takes --bank), so these tests do not depend on the course bank's content.
+PARA_ZH = ("标准实现先把分数矩阵写入显存，做归一化时再读回，写出概率矩阵，计算输出时又读一遍概率矩阵，"
+           "对平方大小的矩阵一共四遍访存，"
+           "而分块算法读入一个查询块，让键和值的块依次流过，每行只保存当前最大值和指数和，最大值变大时重新缩放已有的部分输出。")
+SMALL_BANK = {
+    "sections": [{"id": "alpha", "title": {"en": "Alpha things", "zh": "甲部分"}},
+                 {"id": "beta", "title": {"en": "Beta things", "zh": "乙部分"}}],
+    "entries": [
+        {"id": "one", "section": "alpha", "tags": ["freq:common", "level:basic"],
+         "question": {"en": "What is one?", "zh": "一是什么？"},
+         "short": {"en": "One is the first number.", "zh": PARA_ZH},
+         "long": {"en": "Longer: one is the unit.", "zh": "详细：一是单位。"},
+         "follow_ups": [{"question": {"en": "And two?", "zh": "那二呢？"},
+                         "answer": {"en": "Two follows one.", "zh": "二在一之后。"}},
+                        {"question": {"en": "And three?", "zh": "那三呢？"},
+                         "answer": {"en": "Three follows two.", "zh": "三在二之后。"}}],
+         "wrong_answers": [{"claim": {"en": "One is zero.", "zh": "一就是零。"},
+                            "correction": {"en": "One is one more than zero.", "zh": "一比零大一。"}}],
+         "evidence": [{"compute": "io_traffic_ratio", "args": {"n": 1024, "d": 32, "sram": 16384}, "quote": "5.6"},
+                      {"notebook": "notebooks/04_io_complexity.ipynb", "cell_tag": "io-ratio"},
+                      {"paper": "A paper (2022)", "section": "Section 3.1"}]},
+        {"id": "two", "section": "beta", "tags": ["freq:rare", "level:advanced"],
+         "question": {"en": "What is two?", "zh": "二是什么？"},
+         "short": {"en": "Two is even.", "zh": "二是偶数。"},
+         "long": {"en": "Two is the only even prime.", "zh": "二是唯一的偶素数。"},
+         "follow_ups": [{"question": {"en": "Is it prime?", "zh": "它是素数吗？"},
+                         "answer": {"en": "Yes.", "zh": "是。"}}],
+         "wrong_answers": [{"claim": {"en": "Two is odd.", "zh": "二是奇数。"},
+                            "correction": {"en": "Two is even.", "zh": "二是偶数。"}},
+                           {"claim": {"en": "Two is not prime.", "zh": "二不是素数。"},
+                            "correction": {"en": "Two is prime.", "zh": "二是素数。"}}],
+         "evidence": [{"paper": "A paper (2022)", "section": "Section 3.2"}]},
+        {"id": "three", "section": "beta",  # no tags: older banks have none
+         "question": {"en": "What is three?", "zh": "三是什么？"},
+         "short": {"en": "Three is odd.", "zh": "三是奇数。"},
+         "long": {"en": "Three is prime.", "zh": "三是素数。"},
+         "follow_ups": [{"question": {"en": "Odd?", "zh": "奇数？"}, "answer": {"en": "Yes.", "zh": "是。"}}],
+         "wrong_answers": [{"claim": {"en": "Three is even.", "zh": "三是偶数。"},
+                            "correction": {"en": "Three is odd.", "zh": "三是奇数。"}}],
+         "evidence": [{"paper": "A paper (2022)", "section": "Section 3.3"}]},
+    ],
+}
+
+
+@pytest.fixture
+def small_bank(tmp_path) -> Path:
+    path = tmp_path / "bank.yaml"
+    path.write_text(yaml.safe_dump(SMALL_BANK, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def _order(section: str, seed: int) -> list[dict]:
@@ -31,10 +86,11 @@ def _order(section: str, seed: int) -> list[dict]:
     return entries
 
 
-def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
-    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), NO_COLOR="1", TERM="dumb", COLUMNS="200")
+def _spawn(tmp_path: Path, *args: str, columns: int = 200) -> pexpect.spawn:
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), NO_COLOR="1", TERM="dumb",
+               COLUMNS=str(columns), LINES="60")
     child = pexpect.spawn(sys.executable, ["-m", "flashcourse", "quiz", *args], env=env, encoding="utf-8",
-                          timeout=30, dimensions=(60, 200))
+                          timeout=30, dimensions=(60, columns))
     return child
 
 
@@ -42,76 +98,239 @@ def _scores(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "data" / "flashcourse" / "quiz_scores.json").read_text(encoding="utf-8"))
 
 
-def test_a_session_shows_answers_on_request_scores_follow_ups_and_keeps_the_scores(tmp_path):
-    first, second = _order("myths", seed=3)[:2]
-    child = _spawn(tmp_path, "--section", "myths", "--seed", "3")
-    child.expect("Question 1 of 8")
-    child.expect_exact("[Enter] show the answer")
-    assert "30-second answer" not in child.before  # hidden until asked
-    child.sendline("")
+def _end(child: pexpect.spawn) -> str:
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    return child.before
+
+
+def test_you_answer_first_against_a_clock_then_the_answer_shows_and_follow_ups_count(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--section", "alpha")
+    child.expect("Question 1 of 1")
+    child.expect_exact("type it, or say it aloud, then Enter")
+    child.expect(r"\[0:0\d elapsed\] > ")  # the clock counts up when there is no --timer
+    assert "30-second answer" not in child.before  # hidden until you have answered
+    child.send("one is the unit\r")
+    child.expect_exact("Your answer (")
+    child.expect_exact("one is the unit")
     child.expect("30-second answer")
+    child.expect_exact("One is the first number.")
     child.expect_exact("[l] longer answer and evidence")
     child.sendline("l")
     child.expect("Longer answer")
     child.expect("Evidence")
+    child.expect_exact("computed by the course: io traffic ratio (n = 1024, d = 32, sram = 16384) → 5.6")
+    child.expect_exact("lesson 04 (io complexity), the cell “io-ratio”")
     child.expect_exact("[g] got it")
     child.sendline("x")  # not a choice: asked again
-    child.expect("Please type one of")
+    child.expect("Please type one of: g, p, m")
     child.sendline("g")
     child.expect("Follow-up 1")
-    child.sendline("")
-    child.expect_exact("[g] got it")
-    child.sendline("m")  # missed the first follow-up
+    child.expect("elapsed")
+    child.send("\r")  # said aloud
+    child.expect("Answered aloud in")
+    child.expect_exact("Two follows one.")
+    child.sendline("m")
     child.expect("Follow-up 2")
-    child.sendline("s")  # skip the rest of the follow-ups
-    child.expect("Question 2 of 8")
-    child.sendline("q")
+    child.send("three\r")
+    child.expect_exact("Three follows two.")
+    child.sendline("p")
     child.expect("This session")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    child.expect(r"3\s+.\s+1/2/0\s+.\s+1\.5\s+.\s+50%")  # scored 3 (1 question, 2 follow-ups), 1.5 points
+    _end(child)
 
     scores = _scores(tmp_path)
-    assert set(scores["entries"]) == {first["id"]}
-    assert scores["entries"][first["id"]]["last"] == 1.0
-    assert scores["entries"][first["id"]]["follow_ups"] == {"0": 0.0}
-    assert second["id"] not in scores["entries"]  # quit before answering it
-    assert scores["sessions"][-1]["asked"] == 1 and scores["sessions"][-1]["points"] == 1.0
+    assert scores["version"] == 2
+    assert scores["entries"]["one"]["last"] == 1.0 and scores["entries"]["one"]["follow_ups"] == {"0": 0.0, "1": 0.5}
+    session = scores["sessions"][-1]
+    assert session["asked"] == 3 and session["points"] == 1.5 and session["mode"] == "answer"
+    assert session["counts"] == {"questions": 1, "follow_ups": 2, "claims": 0}
 
-    # A second session asks only what was missed (here: a follow-up of the first question).
-    child = _spawn(tmp_path, "--retry-missed", "--short-only")
+    # A second session asks only what was missed (here: follow-ups of the first question).
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--retry-missed", "--short-only")
     child.expect("Question 1 of 1")
-    child.sendline("")
+    child.send("\r")
     child.expect("30-second answer")
     child.expect_exact("[g] got it")  # short-only: no offer of the longer answer
     assert "[l] longer answer" not in child.before
     child.sendline("g")
-    for _ in first["follow_ups"]:
+    for _ in range(2):
         child.expect("Follow-up")
-        child.sendline("")
+        child.send("\r")
         child.expect_exact("[g] got it")
         child.sendline("g")
     child.expect("This session")
-    child.expect(pexpect.EOF)
+    _end(child)
     assert ScoreStore.open(tmp_path / "data" / "flashcourse" / "quiz_scores.json").missed() == set()
-    assert len(_scores(tmp_path)["sessions"]) == 2
 
-    child = _spawn(tmp_path, "--retry-missed")
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--retry-missed")
     child.expect("Nothing to retry")
-    child.expect(pexpect.EOF)
+    _end(child)
+
+
+def test_the_timer_counts_down_and_says_when_the_time_is_up(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--section", "alpha", "--timer", "2")
+    child.expect("Question 1 of 1")
+    child.expect(r"\[0:0[12] left\] > ")
+    child.send("one")  # typing shows beside the clock while it runs
+    child.expect(r"\[0:0[01] left\] > one")
+    child.expect_exact("Time is up (2 s): finish your sentence and press Enter.")
+    child.expect(r"\[0:0\d over\] > one")
+    child.send(" is one\r")
+    child.expect_exact("one is one")
+    child.expect_exact("[l] longer answer")
+    child.sendline("q")
+    child.expect("This session")
+    _end(child)
+    assert _scores(tmp_path)["sessions"][-1]["timer"] == 2.0
+
+
+def test_a_timer_must_be_positive(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "flashcourse", "quiz", "--timer", "0"], capture_output=True,
+                            text=True, env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)))
+    assert result.returncode == 2 and "above 0" in result.stderr
+
+
+def test_spot_the_error_shows_a_wrong_claim_then_its_correction(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--section", "beta",
+                   "--seed", "0")
+    claims = [(e, i) for e in SMALL_BANK["entries"] if e["section"] == "beta"
+              for i in range(len(e["wrong_answers"]))]
+    random.Random(0).shuffle(claims)
+    for number, (entry, index) in enumerate(claims, start=1):
+        wrong = entry["wrong_answers"][index]
+        child.expect(f"Wrong claim {number} of 3")
+        child.expect_exact(entry["question"]["en"])
+        child.expect_exact(wrong["claim"]["en"])
+        child.expect_exact("What is wrong? Correct it")
+        assert "Correction" not in child.before
+        child.send("it is the other way round\r")
+        child.expect("Correction")
+        child.expect_exact(wrong["correction"]["en"])
+        child.expect_exact("[g] got it")
+        child.sendline("g" if number < 3 else "m")
+    child.expect("This session")
+    child.expect(r"3\s+.\s+0/0/3\s+.\s+2\s+")
+    _end(child)
+    last = claims[-1]
+    scores = _scores(tmp_path)
+    assert scores["entries"][last[0]["id"]]["wrong_answers"][str(last[1])] == 0.0
+    assert scores["sessions"][-1]["mode"] == "spot-the-error"
+
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--retry-missed")
+    child.expect("Wrong claim 1 of 1")
+    child.expect_exact(last[0]["wrong_answers"][last[1]]["claim"]["en"])
+    child.sendeof()
+    child.expect("Stopped")
+    _end(child)
+
+
+def test_stats_show_each_section_and_the_history_and_read_old_score_files(tmp_path, small_bank):
+    store = tmp_path / "data" / "flashcourse" / "quiz_scores.json"
+    store.parent.mkdir(parents=True)
+    old = {"version": 1,  # the first format: no modes, times or wrong claims
+           "entries": {"one": {"asked": 2, "best": 1.0, "last": 0.5, "follow_ups": {"0": 1.0}},
+                       "gone": {"asked": 1, "best": 0.0, "last": 0.0, "follow_ups": {}}},
+           "sessions": [{"started": "2026-11-01T10:00:00+00:00", "lang": "en", "section": "alpha", "asked": 2,
+                         "points": 1.5, "retry_missed": False}]}
+    store.write_text(json.dumps(old), encoding="utf-8")
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--stats")
+    child.expect("Results per section")
+    child.expect(r"Alpha things\s+.\s+1/1\s+.\s+50% \(1\)\s+.\s+100% \(1\)\s+.\s+-")
+    child.expect(r"Beta things\s+.\s+0/2\s+.\s+-")
+    child.expect_exact("(no longer in the bank)")
+    child.expect("History")
+    child.expect(r"2026-11-01 10:00\s+.\s+answer \(first format\)\s+.\s+Alpha things\s+.\s+2\s+.\s+1\.5\s+.\s+75%")
+    _end(child)
+
+    # A spot-the-error session on top of it, then the stats again (in Chinese).
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--section", "alpha")
+    child.expect("Wrong claim 1 of 1")
+    child.send("\r")
+    child.expect_exact("[g] got it")
+    child.sendline("p")
+    _end(child)
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--stats", "--lang", "zh")
+    child.expect("各部分成绩")
+    child.expect(r"甲部分\s+.\s+1/1\s+.\s+50% \(1\)\s+.\s+100% \(1\)\s+.\s+50% \(1\)")
+    child.expect("练习记录（最近 2 次）")
+    child.expect(r"找错\s+.\s+甲部分\s+.\s+1\s+.\s+0\.5\s+.\s+50%")
+    _end(child)
+    assert _scores(tmp_path)["entries"]["gone"]["last"] == 0.0  # nothing of the old file is lost
+
+
+def test_tags_filter_the_entries(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--tag", "freq:rare", "--tag", "freq:common",
+                   "--tag", "level:advanced", "--mode", "spot-the-error")
+    child.expect("Wrong claim 1 of 2")  # freq:(rare or common) and level:advanced: entry "two" only
+    child.expect("Two is")
+    child.sendline("q")
+    _end(child)
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--tag", "level:intermediate")
+    child.expect("No entry has the tags level:intermediate")
+    _end(child)
+    result = subprocess.run([sys.executable, "-m", "flashcourse", "quiz", "--tag", "freq:often"],
+                            capture_output=True, text=True, env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)))
+    assert result.returncode == 2 and "freq:common" in result.stderr
+
+
+def _panel_lines(text: str) -> list[str]:
+    return [line.strip()[1:-1].rstrip() for line in text.replace("\r", "").split("\n")
+            if line.strip().startswith("│") and line.strip().endswith("│")]
+
+
+def test_chinese_wraps_per_character_in_a_narrow_terminal_with_the_house_punctuation(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--lang", "zh", "--section", "alpha", columns=40)
+    child.expect("问题 1/1")
+    child.expect_exact("你的回答：打字或说出来，")  # the prompt wraps at 40 columns
+    child.expect(r"\[用时 0:0\d\] > ")
+    child.send("\r")
+    child.expect("口头回答，用时")
+    child.expect("30 秒回答")
+    child.expect("l 看详细回答和证据")
+    shown = child.before
+    child.sendline("l")
+    child.expect("给自己打分：g 答对了")
+    evidence = child.before
+    child.sendline("q")
+    _end(child)
+    lines = [line for line in _panel_lines(shown) if line.strip()]
+    paragraph = [line for line in lines if re.search(r"[\u4e00-\u9fff]", line)]
+    assert len(paragraph) >= 4
+    for line in paragraph[:-1]:  # every line but the last is filled to within a character of the width
+        assert cell_len(line) >= 40 - 4 - 2, f"a half-empty line: {line!r}"
+        assert line.lstrip()[0] not in "，。：；！？、）", line  # no line starts with closing punctuation
+    assert "".join(line.strip() for line in paragraph) == PARA_ZH
+    assert "flashcourse." not in evidence and "evidence.io_traffic_ratio" not in evidence  # no Python paths
+    assert "本课程代码算出" in evidence and "第 04 课" in evidence
+
+
+def test_the_chinese_interface_follows_the_house_style():
+    from flashcourse.interview import zh_style
+    from flashcourse.interview.terminal import UI
+
+    for key, text in UI["zh"].items():
+        assert not zh_style.problems(text.format_map(_Blank()), key)
+        assert not re.search(r"\b(Enter|Press|skip|quit)\b", text), f"{key}: English in the Chinese interface"
+
+
+class _Blank(dict):
+    def __missing__(self, key):
+        return 0
 
 
 def test_the_chinese_session_and_the_end_of_input(tmp_path):
     entry = _order("telling", seed=0)[0]
     child = _spawn(tmp_path, "--lang", "zh", "--section", "telling", "--seed", "0")
-    child.expect("问题 1 / 6")
-    child.expect_exact("[Enter] 显示答案")
-    child.sendline("")
+    child.expect(r"问题 1/\d+")
+    child.expect_exact("你的回答")
+    child.send("\r")
     child.expect("30 秒回答")
     child.expect_exact(re.split(r"[`*$]", entry["short"]["zh"])[0][:4])  # as rendered: Markdown marks are gone
     child.sendeof()  # Ctrl-D ends the session like q, and the scores are still written
     child.expect("本次练习")
-    child.expect(pexpect.EOF)
+    _end(child)
     assert _scores(tmp_path)["sessions"][-1]["lang"] == "zh"
 
 
@@ -138,16 +357,26 @@ def test_export_markdown_to_standard_output():
     assert result.stdout == export.render_document(BANK, "zh")
 
 
-def test_export_anki_writes_one_note_per_entry(tmp_path):
+def test_export_anki_writes_a_card_per_question_follow_up_and_wrong_answer(tmp_path):
     path = export.write_anki(tmp_path / "deck.apkg", lang="zh")
     with zipfile.ZipFile(path) as package:
         package.extract("collection.anki2", tmp_path)
     with sqlite3.connect(tmp_path / "collection.anki2") as db:
-        fields = [row[0] for row in db.execute("select flds from notes")]
-    assert len(fields) == len(BANK.entries)
+        notes = [(row[0], row[1]) for row in db.execute("select flds, tags from notes")]
+    fields = [flds for flds, _ in notes]
+    follow_ups = sum(len(e["follow_ups"]) for e in BANK.entries)
+    wrong = sum(len(e["wrong_answers"]) for e in BANK.entries)
+    assert len(fields) == len(BANK.entries) + follow_ups + wrong
+    assert len({f.split("\x1f")[0] for f in fields}) == len(fields)  # every card its own id
     entry = BANK.entries[0]
     note = next(f for f in fields if f.startswith(entry["id"] + "\x1f"))
     assert "30 秒回答" in note and "<strong>证据：</strong>" in note
+    follow = next(f for f in fields if f.startswith(entry["id"] + "/follow-up-1\x1f"))
+    assert bank_module.markdown_to_html(entry["follow_ups"][0]["answer"]["zh"]) in follow
+    assert entry["follow_ups"][1]["answer"]["zh"][:6] not in follow  # one follow-up per card
+    claim = next(f for f in fields if f.startswith(entry["id"] + "/wrong-1\x1f"))
+    front, back = claim.split("\x1f")[1:]
+    assert "错误回答" in front and "纠正" in back and "纠正" not in front
 
 
 def test_export_anki_without_genanki_says_how_to_install_it(monkeypatch, tmp_path):

@@ -2,8 +2,9 @@
 
 - ``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades notebooks in batch (docs/GRADING.md). Grading runs
   student code: run it in a container or a dedicated grading account.
-- ``flashcourse quiz [--lang zh|en] [--section S] [--short-only] [--retry-missed] [--seed N]`` drills the interview
-  questions in a terminal (:mod:`flashcourse.interview.terminal`).
+- ``flashcourse quiz [--lang zh|en] [--mode answer|spot-the-error] [--timer SECONDS] [--section S] [--tag TAG]...
+  [--short-only] [--retry-missed] [--seed N] [--stats]`` drills the interview questions in a terminal, answer first
+  and against a clock (:mod:`flashcourse.interview.terminal`).
 - ``flashcourse interview export --format md|anki --lang zh|en [--out PATH]`` writes the questions as Markdown or
   an Anki deck (:mod:`flashcourse.interview.export`).
 """
@@ -38,15 +39,31 @@ def main(argv: list[str] | None = None) -> int:
 
     quiz = commands.add_parser(
         "quiz", help="drill the interview questions in a terminal",
-        description="Ask the interview questions in a random order: the 30-second answer first, the longer one and "
-                    "its evidence on request, then each follow-up; score yourself after each. Scores are kept in "
-                    "$XDG_DATA_HOME/flashcourse/ (default ~/.local/share/flashcourse/).")
+        description="Ask the interview questions in a random order, as an interviewer would: you answer first "
+                    "(type it, or say it aloud and press Enter) while a clock runs, then the 30-second answer is "
+                    "shown, the longer one and its evidence on request, and you score yourself; each follow-up "
+                    "the same way, and it counts in the session's score. --mode spot-the-error shows the bank's "
+                    "wrong answers for you to correct. Scores are kept in $XDG_DATA_HOME/flashcourse/ (default "
+                    "~/.local/share/flashcourse/); --stats shows them per section, with the history.")
     quiz.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    quiz.add_argument("--mode", choices=("answer", "spot-the-error"), default="answer",
+                      help="answer the questions (default), or spot the error in the bank's wrong answers")
+    quiz.add_argument("--timer", type=_seconds, default=None, metavar="SECONDS",
+                      help="seconds per answer: the clock counts down and says when the time is up "
+                           "(default: it counts up)")
     quiz.add_argument("--section", default=None, help="only this section (e.g. myths, serving, telling)")
+    quiz.add_argument("--tag", action="append", default=None, metavar="TAG",
+                      help="only entries with this tag (repeatable; two tags of one kind are alternatives): "
+                           "freq:common|freq:occasional|freq:rare, level:basic|level:intermediate|level:advanced")
     quiz.add_argument("--short-only", action="store_true", help="30-second answers only, no longer answers")
     quiz.add_argument("--retry-missed", action="store_true",
-                      help="only the questions last scored partly or missed (here or in a follow-up)")
+                      help="only what was last scored partly or missed (a question or one of its follow-ups; in "
+                           "spot-the-error mode, a wrong claim)")
     quiz.add_argument("--seed", type=int, default=None, help="seed of the order (default: a new order each time)")
+    quiz.add_argument("--stats", action="store_true",
+                      help="show the results per section and the history of sessions, then stop")
+    quiz.add_argument("--bank", type=Path, default=None, metavar="FILE",
+                      help="a question bank of your own, in the format of the course's questions.yaml")
 
     interview = commands.add_parser("interview", help="the interview question bank")
     interview_commands = interview.add_subparsers(dest="interview_command", required=True)
@@ -76,14 +93,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
+    return seconds
+
+
 def _quiz(parser: argparse.ArgumentParser, args) -> int:
     from .interview import bank
-    from .interview.terminal import run_quiz
+    from .interview.terminal import TAG_VOCABULARY, run_quiz, show_stats
 
-    if args.section is not None and args.section not in bank.load().sections:
-        parser.error(f"--section {args.section!r}: expected one of {', '.join(bank.load().sections)}")
-    return run_quiz(lang=args.lang, section=args.section, short_only=args.short_only,
-                    retry_missed=args.retry_missed, seed=args.seed)
+    question_bank = bank.load(args.bank)
+    if args.section is not None and args.section not in question_bank.sections:
+        parser.error(f"--section {args.section!r}: expected one of {', '.join(question_bank.sections)}")
+    for tag in args.tag or []:
+        if tag not in TAG_VOCABULARY:
+            parser.error(f"--tag {tag!r}: expected one of {', '.join(TAG_VOCABULARY)}")
+    if args.stats:
+        return show_stats(lang=args.lang, question_bank=question_bank)
+    return run_quiz(lang=args.lang, mode=args.mode, section=args.section, tags=args.tag,
+                    short_only=args.short_only, retry_missed=args.retry_missed, seed=args.seed, timer=args.timer,
+                    question_bank=question_bank)
 
 
 def _export(args) -> int:

@@ -47,16 +47,33 @@ def _stable_id(text: str) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
 
 
+_CARD_TEXT = {
+    "en": {"follow_up": "Follow-up to: {question}", "spot": "Spot the error. Asked: {question}",
+           "claim": "Wrong answer: {claim}", "correction": "Correction"},
+    "zh": {"follow_up": "追问，原题：{question}", "spot": "找错。原题：{question}",
+           "claim": "错误回答：{claim}", "correction": "纠正"},
+}
+
+
+def _tags(entry: dict) -> list[str]:
+    """Anki tags of a note: its section and its entry's tags (``freq:common`` -> ``flashcourse::freq::common``)."""
+    return [f"flashcourse::{entry['section']}",
+            *(f"flashcourse::{tag.replace(':', '::')}" for tag in entry.get("tags", []) or [])]
+
+
 def anki_deck(question_bank: bank_module.Bank | None = None, lang: str = "en"):
-    """A genanki Deck: one note per entry (front: the question; back: the 30-second answer, the longer answer,
-    the follow-ups with their answers and the evidence), tagged with its section."""
+    """A genanki Deck: per entry one note for the question (back: the 30-second answer, the longer answer and the
+    evidence), one note per follow-up (front: the follow-up under its question; back: its answer) and one per
+    common wrong answer (front: the wrong claim to correct; back: the correction), tagged with the section and
+    the entry's tags. Each note has a stable id (``ENTRY``, ``ENTRY/follow-up-N``, ``ENTRY/wrong-N``), so
+    re-importing a deck updates the cards instead of adding new ones."""
     try:
         import genanki
     except ImportError:
         raise SystemExit('the Anki export needs genanki: pip install "flashcourse[anki]" (or pip install genanki)'
                          ) from None
     question_bank = question_bank or bank_module.load()
-    labels = bank_module.LABELS[lang]
+    labels, words = bank_module.LABELS[lang], _CARD_TEXT[lang]
     model = genanki.Model(
         _stable_id(f"flashcourse-interview-model-{lang}"), f"flashcourse interview ({lang})",
         fields=[{"name": "Id"}, {"name": "Question"}, {"name": "Answer"}],
@@ -65,16 +82,26 @@ def anki_deck(question_bank: bank_module.Bank | None = None, lang: str = "en"):
     deck = genanki.Deck(_stable_id(f"flashcourse-interview-deck-{lang}"),
                         "FlashAttention interview" if lang == "en" else "FlashAttention 面试题")
     html = bank_module.markdown_to_html
+
+    def add(note_id: str, front: str, back: str, entry: dict) -> None:
+        deck.add_note(genanki.Note(model=model, fields=[note_id, front, back],
+                                   guid=genanki.guid_for("flashcourse", lang, note_id), tags=_tags(entry)))
+
     for entry in question_bank.entries:
-        follow = "".join(f"<li><em>{html(f['question'][lang])}</em> {html(f['answer'][lang])}</li>"
-                         for f in entry["follow_ups"])
-        answer = (f"<h4>{labels['short']}</h4>{html(entry['short'][lang])}"
-                  f"<h4>{labels['long']}</h4>{html(entry['long'][lang])}"
-                  f"<h4>{labels['follow_ups']}</h4><ul>{follow}</ul>"
-                  f"{html(bank_module.render_evidence(entry, lang))}")
-        deck.add_note(genanki.Note(model=model, fields=[entry["id"], html(entry["question"][lang]), answer],
-                                   guid=genanki.guid_for("flashcourse", lang, entry["id"]),
-                                   tags=[f"flashcourse::{entry['section']}"]))
+        question = entry["question"][lang]
+        evidence = html(bank_module.render_evidence(entry, lang))
+        add(entry["id"], html(question),
+            f"<h4>{labels['short']}</h4>{html(entry['short'][lang])}"
+            f"<h4>{labels['long']}</h4>{html(entry['long'][lang])}{evidence}", entry)
+        for number, follow in enumerate(entry.get("follow_ups", []), start=1):
+            add(f"{entry['id']}/follow-up-{number}",
+                f"<p><small>{html(words['follow_up'].format(question=question))}</small></p>"
+                f"{html(follow['question'][lang])}", html(follow["answer"][lang]), entry)
+        for number, wrong in enumerate(entry.get("wrong_answers", []), start=1):
+            add(f"{entry['id']}/wrong-{number}",
+                f"<p><small>{html(words['spot'].format(question=question))}</small></p>"
+                f"{html(words['claim'].format(claim=wrong['claim'][lang]))}",
+                f"<h4>{words['correction']}</h4>{html(wrong['correction'][lang])}", entry)
     return deck
 
 

@@ -1,54 +1,122 @@
-"""The interview drill in a terminal: ``flashcourse quiz [--lang zh|en] [--section S] [--short-only]
-[--retry-missed] [--seed N]``.
+"""The interview drill in a terminal: ``flashcourse quiz [--lang zh|en] [--mode answer|spot-the-error]
+[--timer SECONDS] [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N] [--stats]``.
 
-A random order by default (``--seed`` makes it repeatable). Each question shows the 30-second answer on request,
-the longer answer and its evidence if asked, then asks for a self-score; each follow-up is asked and scored the
-same way. Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.json`` (default
-``~/.local/share/flashcourse/``); ``--retry-missed`` asks only what was last scored "partly" or "missed".
-Rendering is rich's (Markdown, panels, a summary table); input is one key and Enter.
+As in an interview, you answer first: type your answer, or say it aloud, and press Enter, while a clock runs
+beside the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Then the
+30-second answer is shown beside yours, the longer answer and its evidence on request, and you score yourself.
+Each follow-up is asked the same way and counts in the session's score.
+
+``--mode spot-the-error`` drills the bank's wrong answers: a wrong claim is shown, you say what is wrong and
+correct it, then the correction is shown and you score yourself.
+
+Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.json`` (default
+``~/.local/share/flashcourse/``; files of the first format, without modes or times, are read as they are);
+``--retry-missed`` asks only what was last scored "partly" or "missed"; ``--stats`` shows the results per section
+and the history of sessions. ``--tag`` keeps the entries that carry the tag (``freq:common``, ``level:basic``, ...);
+several tags of one kind (``freq:``) are alternatives, tags of different kinds must all hold.
+
+Rendering is rich's, except for wrapping: rich breaks lines only at spaces, which leaves Chinese lines half
+empty, so text is wrapped here (:func:`wrap`), between any two Chinese characters and at spaces, never before
+closing punctuation.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import random
+import re
+import select
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rich.console import Console
-from rich.markdown import Markdown
-from rich.markup import escape
-from rich.panel import Panel
-from rich.table import Table
+from .._extras import missing
+
+try:
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+except ImportError as error:  # not in the core install
+    raise missing("interview", "rich", __name__) from error
 
 from . import bank as bank_module
 
-__all__ = ["POINTS", "ScoreStore", "data_dir", "run_quiz"]
+__all__ = ["MODES", "POINTS", "TAG_VOCABULARY", "ScoreStore", "data_dir", "evidence_labels", "filter_by_tags",
+           "markdown_text", "run_quiz", "show_stats", "wrap"]
 
 POINTS = {"g": 1.0, "p": 0.5, "m": 0.0}
+MODES = ("answer", "spot-the-error")
+TAG_VOCABULARY = ("freq:common", "freq:occasional", "freq:rare", "level:basic", "level:intermediate",
+                  "level:advanced")
 UI = {
-    "en": {"question": "Question", "of": "of", "follow_up": "Follow-up", "short": "30-second answer",
-           "long": "Longer answer", "evidence": "Evidence",
-           "reveal": "[Enter] show the answer, [s] skip, [q] quit",
+    "en": {"question": "Question {n} of {total}", "follow_up": "Follow-up {n}", "claim": "Wrong claim {n} of {total}",
+           "context": "Asked about: {question}",
+           "answer_prompt": "Your answer: type it, or say it aloud, then Enter ([s] skip, [q] quit)",
+           "claim_prompt": "What is wrong? Correct it: type it, or say it aloud, then Enter ([s] skip, [q] quit)",
+           "clock_left": "{time} left", "clock_over": "{time} over", "clock_up": "{time} elapsed",
+           "time_up": "Time is up ({limit}): finish your sentence and press Enter.",
+           "yours": "Your answer ({time})", "aloud": "Answered aloud in {time}.",
+           "short": "30-second answer", "long": "Longer answer", "evidence": "Evidence", "correction": "Correction",
+           "follow_answer": "Answer",
            "more": "[l] longer answer and evidence, [Enter] go on",
            "score": "Score yourself: [g] got it, [p] partly, [m] missed",
-           "follow_reveal": "[Enter] show the answer, [s] skip the follow-ups, [q] quit",
-           "again": "Please type one of", "nothing": "Nothing to retry: no question was scored partly or missed.",
-           "summary": "This session", "asked": "asked", "points": "points", "missed": "to retry",
-           "saved": "Scores saved in", "bye": "Stopped."},
-    "zh": {"question": "问题", "of": "/", "follow_up": "追问", "short": "30 秒回答", "long": "详细回答",
-           "evidence": "证据",
-           "reveal": "[Enter] 显示答案，[s] 跳过，[q] 退出",
-           "more": "[l] 详细回答和证据，[Enter] 继续",
-           "score": "给自己打分：[g] 答对了，[p] 部分答对，[m] 没答出",
-           "follow_reveal": "[Enter] 显示答案，[s] 跳过追问，[q] 退出",
-           "again": "请输入以下之一：", "nothing": "没有需要重做的题：没有题目被评为“部分答对”或“没答出”。",
-           "summary": "本次练习", "asked": "已答", "points": "得分", "missed": "待重做",
-           "saved": "得分保存在", "bye": "已退出。"},
+           "again": "Please type one of: {choices}", "enter": "Enter", "list": ", ",
+           "nothing": "Nothing to retry: no question was scored partly or missed.",
+           "none_tagged": "No entry has the tags {tags}.",
+           "summary": "This session", "asked": "scored", "points": "points", "percent": "score",
+           "breakdown": "questions / follow-ups / wrong claims", "time": "time", "missed": "to retry",
+           "saved": "Scores saved in {path}", "bye": "Stopped.",
+           "stats_title": "Results per section (last score of each)", "section": "section",
+           "seen": "questions seen", "questions": "questions", "follow_ups": "follow-ups", "claims": "wrong claims",
+           "history": "History (latest {n} sessions)", "date": "date", "mode": "mode", "scope": "scope",
+           "all": "all", "no_scores": "No scores yet: run flashcourse quiz first.",
+           "retired": "(no longer in the bank)",
+           "to_retry": "To retry: {n} (flashcourse quiz --retry-missed)", "old": "first format",
+           "seconds": "{s} s", "minutes": "{m} min {s:02d} s",
+           "paper": "{paper}, {section}", "computed": "computed by the course: {what}",
+           "computed_args": "computed by the course: {what} ({args})",
+           "lesson_cell": "lesson {number} ({title}), the cell “{tag}”",
+           "lesson_heading": "lesson {number} ({title}), section “{heading}”",
+           "results": "GPU result measured on {device}, {date} ({what}): {key}"},
+    "zh": {"question": "问题 {n}/{total}", "follow_up": "追问 {n}", "claim": "错误说法 {n}/{total}",
+           "context": "原题：{question}",
+           "answer_prompt": "你的回答：打字或说出来，然后按回车（s 跳过，q 退出）",
+           "claim_prompt": "错在哪里？请纠正：打字或说出来，然后按回车（s 跳过，q 退出）",
+           "clock_left": "剩余 {time}", "clock_over": "超时 {time}", "clock_up": "用时 {time}",
+           "time_up": "时间到（{limit}）：说完这句，然后按回车。",
+           "yours": "你的回答（{time}）", "aloud": "口头回答，用时 {time}。",
+           "short": "30 秒回答", "long": "详细回答", "evidence": "证据", "correction": "纠正",
+           "follow_answer": "答案",
+           "more": "l 看详细回答和证据，回车继续",
+           "score": "给自己打分：g 答对了，p 部分答对，m 没答出",
+           "again": "请输入其中之一：{choices}", "enter": "回车", "list": "、",
+           "nothing": "没有需要重做的题：没有题目被评为“部分答对”或“没答出”。",
+           "none_tagged": "没有带标签 {tags} 的题目。",
+           "summary": "本次练习", "asked": "已评分", "points": "得分", "percent": "得分率",
+           "breakdown": "问题/追问/错误说法", "time": "用时", "missed": "待重做",
+           "saved": "得分保存在 {path}", "bye": "已退出。",
+           "stats_title": "各部分成绩（每题最近一次得分）", "section": "部分",
+           "seen": "已练问题", "questions": "问题", "follow_ups": "追问", "claims": "错误说法",
+           "history": "练习记录（最近 {n} 次）", "date": "日期", "mode": "模式", "scope": "范围",
+           "all": "全部", "no_scores": "还没有得分：先运行 flashcourse quiz。", "retired": "（已不在题库中）",
+           "to_retry": "待重做：{n} 题（flashcourse quiz --retry-missed）", "old": "旧格式",
+           "seconds": "{s} 秒", "minutes": "{m} 分 {s:02d} 秒",
+           "paper": "{paper}，{section}", "computed": "本课程代码算出：{what}",
+           "computed_args": "本课程代码算出：{what}（{args}）",
+           "lesson_cell": "第 {number} 课（{title}）的代码单元格“{tag}”",
+           "lesson_heading": "第 {number} 课（{title}）的小节“{heading}”",
+           "results": "GPU 实测结果（{device}，{date}，{what}）：{key}"},
 }
+MODE_NAMES = {"en": {"answer": "answer", "spot-the-error": "spot the error"},
+              "zh": {"answer": "答题", "spot-the-error": "找错"}}
 
 
 def data_dir() -> Path:
@@ -57,10 +125,22 @@ def data_dir() -> Path:
     return Path(base) / "flashcourse"
 
 
+def duration(seconds: float, lang: str = "en") -> str:
+    """"42 s" or "1 min 05 s" ("42 秒", "1 分 05 秒")."""
+    seconds = int(round(seconds))
+    ui = UI[lang]
+    if seconds < 60:
+        return ui["seconds"].format(s=seconds)
+    return ui["minutes"].format(m=seconds // 60, s=seconds % 60)
+
+
+# ------------------------------------------------------------------------------------------- scores
 @dataclass
 class ScoreStore:
-    """Scores between sessions: per entry, how often asked, the last and best score, the follow-ups' last
-    scores; and one line per session. Saved as JSON, written whole to a temporary file and renamed."""
+    """Scores between sessions: per entry, how often asked, the last and best score, the last scores of its
+    follow-ups and of its wrong claims (spot the error), the last time taken; and one record per session.
+    Saved as JSON, written whole to a temporary file and renamed. Files of the first format (no modes, no times,
+    no wrong claims) are read as they are and rewritten in this one."""
 
     path: Path
     entries: dict = field(default_factory=dict)
@@ -72,130 +152,569 @@ class ScoreStore:
         if path.exists():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
-                return cls(path, data.get("entries", {}), data.get("sessions", []))
-            except (json.JSONDecodeError, AttributeError):
+                return cls(path, dict(data.get("entries", {})), list(data.get("sessions", [])))
+            except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
                 path.rename(path.with_suffix(".corrupt.json"))  # keep it for the learner, start afresh
         return cls(path)
 
-    def record(self, entry_id: str, points: float) -> None:
+    def _item(self, entry_id: str) -> dict:
         item = self.entries.setdefault(entry_id, {"asked": 0, "best": 0.0, "follow_ups": {}})
-        item["asked"] += 1
+        item.setdefault("follow_ups", {})
+        return item
+
+    def record(self, entry_id: str, points: float, seconds: float | None = None) -> None:
+        item = self._item(entry_id)
+        item["asked"] = item.get("asked", 0) + 1
         item["last"] = points
-        item["best"] = max(item["best"], points)
+        item["best"] = max(item.get("best", 0.0), points)
+        if seconds is not None:
+            item["seconds"] = round(seconds, 1)
 
     def record_follow_up(self, entry_id: str, index: int, points: float) -> None:
-        item = self.entries.setdefault(entry_id, {"asked": 0, "best": 0.0, "follow_ups": {}})
-        item["follow_ups"][str(index)] = points
+        self._item(entry_id)["follow_ups"][str(index)] = points
+
+    def record_claim(self, entry_id: str, index: int, points: float) -> None:
+        self._item(entry_id).setdefault("wrong_answers", {})[str(index)] = points
 
     def missed(self) -> set[str]:
         """Entries whose last score, or the last score of one of their follow-ups, was below "got it"."""
         return {entry_id for entry_id, item in self.entries.items()
                 if item.get("last", 1.0) < 1.0 or any(p < 1.0 for p in item.get("follow_ups", {}).values())}
 
+    def missed_claims(self) -> set[tuple[str, int]]:
+        """(entry id, index) of the wrong claims last scored below "got it" in spot-the-error mode."""
+        return {(entry_id, int(index)) for entry_id, item in self.entries.items()
+                for index, points in item.get("wrong_answers", {}).items() if points < 1.0}
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"version": 1, "entries": self.entries, "sessions": self.sessions}
+        data = {"version": 2, "entries": self.entries, "sessions": self.sessions}
         with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, encoding="utf-8",
                                          suffix=".tmp") as handle:
             json.dump(data, handle, ensure_ascii=False, indent=1)
         Path(handle.name).replace(self.path)
 
 
+# ------------------------------------------------------------------------------------------- text
+_CJK_CHAR = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_NO_LINE_START = set("，。：；！？、）》」』”’,.:;!?)]}%") | {"\u3001", "\u3002"}
+_NO_LINE_END = set("（《「『“‘([{")
+
+
+def _break_points(plain: str) -> list[int]:
+    """Offsets where a line may break: after a space, and between two characters when either is Chinese
+    (never before closing punctuation, never after opening punctuation)."""
+    points = []
+    for i in range(1, len(plain)):
+        before, after = plain[i - 1], plain[i]
+        if after in _NO_LINE_START or before in _NO_LINE_END:
+            continue
+        if before == " " and after != " ":
+            points.append(i)
+        elif after != " " and before != " " and (_CJK_CHAR.match(before) or _CJK_CHAR.match(after)):
+            points.append(i)
+    return points
+
+
+def wrap(text: Text | str, width: int) -> Text:
+    """``text`` wrapped to ``width`` terminal cells, breaking at spaces and between Chinese characters (rich
+    breaks only at spaces); styles are kept, existing line breaks too. A word wider than the line is cut."""
+    text = Text(text) if isinstance(text, str) else text
+    width = max(width, 4)
+    lines_out: list[Text] = []
+    for line in text.split("\n", allow_blank=True):
+        plain = line.plain
+        if plain.startswith("• ") and width > 8:  # a list item: later lines hang under its first word
+            body = wrap(line[2:], width - 2).split("\n", allow_blank=True)
+            lines_out += [(line[:2] if i == 0 else Text("  ")) + piece for i, piece in enumerate(body)]
+            continue
+        candidates = [*_break_points(plain), len(plain)]
+        cuts, start = [], 0
+        while cell_len(plain[start:].rstrip()) > width:
+            fit = None
+            for point in candidates:
+                if point > start and cell_len(plain[start:point].rstrip()) <= width:
+                    fit = point
+                elif point > start:
+                    break
+            if fit is None:  # one word wider than the line: cut it at the width
+                fit, cells = start, 0
+                while cells + cell_len(plain[fit]) <= width:
+                    cells += cell_len(plain[fit])
+                    fit += 1
+                fit = max(fit, start + 1)
+            cuts.append(fit)
+            start = fit
+        for piece in line.divide(cuts):
+            piece.rstrip()
+            lines_out.append(piece)
+    return Text("\n").join(lines_out)
+
+
+_INLINE = re.compile(r"(`[^`]+`|\*\*[^*]+\*\*|<strong>.*?</strong>|(?<![*\w])\*(?!\s)[^*]+?(?<!\s)\*(?![*\w])"
+                     r"|\[[^\]]+\]\([^)\s]+\)|\$[^$]+\$)")
+
+
+def _inline(line: str) -> Text:
+    out = Text()
+    for part in _INLINE.split(line):
+        if not part:
+            continue
+        if part.startswith("`") and part.endswith("`") and len(part) > 1:
+            out.append(part[1:-1], style="bold cyan")
+        elif part.startswith("**") and part.endswith("**") and len(part) > 4:
+            out.append(part[2:-2], style="bold")
+        elif part.startswith("<strong>"):
+            out.append(part[len("<strong>"):-len("</strong>")], style="bold")
+        elif part.startswith("*") and part.endswith("*") and len(part) > 2:
+            out.append(part[1:-1], style="italic")
+        elif part.startswith("[") and "](" in part:
+            out.append(part[1:part.index("](")], style="underline")
+        elif part.startswith("$") and part.endswith("$") and len(part) > 2:
+            out.append(part[1:-1], style="italic")
+        else:
+            out.append(part)
+    return out
+
+
+def markdown_text(source: str) -> Text:
+    """The bank's small Markdown (paragraphs, ``- `` lists, `code`, **bold**, *italic*, links, $math$) as a rich
+    Text, paragraphs separated by a blank line, list items as "• ..." lines."""
+    blocks = []
+    for block in re.split(r"\n\s*\n", source.strip()):
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        if lines and all(line.startswith("- ") for line in lines):
+            blocks.append(Text("\n").join(Text("• ") + _inline(line[2:]) for line in lines))
+        elif lines:
+            joined = lines[0]
+            for line in lines[1:]:  # a folded line: no space between two Chinese characters
+                gap = "" if _CJK_CHAR.match(joined[-1]) and _CJK_CHAR.match(line[0]) else " "
+                joined += gap + line
+            blocks.append(_inline(joined))
+    return Text("\n\n").join(blocks)
+
+
+# ------------------------------------------------------------------------------------------- evidence
+_LESSON = re.compile(r"(\d\d)_(.+?)(?:_zh)?\.ipynb$")
+_RESULTS = re.compile(r"(\d{4}-\d\d-\d\d)-(.+?)-([a-z0-9]+(?:-[a-z0-9]+)*?)(?:-run\d+|-rerun)?\.json$")
+_DEVICES = ("nvidia-h200", "nvidia-h100", "nvidia-a100", "nvidia-l4", "nvidia-a10", "nvidia-t4")
+
+
+def _lesson(notebook: str) -> tuple[str, str]:
+    match = _LESSON.search(Path(notebook).name)
+    if not match:
+        return "?", Path(notebook).stem
+    return match[1], match[2].replace("_", " ")
+
+
+def _results(path: str) -> tuple[str, str, str]:
+    name = Path(path).name
+    date = name[:10] if re.match(r"\d{4}-\d\d-\d\d", name) else "?"
+    rest = name[11:].removesuffix(".json")
+    device = next((d for d in _DEVICES if rest.startswith(d)), rest.split("-")[0])
+    what = rest[len(device):].strip("-") or rest
+    return device.replace("nvidia-", "").upper(), date, what
+
+
+def evidence_labels(entry: dict, lang: str = "en") -> list[str]:
+    """Each evidence item of an entry as a line for people: which lesson, paper or GPU run holds the number, and
+    the number quoted; no Python paths (a computation is named by what it computes)."""
+    ui, labels = UI[lang], []
+    for item in entry.get("evidence", []):
+        if "notebook" in item:
+            number, title = _lesson(item["notebook"])
+            if "heading" in item:
+                label = ui["lesson_heading"].format(number=number, title=title, heading=item["heading"])
+            else:
+                label = ui["lesson_cell"].format(number=number, title=title, tag=item.get("cell_tag", ""))
+        elif "results" in item:
+            device, date, what = _results(item["results"])
+            label = ui["results"].format(device=device, date=date, what=what, key=item.get("key", ""))
+        elif "compute" in item:
+            what = item["compute"].replace("_", " ")
+            args = (item.get("args") or {})
+            joiner = ", " if lang == "en" else "，"
+            label = (ui["computed_args"].format(what=what, args=joiner.join(f"{k} = {v}" for k, v in args.items()))
+                     if args else ui["computed"].format(what=what))
+        elif "paper" in item:
+            label = ui["paper"].format(paper=item["paper"], section=item.get("section", ""))
+        else:
+            continue
+        quote = item.get("quote", item.get("value") if "paper" in item else None)
+        if quote is not None:
+            full_width = lang == "zh" and label[-1] in "，。：；！？、）”"
+            label += f"→ {quote}" if full_width else f" → {quote}"
+        labels.append(label)
+    return labels
+
+
+# ------------------------------------------------------------------------------------------- tags
+def filter_by_tags(entries: list[dict], tags: list[str] | tuple[str, ...]) -> list[dict]:
+    """The entries that carry the tags: of several tags of one kind (``freq:common``, ``freq:rare``) any one,
+    and one of each kind asked for. An entry without a ``tags`` list carries none."""
+    kinds: dict[str, set[str]] = {}
+    for tag in tags:
+        kinds.setdefault(tag.split(":")[0], set()).add(tag)
+    return [e for e in entries if all(set(e.get("tags", []) or []) & wanted for wanted in kinds.values())]
+
+
+# ------------------------------------------------------------------------------------------- input
 class _Quit(Exception):
     """The learner typed q, or the input ended."""
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class _Clock:
+    """Elapsed time, and the limit if there is one: what the prompt's clock shows."""
+
+    def __init__(self, limit: float | None, lang: str):
+        self.limit, self.ui, self.start = limit, UI[lang], time.monotonic()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    @property
+    def up(self) -> bool:
+        return self.limit is not None and self.elapsed >= self.limit
+
+    def label(self) -> str:
+        elapsed = self.elapsed
+        if self.limit is None:
+            return self.ui["clock_up"].format(time=_clock(elapsed))
+        if elapsed < self.limit:
+            return self.ui["clock_left"].format(time=_clock(self.limit - elapsed + 0.999))
+        return self.ui["clock_over"].format(time=_clock(elapsed - self.limit))
+
+
 class _Session:
-    def __init__(self, console: Console, lang: str, store: ScoreStore):
+    def __init__(self, console: Console, lang: str, store: ScoreStore, question_bank, *, timer: float | None,
+                 short_only: bool):
         self.console, self.lang, self.store, self.ui = console, lang, store, UI[lang]
-        self.asked = 0
+        self.bank, self.timer, self.short_only = question_bank, timer, short_only
+        self.asked = {"questions": 0, "follow_ups": 0, "claims": 0}
         self.points = 0.0
+        self.seconds = 0.0
+        self.by_section: dict[str, dict] = {}
         self.to_retry: list[str] = []
 
+    # ------------------------------------------------------------------ output
+    @property
+    def width(self) -> int:
+        return max(self.console.width, 20)
+
+    def show(self, title: str, body: Text | str, style: str = "green") -> None:
+        """A panel whose text is wrapped here (see :func:`wrap`), so that rich does not re-wrap it."""
+        body = markdown_text(body) if isinstance(body, str) else body
+        self.console.print(Panel(wrap(body, self.width - 4), title=escape(title), title_align="left",
+                                 border_style=style))
+
+    def say(self, line: str, style: str | None = None) -> None:
+        self.console.print(wrap(Text(line, style=style or ""), self.width))
+
+    # ------------------------------------------------------------------ input
     def ask(self, prompt: str, choices: tuple[str, ...]) -> str:
-        """One line of input, lower-cased, until it is one of ``choices`` ("" is Enter)."""
+        """One line of input, lower-cased, until it is one of ``choices`` ("" is Enter); q quits."""
+        ui = self.ui
         while True:
+            self.say(prompt, style="bold cyan")
             try:
-                answer = self.console.input(f"[bold cyan]{escape(prompt)}[/] > ").strip().lower()
-            except EOFError:
+                answer = self.console.input("> ").strip().lower()
+            except (EOFError, KeyboardInterrupt):
                 raise _Quit from None
-            if answer == "q" and "q" in choices:
+            if answer == "q":  # q quits at every prompt
                 raise _Quit
             if answer in choices:
                 return answer
-            shown = ", ".join(c or "Enter" for c in choices)
-            self.console.print(escape(f"{self.ui['again']} {shown}"))
+            shown = ui["list"].join(c or ui["enter"] for c in choices)
+            self.say(ui["again"].format(choices=shown))
 
-    def show(self, title: str, text: str, style: str = "green") -> None:
-        self.console.print(Panel(Markdown(text), title=title, title_align="left", border_style=style))
+    def answer(self, prompt: str) -> tuple[str | None, float]:
+        """The learner's answer (typed, or "" when said aloud) and the seconds it took, with a clock running
+        beside the prompt; None when skipped. A terminal gets a live clock; a pipe gets the clock at the start."""
+        self.say(prompt, style="bold cyan")
+        clock = _Clock(self.timer, self.lang)
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            typed = self._live_line(clock)
+        else:
+            self.console.print(f"[{clock.label()}] > ", end="")
+            try:
+                typed = input()
+            except (EOFError, KeyboardInterrupt):
+                raise _Quit from None
+            if clock.up:
+                self.say(self.ui["time_up"].format(limit=duration(self.timer, self.lang)), style="bold red")
+        typed = typed.strip()
+        if typed.lower() == "q":
+            raise _Quit
+        if typed.lower() == "s":
+            return None, clock.elapsed
+        return typed, clock.elapsed
+
+    def _live_line(self, clock: _Clock) -> str:
+        """Read one line in cbreak mode, redrawing "[clock] > typed" every tick; says once when time is up."""
+        import termios
+        import tty
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        typed, escape_seq, warned, shown = "", False, False, None
+        out = sys.stdout
+
+        def draw(force: bool = False) -> None:
+            nonlocal shown
+            status = f"[{clock.label()}] > "
+            room = max(self.width - cell_len(status) - 1, 8)
+            tail = typed
+            while cell_len(tail) > room:
+                tail = tail[1:]
+            line = status + tail
+            if force or line != shown:
+                out.write("\r" + line + "\x1b[K")
+                out.flush()
+                shown = line
+
+        try:
+            tty.setcbreak(fd)
+            draw(force=True)
+            while True:
+                if clock.up and not warned:
+                    warned = True
+                    out.write("\r\x1b[K")
+                    out.flush()
+                    self.say(self.ui["time_up"].format(limit=duration(self.timer, self.lang)), style="bold red")
+                    draw(force=True)
+                ready, _, _ = select.select([fd], [], [], 0.2)
+                if not ready:
+                    draw()
+                    continue
+                chunk = os.read(fd, 256)
+                if not chunk:
+                    raise _Quit
+                for char in decoder.decode(chunk):
+                    if escape_seq:  # the rest of an arrow key's sequence: ignored
+                        escape_seq = not (char.isalpha() or char == "~")
+                    elif char == "\x1b":
+                        escape_seq = True
+                    elif char in "\r\n":
+                        out.write("\n")
+                        out.flush()
+                        return typed
+                    elif char in "\x7f\x08":
+                        typed = typed[:-1]
+                    elif char == "\x15":  # Ctrl-U
+                        typed = ""
+                    elif char in "\x04\x03":  # Ctrl-D, Ctrl-C
+                        out.write("\n")
+                        raise _Quit
+                    elif char.isprintable():
+                        typed += char
+                draw()
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
     def score(self) -> float:
         return POINTS[self.ask(self.ui["score"], tuple(POINTS))]
 
-    def entry(self, entry: dict, number: int, total: int, *, short_only: bool) -> None:
+    # ------------------------------------------------------------------ one item
+    def _count(self, entry: dict, kind: str, points: float, seconds: float) -> None:
+        self.asked[kind] += 1
+        self.points += points
+        self.seconds += seconds
+        section = self.by_section.setdefault(entry["section"], {"asked": 0, "points": 0.0})
+        section["asked"] += 1
+        section["points"] += points
+
+    def _reveal_yours(self, typed: str, seconds: float) -> None:
+        took = duration(seconds, self.lang)
+        if typed:
+            self.show(self.ui["yours"].format(time=took), Text(typed), style="blue")
+        else:
+            self.say(self.ui["aloud"].format(time=took), style="blue")
+
+    def entry(self, entry: dict, number: int, total: int) -> None:
         ui, lang = self.ui, self.lang
-        title = f"{ui['question']} {number} {ui['of']} {total}"
-        self.console.print(Panel(Markdown(entry["question"][lang]), title=title, title_align="left",
-                                 border_style="cyan"))
-        if self.ask(ui["reveal"], ("", "s", "q")) == "s":
+        self.show(ui["question"].format(n=number, total=total), entry["question"][lang], style="cyan")
+        typed, seconds = self.answer(ui["answer_prompt"])
+        if typed is None:
             return
+        self._reveal_yours(typed, seconds)
         self.show(ui["short"], entry["short"][lang])
-        if not short_only and self.ask(ui["more"], ("", "l")) == "l":
+        if not self.short_only and self.ask(ui["more"], ("", "l")) == "l":
             self.show(ui["long"], entry["long"][lang].strip())
-            self.show(ui["evidence"], bank_module.render_evidence(entry, lang), style="yellow")
+            self.show(ui["evidence"], Text("\n").join(Text("• " + line) for line in evidence_labels(entry, lang)),
+                      style="yellow")
         points = self.score()
-        self.store.record(entry["id"], points)
-        self.asked, self.points = self.asked + 1, self.points + points
+        self.store.record(entry["id"], points, seconds)
+        self._count(entry, "questions", points, seconds)
         missed = points < 1.0
-        for index, follow in enumerate(entry["follow_ups"]):
-            self.console.print(Panel(Markdown(follow["question"][lang]),
-                                     title=f"{ui['follow_up']} {index + 1}", title_align="left",
-                                     border_style="magenta"))
-            if self.ask(ui["follow_reveal"], ("", "s", "q")) == "s":
+        for index, follow in enumerate(entry.get("follow_ups", [])):
+            self.show(ui["follow_up"].format(n=index + 1), follow["question"][lang], style="magenta")
+            typed, seconds = self.answer(ui["answer_prompt"])
+            if typed is None:
                 break
-            self.show(ui["follow_up"], follow["answer"][lang])
+            self._reveal_yours(typed, seconds)
+            self.show(ui["follow_answer"], follow["answer"][lang])
             follow_points = self.score()
             self.store.record_follow_up(entry["id"], index, follow_points)
+            self._count(entry, "follow_ups", follow_points, seconds)
             missed = missed or follow_points < 1.0
         if missed:
             self.to_retry.append(entry["id"])
 
+    def claim(self, entry: dict, index: int, number: int, total: int) -> None:
+        ui, lang = self.ui, self.lang
+        wrong = entry["wrong_answers"][index]
+        body = Text(ui["context"].format(question=""), style="dim") + markdown_text(entry["question"][lang])
+        body.append("\n\n")
+        body.append_text(markdown_text(wrong["claim"][lang]))
+        self.show(ui["claim"].format(n=number, total=total), body, style="red")
+        typed, seconds = self.answer(ui["claim_prompt"])
+        if typed is None:
+            return
+        self._reveal_yours(typed, seconds)
+        self.show(ui["correction"], wrong["correction"][lang])
+        points = self.score()
+        self.store.record_claim(entry["id"], index, points)
+        self._count(entry, "claims", points, seconds)
+        if points < 1.0:
+            self.to_retry.append(f"{entry['id']}#{index + 1}")
+
+    # ------------------------------------------------------------------ the end
+    @property
+    def scored(self) -> int:
+        return sum(self.asked.values())
+
     def summary(self) -> None:
         ui = self.ui
         table = Table(title=ui["summary"])
-        for column in (ui["asked"], ui["points"], ui["missed"]):
+        for column in (ui["asked"], ui["breakdown"], ui["points"], ui["percent"], ui["time"]):
             table.add_column(column)
-        table.add_row(str(self.asked), f"{self.points:g}", escape(", ".join(self.to_retry) or "-"))
+        percent = f"{100 * self.points / self.scored:.0f}%" if self.scored else "-"
+        breakdown = "/".join(str(self.asked[k]) for k in ("questions", "follow_ups", "claims"))
+        table.add_row(str(self.scored), breakdown, f"{self.points:g}", percent, duration(self.seconds, self.lang))
         self.console.print(table)
-        self.console.print(escape(f"{ui['saved']} {self.store.path}"))
+        if self.to_retry:
+            self.say(f"{ui['missed']}{': ' if self.lang == 'en' else '：'}{ui['list'].join(self.to_retry)}")
+        self.say(ui["saved"].format(path=self.store.path))
 
 
-def run_quiz(*, lang: str = "en", section: str | None = None, short_only: bool = False,
-             retry_missed: bool = False, seed: int | None = None, console: Console | None = None,
-             store: ScoreStore | None = None, question_bank: bank_module.Bank | None = None) -> int:
+# ------------------------------------------------------------------------------------------- statistics
+def show_stats(*, lang: str = "en", console: Console | None = None, store: ScoreStore | None = None,
+               question_bank: bank_module.Bank | None = None, history: int = 10) -> int:
+    """Per section: questions seen of those in the bank, the mean last score of questions, follow-ups and wrong
+    claims; then the latest sessions. Returns the exit status (0)."""
+    ui = UI[lang]
+    question_bank = question_bank or bank_module.load()
+    console = console or Console()
+    store = store or ScoreStore.open()
+    if not store.entries and not store.sessions:
+        console.print(ui["no_scores"])
+        return 0
+    section_of = {e["id"]: e["section"] for e in question_bank.entries}
+    rows: dict[str, dict] = {s: {"seen": 0, "q": [], "f": [], "c": []} for s in question_bank.sections}
+    retired = {"seen": 0, "q": [], "f": [], "c": []}
+    for entry_id, item in store.entries.items():
+        row = rows.get(section_of.get(entry_id), retired)
+        if "last" in item:
+            row["seen"] += 1
+            row["q"].append(item["last"])
+        row["f"] += list(item.get("follow_ups", {}).values())
+        row["c"] += list(item.get("wrong_answers", {}).values())
+
+    def mean(values: list[float]) -> str:
+        return f"{100 * sum(values) / len(values):.0f}% ({len(values)})" if values else "-"
+
+    table = Table(title=ui["stats_title"])
+    for column in (ui["section"], ui["seen"], ui["questions"], ui["follow_ups"], ui["claims"]):
+        table.add_column(column)
+    for section, title in question_bank.sections.items():
+        row = rows[section]
+        total = len(question_bank.in_section(section))
+        table.add_row(escape(title[lang]), f"{row['seen']}/{total}", mean(row["q"]), mean(row["f"]), mean(row["c"]))
+    if retired["seen"] or retired["f"] or retired["c"]:
+        table.add_row(ui["retired"], str(retired["seen"]), mean(retired["q"]), mean(retired["f"]),
+                      mean(retired["c"]))
+    console.print(table)
+
+    recent = store.sessions[-history:]
+    table = Table(title=ui["history"].format(n=len(recent)))
+    for column in (ui["date"], ui["mode"], ui["scope"], ui["asked"], ui["points"], ui["percent"], ui["time"]):
+        table.add_column(column)
+    for session in recent:
+        scope = [question_bank.sections.get(session["section"], {}).get(lang, session["section"])
+                 ] if session.get("section") else []
+        scope += session.get("tags") or []
+        asked = session.get("asked", 0)
+        asked = sum(asked.values()) if isinstance(asked, dict) else asked
+        points = session.get("points", 0.0)
+        mode = MODE_NAMES[lang].get(session.get("mode", "answer"), session.get("mode", "?"))
+        if "version" not in session:
+            mode += f" ({ui['old']})" if lang == "en" else f"（{ui['old']}）"
+        table.add_row(str(session.get("started", "?"))[:16].replace("T", " "), mode,
+                      escape(ui["list"].join(scope) or ui["all"]), str(asked), f"{points:g}",
+                      f"{100 * points / asked:.0f}%" if asked else "-",
+                      duration(session["seconds"], lang) if "seconds" in session else "-")
+    console.print(table)
+    missed = len(store.missed()) + len(store.missed_claims())
+    if missed:
+        console.print(ui["to_retry"].format(n=missed))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- the drill
+def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = None, tags: list[str] | None = None,
+             short_only: bool = False, retry_missed: bool = False, seed: int | None = None,
+             timer: float | None = None, console: Console | None = None, store: ScoreStore | None = None,
+             question_bank: bank_module.Bank | None = None) -> int:
     """Drill the bank in the terminal; returns the exit status (0)."""
     if lang not in UI:
         raise ValueError(f"lang must be one of {sorted(UI)}, got {lang!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    ui = UI[lang]
     question_bank = question_bank or bank_module.load()
     console = console or Console()
     store = store or ScoreStore.open()
     entries = question_bank.in_section(section) if section else list(question_bank.entries)
-    if retry_missed:
-        missed = store.missed()
-        entries = [e for e in entries if e["id"] in missed]
+    if tags:
+        entries = filter_by_tags(entries, tags)
         if not entries:
-            console.print(UI[lang]["nothing"])
+            console.print(ui["none_tagged"].format(tags=ui["list"].join(tags)))
             return 0
-    random.Random(seed).shuffle(entries)
-    session = _Session(console, lang, store)
+    if mode == "answer":
+        items: list = entries
+        if retry_missed:
+            missed = store.missed()
+            items = [e for e in entries if e["id"] in missed]
+    else:
+        items = [(e, i) for e in entries for i in range(len(e.get("wrong_answers", [])))]
+        if retry_missed:
+            missed_claims = store.missed_claims()
+            items = [(e, i) for e, i in items if (e["id"], i) in missed_claims]
+    if retry_missed and not items:
+        console.print(ui["nothing"])
+        return 0
+    random.Random(seed).shuffle(items)
+    session = _Session(console, lang, store, question_bank, timer=timer, short_only=short_only)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
-        for number, entry in enumerate(entries, start=1):
-            session.entry(entry, number, len(entries), short_only=short_only)
+        for number, item in enumerate(items, start=1):
+            if mode == "answer":
+                session.entry(item, number, len(items))
+            else:
+                session.claim(item[0], item[1], number, len(items))
     except _Quit:
-        console.print(UI[lang]["bye"])
-    store.sessions.append({"started": started, "lang": lang, "section": section, "asked": session.asked,
-                           "points": session.points, "retry_missed": retry_missed})
+        console.print(ui["bye"])
+    store.sessions.append({"version": 2, "started": started, "lang": lang, "mode": mode, "section": section,
+                           "tags": list(tags or []), "asked": session.scored, "points": session.points,
+                           "counts": dict(session.asked), "by_section": session.by_section,
+                           "seconds": round(session.seconds, 1), "timer": timer, "retry_missed": retry_missed})
     store.save()
     session.summary()
     return 0
