@@ -5,7 +5,8 @@ there can have been replaced (``grading.check_*``, ``numpy.testing``, ``flashcou
 ``judge``) and then passes anything. So a hidden-test cell calls :func:`hidden_test`, which
 
 1. starts ``python -I -m flashcourse.grading.fresh_judge GRADE_ID FOLDER``: a new interpreter that imports the
-   grading code from disk (``-I``: not from the notebook's folder, nor from PYTHONPATH); it draws the hidden cases
+   grading code from disk (``-I``: not from the notebook's folder, nor from PYTHONPATH unless the course is not
+   installed, and then after its own path: :func:`_judge_command`); it draws the hidden cases
    and writes them to FOLDER, keeping its own copy;
 2. calls the learner's functions on those cases here, in the kernel (they only exist here), and writes what they
    return to FOLDER;
@@ -18,6 +19,7 @@ The batch grader does not need this: its whole grader is such a process (docs/GR
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,7 +67,7 @@ def hidden_test(grade_id: str, **functions) -> None:
     __tracebackhide__ = True
     part = _part(grade_id)
     folder = Path(tempfile.mkdtemp(prefix="flashcourse-hidden-"))
-    judge = subprocess.Popen([sys.executable, "-I", "-m", "flashcourse.grading.fresh_judge", grade_id, str(folder)],
+    judge = subprocess.Popen(_judge_command(grade_id, folder),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         if judge.stdout.readline().strip() != READY:
@@ -89,6 +91,22 @@ def hidden_test(grade_id: str, **functions) -> None:
         raise AssertionError(str(verdict.get("message")))
     print(f"{part.label} {part.title}: passed all {len(cases)} hidden tests, judged by a fresh Python "
           f"({part.points} points)")
+
+
+def _judge_command(grade_id: str, folder: Path) -> list[str]:
+    """``python -I`` running :func:`main`; PYTHONPATH's folders only if the course is not installed, and last.
+
+    ``-I`` leaves out PYTHONPATH with the notebook's folder, so a course run from a checkout (``PYTHONPATH=src``,
+    packages installed with ``pip --target``) has no judge. Only then (``flashcourse`` not importable from the
+    judge's own path) are PYTHONPATH's folders, made absolute, put *after* its standard library and site-packages:
+    they add what it lacks and replace nothing it has. The notebook's folder is never among them.
+    """
+    extra = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    extra = [entry for entry in dict.fromkeys(extra) if entry != os.getcwd()]
+    boot = ("import importlib.util, os, runpy, sys; extra = sys.argv.pop(); "
+            "importlib.util.find_spec('flashcourse') or sys.path.extend(filter(None, extra.split(os.pathsep))); "
+            "runpy.run_module('flashcourse.grading.fresh_judge', run_name='__main__')")
+    return [sys.executable, "-I", "-c", boot, grade_id, str(folder), os.pathsep.join(extra)]
 
 
 def _ended(judge: subprocess.Popen) -> str:

@@ -1,0 +1,90 @@
+"""The GPU machine's notebook run (scripts/gpu_notebooks.py, scripts/gpu_wheels.sh), checked without running one.
+
+The notebooks themselves run in test_notebooks.py / test_exercises.py here, and on the GPU machine through the
+script; this file only checks that the script finds all of them, that its command line answers, and that the
+hidden tests' judge finds the course from a checkout (PYTHONPATH) without reading the notebook's folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_notebooks.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_notebooks():
+    spec = importlib.util.spec_from_file_location("gpu_notebooks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_lesson_and_every_solution_is_found(gpu_notebooks):
+    found = gpu_notebooks.find_notebooks()
+    lessons, solutions = sorted((ROOT / "notebooks").glob("*.ipynb")), sorted((ROOT / "solutions").glob("*.ipynb"))
+    assert lessons and solutions
+    assert found == lessons + solutions
+    assert not any(path.parent.name == "exercises" for path in found)  # stubs fail by design
+
+
+def test_only_selects_by_glob_from_the_repository(gpu_notebooks):
+    picked = gpu_notebooks.find_notebooks(only=["notebooks/01_*", "solutions/ex01_*"])
+    assert [p.relative_to(ROOT).as_posix() for p in picked] == [
+        *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "notebooks").glob("01_*.ipynb"))),
+        *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "solutions").glob("ex01_*.ipynb")))]
+    assert gpu_notebooks.find_notebooks(only=["nothing/*"]) == []
+
+
+def test_help_and_list_answer_without_running_a_notebook():
+    shown = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--only" in shown.stdout and "--json" in shown.stdout
+    listed = subprocess.run([sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0
+    assert len(listed.stdout.split()) == len(list((ROOT / "notebooks").glob("*.ipynb"))) + len(
+        list((ROOT / "solutions").glob("*.ipynb")))
+    none = subprocess.run([sys.executable, str(SCRIPT), "--only", "nothing/*"], capture_output=True, text=True,
+                          timeout=60)
+    assert none.returncode == 2
+
+
+def test_pythonpath_is_made_absolute_for_kernels_that_start_elsewhere(gpu_notebooks, monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/site", "src", ""]))
+    assert gpu_notebooks.absolute_pythonpath(tmp_path).split(os.pathsep) == ["/tmp/site", str(tmp_path / "src")]
+
+
+def test_the_judge_gets_pythonpath_last_and_never_the_notebooks_folder(monkeypatch, tmp_path):
+    from flashcourse.grading import fresh_judge
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/site", ".", "src"]))
+    command = fresh_judge._judge_command("ex01_a", tmp_path / "cases")
+    assert command[:3] == [sys.executable, "-I", "-c"]
+    assert command[-1].split(os.pathsep) == ["/tmp/site", str(tmp_path / "src")]  # "." is the notebook's folder
+    assert "sys.path.extend" in command[3] and "sys.path.insert" not in command[3]  # after its own path
+
+
+def test_the_judge_ignores_modules_in_the_notebooks_folder(tmp_path):
+    # A notebook folder holding its own numpy and flashcourse: the kernel may use them, the judge must not.
+    for name in ("numpy.py", "flashcourse/__init__.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("raise ImportError('the notebook folder was imported')\n")
+    src = str(ROOT / "src")
+    code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+            "import numpy as np\n"
+            "from flashcourse.grading.fresh_judge import hidden_test\n"
+            "hidden_test('ex01_a', attention_scores=lambda q, k, scale=None: "
+            "(q @ np.swapaxes(k, -1, -2)) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "passed all" in done.stdout, json.dumps(done.stdout)
