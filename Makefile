@@ -1,4 +1,5 @@
-# The README's two commands: `make lab` and `make test`. Both start from nothing but Python and pip.
+# The README's two commands: `make lab` and `make test` (also `make test-fast`, `make test-gpu`). Both start from
+# nothing but Python and pip.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,22 +11,35 @@ TORCH_PIP_ARGS ?=
 # One timed stage: `$(call timed,name,command)` prints how long the command took.
 timed = t0=$$(date +%s); $(2); rc=$$?; echo "[make test] stage '$(1)' took $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
-.PHONY: setup lab test lint book serve-book clean
+.PHONY: setup setup-course lab test test-fast test-gpu lint book serve-book clean
 
+# One install into $(VENV): PyTorch first (TORCH_SPEC), then the course in editable mode with the extra $(1), then
+# the Jupyter kernel; the stamp file is the target.
+define install
+@t0=$$(date +%s); \
+test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+$(PY) -m pip install -q --upgrade pip && \
+$(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && \
+$(PY) -m pip install -q -e ".[$(1)]" && \
+$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (flashcourse)" >/dev/null && \
+touch $@ && echo "[make] set-up ($(1)) took $$(( $$(date +%s) - t0 )) s"
+endef
+
+# `make test`: the dev extra, which holds every other extra (course, grading, interview) and the test tools.
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	@t0=$$(date +%s); \
-	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
-	$(PY) -m pip install -q --upgrade pip && \
-	$(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && \
-	$(PY) -m pip install -q -e ".[dev]" && \
-	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (flashcourse)" >/dev/null && \
-	touch $@ && echo "[make] set-up took $$(( $$(date +%s) - t0 )) s"
+	$(call install,dev)
+
+# `make lab`: the course extra (JupyterLab, ipywidgets, matplotlib, PyYAML). A venv set up for the tests has it.
+setup-course: $(VENV)/.installed-course
+
+$(VENV)/.installed-course: pyproject.toml
+	$(call install,course)
 
 # Served from the repository root (lessons link to ../exercises/), opening on notebooks/. Containers often run
 # as root, which JupyterLab refuses unless told.
-lab: setup
+lab: setup-course
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
 		$$(test "$$(id -u)" = 0 && echo --allow-root) $(LAB_ARGS)
 
@@ -37,6 +51,17 @@ test: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
 	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu" --ignore=tests/browser --ignore=tests/test_site.py)
 	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
+
+# Lint and the unit tests in about a minute: no notebook executed, no wheel built, no nbgrader, no browser, and of
+# the interpreter's kernel tests only a smoke subset (tests marked slow, and the files below, are left to make test).
+FAST_IGNORE := tests/browser tests/test_site.py tests/test_notebooks.py tests/test_wheel.py tests/test_grading_nbgrader.py
+test-fast: setup
+	@$(call timed,ruff,$(VENV)/bin/ruff check .)
+	@$(call timed,pytest (fast),$(PY) -m pytest -n 2 --durations=10 -m "not gpu and not slow" $(addprefix --ignore=,$(FAST_IGNORE)))
+
+# The GPU tier on a CUDA machine whose Python already has torch and triton (no venv, nothing installed).
+test-gpu:
+	PYTHONPATH=src $(PYTHON) scripts/gpu_tests.py $(GPU_TEST_ARGS)
 
 book: setup
 	@$(call timed,book,$(PY) scripts/build_site.py)

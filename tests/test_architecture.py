@@ -1,9 +1,15 @@
 """The import rules docs/ARCHITECTURE.md states, checked on the source: layers point down, GPU code stays
-importable where Jupyter is not installed, and nothing but the command line reaches into the grader."""
+importable where Jupyter is not installed (and, in a fresh interpreter, with the core install alone), a module
+that needs an extra names it, and nothing but the command line reaches into the grader."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -82,3 +88,54 @@ def test_nothing_but_the_command_line_uses_the_grader():
 def test_widgets_are_used_by_notebooks_only():
     users = {name for name, deps in MODULES.items() if "widgets" in ours(deps) and name != "flashcourse.widgets"}
     assert users == set(), f"{users} import flashcourse.widgets"
+
+
+# A fresh interpreter in which every package of the extras fails to import, as after `pip install flashcourse`.
+EXTRAS_ONLY = ("matplotlib", "ipywidgets", "jupyterlab", "jupyter_server", "IPython", "ipykernel", "nbclient",
+               "nbformat", "rich", "yaml", "genanki")
+_CORE_ONLY = textwrap.dedent("""
+    import importlib, importlib.abc, json, sys
+    BLOCKED = set(sys.argv[1].split(","))
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"No module named {name!r} (blocked: not in the core install)", name=name)
+    sys.meta_path.insert(0, NotInstalled())
+    outcome = {}
+    for module in sys.argv[2:]:
+        try:
+            importlib.import_module(module)
+            outcome[module] = None
+        except ImportError as error:
+            outcome[module] = str(error)
+    print(json.dumps(outcome))
+""")
+
+
+def _import_with_core_only(*modules: str) -> dict[str, str | None]:
+    """module -> None where it imported, else its ImportError's message."""
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", _CORE_ONLY, ",".join(EXTRAS_ONLY), *modules], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+CORE_MODULES = ["flashcourse.kernels", "flashcourse.bench", "flashcourse.bench.__main__", "flashcourse.distributed",
+                "flashcourse.distributed.ring", "flashcourse.distributed.ulysses", "flashcourse.reference",
+                "flashcourse.tiled", "flashcourse.iomodel", "flashcourse.tolerance", "flashcourse.cli"]
+NEEDS_EXTRA = {"flashcourse.plots": "course", "flashcourse.widgets": "course", "flashcourse.figures_gpu": "course",
+               "flashcourse.interview.quiz": "interview", "flashcourse.interview.terminal": "interview",
+               "flashcourse.grading.release": "grading", "flashcourse.grading.batch": "grading"}
+
+
+def test_the_core_install_imports_the_kernels_the_benchmarks_and_distributed():
+    failed = {m: e for m, e in _import_with_core_only(*CORE_MODULES).items() if e is not None}
+    assert failed == {}, f"these need a package outside the core install (torch, triton, numpy): {failed}"
+
+
+def test_a_module_that_needs_an_extra_names_it():
+    outcome = _import_with_core_only(*NEEDS_EXTRA)
+    for module, extra in NEEDS_EXTRA.items():
+        assert outcome[module] is not None, f"{module} imported without its extra's packages: is it still needed?"
+        assert f'pip install "flashcourse[{extra}]"' in outcome[module], f"{module}: {outcome[module]}"

@@ -1,8 +1,11 @@
-"""The conda environments and pyproject.toml name the same packages with the same constraints, both ways."""
+"""The conda environments and pyproject.toml name the same packages with the same constraints, both ways; the
+extras cover every package the source imports, and [dev] holds them all."""
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,10 +40,40 @@ def _conda_requirements(path: Path) -> tuple[set[str], bool]:
 
 
 def _project_requirements() -> set[str]:
+    """What the conda environments install: Python, the core dependencies and the `course` extra (`make lab`)."""
     project = _pyproject()["project"]
-    reqs = {str(Requirement(r)) for r in project["dependencies"]}
+    reqs = {str(Requirement(r)) for r in project["dependencies"] + project["optional-dependencies"]["course"]}
     reqs.add(str(Requirement(f"python{project['requires-python']}")))
     return reqs
+
+
+def _extras() -> dict[str, list[Requirement]]:
+    return {name: [Requirement(r) for r in reqs]
+            for name, reqs in _pyproject()["project"]["optional-dependencies"].items()}
+
+
+# The import name of each package the source may import, and the distribution that provides it.
+DISTRIBUTION = {"numpy": "numpy", "torch": "torch", "triton": "triton", "matplotlib": "matplotlib",
+                "ipywidgets": "ipywidgets", "IPython": "ipython", "yaml": "pyyaml", "nbformat": "nbformat",
+                "rich": "rich", "genanki": "genanki"}
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level names the package imports that are neither the standard library nor flashcourse -> files."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "src" / "flashcourse").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "flashcourse":
+                    found.setdefault(top, set()).add(path.relative_to(ROOT).as_posix())
+    return found
 
 
 def test_environment_yml_matches_pyproject():
@@ -59,12 +92,47 @@ def test_binder_environment_matches_and_post_build_installs_the_course():
     assert "pip install" in post_build and " ." in post_build
 
 
+def test_the_core_install_is_torch_triton_and_numpy():
+    core = {Requirement(r).name for r in _pyproject()["project"]["dependencies"]}
+    assert core == {"torch", "triton", "numpy"}, "the notebook stack, the grader and the quiz belong in extras"
+
+
+def test_dev_holds_every_other_extra_and_anki_stays_an_alias():
+    extras = _extras()
+    assert {"course", "grading", "interview", "dev"} <= set(extras)
+    own = [r for r in extras["dev"] if r.name == "flashcourse"]
+    assert len(own) == 1 and own[0].extras == set(extras) - {"dev", "anki"}, (
+        f"[dev] must name every other extra as flashcourse[...]: it names {own[0].extras if own else None}")
+    assert {str(r) for r in extras["anki"]} <= {str(r) for r in extras["interview"]}
+
+
+def test_every_package_the_source_imports_is_in_the_core_or_an_extra():
+    listed = {Requirement(r).name for r in _pyproject()["project"]["dependencies"]}
+    listed |= {r.name for reqs in _extras().values() for r in reqs}
+    imports = _third_party_imports()
+    unknown = {name: files for name, files in imports.items() if name not in DISTRIBUTION}
+    assert unknown == {}, f"imports of packages this test does not know: add them to DISTRIBUTION: {unknown}"
+    missing = {name: files for name, files in imports.items() if DISTRIBUTION[name] not in listed}
+    assert missing == {}, f"imported but in no install of pyproject.toml: {missing}"
+
+
+def test_make_installs_course_for_the_lab_and_dev_for_the_tests():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r'pip install .*-e "\.\[\$\(1\)\]"', makefile)
+    assert "$(call install,course)" in makefile and "$(call install,dev)" in makefile
+    lab = re.search(r"^lab: *(.*)$", makefile, re.MULTILINE)[1]
+    test = re.search(r"^test: *(.*)$", makefile, re.MULTILINE)[1]
+    assert "course" in lab and test.strip() == "setup", (lab, test)
+
+
 def test_triton_is_linux_only_and_version_is_consistent():
     import flashcourse
 
     deps = [Requirement(r) for r in _pyproject()["project"]["dependencies"]]
     triton = next(r for r in deps if r.name == "triton")
     assert triton.marker is not None and triton.marker.evaluate({"sys_platform": "darwin"}) is False
+    assert triton.specifier.contains("3.6.0") and not triton.specifier.contains("3.5.0"), (
+        "the lower bound is the Triton the GPU runs were made with (3.6)")
     assert _pyproject()["project"]["version"] == flashcourse.__version__
     assert f"## {flashcourse.__version__}" in (ROOT / "CHANGELOG.md").read_text()
 

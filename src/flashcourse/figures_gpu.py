@@ -11,8 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+from ._extras import missing
+
+try:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+except ImportError as error:  # not in the core install
+    raise missing("course", "matplotlib", __name__) from error
 
 __all__ = ["attention_grid", "loss_curves", "newest_per_shape", "shape_label", "version_gains", "version_rates",
            "version_speeds", "versions_markdown"]

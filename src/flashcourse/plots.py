@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from matplotlib import colormaps
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+
+from ._extras import missing
+
+try:
+    from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import MaxNLocator
+except ImportError as error:  # not in the core install
+    raise missing("course", "matplotlib", __name__) from error
 
 from .distributed import cost, schedule  # NumPy-only parts of distributed: no torch.distributed needed
 

@@ -18,7 +18,12 @@ import io
 import json
 from collections.abc import Sequence
 
-import ipywidgets as w
+from ._extras import missing
+
+try:
+    import ipywidgets as w
+except ImportError as error:  # not in the core install
+    raise missing("course", "ipywidgets", __name__) from error
 import numpy as np
 
 from . import iomodel, plots, reference, tiled

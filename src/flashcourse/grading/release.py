@@ -12,7 +12,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
+from .._extras import missing
+
+try:
+    import nbformat
+except ImportError as error:  # not in the core install
+    raise missing("grading", "nbformat", __name__) from error
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
+from .._extras import missing
+
+try:
+    import yaml
+except ImportError as error:  # not in the core install
+    raise missing("interview", "pyyaml", __name__) from error
 
 from . import evidence as ev
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 import html
 import random
 
-import ipywidgets as widgets
+from .._extras import missing
+
+try:
+    import ipywidgets as widgets
+except ImportError as error:  # not in the core install
+    raise missing("course", "ipywidgets", __name__) from error
 
 from . import bank as bank_module
 from .bank import markdown_to_html
