@@ -8,6 +8,7 @@ import pytest
 
 from flashcourse import grading
 from flashcourse.distributed import schedule
+from flashcourse.grading import ex11
 
 
 def _chunks(world, rank, layout):
@@ -88,6 +89,45 @@ def test_route_mistakes_are_rejected_with_their_diagnosis(diagnosis):
         grading.check_dkv_route(ROUTE_MISTAKES[diagnosis])
 
 
+def _hide(tflops, link_gbs, element_bytes, heads, kv_heads):
+    # written here, not taken from distributed.cost: n > e R / (G W) for a causal zigzag step
+    return element_bytes * tflops * 1e12 / ((heads // kv_heads) * link_gbs * 1e9)
+
+
+def test_hide_threshold_passes_the_hidden_tests():
+    ex11.check_ring_hide_positions(_hide, hidden=True)
+
+
+HIDE_MISTAKES = {
+    "you forgot the group size G": lambda t, w, e, h, g: _hide(t, w, e, h, h),
+    "G divides the threshold, it does not multiply it": lambda t, w, e, h, g: _hide(t, w, e, h, g) * (h // g) ** 2,
+    "half of an n x n block": lambda t, w, e, h, g: _hide(t, w, e, h, g) / 2,
+    r"off by 10\^-3. Diagnosis: units": lambda t, w, e, h, g: _hide(t, w, e, h, g) / 1e3,
+    "must return one number": lambda t, w, e, h, g: [_hide(t, w, e, h, g)] * 2,
+}
+
+
+@pytest.mark.parametrize("diagnosis", HIDE_MISTAKES)
+def test_hide_threshold_mistakes_are_rejected_with_their_diagnosis(diagnosis):
+    with pytest.raises(AssertionError, match=diagnosis):
+        ex11.check_ring_hide_positions(HIDE_MISTAKES[diagnosis])
+
+
+def test_bytes_per_element_left_out_is_named_beside_the_half_block():
+    with pytest.raises(AssertionError, match="bytes per element are missing"):
+        ex11.check_ring_hide_positions(lambda t, w, e, h, g: _hide(t, w, 1, h, g))
+
+
+def test_the_cost_module_earns_nothing():
+    from flashcourse.distributed import cost
+
+    def through_the_library(t, w, e, h, g):
+        return cost.hide_positions(t, w * 1e9, element_bytes=e, group=h // g)
+
+    with pytest.raises(AssertionError, match="hide_positions"):
+        ex11.check_ring_hide_positions(through_the_library)
+
+
 @pytest.mark.parametrize(("check", "library"), [(grading.check_zigzag_indices, schedule.zigzag_indices),
                                                (grading.check_block_schedule, schedule.block_schedule),
                                                (grading.check_dkv_route, schedule.dkv_route)])
@@ -97,8 +137,8 @@ def test_the_librarys_own_function_earns_nothing(check, library):
 
 
 def test_the_exercise_is_registered_with_its_parts():
-    assert [part.grade_id for part in grading.parts("ex11_ring_schedule")] == ["ex11_a", "ex11_b", "ex11_c"]
-    assert sum(part.points for part in grading.parts("ex11")) == 8
+    assert [part.grade_id for part in grading.parts("ex11_ring_schedule")] == ["ex11_a", "ex11_b", "ex11_c", "ex11_d"]
+    assert sum(part.points for part in grading.parts("ex11")) == 10
 
 
 def test_calling_the_librarys_function_inside_your_own_is_caught():

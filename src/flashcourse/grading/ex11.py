@@ -1,12 +1,13 @@
 """Exercise 11, the bookkeeping of ring attention (Liu, Zaharia, Abbeel 2023) with a causal mask: which positions
-each rank holds in the zigzag layout, which blocks each rank computes at each ring step, and where each dK/dV
-partial travels in the backward. The answers are ``flashcourse.distributed.schedule``'s."""
+each rank holds in the zigzag layout, which blocks each rank computes at each ring step, where each dK/dV partial
+travels in the backward, and how many positions a rank needs before a step's compute hides its K/V transfer under
+grouped-query attention. The answers are ``flashcourse.distributed.schedule``'s and ``distributed.cost``'s."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..distributed import schedule
+from ..distributed import cost, schedule
 from ._core import Part, compare, run_check, to_numpy
 
 KINDS = ("skip", "lower", "full")  # codes 0, 1, 2 of a chunk pair; -1: a pair this rank does not hold then
@@ -200,4 +201,78 @@ def check_dkv_route(dkv_route, *, hidden=False, seed=None):
     run_check(ROUTE, {"dkv_route": dkv_route}, hidden=hidden, seed=seed)
 
 
-PARTS = [ZIGZAG, SCHEDULE, ROUTE]
+# ------------------------------------------------------------------------------ (d) the hide threshold with GQA
+
+
+def _hide_cases(rng, hidden):
+    # (TFLOP/s, link GB/s, bytes per element, query heads, K/V heads)
+    cases = [(400.0, 450.0, 2, 32, 8), (400.0, 450.0, 2, 32, 32), (250.0, 50.0, 2, 16, 2), (600.0, 900.0, 1, 64, 8)]
+    if hidden:
+        for _ in range(4):
+            kv_heads = int(rng.choice([1, 2, 4, 8]))
+            cases.append((float(rng.uniform(100, 900)), float(rng.uniform(25, 900)), int(rng.choice([1, 2, 4])),
+                          kv_heads * int(rng.choice([1, 2, 4, 8])), kv_heads))
+    return [{"tflops": t, "link_gbs": w, "element_bytes": e, "heads": h, "kv_heads": g}
+            for t, w, e, h, g in cases]
+
+
+def _hide_run(fns, case):
+    _refuse_library(fns)
+    got = fns["ring_hide_positions"](case["tflops"], case["link_gbs"], case["element_bytes"], case["heads"],
+                                      case["kv_heads"])
+    try:
+        return {"positions": np.asarray(float(got), dtype=np.float64)}
+    except (TypeError, ValueError):
+        raise AssertionError(f"ring_hide_positions must return one number (positions per rank), got "
+                             f"{type(got).__name__}") from None
+
+
+def _hide_expected(case, *, group=None, element_bytes=None, causal=True):
+    group = case["heads"] // case["kv_heads"] if group is None else group
+    element_bytes = case["element_bytes"] if element_bytes is None else element_bytes
+    return cost.hide_positions(case["tflops"], case["link_gbs"] * 1e9, element_bytes=element_bytes, group=group,
+                               causal=causal)
+
+
+def _hide_judge(case, out):
+    got, expected = float(out["positions"]), _hide_expected(case)
+    if expected and got and not np.isclose(got, expected, rtol=1e-6):
+        for power in (3, 9, 12, -3, -9, -12):
+            if np.isclose(got / expected, 10.0 ** power, rtol=1e-6):
+                raise AssertionError(
+                    f"yours {got:.6g} positions, expected {expected:.6g}: off by 10^{power}. Diagnosis: units: "
+                    "TFLOP/s is 1e12 FLOP/s and GB/s 1e9 bytes/s; convert both before dividing")
+    group = case["heads"] // case["kv_heads"]
+    mistakes = [
+        ("you forgot the group size G = heads / kv_heads: with grouped-query attention the ring sends the K/V of "
+         "kv_heads heads, G times fewer bytes, while every query head still computes; the threshold is "
+         "e R / (G W)", lambda: _hide_expected(case, group=1)),
+        ("G divides the threshold, it does not multiply it: fewer K/V heads mean fewer bytes to hide, so fewer "
+         "positions suffice", lambda: _hide_expected(case, group=1) * group),
+        ("half the threshold: under the causal mask with the zigzag layout a step computes half of an n x n block "
+         "(2 H n^2 D FLOPs, not 4 H n^2 D), and the ring sends both K and V (2 n (H/G) D elements)",
+         lambda: _hide_expected(case, causal=False)),
+        ("the bytes per element are missing: the transfer is 2 n (H/G) D elements of e bytes each",
+         lambda: _hide_expected(case, element_bytes=1)),
+    ]
+    if not np.isclose(got, expected, rtol=1e-6):
+        # two mistakes can give the same number (2 bytes per element left out = half the threshold): name each
+        matching = [d for d, make in mistakes if not np.isclose(make(), expected, rtol=1e-6)
+                    and np.isclose(got, make(), rtol=1e-6)]
+        if matching:
+            raise AssertionError(f"yours {got:.6g} positions per rank, expected {expected:.6g}. Diagnosis: "
+                                 + " Or: ".join(matching))
+    compare("positions per rank", np.asarray(got), np.asarray(expected), dtype="float64", check_dtype=False)
+
+
+HIDE = Part("ex11_d", 2, "ring_hide_positions (GQA)", ("ring_hide_positions",), _hide_cases, _hide_run,
+            _hide_judge)
+
+
+def check_ring_hide_positions(ring_hide_positions, *, hidden=False, seed=None):
+    """Check ``ring_hide_positions(tflops, link_gbs, element_bytes, heads, kv_heads) -> positions per rank``."""
+    __tracebackhide__ = True
+    run_check(HIDE, {"ring_hide_positions": ring_hide_positions}, hidden=hidden, seed=seed)
+
+
+PARTS = [ZIGZAG, SCHEDULE, ROUTE, HIDE]
