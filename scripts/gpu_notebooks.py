@@ -7,10 +7,13 @@ Made for the GPU machine, which has no Jupyter: its wheels come from scripts/gpu
         --json $OUT/notebooks.json
 
 Each notebook runs in a fresh ``python3`` kernel of this very interpreter (a kernel spec written for the run, so
-no other Python's spec can be picked), from a temporary copy of its folder (relative paths resolve as in the
-folder; whatever it writes stays out of the tree; ``--in-place`` runs in the folder itself), under one time
-limit for the whole notebook. A failure never stops the run: a line per notebook as it ends, a table at the end,
-``--json`` for the record, and the exit code 1 if any failed.
+no other Python's spec can be picked), under one time limit for the whole notebook, from a temporary copy of its
+folder set beside links to the rest of the repository: relative paths resolve as in the folder, and what it writes
+beside itself stays out of the tree (``--in-place`` runs in the folder itself). PYTHONPATH is made absolute first,
+since the kernels start in the notebooks' folders. A failure never stops the run: a line per notebook as it ends,
+a table at the end, ``--json`` (rewritten after each notebook, so a run cut short keeps its rows), and the exit
+code 1 if any failed. To stay inside a 10-minute command, split the run with ``--only 'notebooks/*'`` and
+``--only 'solutions/*'``.
 """
 
 from __future__ import annotations
@@ -95,12 +98,43 @@ def preflight() -> list[str]:
             problems.append(f"{name} is not installed (scripts/gpu_wheels.sh, then pip install --target)")
     if problems:
         return problems
-    from jupyter_client.kernelspec import KernelSpecManager
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
 
-    argv = KernelSpecManager().get_kernel_spec(KERNEL).argv
+        argv = KernelSpecManager().get_kernel_spec(KERNEL).argv
+    except Exception as error:  # noqa: BLE001 - said in one line, before any notebook runs
+        return [f"jupyter_client fails: {type(error).__name__}: {error}"]
     if Path(argv[0]).resolve() != Path(sys.executable).resolve():
         problems.append(f"the {KERNEL} kernel would run {argv[0]}, not {sys.executable}")
     return problems
+
+
+def unmet_requirements() -> list[str]:
+    """What the packages carried on PYTHONPATH (--target) ask of the ones already there and do not get.
+
+    pip installed them with --no-deps, so nobody checked that the image's psutil, pygments, attrs, ... are recent
+    enough: a warning each, since a failure it causes shows up later as an ImportError in some cell.
+    """
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        return []
+    carried = [Path(entry).resolve() for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    found = []
+    for dist in metadata.distributions():
+        where = Path(str(dist.locate_file(""))).resolve()
+        if where not in carried or dist.metadata["Name"] == "flashcourse":  # src/ may hold a stale egg-info
+            continue
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+                continue
+            have = _version(requirement.name)
+            if have is None:
+                found.append(f"{dist.metadata['Name']} needs {requirement}, which is not installed")
+            elif requirement.specifier and not requirement.specifier.contains(have, prereleases=True):
+                found.append(f"{dist.metadata['Name']} needs {requirement}, and {requirement.name} is {have}")
+    return sorted(set(found))
 
 
 def _first_line(source: str) -> str:
@@ -130,7 +164,7 @@ def run_one(path: Path, timeout: float, in_place: bool, executed: Path | None) -
     import nbformat
     from nbclient import NotebookClient
 
-    name = path.relative_to(ROOT).as_posix()
+    name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
     nb = nbformat.read(path, as_version=4)
     current: dict = {"cell": None}
     start = time.monotonic()
@@ -139,9 +173,12 @@ def run_one(path: Path, timeout: float, in_place: bool, executed: Path | None) -
     try:
         if workdir is None:
             cwd = path.parent
-        else:  # a copy of the notebook's folder, named like it: relative paths resolve as they would there
+        else:  # a copy of the notebook's folder beside links to the rest of the repository: `../x` still resolves
             cwd = Path(workdir) / path.parent.name
             shutil.copytree(path.parent, cwd)
+            for entry in ROOT.iterdir():
+                if entry.name != path.parent.name and not entry.name.startswith("."):
+                    (Path(workdir) / entry.name).symlink_to(entry)
         client = NotebookClient(
             nb, kernel_name=KERNEL, timeout=timeout, startup_timeout=120,
             timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
@@ -213,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[gpu_notebooks] {len(notebooks)} notebooks on {info['device']}: Python {info['python']} "
           f"({sys.executable}), torch {info['torch']}, triton {info['triton']}; {args.timeout:g} s each at most",
           flush=True)
+    for warning in unmet_requirements():
+        print(f"[gpu_notebooks] warning: {warning}", flush=True)
     problems = preflight()
     if problems:
         for problem in problems:
