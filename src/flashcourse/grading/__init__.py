@@ -29,6 +29,7 @@ EXERCISES = {
     "ex10_mask_rules": "ex10",
     "ex11_ring_schedule": "ex11",
     "ex12_from_memory": "ex12",
+    "ex14_interview_code": "ex14",
 }
 
 # check function name -> module that defines it; modules load on first use (the Triton ones import torch).
@@ -48,6 +49,8 @@ _CHECKS = {
     "check_chunked_causal_triton": "ex10",
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
     "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",
+    "check_mha_forward": "ex14", "check_gqa_forward": "ex14", "check_rope": "ex14", "check_mla_decode": "ex14",
+    "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
 }
 
 __all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "keep_going", "parts", "run_check",
