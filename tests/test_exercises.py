@@ -19,6 +19,7 @@ LESSON_LINK_NAMES = ["ex01_naive_attention", "ex02_softmax", "ex03_tiled_forward
                      "ex06_triton_softmax", "ex07_triton_forward", "ex08_triton_backward", "ex09_decode_combine"]
 LATER_LESSON_LINKS = {10: "ex12_from_memory", 11: "ex10_mask_rules",
                       12: "ex11_ring_schedule"}  # lesson -> exercise, past the run above
+DRILL_VARIANTS = ["ex12b_from_memory_no_hints"]  # the same checks as an exercise above, linked from that exercise
 
 
 def _grade_cells(nb):
@@ -41,7 +42,8 @@ def _execute(path: Path, *, allow_errors: bool):
 
 
 def test_every_exercise_has_its_solution_source():
-    assert NAMES == sorted(f"{name}.ipynb" for name in [*LESSON_LINK_NAMES, *LATER_LESSON_LINKS.values()])
+    assert NAMES == sorted(f"{name}.ipynb" for name in [*LESSON_LINK_NAMES, *LATER_LESSON_LINKS.values(),
+                                                         *DRILL_VARIANTS])
     assert sorted(p.name for p in (ROOT / "exercises").glob("ex*.ipynb")) == NAMES
 
 
