@@ -7,7 +7,7 @@ Three launches:
 1. ``_bwd_preprocess``: Delta (B, H, N_q), one pass over O and dO.
 2. ``_bwd_dkdv_kernel``: K/V-stationary; a program owns BLOCK_N keys, keeps dK and dV in registers and streams
    every query tile that sees them. No two programs write the same dK/dV rows, so no atomics.
-3. the dQ scheme, one of two (``BACKWARD_VERSIONS``):
+3. the dQ scheme, one of five (``BACKWARD_VERSIONS``):
    - "b1" ``_bwd_dq_kernel``: Q-stationary, streams K/V tiles; recomputes Q K^T and dO V^T a second time
      (7 matmuls in all instead of 5) but writes dQ once, with plain stores.
    - "b2" dQ accumulated by the dK/dV kernel with fp32 atomic adds into a (B, H, N_q, D) buffer (FA2's own
@@ -15,6 +15,10 @@ Three launches:
    - "b3" ``_bwd_dkdv_b3_kernel`` + ``_bwd_dq_b3_kernel``: b1's scheme under the variant rules (``rules.py``)
      as compile-time switches; a dK/dV program loops over the query heads of its K/V head's group, so GQA's
      dK, dV are summed in registers (no atomics, no expanded K/V).
+   - "b4" b2 with relaxed atomics (``sem="relaxed"``): atomic adds without an acquire-release order each.
+   - "b5" b2 with each dQ tile staged in shared memory and added by a TMA reduce-add through a tensor
+     descriptor (the Tensor Memory Accelerator, a copy unit in each SM of a Hopper GPU, not one of the GPU's
+     copy engines), as FlashAttention-3 sums dQ; sm_90 and newer.
 Scores are kept in base 2 as in the forward: p = exp2(qk * scale*log2(e) - lse*log2(e)).
 """
 
