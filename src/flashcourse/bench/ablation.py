@@ -1,7 +1,8 @@
 """What the non-matmul work of the forward costs, measured rather than guessed (lesson 09).
 
-The default v6 kernel is timed as it ships, then an ablated copy of it with the rescaling by exp(m_old - m_new)
-removed, then with the exponentials removed too. Both ablated variants compute the WRONG answer on purpose: they
+The v6 kernel is timed as it ships (v7, the default since, compiles to v6's loops when no variant is asked for),
+then an ablated copy of it with the rescaling by exp(m_old - m_new) removed, then with the exponentials removed
+too. Both ablated variants compute the WRONG answer on purpose: they
 exist only to be timed, so they live here, beside the benchmark, and never in ``kernels``. The time they save is
 what the online softmax's rescaling, and the whole softmax, cost inside the kernel.
 """
