@@ -10,7 +10,7 @@ list from the fixed vocabulary :data:`TAGS`: how often interviewers ask it (``fr
 
 Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
 language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
-not count as a stated number: digits inside names (FA2, H100, FP8, 64K), exponents (N^2), single-digit counts
+not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01), exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
 "lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
 reports every breach.
@@ -170,7 +170,7 @@ _REFERENCE = re.compile(
 # A number, letters glued to it (a name when not "x"), and, looked ahead, a multiplier or percent sign, directly
 # or at the end of a range ("2-4x"), which makes even a single digit a claim.
 _NUMBER = re.compile(
-    r"(?<![A-Za-z_\d.^/])(\d+(?:\.\d+)?)(?P<suffix>[A-Za-z]*)"
+    r"(?<![A-Za-z_\d.^/])(?<![A-Za-z]-)(\d+(?:\.\d+)?)(?P<suffix>[A-Za-z]*)"
     r"(?=(?P<after>\s*[x×%倍]|[-–]\d+(?:\.\d+)?\s*[x×%倍])?)"
 )
 

@@ -49,7 +49,7 @@ __all__ = [
     "decode_benchmark_page_size",
     "decode_intensity",
     "cascade_read_ratio",
-    "kv_quant_bytes_per_token",
+    "mla_absorbed_over_naive",
     "mla_decode_intensity",
     "mla_decode_over_ridge",
     "spec_expected_tokens",
@@ -278,6 +278,13 @@ def mla_decode_over_ridge(q_heads: int, latent_dim: int, rope_dim: int, tflops: 
     return mla_decode_intensity(q_heads, latent_dim, rope_dim, query_tokens) / ridge_point(tflops, tbs)
 
 
+def mla_absorbed_over_naive(latent_dim: int, rope_dim: int, nope_dim: int, v_dim: int) -> float:
+    """FLOPs per query-key pair and head of MLA attention with the up-projections absorbed (QK over the latent plus
+    the RoPE part, PV over the latent) over those of attention on decompressed K and V (QK over ``nope_dim +
+    rope_dim``, PV over ``v_dim``): why prefill, which is compute-bound, decompresses instead."""
+    return (2 * (latent_dim + rope_dim) + 2 * latent_dim) / (2 * (nope_dim + rope_dim) + 2 * v_dim)
+
+
 def warpgroup_registers(producer: int, consumer: int, consumer_groups: int = 2) -> int:
     """32-bit registers a thread block of one producer warpgroup and ``consumer_groups`` consumer warpgroups (128
     threads each) holds after ``setmaxnreg`` sets ``producer`` and ``consumer`` registers per thread."""
@@ -296,12 +303,6 @@ def cascade_read_ratio(batch: int, prefix: int, suffix: int) -> float:
     """K/V rows a decode step reads when each of ``batch`` requests reads its own copy of a shared ``prefix`` plus
     its ``suffix``, over the rows a cascade (shared-prefix) kernel reads: the prefix once plus every suffix."""
     return batch * (prefix + suffix) / (prefix + batch * suffix)
-
-
-def kv_quant_bytes_per_token(head_dim: int, bits: int, group: int, scale_bytes: int = 2) -> float:
-    """Bytes per cached row of ``head_dim`` elements at ``bits`` per element with one ``scale_bytes`` scale (and one
-    zero point) per ``group`` elements, as KIVI-style asymmetric quantisation stores them."""
-    return head_dim * bits / 8 + 2 * scale_bytes * head_dim / group
 
 
 def causal_tile_fraction(n: int, block: int, kind: str = "computed", of: str = "all") -> float:
@@ -359,7 +360,7 @@ COMPUTE: dict[str, Callable[..., float]] = {
                backward_matmuls_over_forward, percent_more, attention_gflop, compute_time_us, transfer_time_us,
                ridge_point, kv_cache_gb, latent_cache_gb, decode_intensity, causal_tile_fraction,
                decode_benchmark_page_size, io_algorithm_ratio, mla_decode_intensity, mla_decode_over_ridge,
-               warpgroup_registers, spec_expected_tokens, cascade_read_ratio, kv_quant_bytes_per_token)
+               warpgroup_registers, spec_expected_tokens, mla_absorbed_over_naive, cascade_read_ratio)
 }
 
 
