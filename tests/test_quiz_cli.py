@@ -221,7 +221,8 @@ def test_spot_the_error_shows_a_wrong_claim_then_its_correction(tmp_path, small_
     child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--retry-missed")
     child.expect("Wrong claim 1 of 1")
     child.expect_exact(last[0]["wrong_answers"][last[1]]["claim"]["en"])
-    child.sendeof()
+    child.expect(r"elapsed\] > ")
+    child.sendeof()  # Ctrl-D at the clock's prompt ends the session too
     child.expect("Stopped")
     _end(child)
 

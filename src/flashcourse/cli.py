@@ -104,7 +104,14 @@ def _quiz(parser: argparse.ArgumentParser, args) -> int:
     from .interview import bank
     from .interview.terminal import TAG_VOCABULARY, run_quiz, show_stats
 
-    question_bank = bank.load(args.bank)
+    if args.bank is not None and not args.bank.is_file():
+        parser.error(f"--bank {args.bank}: no such file")
+    import yaml
+
+    try:
+        question_bank = bank.load(args.bank)
+    except (ValueError, KeyError, TypeError, yaml.YAMLError) as error:
+        parser.error(f"--bank {args.bank}: not a question bank ({error})")
     if args.section is not None and args.section not in question_bank.sections:
         parser.error(f"--section {args.section!r}: expected one of {', '.join(question_bank.sections)}")
     for tag in args.tag or []:

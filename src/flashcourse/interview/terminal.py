@@ -426,6 +426,8 @@ class _Session:
                 answer = self.console.input("> ").strip().lower()
             except (EOFError, KeyboardInterrupt):
                 raise _Quit from None
+            if not sys.stdin.isatty():  # piped input is not echoed: end the prompt's line
+                self.console.print()
             if answer == "q":  # q quits at every prompt
                 raise _Quit
             if answer in choices:
@@ -446,6 +448,8 @@ class _Session:
                 typed = input()
             except (EOFError, KeyboardInterrupt):
                 raise _Quit from None
+            if not sys.stdin.isatty():
+                self.console.print()
             if clock.up:
                 self.say(self.ui["time_up"].format(limit=duration(self.timer, self.lang)), style="bold red")
         typed = typed.strip()
