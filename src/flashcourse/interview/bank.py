@@ -10,7 +10,8 @@ list from the fixed vocabulary :data:`TAGS`: how often interviewers ask it (``fr
 
 Numbers: every number an answer states (in ``short``, ``long``, follow-up answers and corrections, in either
 language) must be the ``quote`` of one of the entry's evidence items, and that evidence must hold it. What does
-not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01), exponents (N^2), single-digit counts
+not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01),
+exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
 "lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
 reports every breach.

@@ -1,5 +1,8 @@
 """How the Chinese text of the bank and of lesson 10 is written: the terms Chinese engineers keep in English,
-and the punctuation they use. ``problems(text)`` lists every breach; tests run it on the bank and the zh lesson.
+one term per concept, and the punctuation they use. ``problems(text)`` lists every breach; tests run it on the
+bank, the zh lesson, the glossary's chosen terms and docs/interview_zh.md. ``polarity(answer, lang)`` reads
+whether an answer opens with yes, no, "different" or "the same", so that a test can check that the English and
+the Chinese answers of a follow-up agree.
 
 The glossary that goes with it, for people, is ``docs/glossary.md`` (English -> Chinese, with the renderings to
 avoid and why).
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["AVOID", "problems"]
+__all__ = ["AVOID", "TERMS", "polarity", "problems"]
 
 # A rendering that reads wrong to the engineers who ask these questions -> what they write instead.
 AVOID = {
@@ -25,6 +28,26 @@ AVOID = {
     "拐点": "脊点 (the Roofline model's ridge point)",
     "当前和": "指数和 l",
 }
+# One term per concept: a second rendering of a concept the bank already names -> the one it uses. Patterns are
+# regular expressions; where a Chinese word is also part of a set phrase (投机解码, 关键), the phrase is let through.
+TERMS = [
+    (r"预填充", "prefill"),
+    (r"(?<!投机)(?<!贪心)解码", "decode (投机解码 and 贪心解码 stay: they name decoding strategies)"),
+    (r"提示词", "prompt (system prompt)"),
+    (r"KV ?缓存|分页缓存", "KV cache (分页 KV cache)"),
+    (r"线程块", "thread block"),
+    (r"(?<!关)键(?!盘)", "key (a query's key; 键 reads as a dictionary key)"),
+    (r"(?:KV |query |个|的|按|注意力)头|头维度", "head, KV head, head dim"),
+    (r"重新缩放", "重缩放"),
+    (r"块表|页表", "block table"),
+    (r"查询", "query"),
+    (r"批大小|批处理|批量处理", "batch size, batching"),
+    (r"Q 块|KV 块|K/V 块|分数块|对角块|满块", "Q tile, KV tile, 分数 tile, 对角 tile, full tile"),
+    (r"分块预填充", "chunked prefill"),
+    (r"环形注意力", "ring attention"),
+    # in a Chinese sentence; the English titles of cited papers and docs keep their words
+    (r"(?<=[\u4e00-\u9fff] )prefix cach(?:ing|e)|prefix cach(?:ing|e)(?= ?[\u4e00-\u9fff])", "前缀缓存"),
+]
 _FULL_WIDTH = "，。：；！？、（）“”"
 _RULES = [
     (re.compile(rf"[{_FULL_WIDTH}] +"), "a space after full-width punctuation"),
@@ -50,6 +73,10 @@ def problems(text: str, where: str = "text") -> list[str]:
     for term, instead in AVOID.items():
         if term in prose:
             found.append(f"{where}: writes “{term}”; write {instead}")
+    for pattern, instead in TERMS:
+        for match in re.finditer(pattern, prose):
+            context = prose[max(0, match.start() - 8):match.end() + 8]
+            found.append(f"{where}: writes “{match[0]}” (…{context}…); the course writes {instead}")
     for match in re.finditer(r"\*\*([^\n]+?)\*\*", prose):  # pairs of ** from the left, as Markdown does
         followed_by_text = match.end() < len(prose) and prose[match.end()].isalnum()
         if match[1][-1] in "，。：；！？、）”" and followed_by_text:
@@ -60,3 +87,23 @@ def problems(text: str, where: str = "text") -> list[str]:
             start = max(0, match.start() - 12)
             found.append(f"{where}: {rule}: …{prose[start:match.end() + 12]}…")
     return found
+
+
+# How an answer opens, per language: the first pattern that matches its start decides. "Different" before "no",
+# since 不同 starts with 不.
+_OPENINGS = {
+    "en": [("different", r"(different|they differ)\b"), ("same", r"(the same|same)\b"),
+           ("no", r"(no|not|never|none|neither|false)\b"), ("yes", r"(yes|true)\b")],
+    "zh": [("different", r"(不同|不一样|有区别)"), ("same", r"(相同|一样|一致)"),
+           ("no", r"(都不|不|没|否|并不|并非|错|无)"), ("yes", r"(是|对|可以|能|会|有)")],
+}
+
+
+def polarity(answer: str, lang: str) -> str | None:
+    """"yes", "no", "different" or "same" when ``answer`` opens with one (English "No.", "Not always", "Yes:";
+    Chinese 不是、没有、可以、是的、不同), else None. Leading Markdown emphasis and quotes are skipped."""
+    text = answer.strip().lstrip("*_\"“”'` ").lower()
+    for kind, pattern in _OPENINGS[lang]:
+        if re.match(pattern, text):
+            return kind
+    return None
