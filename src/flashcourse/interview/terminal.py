@@ -113,7 +113,7 @@ UI = {
            "computed_args": "本课程代码算出：{what}（{args}）",
            "lesson_cell": "第 {number} 课（{title}）的代码单元格“{tag}”",
            "lesson_heading": "第 {number} 课（{title}）的小节“{heading}”",
-           "results": "GPU 实测结果（{device}，{date}，{what}）：{key}"},
+           "results": "GPU 实测结果（{device}，{date}，{what} 基准）"},
 }
 MODE_NAMES = {"en": {"answer": "answer", "spot-the-error": "spot the error"},
               "zh": {"answer": "答题", "spot-the-error": "找错"}}
@@ -296,7 +296,6 @@ def markdown_text(source: str) -> Text:
 
 # ------------------------------------------------------------------------------------------- evidence
 _LESSON = re.compile(r"(\d\d)_(.+?)(?:_zh)?\.ipynb$")
-_RESULTS = re.compile(r"(\d{4}-\d\d-\d\d)-(.+?)-([a-z0-9]+(?:-[a-z0-9]+)*?)(?:-run\d+|-rerun)?\.json$")
 _DEVICES = ("nvidia-h200", "nvidia-h100", "nvidia-a100", "nvidia-l4", "nvidia-a10", "nvidia-t4")
 
 
@@ -312,7 +311,7 @@ def _results(path: str) -> tuple[str, str, str]:
     date = name[:10] if re.match(r"\d{4}-\d\d-\d\d", name) else "?"
     rest = name[11:].removesuffix(".json")
     device = next((d for d in _DEVICES if rest.startswith(d)), rest.split("-")[0])
-    what = rest[len(device):].strip("-") or rest
+    what = re.sub(r"-(run\d+|rerun)$", "", rest[len(device):].strip("-") or rest)  # earlier runs of the day
     return device.replace("nvidia-", "").upper(), date, what
 
 
