@@ -216,6 +216,7 @@ def test_mla_mistakes_are_named(mistake, diagnosis):
     ({"with_layers": False}, {}, "layers are missing"),
     ({}, {"two": 2}, "latent is counted twice"),
     ({}, {"with_rope": False}, "RoPE key is missing"),
+    ({"two": 2 / 1e9}, {}, "in GB"),
 ])
 def test_kv_cache_mistakes_are_named(kv, mla, diagnosis):
     with pytest.raises(AssertionError, match=diagnosis):

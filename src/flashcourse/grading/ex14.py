@@ -468,9 +468,12 @@ def _exact(what: str, got, expected: int, candidates: list[tuple[str, int]], inp
     value = float(got)
     if value == expected:
         return
+    if value != int(value) and np.isclose(value, expected, rtol=1e-12):
+        raise AssertionError(f"{what} returned {value!r}, a fraction: the bytes are a whole number (integer "
+                             "arithmetic, no division)")
     message = f"{what}({', '.join(f'{k}={v}' for k, v in inputs.items())}) is {value:.10g}, expected {expected}"
     for diagnosis, wrong in candidates:
-        if wrong != expected and value == wrong:
+        if wrong != expected and np.isclose(value, wrong, rtol=1e-12, atol=0):
             raise AssertionError(f"{message}. Diagnosis: {diagnosis}")
     raise AssertionError(message)
 
@@ -485,7 +488,9 @@ def _cache_judge(case, out):
         ("the bytes per number are missing: multiply by dtype_bytes (2 for fp16 / bf16)",
          expected // kv["dtype_bytes"]),
         ("the factor 2 and the layers are missing", expected // (2 * kv["layers"])),
-        ("the result is in bits, not bytes", expected * 8)], kv)
+        ("the result is in bits, not bytes", expected * 8),
+        ("the result is in GB (10^9 bytes) or GiB (2^30): return bytes", expected / 1e9),
+        ("the result is in GB (10^9 bytes) or GiB (2^30): return bytes", expected / 2**30)], kv)
     expected = mla_bytes(**mla)
     twice = "MLA's latent is counted twice: one latent c_KV per token gives both K and V (no factor 2)"
     _exact("mla_cache_bytes", out["mla"], expected, [
