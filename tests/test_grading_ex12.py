@@ -85,7 +85,7 @@ def test_the_clock_reports_the_time(capsys):
 
 
 def test_the_hint_free_drill_has_the_same_checks_and_no_algorithm_in_its_text():
-    """ex12b is ex12 for a timed drill: the same graded cells (ex12_a, ex12_b), statements and TODO lines that do not
+    """ex12_from_memory_no_hints is ex12 for a timed drill: the same graded cells (ex12_a, ex12_b), statements and TODO lines that do not
     spell the algorithm out, and each notebook says which one to use for the drill."""
     from pathlib import Path
 
@@ -93,7 +93,7 @@ def test_the_hint_free_drill_has_the_same_checks_and_no_algorithm_in_its_text():
 
     root = Path(__file__).resolve().parents[1]
     with_hints = nbformat.read(root / "exercises" / "ex12_from_memory.ipynb", as_version=4)
-    drill = nbformat.read(root / "exercises" / "ex12b_from_memory_no_hints.ipynb", as_version=4)
+    drill = nbformat.read(root / "exercises" / "ex12_from_memory_no_hints.ipynb", as_version=4)
 
     def graded(nb):
         return [(c.metadata["nbgrader"]["grade_id"], c.metadata["nbgrader"]["points"], c.source) for c in nb.cells
@@ -104,4 +104,4 @@ def test_the_hint_free_drill_has_the_same_checks_and_no_algorithm_in_its_text():
     for hint in ("m_new", "alpha", "rescale", "running max", "running sum", "exp(m", "safe max"):
         assert hint not in text, f"the hint-free drill says {hint!r}"
     assert "ex12_from_memory.ipynb" in text and "timed drill" in text
-    assert "ex12b_from_memory_no_hints.ipynb" in "\n".join(c.source for c in with_hints.cells)
+    assert "ex12_from_memory_no_hints.ipynb" in "\n".join(c.source for c in with_hints.cells)

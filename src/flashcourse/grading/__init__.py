@@ -28,6 +28,7 @@ EXERCISES = {
     "ex09_decode_combine": "ex09",
     "ex10_mask_rules": "ex10",
     "ex11_ring_schedule": "ex11",
+    "ex12_from_memory_no_hints": "ex12",  # the same checks without hints; before ex12_from_memory, which names "ex12"
     "ex12_from_memory": "ex12",
     "ex14_interview_code": "ex14",
 }
@@ -48,6 +49,7 @@ _CHECKS = {
     "check_prefix_lm_mask": "ex10", "check_chunked_causal_mask": "ex10", "check_block_kinds": "ex10",
     "check_chunked_causal_triton": "ex10",
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
+    "check_ring_hide_positions": "ex11",
     "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",
     "check_mha_forward": "ex14", "check_gqa_forward": "ex14", "check_rope": "ex14", "check_mla_decode": "ex14",
     "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
