@@ -502,6 +502,7 @@ def test_the_term_check_catches_each_second_rendering():
     for term in ("预填充", "KV 缓存", "提示词", "解码", "线程块", "KV 头", "“键”", "查询", "重新缩放", "块表", "Q 块"):
         assert term in text, term
     assert zh_style.problems("投机解码和贪心解码是固定说法；关键在于 prefill 和 decode。") == []
+    assert "no space between Chinese and a Latin word" in "\n".join(zh_style.problems("K、V tile依次流过"))
 
 
 def test_glossary_names_every_chosen_term():

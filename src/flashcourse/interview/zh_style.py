@@ -45,6 +45,8 @@ TERMS = [
     (r"Q 块|KV 块|K/V 块|分数块|对角块|满块", "Q tile, KV tile, 分数 tile, 对角 tile, full tile"),
     (r"分块预填充", "chunked prefill"),
     (r"环形注意力", "ring attention"),
+    (r"非相干处理", "incoherent processing"),
+    (r"生产者|消费者", "producer, consumer (warp specialization's roles)"),
     # in a Chinese sentence; the English titles of cited papers and docs keep their words
     (r"(?<=[\u4e00-\u9fff] )prefix cach(?:ing|e)|prefix cach(?:ing|e)(?= ?[\u4e00-\u9fff])", "前缀缓存"),
 ]
@@ -57,6 +59,8 @@ _RULES = [
     (re.compile(r"\*\*[^*\n]*[\u4e00-\u9fff][^*\n]*[.:]\*\*"), "a half-width colon or full stop closing a bold "
                                                             "heading: use “：”"),
     (re.compile(r'"[^"\n]*[\u4e00-\u9fff][^"\n]*"'), "ASCII quotation marks around Chinese: use “ ”"),
+    (re.compile(r"[A-Za-z0-9][\u4e00-\u9fff]|[\u4e00-\u9fff][A-Za-z0-9]"), "no space between Chinese and a Latin word "
+                                                                        "or a number"),
 ]
 
 
