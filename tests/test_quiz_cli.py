@@ -271,6 +271,15 @@ def test_tags_filter_the_entries(tmp_path, small_bank):
     child = _spawn(tmp_path, "--bank", str(small_bank), "--tag", "level:intermediate")
     child.expect("No entry has the tags level:intermediate")
     _end(child)
+    # The course's bank: the questions asked often, at the basic level.
+    from flashcourse.interview.terminal import filter_by_tags
+
+    common = filter_by_tags(BANK.entries, ["freq:common", "level:basic"])
+    assert all({"freq:common", "level:basic"} <= set(e["tags"]) for e in common)
+    child = _spawn(tmp_path, "--tag", "freq:common", "--tag", "level:basic")
+    child.expect(f"Question 1 of {len(common)}" if common else "No entry has the tags")
+    child.sendline("q")
+    _end(child)
     result = subprocess.run([sys.executable, "-m", "flashcourse", "quiz", "--tag", "freq:often"],
                             capture_output=True, text=True, env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)))
     assert result.returncode == 2 and "freq:common" in result.stderr

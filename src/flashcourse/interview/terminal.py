@@ -54,8 +54,8 @@ __all__ = ["MODES", "POINTS", "TAG_VOCABULARY", "ScoreStore", "data_dir", "evide
 
 POINTS = {"g": 1.0, "p": 0.5, "m": 0.0}
 MODES = ("answer", "spot-the-error")
-TAG_VOCABULARY = ("freq:common", "freq:occasional", "freq:rare", "level:basic", "level:intermediate",
-                  "level:advanced")
+TAG_VOCABULARY = tuple(getattr(bank_module, "TAGS", ("freq:common", "freq:occasional", "freq:rare", "level:basic",
+                                                      "level:intermediate", "level:advanced")))
 UI = {
     "en": {"question": "Question {n} of {total}", "follow_up": "Follow-up {n}", "claim": "Wrong claim {n} of {total}",
            "context": "Asked about: {question}",
