@@ -19,7 +19,7 @@ from flashcourse.interview.quiz import Quiz, markdown_to_html
 
 BANK = interview.load()
 
-# The issue's coverage list and myths list, each mapped to the entry that answers it.
+# The required topics and myths, each mapped to the entry that answers it.
 REQUIRED = {
     "why FlashAttention is fast": "why-fast",
     "faster despite more FLOPs": "more-flops-yet-faster",
@@ -44,6 +44,22 @@ REQUIRED = {
     "myth: only for training": "myth-training-only",
     "myth: merging costs 20-30%": "myth-rescale-cost",
     "myth: O(N^2) memory without recomputation": "myth-memory-without-recompute",
+    # serving and 2025 models
+    "continuous batching, iteration-level scheduling (Orca)": "continuous-batching",
+    "TTFT, TPOT and goodput": "ttft-tpot",
+    "prefill-decode disaggregation (DistServe, Mooncake)": "pd-disaggregation",
+    "speculative decoding: why lossless, acceptance rate": "speculative-decoding",
+    "tree attention and tree masks (SpecInfer, Medusa, EAGLE)": "tree-attention",
+    "KV-cache quantisation (FP8 scales, KIVI)": "kv-cache-quantization",
+    "MLA absorbed in decode, not prefill; TP vs DP attention": "mla-absorb-parallel",
+    "trainable sparse attention (NSA, DSA, MoBA)": "trainable-sparse-attention",
+    "linear and hybrid attention (Gated DeltaNet, lightning, Kimi Linear)": "linear-hybrid",
+    "attention sinks (StreamingLLM, gpt-oss)": "attention-sinks",
+    "batch invariance and determinism": "batch-invariance",
+    "cascade / shared-prefix kernels": "cascade-attention",
+    "FA3's setmaxnreg": "fa3-setmaxnreg",
+    "FA3's FP8 V transpose": "fa3-fp8-v-transpose",
+    "judging a decode kernel": "decode-benchmark",
 }
 STANDARD_TERMS = ("IO 感知", "分块", "重计算", "在线 softmax", "算子融合")
 
@@ -69,6 +85,7 @@ def test_the_shipped_bank_is_valid():
 
 def test_covers_every_required_topic_and_myth():
     ids = {entry["id"] for entry in BANK.entries}
+    assert len(BANK.entries) >= 60
     missing = {topic: entry_id for topic, entry_id in REQUIRED.items() if entry_id not in ids}
     assert not missing, f"the bank lacks entries for {missing}"
     assert {e["id"] for e in BANK.in_section("myths")} >= {v for k, v in REQUIRED.items() if k.startswith("myth")}
