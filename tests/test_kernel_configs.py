@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,54 +13,54 @@ if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse.kernels import configs  # noqa: E402
 
-DEVICES = {name: configs.KNOWN_DEVICES[name] for name in ("T4", "A100", "RTX 4090", "H100", "H200")}
+DEVICES = dict(configs.KNOWN_DEVICES)
 # The opt-in shared memory per thread block of each chip, in KB, as NVIDIA's CUDA C++ Programming Guide lists it
-# per compute capability (7.5: 64, 8.0: 163, 8.9: 99, 9.0: 227). Written out here, independently of configs.
-DATA_SHEET_SMEM_KB = {"T4": 64, "A100": 163, "RTX 4090": 99, "H100": 227, "H200": 227}
-
-
-def tile_bytes(cfg, block_d, elem_bytes, resident_rows, streamed_rows):
-    """Bytes of the tiles a kernel keeps in shared memory: resident tiles once, streamed ones per stage."""
-    return elem_bytes * block_d * (resident_rows + cfg.num_stages * streamed_rows)
+# per compute capability (7.5: 64, 8.0: 163, 8.6 and 8.9: 99, 9.0: 227). Written out here, independently of configs.
+DATA_SHEET_SMEM_KB = {"T4": 64, "A100": 163, "A10": 99, "RTX 3090": 99, "L4": 99, "RTX 4090": 99, "H100": 227,
+                      "H200": 227}
 
 
 def test_known_devices_match_the_data_sheet():
+    assert set(DEVICES) == set(DATA_SHEET_SMEM_KB)
     for name, props in DEVICES.items():
         assert props.shared_memory_per_block == DATA_SHEET_SMEM_KB[name] * 1024, name
+
+
+def area(cfg):
+    return cfg.block_m * cfg.block_n * cfg.num_stages
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
 @pytest.mark.parametrize("block_d", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_forward_config_fits_shared_memory(name, block_d, elem_bytes, causal):
-    limit = DATA_SHEET_SMEM_KB[name] * 1024
-    for cfg in (configs.forward_config(DEVICES[name], block_d, elem_bytes, causal=causal),
-                configs.baseline_forward_config(DEVICES[name], block_d, elem_bytes)):
-        # the Q tile stays; a K and a V tile arrive per pipeline stage
-        assert tile_bytes(cfg, block_d, elem_bytes, cfg.block_m, 2 * cfg.block_n) <= limit, (name, cfg)
-        assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
-        assert cfg.num_warps in (4, 8)
+def test_forward_candidates_nest_and_step_down(name, block_d, elem_bytes, causal):
+    """Whether they fit is compiled, not estimated (test_launch_fit.py); here: the rules the kernels need, and
+    a list whose steps down end at the smallest launch there is."""
+    for candidates in (configs.forward_candidates(DEVICES[name], block_d, elem_bytes, causal=causal),
+                       configs.baseline_forward_candidates(DEVICES[name], block_d, elem_bytes)):
+        for cfg in candidates:
+            assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
+            assert cfg.num_warps in (4, 8)
+        assert candidates[-1] == configs.KernelConfig(16, 16, 4, 1)
+        areas = [area(c) for c in candidates]
+        assert areas[-1] == min(areas) and (len(areas) == 1 or areas[-1] < areas[0]), candidates
+    assert configs.forward_config(DEVICES[name], block_d, elem_bytes, causal=causal) == \
+        configs.forward_candidates(DEVICES[name], block_d, elem_bytes, causal=causal)[0]
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
 @pytest.mark.parametrize("block_d", [16, 64, 128, 256])
+@pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_configs_fit_and_nest(name, block_d, causal):
-    limit = DATA_SHEET_SMEM_KB[name] * 1024
-    dkdv, dq = configs.backward_config(DEVICES[name], block_d, 2, causal=causal)
-    assert dkdv.block_n % dkdv.block_m == 0 and dq.block_m % dq.block_n == 0
-    # dK/dV keeps K and V of block_n rows and streams q and dO; dQ keeps q and dO and streams K and V
-    assert tile_bytes(dkdv, block_d, 2, 2 * dkdv.block_n, 2 * dkdv.block_m) <= limit, (name, dkdv)
-    assert tile_bytes(dq, block_d, 2, 2 * dq.block_m, 2 * dq.block_n) <= limit, (name, dq)
+def test_backward_candidates_nest(name, block_d, elem_bytes, causal):
+    dkdv, dq = configs.backward_candidates(DEVICES[name], block_d, elem_bytes, causal=causal)
+    assert all(c.block_n % c.block_m == 0 for c in dkdv) and all(c.block_m % c.block_n == 0 for c in dq)
+    assert configs.backward_config(DEVICES[name], block_d, elem_bytes, causal=causal) == (dkdv[0], dq[0])
+    assert len(dkdv) >= 2 and len(dq) >= 2, "a GPU that offers less needs somewhere to step down to"
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 128, 256])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
-    """The proof the estimates above stand for: every kernel compiles and runs under the config chosen here."""
+def _run_every_kernel(head_dim, dtype):
     from flashcourse import kernels
 
     dtype = getattr(torch, dtype)
@@ -69,6 +71,27 @@ def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
         kernels.flash_attention(q, k, v, causal=causal).sum().backward()
     kernels.flash_decode(q[:, :, 0].detach(), k.detach(), v.detach())
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("head_dim,dtype", [(64, "float16"), (128, "bfloat16"), (256, "float16")])
+def test_chosen_configs_compile_and_run_on_this_gpu(head_dim, dtype):
+    """Every kernel compiles, loads and runs under the launches chosen for this GPU (no step-down warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _run_every_kernel(head_dim, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.sweep
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_chosen_configs_compile_and_run_every_head_dim_and_dtype(head_dim, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _run_every_kernel(head_dim, dtype)
 
 
 @pytest.mark.parametrize("name", list(DEVICES))
@@ -83,7 +106,6 @@ def test_head_dim_256_gets_real_tiles_on_every_device(name):
 def test_what_each_device_gets():
     t4 = configs.forward_config(DEVICES["T4"], 128, 2)
     assert t4.num_stages == 1, "Turing has no cp.async: extra stages only cost shared memory"
-    assert configs.forward_smem_bytes(t4, 128, 2) <= 64 * 1024
     h100 = configs.forward_config(DEVICES["H100"], 128, 2)
     assert h100.block_m == 128, "Hopper's warpgroup MMA wants 128-row tiles"
     assert configs.forward_config(DEVICES["H200"], 64, 2) == configs.forward_config(DEVICES["H100"], 64, 2)
@@ -105,3 +127,71 @@ def test_decode_splits_fill_the_device():
     assert splits * 8 >= 0.9 * h200.num_sms, "batch 1 needs the KV length split to use every SM"
     assert configs.decode_num_splits(h200, 8, 100, 64) == 1, "a short cache is not worth splitting"
     assert configs.decode_num_splits(h200, 512, 131072, 64) == 1, "enough (batch, head) programs already"
+
+
+def test_bfloat16_on_a_t4_names_the_gpu_and_suggests_float16(monkeypatch):
+    from flashcourse.kernels import _checks
+
+    monkeypatch.setattr(configs, "device_props", lambda device: DEVICES["T4"])
+    with pytest.raises(TypeError, match=r"Tesla T4 \(compute capability 7.5\) has no bfloat16.*float16"):
+        _checks.check_dtype(torch.zeros(2, dtype=torch.bfloat16), "q")
+    _checks.check_dtype(torch.zeros(2, dtype=torch.float16), "q")  # float16 is fine there
+
+
+def test_a_launch_that_does_not_fit_steps_down_once_with_a_warning(monkeypatch):
+    """On a GPU the table does not know, OutOfResources at load time takes the next candidate, says so once
+    and is remembered (faked here: the interpreter has no shared-memory limit)."""
+    from triton.runtime.errors import OutOfResources
+
+    from flashcourse.kernels import stepdown
+
+    monkeypatch.setattr(stepdown, "_FIRST_FITTING", {})
+    candidates = configs.forward_candidates(DEVICES["A10"], 128, 2)
+    tried = []
+
+    def launch(cfg):
+        tried.append(cfg)
+        if cfg == candidates[0]:
+            raise OutOfResources(200_000, 101_376, "shared memory")
+        return "ran"
+
+    with pytest.warns(RuntimeWarning, match="does not fit this GPU.*stepping down to"):
+        assert stepdown.launch_fitting("key", candidates, launch, "forward v7") == "ran"
+    assert tried == [candidates[0], candidates[1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stepdown.launch_fitting("key", candidates, launch, "forward v7")  # no second warning, no retry
+    assert tried[-1] == candidates[1] and len(tried) == 3
+    with pytest.raises(OutOfResources):
+        stepdown.launch_fitting("other", candidates[:1], launch, "forward v7")  # nothing left: the error stands
+
+
+def test_the_forward_steps_down_through_the_public_api(rng, monkeypatch):
+    """The public call survives a first launch that does not fit and still computes attention."""
+    from triton.runtime.errors import OutOfResources
+
+    from flashcourse import kernels, reference
+    from flashcourse.kernels import forward, stepdown
+    from flashcourse.tolerance import assert_close
+
+    monkeypatch.setattr(stepdown, "_FIRST_FITTING", {})
+    big, small = configs.KernelConfig(64, 32, 4, 1), configs.KernelConfig(32, 16, 4, 1)
+    monkeypatch.setattr(configs, "forward_candidates", lambda *a, **k: (big, small))
+    real = forward._fwd_v7_kernel
+
+    class TooBig:
+        fn = real.fn
+
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                if kwargs["BLOCK_M"] == big.block_m:
+                    raise OutOfResources(300_000, 65_536, "shared memory")
+                return real[grid](**kwargs)
+            return launch
+
+    monkeypatch.setitem(forward.FORWARD_VERSIONS, "v7", forward.FORWARD_VERSIONS["v7"].__class__(
+        **{**forward.FORWARD_VERSIONS["v7"].__dict__, "kernel": TooBig()}))
+    q, k, v = (torch.tensor(rng.standard_normal((1, 2, 40, 16)), dtype=torch.float32) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="forward v7"):
+        o = kernels.flash_attention(q, k, v, causal=True)
+    assert_close(o, reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True))

@@ -18,7 +18,7 @@ if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402, F401  (Triton wants it in scope of every jit function, mask_mods too)
-from variant_spec import dense_keep  # noqa: E402
+from variant_spec import dense_keep, diagonal  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
 from flashcourse.kernels import blockmask, rules  # noqa: E402
@@ -80,7 +80,8 @@ def reference(q, k, v, *, scale=None, causal=False, window=None, softcap=None, a
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     if alibi_slopes is not None:
-        distance = (torch.arange(n_q)[:, None] + n_kv - n_q - torch.arange(n_kv)[None, :]).abs().to(s.device)
+        distance = (torch.arange(n_q)[:, None] + diagonal(n_q, n_kv, causal) - torch.arange(n_kv)[None, :]).abs()
+        distance = distance.to(s.device)
         s = s - alibi_slopes.to(s)[None, :, None, None] * distance
     keep = visible_mask(batch, heads, n_q, n_kv, causal=causal, window=window, document_ids=document_ids,
                         mask_mod=mask_mod).to(s.device)
@@ -145,7 +146,15 @@ CASES = {
     "window left only, odd head dim": ((1, 2, 2, 70, 70, 80), {"window": (20, -1)}),
     "window right only, N_q < N_k": ((1, 2, 2, 33, 50, 16), {"window": (-1, 4)}),
     "window + gqa + causal": ((1, 4, 2, 70, 70, 32), {"window": (17, 6), "causal": True}),
-    "window + top-left causal, N_q < N_k (empty rows)": ((1, 2, 2, 20, 60, 16), {"window": (9, 0), "causal": True}),
+    # One diagonal per call: the window and ALiBi measure from the causal alignment's diagonal (bottom-right
+    # without causal), for N_q < N_k (a chunk after a cache) and N_q > N_k, each alignment.
+    "window + top-left causal, N_q < N_k": ((1, 2, 2, 20, 60, 16), {"window": (9, 0), "causal": True}),
+    "window + bottom-right causal, N_q < N_k": ((1, 2, 2, 20, 60, 16), {"window": (9, 0), "causal": "bottom_right"}),
+    "window + top-left causal, N_q > N_k": ((1, 2, 2, 45, 20, 16), {"window": (6, 2), "causal": "top_left"}),
+    "window, no causal, N_q > N_k (empty rows)": ((1, 2, 2, 45, 20, 16), {"window": (6, 2)}),
+    "alibi + top-left causal, N_q < N_k": ((1, 2, 2, 19, 41, 16), {"alibi_slopes": slopes(2), "causal": True}),
+    "alibi + bottom-right causal, N_q > N_k": ((1, 2, 1, 41, 19, 16),
+                                               {"alibi_slopes": slopes(2), "causal": "bottom_right"}),
     "one query": ((1, 2, 1, 1, 30, 16), {"window": (10, 0), "causal": "bottom_right"}),
     "softcap": ((1, 2, 2, 40, 40, 16), {"softcap": 0.5, "scale": 1.0}),
     "alibi + causal": ((1, 4, 2, 40, 40, 16), {"alibi_slopes": slopes(4), "causal": True}),

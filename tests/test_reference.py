@@ -212,6 +212,14 @@ VARIANTS = {
     "alibi": ({"alibi_slopes": np.array([0.5, 0.125, 0.03125], dtype=np.float32)}, {}, (1, 3, 3, 7, 11)),
     "gqa 4 -> 2": ({"causal": True}, {}, (2, 4, 2, 9, 9)),
     "mqa 3 -> 1": ({}, {}, (1, 3, 1, 6, 8)),
+    # one diagonal per call: window and ALiBi follow the causal alignment, N_q != N_k both ways
+    "window + top_left, N_q < N_k": ({"window": (2, 0), "causal": "top_left"}, {}, (1, 1, 1, 6, 11)),
+    "window + bottom_right, N_q < N_k": ({"window": (2, 1), "causal": "bottom_right"}, {}, (1, 1, 1, 6, 11)),
+    "window + top_left, N_q > N_k": ({"window": (3, 2), "causal": "top_left"}, {}, (1, 1, 1, 11, 6)),
+    "alibi + top_left, N_q < N_k": ({"alibi_slopes": np.array([0.5, 0.25], dtype=np.float32), "causal": True},
+                                    {}, (1, 2, 2, 5, 9)),
+    "alibi + bottom_right, N_q > N_k": ({"alibi_slopes": np.array([0.5], dtype=np.float32),
+                                         "causal": "bottom_right"}, {}, (1, 1, 1, 9, 5)),
     "everything": ({"causal": True, "window": (5, 0), "softcap": 3.0,
                     "alibi_slopes": np.array([0.25, 0.5, 0.0625, 1.0])}, {}, (2, 4, 2, 15, 15)),
 }

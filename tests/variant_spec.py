@@ -7,15 +7,19 @@ import numpy as np
 import torch
 
 
+def diagonal(n_q, n_k, causal) -> int:
+    """Where query 0 sits among the keys: the first key under top-left causal, else the last query lines up with
+    the last key (bottom-right causal, or none). Causal, window and ALiBi all measure from this one diagonal."""
+    return 0 if causal in (True, "top_left") else n_k - n_q
+
+
 def dense_keep(b, h, n_q, n_k, *, causal=False, window=None, document_ids=None, extra=None) -> torch.Tensor:
     """The (B, H, N_q, N_k) boolean mask of the variant options, from their definitions."""
     i = torch.arange(n_q)[:, None]
-    position = i + (n_k - n_q)  # bottom-right: the last query lines up with the last key
+    position = i + diagonal(n_q, n_k, causal)
     j = torch.arange(n_k)[None, :]
     keep = torch.ones(b, h, n_q, n_k, dtype=torch.bool)
-    if causal in (True, "top_left"):
-        keep &= j <= i
-    elif causal == "bottom_right":
+    if causal:
         keep &= j <= position
     if window is not None:
         left, right = window
@@ -45,7 +49,7 @@ def torch_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=N
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     if alibi_slopes is not None:
-        distance = (torch.arange(n_q)[:, None] + n_k - n_q - torch.arange(n_k)[None, :]).abs()
+        distance = (torch.arange(n_q)[:, None] + diagonal(n_q, n_k, causal) - torch.arange(n_k)[None, :]).abs()
         s = s - torch.as_tensor(np.asarray(alibi_slopes, dtype=np.float64))[:, None, None] * distance
     keep = dense_keep(b, h, n_q, n_k, causal=causal, window=window, document_ids=document_ids, extra=extra)
     seen = keep.any(dim=-1, keepdim=True)

@@ -139,9 +139,11 @@ CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
 class AttentionRule:
     """The attention options as one rule: which keys each query sees, and what happens to its score.
 
-    Built and checked by :func:`attention_rule`. Positions: query i sits at key position i + N_k - N_q (the
-    last query lines up with the last key), which is where the bottom-right causal mask, the window and ALiBi
-    measure from. ``causal`` is None, "top_left" (key j <= query i, SDPA's ``is_causal``) or "bottom_right".
+    Built and checked by :func:`attention_rule`. One diagonal per call: query i sits at key position
+    i + shift, with shift = 0 under "top_left" causal (the first query lines up with the first key, SDPA's
+    ``is_causal``) and shift = N_k - N_q otherwise ("bottom_right" causal, or no causal mask: the last query
+    lines up with the last key, as in the FlashAttention library). The causal mask (key j <= i + shift), the
+    window and ALiBi's distance all measure from that diagonal. ``causal`` is None, "top_left" or "bottom_right".
     """
 
     n_q: int
@@ -152,6 +154,11 @@ class AttentionRule:
     alibi_slopes: np.ndarray | None = None  # (H_q,): bias -slope_h * |position - j|
     document_ids: np.ndarray | None = None  # (B, N): a query sees the keys of its own document only
     mask_mod: Callable | None = None  # (b, h, q_idx, kv_idx) -> bool array, ANDed with the rest
+
+    @property
+    def shift(self) -> int:
+        """The call's diagonal: query i sits at key position i + shift (0 for top-left causal, else N_k - N_q)."""
+        return 0 if self.causal == "top_left" else self.n_k - self.n_q
 
     @property
     def masks(self) -> bool:
@@ -170,11 +177,9 @@ class AttentionRule:
         e.g. q_idx (B_q, 1) and kv_idx (1, B_k) for one tile. Every option is ANDed into one mask; the bias is
         ALiBi's (0.0 without it, or with ``with_bias=False``). The Triton kernels evaluate the same rule.
         """
-        position = q_idx + (self.n_k - self.n_q)  # the query's position among the keys (bottom-right)
+        position = q_idx + self.shift  # the query's position among the keys: the call's one diagonal
         keep = np.ones((), dtype=bool)
-        if self.causal == "top_left":
-            keep = keep & (kv_idx <= q_idx)
-        elif self.causal == "bottom_right":
+        if self.causal is not None:
             keep = keep & (kv_idx <= position)
         if self.window is not None:
             left, right = self.window

@@ -47,7 +47,7 @@ def _need_gpu() -> None:
 def _attention(args) -> None:
     from flashcourse.bench import attention
 
-    dtypes = args.dtype
+    dtypes = args.dtype or default_dtypes()
     seq_lens = args.n or (attention.SEQ_LENS if not args.quick else (1024, 4096))
     heads = [tuple(int(x) for x in hc.split("x")) for hc in args.head_config] if args.head_config else \
         attention.HEAD_CONFIGS
@@ -131,7 +131,7 @@ def _variants(args) -> None:
     def save(rows):
         return save_results("variants", variants.merge_rows(earlier, rows), directory=args.out, kind="variants")
 
-    rows = variants.run(args.dtype, args.variants, args.providers, on_variant=save)
+    rows = variants.run(args.dtype or default_dtypes(), args.variants, args.providers, on_variant=save)
     path = save(rows)
     print(variants.format_table(rows))
     print(f"wrote {path}")
@@ -202,6 +202,17 @@ def _table(args) -> None:
     print(f"updated {doc} and {readme}")
 
 
+def default_dtypes() -> list[str]:
+    """float16 everywhere; bfloat16 too where the GPU has bfloat16 tensor cores (not on a T4: sm_75)."""
+    from flashcourse.kernels import configs
+
+    props = configs.device_props("cuda")
+    if configs.supports_bf16(props):
+        return ["float16", "bfloat16"]
+    print(f"{props.name} has no bfloat16 tensor cores (compute capability < 8.0): measuring float16 only")
+    return ["float16"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flashcourse.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,7 +223,8 @@ def main(argv=None) -> None:
                        help="folder for the JSON and the plot (default: %(default)s)")
         p.add_argument("--n", type=int, nargs="+", help="sequence lengths")
     att = sub.choices["attention"]
-    att.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
+    att.add_argument("--dtype", nargs="+", choices=["float16", "bfloat16"],
+                     help="default: float16 and, where the GPU has bfloat16 tensor cores (sm_80+), bfloat16")
     att.add_argument("--head-config", nargs="+", help="HxD pairs, e.g. 32x64 16x128")
     att.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     att.add_argument("--providers", nargs="+", default=["flashcourse", "sdpa_flash", "sdpa_cudnn",
@@ -236,7 +248,8 @@ def main(argv=None) -> None:
     var = sub.add_parser("variants", help="attention variants vs FlexAttention and SDPA")
     var.add_argument("--out", type=Path, default=resources.new_results_dir(),
                      help="folder for the JSON (default: %(default)s)")
-    var.add_argument("--dtype", nargs="+", default=["float16", "bfloat16"], choices=["float16", "bfloat16"])
+    var.add_argument("--dtype", nargs="+", choices=["float16", "bfloat16"],
+                     help="default: float16 and, where the GPU has bfloat16 tensor cores (sm_80+), bfloat16")
     var.add_argument("--variants", nargs="+", help="variant names, e.g. 'window 1024' (default: all)")
     var.add_argument("--providers", nargs="+", default=["flashcourse", "flex", "sdpa_flash", "sdpa_cudnn",
                                                         "flashcourse_expanded_kv"])

@@ -37,9 +37,16 @@ def check_device(t: torch.Tensor, name: str) -> None:
 def check_dtype(t: torch.Tensor, name: str) -> None:
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}, expected float16, bfloat16 or float32")
-    if t.dtype == torch.bfloat16 and not configs.supports_bf16(configs.device_props(t.device)):
-        where = "the CPU interpreter (its bf16 dot is wrong)" if t.device.type == "cpu" else "this GPU (sm < 80)"
-        raise TypeError(f"{name} is bfloat16, which {where} cannot run: use float16 instead")
+    if t.dtype == torch.bfloat16:
+        props = configs.device_props(t.device)
+        if props.interpreter:
+            raise TypeError(f"{name} is bfloat16, which the CPU interpreter cannot run (its bf16 dot is wrong): "
+                            "use float16 instead")
+        if not configs.supports_bf16(props):
+            major, minor = props.capability
+            raise TypeError(f"{name} is bfloat16, but the {props.name} (compute capability {major}.{minor}) has no "
+                            "bfloat16 tensor cores (they start at 8.0, Ampere): use float16 instead, e.g. "
+                            f"{name}.half()")
 
 
 def check_head_dim(head_dim: int) -> None:

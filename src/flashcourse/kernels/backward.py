@@ -44,6 +44,7 @@ from .common import (
     visible,
 )
 from .rules import Rules, causal_rules, refuse_missing
+from .stepdown import launch_fitting
 
 
 @triton.jit
@@ -578,10 +579,10 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
-    cfg_dkdv, cfg_dq = configs_override or configs.backward_config(props, block_d, q.element_size(),
-                                                                   causal=masked)
-    if not version.takes_rules:  # b1/b2 split at tile edges; b3 classifies tiles from the bounds themselves
-        check_backward_launch(cfg_dkdv, cfg_dq, causal=rules.causal is not None)
+    if configs_override is not None:
+        dkdv_candidates, dq_candidates = ((configs_override[0],), (configs_override[1],))
+    else:
+        dkdv_candidates, dq_candidates = configs.backward_candidates(props, block_d, q.element_size(), causal=masked)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:
@@ -597,34 +598,49 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     )
+    key = (props, block_d, q.dtype, masked)
+    what = f"backward {version.name} at head dim {head_dim}"
     if version.takes_rules:
-        _run_b3(q, k, v, do, dk, dv, dq_acc, lse, delta, rules, scale, cfg_dkdv, cfg_dq, block_d)
+        shared = _b3_shared_args(q, k, v, do, lse, delta, rules, scale, block_d)
+        launch_fitting(("dkdv b3", *key), dkdv_candidates,
+                       lambda cfg: _launch_b3_dkdv(cfg, q, k, dk, dv, rules, shared), f"{what}, dK/dV kernel")
+        launch_fitting(("dq b3", *key), dq_candidates,
+                       lambda cfg: _launch_b3_dq(cfg, q, k, dq_acc, rules, shared), f"{what}, dQ kernel")
         return dq_acc, dk, dv
     dq_mode = version.dq_mode
-    if dq_mode == DQ_TMA.value:  # needs Hopper's copy engine; the interpreter (Triton 3.9) has no reduce-add either
+    if dq_mode == DQ_TMA.value:  # needs Hopper's TMA; the interpreter (Triton 3.9) has no reduce-add either
         if configs.supports_tensor_descriptors(props):
             triton.set_allocator(tma_scratch(q.device))  # the scratch where the kernel builds its descriptor
         else:
             dq_mode = DQ_RELAXED.value
-    _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * heads)](
-        Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
-        **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dk, "dk"),
-        **strides(dv, "dv"), **strides(dq_acc, "dq"),
-        H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=rules.causal is not None, DQ_MODE=dq_mode, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n, DOT_PRECISION=precision,
-        num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
-    )
+
+    def launch_dkdv(cfg: configs.KernelConfig) -> None:
+        check_backward_launch(cfg, dq_candidates[0], causal=rules.causal is not None)  # b1/b2 split at tile edges
+        _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg.block_n), batch * heads)](
+            Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale,
+            qk_scale=scale * LOG2E, **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
+            **strides(dk, "dk"), **strides(dv, "dv"), **strides(dq_acc, "dq"),
+            H=heads, N_Q=n_q, N_KV=n_kv,
+            CAUSAL=rules.causal is not None, DQ_MODE=dq_mode, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    def launch_dq(cfg: configs.KernelConfig) -> None:
+        check_backward_launch(dkdv_candidates[0], cfg, causal=rules.causal is not None)
+        _bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+            Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
+            **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),
+            H=heads, N_Q=n_q, N_KV=n_kv,
+            CAUSAL=rules.causal is not None, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PRECISION=precision,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    launch_fitting((f"dkdv {version.name}", *key), dkdv_candidates, launch_dkdv, f"{what}, dK/dV kernel")
     if version.atomic_dq:
         return (dq_acc * scale).to(q.dtype), dk, dv
-    _bwd_dq_kernel[(triton.cdiv(n_q, cfg_dq.block_m), batch * heads)](
-        Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
-        **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),
-        H=heads, N_Q=n_q, N_KV=n_kv,
-        CAUSAL=rules.causal is not None, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n, DOT_PRECISION=precision,
-        num_warps=cfg_dq.num_warps, num_stages=cfg_dq.num_stages,
-    )
+    launch_fitting((f"dq {version.name}", *key), dq_candidates, launch_dq, f"{what}, dQ kernel")
     return dq_acc, dk, dv
 
 
@@ -636,23 +652,28 @@ def _block_lists(rules: Rules, q, k, cfg: configs.KernelConfig, *, by_key: bool)
     return blockmask.tile_lists(kinds.transpose(-1, -2) if by_key else kinds).kernel_args()
 
 
-def _run_b3(q, k, v, do, dk, dv, dq, lse, delta, rules: Rules, scale: float, cfg_dkdv: configs.KernelConfig,
-            cfg_dq: configs.KernelConfig, block_d: int) -> None:
-    """b3's two launches: dK/dV per (key tile, K/V head) over the group's query heads, then dQ per query tile."""
-    batch, heads, n_q, head_dim = q.shape
-    h_kv, n_kv = k.shape[1], k.shape[2]
-    shared = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
-                  **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
-                  GROUP=heads // h_kv, N_Q=n_q, N_KV=n_kv, **blockmask.rule_args(rules, q, k),
-                  HEAD_DIM=head_dim, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
-    _bwd_dkdv_b3_kernel[(triton.cdiv(n_kv, cfg_dkdv.block_n), batch * h_kv)](
+def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d: int) -> dict:
+    """The arguments both b3 kernels take: inputs, softmax statistics, the rule, the head dim."""
+    return dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
+                **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
+                GROUP=q.shape[1] // k.shape[1], N_Q=q.shape[2], N_KV=k.shape[2], **blockmask.rule_args(rules, q, k),
+                HEAD_DIM=q.shape[3], BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
+
+
+def _launch_b3_dkdv(cfg: configs.KernelConfig, q, k, dk, dv, rules: Rules, shared: dict) -> None:
+    """b3's dK/dV: one program per (key tile, K/V head), over the group's query heads (no atomics)."""
+    batch, h_kv, n_kv = k.shape[0], k.shape[1], k.shape[2]
+    _bwd_dkdv_b3_kernel[(triton.cdiv(n_kv, cfg.block_n), batch * h_kv)](
         DK=dk, DV=dv, **strides(dk, "dk"), **strides(dv, "dv"), H_KV=h_kv, **shared,
-        **_block_lists(rules, q, k, cfg_dkdv, by_key=True),
-        BLOCK_M=cfg_dkdv.block_m, BLOCK_N=cfg_dkdv.block_n,
-        num_warps=cfg_dkdv.num_warps, num_stages=cfg_dkdv.num_stages,
+        **_block_lists(rules, q, k, cfg, by_key=True),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    _bwd_dq_b3_kernel[(triton.cdiv(n_q, cfg_dq.block_m), batch * heads)](
-        DQ=dq, **strides(dq, "dq"), H=heads, **shared, **_block_lists(rules, q, k, cfg_dq, by_key=False),
-        BLOCK_M=cfg_dq.block_m, BLOCK_N=cfg_dq.block_n,
-        num_warps=cfg_dq.num_warps, num_stages=cfg_dq.num_stages,
+
+
+def _launch_b3_dq(cfg: configs.KernelConfig, q, k, dq, rules: Rules, shared: dict) -> None:
+    """b3's dQ: one program per (query tile, query head)."""
+    batch, heads, n_q = q.shape[0], q.shape[1], q.shape[2]
+    _bwd_dq_b3_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+        DQ=dq, **strides(dq, "dq"), H=heads, **shared, **_block_lists(rules, q, k, cfg, by_key=False),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -113,7 +113,7 @@ def rule_args(rules: Rules, q: torch.Tensor, k: torch.Tensor) -> dict:
     docs = rules.document_ids if rules.document_ids is not None else q
     slopes = rules.alibi_slopes if rules.alibi_slopes is not None else q
     return {
-        "UPPER": upper or 0, "LOWER": lower or 0, "SHIFT": n_kv - n_q,
+        "UPPER": upper or 0, "LOWER": lower or 0, "SHIFT": rules.shift(n_q, n_kv),
         "DOC_IDS": docs, "stride_doc_b": docs.stride(0),
         "softcap2": (rules.softcap or 1.0) * LOG2E, "ALIBI_SLOPES": slopes,
         "HAS_UPPER": upper is not None, "HAS_LOWER": lower is not None,

@@ -5,7 +5,10 @@ an RTX 4090 or an H100/H200 would get without owning one. The numbers for sm_90 
 (see ``docs/KERNELS.md``); for the other chips they follow the same rules, limited by shared memory:
 
 - a tile of Q stays in shared memory for the whole loop, and each pipeline stage holds one tile of K and one
-  of V, so the forward needs about ``elem * D * (BLOCK_M + 2 * stages * BLOCK_N)`` bytes;
+  of V (about ``elem * D * (BLOCK_M + 2 * stages * BLOCK_N)`` bytes), but the compiler adds scratch of its
+  own, so each choice is checked by compiling it for every GPU of ``KNOWN_DEVICES``
+  (``scripts/launch_fit.py``, run by the tests); a GPU outside that list that offers less steps down to the
+  next launch of the list (``stepdown.py``);
 - sm_75 (Turing) has no asynchronous copies, so extra stages buy nothing there, and no bfloat16 tensor cores;
 - the interpreter (CPU) runs a block as one NumPy operation, so it gets small blocks that still exercise
   every branch of the kernels (BLOCK_M > BLOCK_N, a diagonal block, a tail block).
@@ -20,11 +23,15 @@ __all__ = [
     "DeviceProps",
     "KNOWN_DEVICES",
     "KernelConfig",
+    "backward_candidates",
     "backward_config",
+    "baseline_forward_candidates",
     "baseline_forward_config",
+    "decode_candidates",
     "decode_config",
     "decode_num_splits",
     "device_props",
+    "forward_candidates",
     "forward_config",
     "forward_smem_bytes",
     "supports_bf16",
@@ -69,6 +76,9 @@ KB = 1024
 KNOWN_DEVICES: dict[str, DeviceProps] = {
     "T4": DeviceProps("Tesla T4", (7, 5), 64 * KB, 40),
     "A100": DeviceProps("NVIDIA A100-SXM4-80GB", (8, 0), 163 * KB, 108),
+    "A10": DeviceProps("NVIDIA A10", (8, 6), 99 * KB, 72),
+    "RTX 3090": DeviceProps("NVIDIA GeForce RTX 3090", (8, 6), 99 * KB, 82),
+    "L4": DeviceProps("NVIDIA L4", (8, 9), 99 * KB, 58),
     "RTX 4090": DeviceProps("NVIDIA GeForce RTX 4090", (8, 9), 99 * KB, 128),
     "H100": DeviceProps("NVIDIA H100 80GB HBM3", (9, 0), 227 * KB, 132),
     "H200": DeviceProps("NVIDIA H200", (9, 0), 227 * KB, 132),
@@ -112,111 +122,169 @@ def supports_tensor_descriptors(props: DeviceProps) -> bool:
 
 
 def forward_smem_bytes(cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
-    """Shared memory of the forward: the Q tile plus one K and one V tile per pipeline stage."""
+    """The bytes of the forward's tiles alone: the Q tile plus one K and one V tile per pipeline stage. A lesson's
+    estimate: the compiler also places layout conversions and the softmax's scratch in shared memory, so the
+    launches are chosen from what it allocates (``scripts/launch_fit.py``), never from this."""
     return elem_bytes * block_d * (cfg.block_m + 2 * cfg.num_stages * cfg.block_n)
 
 
-def _first_fitting(candidates, props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
-    for cfg in candidates:
-        if forward_smem_bytes(cfg, block_d, elem_bytes) <= props.shared_memory_per_block:
-            return cfg
-    return KernelConfig(16, 16, 4, 1)  # tiny tiles always fit; slow, but it runs
+def _then_smaller(*preferred: KernelConfig) -> tuple[KernelConfig, ...]:
+    """The preferred launches, then smaller ones to step down to on a GPU that offers less (stepdown.py)."""
+    fallbacks = (KernelConfig(64, 32, 4, 1), KernelConfig(32, 32, 4, 1), KernelConfig(32, 16, 4, 1),
+                 KernelConfig(16, 16, 4, 1))
+    last = preferred[-1]
+    smaller = [c for c in fallbacks if _tile_area(c) < _tile_area(last)]
+    return tuple(dict.fromkeys(preferred + (*smaller, fallbacks[-1])))
 
 
+def _tile_area(cfg: KernelConfig) -> int:
+    return cfg.block_m * cfg.block_n * cfg.num_stages
+
+
+def _row_bytes(block_d: int, elem_bytes: int) -> int:
+    """Bytes of one row of a Q, K or V tile: what sets every tile's size (D = 128 in fp16 = D = 64 in fp32)."""
+    return block_d * elem_bytes
+
+
+# The first launch of each list below is the one chosen; scripts/launch_fit.py compiles every chosen launch for
+# each GPU of KNOWN_DEVICES (the tests run it) and checks that what the compiler allocates fits.
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def baseline_forward_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
-    """The textbook launch that versions v1-v3 use: 64x64 tiles, 4 warps, 2 stages, whatever the device."""
+def baseline_forward_candidates(props: DeviceProps, block_d: int, elem_bytes: int) -> tuple[KernelConfig, ...]:
+    """The textbook launch that versions v1-v3 use: 64x64 tiles, 4 warps, 2 stages where they fit."""
     if props.interpreter:
-        return KernelConfig(32, 16, 4, 1)
-    return _first_fitting([KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1)],
-                          props, block_d, elem_bytes)
+        return (KernelConfig(32, 16, 4, 1),)
+    row = _row_bytes(block_d, elem_bytes)
+    if props.capability < (8, 0):  # Turing: no cp.async, so a second stage only costs shared memory
+        return _then_smaller(KernelConfig(64, 64, 4, 1) if row <= 256 else KernelConfig(32, 32, 4, 1))
+    if row <= 256 or (row <= 512 and props.shared_memory_per_block >= 160 * KB):
+        return _then_smaller(KernelConfig(64, 64, 4, 2))
+    return _then_smaller(KernelConfig(64, 32, 4, 2) if row <= 512 else KernelConfig(32, 32, 4, 1))
+
+
+def baseline_forward_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
+    return baseline_forward_candidates(props, block_d, elem_bytes)[0]
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False) -> KernelConfig:
-    """The tuned forward launch for a device, padded head dim ``block_d`` and element size in bytes.
+def forward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
+                       ) -> tuple[KernelConfig, ...]:
+    """The tuned forward launches for a device, padded head dim ``block_d`` and element size, best first.
     ``causal``: the launch for rows with many partly masked tiles (the caller decides which rules those are).
 
     BLOCK_M is always a multiple of BLOCK_N: the causal kernel splits its keys at a BLOCK_M boundary.
     """
     if props.interpreter:
-        return KernelConfig(32, 16, 4, 1)
-    big_d = block_d > 64
-    if block_d > 128:  # D=256 (Gemma): a 64-row fp32 accumulator already takes 128 registers a thread
-        return _first_fitting(_head_dim_256_forward(props, causal), props, block_d, elem_bytes)
+        return (KernelConfig(32, 16, 4, 1),)
+    row = _row_bytes(block_d, elem_bytes)
     if props.capability >= (9, 0):
         # Swept on the H200 at N=8192 (benchmarks/results/*-tune.json): 8 warps over 128-row tiles win, except
-        # causal D=128, where 64x64 tiles waste less work on the diagonal (495 vs 464 TFLOP/s).
-        if big_d and causal:
-            candidates = [KernelConfig(64, 64, 4, 3)]
-        elif big_d:
-            candidates = [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3)]
-        else:
-            candidates = [KernelConfig(128, 64, 8, 3)]
-    elif props.capability >= (8, 0):
-        stages = 3 if props.shared_memory_per_block >= 128 * KB else 2
-        candidates = [KernelConfig(128, 64, 8 if big_d else 4, stages), KernelConfig(128, 32, 4, 2),
-                      KernelConfig(64, 32, 4, 2)]
-    else:
-        # Turing: no cp.async, so one stage; 64 KB holds a 64x64 tile set only up to D=64.
-        candidates = [KernelConfig(64, 64, 4, 1), KernelConfig(64, 32, 4, 1), KernelConfig(32, 32, 4, 1)]
-    return _first_fitting(candidates, props, block_d, elem_bytes)
+        # causal D=128, where 64x64 tiles waste less work on the diagonal.
+        if row <= 128:
+            return _then_smaller(KernelConfig(128, 64, 8, 3))
+        if row <= 256:
+            return _then_smaller(KernelConfig(64, 64, 4, 3) if causal else KernelConfig(128, 128, 8, 3),
+                                 KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3))
+        if row <= 512:  # D=256 in 16 bits: the Q tile alone is 32-64 KB; a 128-row fp32 accumulator needs 8 warps
+            return _then_smaller(KernelConfig(64, 64, 4, 2) if causal else KernelConfig(128, 64, 8, 2),
+                                 KernelConfig(64, 64, 4, 2))
+        return _then_smaller(KernelConfig(64, 32, 4, 2))
+    if props.capability >= (8, 0):
+        big_smem = props.shared_memory_per_block >= 128 * KB  # A100 (163 KB) against sm_86/sm_89 (99 KB)
+        if row <= 128:
+            return _then_smaller(KernelConfig(128, 64, 4, 3 if big_smem else 2))
+        if row <= 256:
+            return _then_smaller(KernelConfig(128, 64, 8, 3 if big_smem else 2), KernelConfig(128, 32, 4, 2))
+        if row <= 512:
+            return _then_smaller(KernelConfig(64, 64, 4, 2) if big_smem else KernelConfig(64, 32, 4, 2))
+        return _then_smaller(KernelConfig(32, 32, 4, 1))
+    # Turing: one stage (no cp.async), and 64 KB for the tiles and the compiler's scratch together
+    if row <= 256:
+        return _then_smaller(KernelConfig(64, 64, 4, 1))
+    if row <= 512:
+        return _then_smaller(KernelConfig(32, 32, 4, 1))
+    return _then_smaller(KernelConfig(16, 16, 4, 1))
 
 
-def _head_dim_256_forward(props: DeviceProps, causal: bool) -> list[KernelConfig]:
-    """Forward candidates at D=256, not measured yet (no GPU sweep): the Q tile alone is 32-64 KB, so two
-    stages of 64-key K/V tiles are the most a Hopper (227 KB) or an A100 (163 KB) holds."""
-    small = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1)]
-    if props.capability >= (9, 0) and not causal:
-        return [KernelConfig(128, 64, 8, 2), *small]  # 8 warps over 128 rows: 128 accumulator registers each
-    return small
+def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False) -> KernelConfig:
+    """The chosen tuned forward launch: the first of :func:`forward_candidates`."""
+    return forward_candidates(props, block_d, elem_bytes, causal=causal)[0]
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
-                    ) -> tuple[KernelConfig, KernelConfig]:
-    """Launches of the two backward kernels: (dK/dV kernel, dQ kernel).
+def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
+                        ) -> tuple[tuple[KernelConfig, ...], tuple[KernelConfig, ...]]:
+    """Launches of the two backward kernels, best first: (dK/dV candidates, dQ candidates).
 
     dK/dV keeps a K and V tile of BLOCK_N rows resident and streams Q and dO in BLOCK_M-row tiles, so its
     BLOCK_N is the large one; dQ is the mirror image. Both need BLOCK_N % BLOCK_M == 0 resp. the reverse.
     """
     if props.interpreter:
-        return KernelConfig(16, 32, 4, 1), KernelConfig(32, 16, 4, 1)
-    # Resident tiles (2 of block_n rows) plus streamed q/dO tiles per stage, as for the forward.
-    def fits(cfg: KernelConfig, resident: int, streamed: int) -> bool:
-        return elem_bytes * block_d * (2 * resident + 2 * cfg.num_stages * streamed) <= props.shared_memory_per_block
-
-    if block_d > 128:  # D=256, not measured yet: dK and dV (or dQ) accumulators over 8 warps, two stages
-        dkdv = [KernelConfig(32, 64, 8, 2), KernelConfig(16, 64, 8, 1), KernelConfig(16, 32, 4, 1)]
-        dq = [KernelConfig(64, 32, 8, 2), KernelConfig(32, 32, 4, 1), KernelConfig(32, 16, 4, 1)]
-    elif props.capability >= (9, 0):  # swept on the H200 at N=8192 (benchmarks/results/*-tune.json)
-        if block_d > 64:
-            dkdv, dq = [KernelConfig(64, 128, 8, 2)], [KernelConfig(128, 32, 4, 3)]
+        return (KernelConfig(16, 32, 4, 1),), (KernelConfig(32, 16, 4, 1),)
+    row = _row_bytes(block_d, elem_bytes)
+    small_dkdv = (KernelConfig(16, 32, 4, 1), KernelConfig(16, 16, 4, 1))
+    small_dq = (KernelConfig(32, 16, 4, 1), KernelConfig(16, 16, 4, 1))
+    if props.capability >= (9, 0):  # swept on the H200 at N=8192 (benchmarks/results/*-tune.json)
+        if row <= 128:
+            dkdv = KernelConfig(32, 64, 4, 3) if causal else KernelConfig(32, 128, 4, 2)
+            dq = KernelConfig(128, 64, 8, 2)
+        elif row <= 256:
+            dkdv, dq = KernelConfig(64, 128, 8, 2), KernelConfig(128, 32, 4, 3)
+        elif row <= 512:  # D=256: dK and dV (or dQ) accumulators over 8 warps, two stages
+            dkdv, dq = KernelConfig(32, 64, 8, 2), KernelConfig(64, 32, 8, 2)
         else:
-            dkdv = [KernelConfig(32, 64, 4, 3) if causal else KernelConfig(32, 128, 4, 2)]
-            dq = [KernelConfig(128, 64, 8, 2)]
+            dkdv, dq = KernelConfig(16, 64, 8, 1), KernelConfig(32, 32, 4, 1)
     elif props.capability >= (8, 0):
-        dkdv = [KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 2), KernelConfig(16, 64, 4, 2)]
-        dq = [KernelConfig(128, 32, 4, 2), KernelConfig(64, 32, 4, 2), KernelConfig(64, 16, 4, 2)]
-    else:
-        dkdv = [KernelConfig(32, 64, 4, 1), KernelConfig(16, 32, 4, 1)]
-        dq = [KernelConfig(64, 32, 4, 1), KernelConfig(32, 16, 4, 1)]
-    chosen_dkdv = next((c for c in dkdv if fits(c, c.block_n, c.block_m)), KernelConfig(16, 16, 4, 1))
-    chosen_dq = next((c for c in dq if fits(c, c.block_m, c.block_n)), KernelConfig(16, 16, 4, 1))
-    return chosen_dkdv, chosen_dq
+        big_smem = props.shared_memory_per_block >= 128 * KB
+        if row <= 128:
+            dkdv, dq = KernelConfig(32, 128, 4, 2), KernelConfig(128, 32, 4, 2)
+        elif row <= 256:
+            dkdv = KernelConfig(32, 128, 4, 2) if big_smem else KernelConfig(16, 64, 4, 2)
+            dq = KernelConfig(128, 32, 4, 2) if big_smem else KernelConfig(64, 16, 4, 2)
+        elif row <= 512:
+            dkdv = KernelConfig(32, 64, 8, 2) if big_smem else KernelConfig(16, 64, 8, 1)
+            dq = KernelConfig(64, 32, 8, 2) if big_smem else KernelConfig(32, 32, 4, 1)
+        else:
+            dkdv, dq = KernelConfig(16, 64, 8, 1) if big_smem else small_dkdv[0], KernelConfig(32, 16, 4, 1)
+    else:  # Turing, 64 KB: resident tiles, streamed tiles and the compiler's scratch share it (at D=256 the
+        # scratch alone passes 64 KB with 16x32 tiles: 81,920 B compiled)
+        if row <= 128:
+            dkdv, dq = KernelConfig(32, 64, 4, 1), KernelConfig(64, 32, 4, 1)
+        elif row <= 256:
+            dkdv, dq = small_dkdv[0], small_dq[0]
+        elif row <= 512:
+            dkdv = dq = KernelConfig(16, 16, 4, 1)
+        else:  # float32 at D=256: 66,560 B over 4 warps, one block's worth of scratch too many
+            dkdv, dq = KernelConfig(16, 16, 2, 1), KernelConfig(16, 16, 4, 1)
+    return tuple(dict.fromkeys((dkdv, *small_dkdv))), tuple(dict.fromkeys((dq, *small_dq)))
+
+
+def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
+                    ) -> tuple[KernelConfig, KernelConfig]:
+    """The chosen backward launches: (dK/dV kernel, dQ kernel), the first of :func:`backward_candidates`."""
+    dkdv, dq = backward_candidates(props, block_d, elem_bytes, causal=causal)
+    return dkdv[0], dq[0]
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def decode_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
-    """Decode launch: block_m is the padded number of query heads per KV head (set by the caller),
-    block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay."""
+def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int) -> tuple[KernelConfig, ...]:
+    """Decode launches, best first: block_m is the padded number of query heads per KV head (set by the
+    caller), block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay."""
     if props.interpreter:
-        return KernelConfig(16, 16, 4, 1)
-    if props.capability >= (9, 0):  # swept on the H200: 128-key tiles, 3 stages in flight (192 KB)
-        return KernelConfig(16, 128, 4, 3)
-    stages = 1 if props.capability < (8, 0) else (4 if props.shared_memory_per_block >= 128 * KB else 2)
-    block_n = 64 if elem_bytes * block_d * 2 * 64 * stages <= props.shared_memory_per_block else 32
-    return KernelConfig(16, block_n, 4, stages)
+        return (KernelConfig(16, 16, 4, 1),)
+    row = _row_bytes(block_d, elem_bytes)
+    smaller = (KernelConfig(16, 64, 4, 1), KernelConfig(16, 32, 4, 1), KernelConfig(16, 16, 4, 1))
+    if props.capability >= (9, 0):  # swept on the H200: 128-key tiles, 3 stages in flight
+        first = KernelConfig(16, 128 if row <= 256 else 64 if row <= 512 else 32, 4, 3)
+    elif props.capability >= (8, 0):
+        stages = 4 if props.shared_memory_per_block >= 128 * KB else 2
+        first = KernelConfig(16, 64 if row <= 256 else 32, 4, stages)
+    else:
+        first = KernelConfig(16, 64 if row <= 256 else 32 if row <= 512 else 16, 4, 1)
+    return tuple(dict.fromkeys((first, *smaller)))
+
+
+def decode_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
+    return decode_candidates(props, block_d, elem_bytes)[0]
 
 
 def decode_num_splits(props: DeviceProps, batch_kv_heads: int, max_len: int, block_n: int) -> int:

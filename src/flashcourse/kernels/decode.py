@@ -42,6 +42,7 @@ from .common import (
 )
 from .launch import LaunchCache, layout_key
 from .rules import check_alibi_slopes, check_softcap, check_window
+from .stepdown import launch_fitting
 
 
 @triton.jit
@@ -258,15 +259,32 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     alibi_slopes = check_alibi_slopes(alibi_slopes, q)
     window_left = window[0] if window is not None and window[0] >= 0 else None
     batch, h_q, head_dim = q.shape
-    h_kv = k_cache.shape[1]
-    group = h_q // h_kv
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    cfg = configs.decode_config(props, block_d, q.element_size())
-    block_n = block_n or cfg.block_n
-    if block_n < 16 or block_n & (block_n - 1):
+    if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+    candidates = configs.decode_candidates(props, block_d, q.element_size())
+    if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
+        first = candidates[0]
+        candidates = (configs.KernelConfig(first.block_m, block_n or first.block_n, num_warps or first.num_warps,
+                                           num_stages or first.num_stages),)
+    o = torch.empty_like(q)
+    if batch * h_q == 0:
+        return o
+    return launch_fitting(("decode", props, block_d, q.dtype), candidates,
+                          lambda cfg: _launch_decode(cfg, q, k_cache, v_cache, o, cache_seqlens, block_table, scale,
+                                                     num_splits, window_left, softcap, alibi_slopes, props),
+                          f"flash_decode at head dim {head_dim}")
+
+
+def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seqlens, block_table, scale: float,
+                   num_splits, window_left, softcap, alibi_slopes, props: configs.DeviceProps):
+    """The split kernel then the combine kernel under one launch configuration; returns o."""
+    batch, h_q, head_dim = q.shape
+    h_kv = k_cache.shape[1]
+    block_d = padded_head_dim(head_dim)
+    block_n = cfg.block_n
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 1
     n_max = block_table.shape[1] * page_size if paged else k_cache.shape[2]
@@ -277,10 +295,6 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         num_splits = configs.decode_num_splits(props, batch * h_kv, span, block_n)
     num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
     split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
-
-    o = torch.empty_like(q)
-    if batch * h_q == 0:
-        return o
     o_part = torch.empty((batch, h_q, num_splits, block_d), device=q.device, dtype=torch.float32)
     lse_part = torch.empty((batch, h_q, num_splits), device=q.device, dtype=torch.float32)
     # Unused pointers still need a tensor: q stands in for the absent block table / lengths.
@@ -288,7 +302,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     seqlens = cache_seqlens if cache_seqlens is not None else q
     slopes = alibi_slopes if alibi_slopes is not None else q
     key = _launch_key(q, k_cache, v_cache, table, seqlens, slopes, scale, window_left, softcap, num_splits, split_len,
-                      block_n, num_warps, num_stages)
+                      cfg)
     tensors = (q, k_cache, v_cache, table, seqlens, slopes, o_part, lse_part, o)
     if _LAUNCHES.run(key, tensors) and _LAUNCHES.run((key, "combine"), tensors):
         return o
@@ -300,11 +314,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         stride_bt_b=table.stride(0) if paged else 0, stride_bt_p=table.stride(1) if paged else 0,
         H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
         softcap2=(softcap or 1.0) * LOG2E, ALIBI_SLOPES=slopes,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
+        GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
         HAS_WINDOW=window_left is not None, HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=num_warps or cfg.num_warps, num_stages=num_stages or cfg.num_stages,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     compiled = _decode_split_kernel[grid](**split)
     _LAUNCHES.remember(key, _decode_split_kernel, compiled, grid, split, _NAMES)

@@ -51,6 +51,7 @@ from .common import (
 )
 from .launch import LaunchCache, layout_key
 from .rules import Rules, causal_rules, refuse_missing
+from .stepdown import launch_fitting
 
 
 @triton.jit
@@ -548,37 +549,43 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    # Where many tiles are partly masked, small tiles waste less. v3-v6 under causal: 64x64 won at D=128 on the
-    # H200. v7 skips and classifies tiles from the rule bounds: under causal or a block mask its 128x128 launch
-    # wins (515 vs 467 TFLOP/s causal at N=4096, D=128); only a window keeps the small tiles (a 1024-key band
-    # ran at 0.64x of causal with 128x128 tiles, 0.77x with 64x64; docs/KERNELS.md, 2026-11-30 sweeps).
+    # Where many tiles are partly masked, small tiles waste less (v3-v6 under causal); v7 skips and classifies
+    # tiles from the rule bounds, so only a window keeps the small tiles (docs/KERNELS.md, the 2026-11-30 sweeps).
     masked = rules.window is not None if version.takes_rules else rules.causal is not None
-    if config is None and version.tuned_launch:
-        config = configs.forward_config(props, block_d, q.element_size(), causal=masked)
-    elif config is None:
-        config = configs.baseline_forward_config(props, block_d, q.element_size())
-    check_forward_launch(version, config, causal=rules.causal is not None)
+    if config is not None:
+        candidates = (config,)
+    elif version.tuned_launch:
+        candidates = configs.forward_candidates(props, block_d, q.element_size(), causal=masked)
+    else:
+        candidates = configs.baseline_forward_candidates(props, block_d, q.element_size())
     use_descriptors = version.needs_descriptors and descriptors_usable(props, q, k, v)
     if use_descriptors:
         triton.set_allocator(tma_scratch(q.device))
-    launch = dict(
-        Q=q, K=k, V=v, O=o, **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(o, "o"),
-        N_Q=n_q, N_KV=n_kv, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    grid = (triton.cdiv(n_q, config.block_m), batch * heads)
-    if version.takes_rules:
-        lists = (blockmask.tile_lists(blockmask.tile_kinds(rules, q, k, config.block_m, config.block_n))
-                 .kernel_args() if rules.needs_block_mask else blockmask.no_tile_lists(q))
-        kernel = version.kernel
-        launch.update(LSE=lse, qk_scale=scale * LOG2E, H=heads, GROUP=heads // k.shape[1],
-                      **blockmask.rule_args(rules, q, k), **lists, USE_DESC=use_descriptors)
-    else:
-        kernel = _fwd_v5_kernel if version.needs_descriptors and not use_descriptors else version.kernel
-        scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
-        launch.update(LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None)
-    compiled = kernel[grid](**launch)
-    _LAUNCHES.remember(key, kernel, compiled, grid, launch, ("Q", "K", "V", "O", "LSE"))
+
+    def launch_with(config: configs.KernelConfig) -> None:
+        check_forward_launch(version, config, causal=rules.causal is not None)
+        launch = dict(
+            Q=q, K=k, V=v, O=o, **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(o, "o"),
+            N_Q=n_q, N_KV=n_kv, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=config.block_m,
+            BLOCK_N=config.block_n, DOT_PRECISION=dot_precision(q.dtype), num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
+        grid = (triton.cdiv(n_q, config.block_m), batch * heads)
+        if version.takes_rules:
+            lists = (blockmask.tile_lists(blockmask.tile_kinds(rules, q, k, config.block_m, config.block_n))
+                     .kernel_args() if rules.needs_block_mask else blockmask.no_tile_lists(q))
+            kernel = version.kernel
+            launch.update(LSE=lse, qk_scale=scale * LOG2E, H=heads, GROUP=heads // k.shape[1],
+                          **blockmask.rule_args(rules, q, k), **lists, USE_DESC=use_descriptors)
+        else:
+            kernel = _fwd_v5_kernel if version.needs_descriptors and not use_descriptors else version.kernel
+            scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
+            launch.update(LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None)
+        compiled = kernel[grid](**launch)
+        _LAUNCHES.remember(key, kernel, compiled, grid, launch, ("Q", "K", "V", "O", "LSE"))
+
+    launch_fitting(("forward", version.name, props, block_d, q.dtype, masked), candidates, launch_with,
+                   f"forward {version.name} at head dim {head_dim}")
     return o, lse
 
 

@@ -1,18 +1,23 @@
 """Attention variants as rules: which keys a query sees, and how a score changes before the softmax.
 
-Positions follow the FlashAttention library: with N_q queries and N_k keys, query ``i`` sits at key position
-``i + N_k - N_q`` ("bottom-right" alignment, what a KV-cache prefill needs). Then
+One diagonal per call. With N_q queries and N_k keys, query ``i`` sits at key position ``i + shift``, where
 
-- ``causal="top_left"`` (or ``True``, as SDPA's ``is_causal``): key ``j`` visible when ``j <= i``;
-  ``causal="bottom_right"``: when ``j <= i + N_k - N_q``;
-- ``window=(left, right)``: when ``i + N_k - N_q - left <= j <= i + N_k - N_q + right``, ``-1`` = unbounded on
-  that side (the FlashAttention library's ``window_size``, Dao 2023, flash-attn 2.3);
+- ``shift = 0`` with ``causal="top_left"`` (or ``True``, as SDPA's ``is_causal``): the first query lines up with
+  the first key;
+- ``shift = N_k - N_q`` with ``causal="bottom_right"`` and with ``causal=False``: the last query lines up with
+  the last key (the FlashAttention library's alignment, what a chunk of new tokens after a KV cache needs).
+
+Every positional option is measured from that one diagonal (with N_q = N_k the two coincide):
+
+- causal: key ``j`` visible when ``j <= i + shift``;
+- ``window=(left, right)``: when ``i + shift - left <= j <= i + shift + right``, ``-1`` = unbounded on that
+  side (the FlashAttention library's ``window_size``, Dao 2023, flash-attn 2.3);
 - ``document_ids`` (B, N): when query and key carry the same id (sequences packed into one row);
 - ``mask_mod(b, h, q_idx, kv_idx) -> bool``: a ``@triton.jit`` function, FlexAttention's signature (Dong et al.
   2024);
 
 all combined by AND. Scores ``s = scale * q.k`` become ``softcap * tanh(s / softcap)`` (Gemma 2, Gemma Team
-2024, section 2) and then get the ALiBi bias ``-slope_h * |i + N_k - N_q - j|`` (Press et al. 2022).
+2024, section 2) and then get the ALiBi bias ``-slope_h * |i + shift - j|`` (Press et al. 2022).
 
 The two bounds on ``j - i`` that causal and window give are what the kernels use to skip and classify tiles
 without looking at them (:meth:`Rules.key_bounds`); documents and ``mask_mod`` need a block mask.
@@ -50,12 +55,17 @@ class Rules:
     def has_score_mod(self) -> bool:
         return self.softcap is not None or self.alibi_slopes is not None
 
+    def shift(self, n_q: int, n_kv: int) -> int:
+        """The call's diagonal: query ``i`` sits at key position ``i + shift`` (0 for top-left causal, else the
+        bottom-right ``n_kv - n_q``). The causal mask, the window and ALiBi's distance all measure from it."""
+        return 0 if self.causal == "top_left" else n_kv - n_q
+
     def key_bounds(self, n_q: int, n_kv: int) -> tuple[int | None, int | None]:
         """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side)."""
-        shift = n_kv - n_q  # query i sits at key position i + shift
+        shift = self.shift(n_q, n_kv)
         uppers, lower = [], None
         if self.causal is not None:
-            uppers.append(0 if self.causal == "top_left" else shift)
+            uppers.append(shift)
         if self.window is not None:
             left, right = self.window
             if right >= 0:

@@ -1,0 +1,120 @@
+"""The GPU tier in one go (``make test-gpu``): every kernel's GPU tests, and the launch-fit check under this
+machine's Triton, then a results JSON.
+
+Runs on a CUDA machine whose Python already has torch and triton (nothing is installed; from a checkout with
+``PYTHONPATH=src``):
+
+- ``pytest -m "gpu and not sweep"`` on several workers (compiling dominates; the GPU has room for all of them).
+  The exhaustive launch sweeps are ``-m sweep``; the two-GPU tests skip themselves, with the reason, on one GPU;
+- ``scripts/launch_fit.py`` for every architecture the course supports, in parallel processes: the compiler of
+  this Triton must place every chosen launch within each GPU's shared memory too;
+- writes ``benchmarks/results/<date>-<device>-gpu-tests.json``: ``{"meta": {date, device, torch, triton},
+  "summary": {passed, failed, skipped, seconds}, "launch_fit": {...}}``.
+
+The lessons and solved exercises run on the GPU with ``scripts/gpu_notebooks.py`` (a separate step: Jupyter's
+packages must be carried to that machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def start_launch_fit(folder: Path) -> list[tuple[str, subprocess.Popen, Path]]:
+    """One launch_fit process per architecture (its GPUs together), started now, waited for later."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from flashcourse.kernels.configs import KNOWN_DEVICES  # noqa: PLC0415  (a CUDA machine: no interpreter here)
+
+    by_arch: dict[tuple[int, int], list[str]] = {}
+    for name, props in KNOWN_DEVICES.items():
+        by_arch.setdefault(props.capability, []).append(name)
+    runs = []
+    for capability, names in sorted(by_arch.items()):
+        out = folder / f"fit-sm{capability[0]}{capability[1]}.json"
+        args = [a for n in names for a in ("--target", n)]
+        proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "launch_fit.py"), *args, "--json", str(out)],
+                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        runs.append((f"sm_{capability[0]}{capability[1]}", proc, out))
+    return runs
+
+
+def finish_launch_fit(runs) -> dict:
+    summary = {"launches": 0, "do_not_fit": 0, "failed_runs": []}
+    for arch, proc, out in runs:
+        stdout, _ = proc.communicate()
+        print(f"launch fit {arch}:", "\n".join(line for line in stdout.splitlines() if "Warning" not in line
+                                                and "warn_once" not in line), flush=True)
+        if not out.exists():
+            summary["failed_runs"].append(arch)
+            continue
+        rows = json.loads(out.read_text())["rows"]
+        summary["launches"] += len(rows)
+        summary["do_not_fit"] += sum(not r["fits"] for r in rows)
+    return summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (default 8)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the JSON")
+    parser.add_argument("--no-launch-fit", action="store_true", help="skip the ahead-of-time fit check")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k decode)")
+    args = parser.parse_args(argv)
+
+    import torch
+    import triton
+
+    if not torch.cuda.is_available():
+        sys.exit("make test-gpu needs a CUDA GPU; on a CPU machine run `make test`")
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        fits = [] if args.no_launch_fit else start_launch_fit(tmp)
+        junit = tmp / "junit.xml"
+        workers = ["-n", str(args.workers)] if args.workers > 1 else []
+        code = subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu and not sweep", "-q", "-p",
+                                "no:cacheprovider", *workers, "--junitxml", str(junit), "--durations=15",
+                                *args.pytest_args], cwd=ROOT, env=_env())
+        suite = ET.parse(junit).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        total, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        fit = finish_launch_fit(fits) if fits else None
+    seconds = round(time.time() - start, 1)
+    device = torch.cuda.get_device_name()
+    summary = {"passed": total - failures - errors - skipped, "failed": failures + errors, "skipped": skipped,
+               "seconds": seconds}
+    meta = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
+            "triton": triton.__version__, "gpus": torch.cuda.device_count()}
+    result = {"meta": meta, "summary": summary}
+    if fit is not None:
+        result["launch_fit"] = fit
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = "".join(c if c.isalnum() else "-" for c in device).strip("-").lower()  # as bench names its files
+    path = args.out / f"{meta['date']}-{slug}-gpu-tests.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{summary} launch fit: {fit}\nwrote {path}")
+    fit_ok = fit is None or (fit["do_not_fit"] == 0 and not fit["failed_runs"])
+    return 0 if code == 0 and fit_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
