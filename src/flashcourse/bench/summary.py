@@ -407,6 +407,25 @@ def fp8_findings(directory: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def grid_cudnn_ratios(directory: Path | None = None, min_n: int = 4096) -> str:
+    """Our default kernels over cuDNN in the newest fp16 and bf16 attention grids (key ``ratio_vs_sdpa_cudnn`` of
+    the flashcourse rows), ranges over N >= ``min_n``, causal and not, both dtypes."""
+    runs = [r for r in (_newest(f"*-attention-{dtype}.json", directory) for dtype in ("fp16", "bf16")) if r]
+    if not runs:
+        return "No attention grid committed yet.\n"
+    rows = [row for _, found, _ in runs for row in found
+            if row.get("provider") == "flashcourse" and "ratio_vs_sdpa_cudnn" in row and row["n"] >= min_n]
+    names = ", ".join(f"`{name}`" for _, _, name in runs)
+    lines = [f"{runs[0][0]['device']}, {runs[0][0]['date']}, {names}: ours over cuDNN (`ratio_vs_sdpa_cudnn`), "
+             f"N >= {min_n}, causal and not, fp16 and bf16:", "", "| pass | D | ours / cuDNN |", "|---|---|---|"]
+    for mode in ("fwd", "bwd"):
+        for d in sorted({r["head_dim"] for r in rows}):
+            values = [r["ratio_vs_sdpa_cudnn"] for r in rows if r["mode"] == mode and r["head_dim"] == d]
+            if values:
+                lines.append(f"| {mode} | {d} | {_span(values)} |")
+    return "\n".join(lines) + "\n"
+
+
 def kernels_doc_blocks(directory: Path | None = None) -> dict[str, str]:
     """Every generated block of docs/KERNELS.md: {marker name: the text between its start and end markers}."""
     from flashcourse.bench import versions
@@ -415,6 +434,7 @@ def kernels_doc_blocks(directory: Path | None = None) -> dict[str, str]:
             "variants-table": "\n" + variants_summary(directory),
             "variants-findings": "\n" + variants_findings(directory),
             "sweep-forward": "\n" + sweep_forward_findings(directory),
+            "grid-ratios": "\n" + grid_cudnn_ratios(directory),
             "sweep-backward": "\n" + sweep_backward_findings(directory),
             "ncu-counters": "\n" + ncu_table(directory),
             "fp8-findings": "\n" + fp8_findings(directory),
