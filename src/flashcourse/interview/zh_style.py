@@ -47,6 +47,7 @@ TERMS = [
     (r"环形注意力", "ring attention"),
     (r"非相干处理", "incoherent processing"),
     (r"生产者|消费者", "producer, consumer (warp specialization's roles)"),
+    (r"基准测试", "benchmark"),
     # in a Chinese sentence; the English titles of cited papers and docs keep their words
     (r"(?<=[\u4e00-\u9fff] )prefix cach(?:ing|e)|prefix cach(?:ing|e)(?= ?[\u4e00-\u9fff])", "前缀缓存"),
 ]
