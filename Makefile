@@ -52,12 +52,35 @@ test: setup
 	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu" --ignore=tests/browser --ignore=tests/test_site.py)
 	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
 
-# Lint and the unit tests in about a minute: no notebook executed, no wheel built, no nbgrader, no browser, and of
-# the interpreter's kernel tests only a smoke subset (tests marked slow, and the files below, are left to make test).
-FAST_IGNORE := tests/browser tests/test_site.py tests/test_notebooks.py tests/test_wheel.py tests/test_grading_nbgrader.py
+# `make test-fast`: ruff and the unit tests, in about a minute. Left to `make test`: whatever executes notebooks (the
+# lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the wheel build, the site and the
+# browser, the ahead-of-time compiles for every supported GPU, tests marked slow, tests that start processes, and the
+# Triton interpreter's kernel tests but for a smoke subset (FAST_SMOKE: bad inputs refused, lse, empty rows, a
+# backward, decode's combine, the grader on kernels).
+FAST_IGNORE := browser test_site.py test_notebooks.py test_wheel.py test_grading_nbgrader.py test_grading_batch.py \
+	test_exercises.py test_kernels_forward.py test_kernels_backward.py test_kernels_variants.py test_decode.py \
+	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py
+FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
+	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \
+	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed
+FAST_SMOKE := test_kernels_forward.py::test_bad_inputs_raise_clear_errors \
+	test_kernels_forward.py::test_lse_matches_numpy_logsumexp test_kernels_forward.py::test_no_keys_gives_zero_and_minus_inf \
+	test_kernels_forward.py::test_more_keys_than_queries_and_custom_scale \
+	test_kernels_backward.py::test_public_backward_from_saved_output_matches_autograd \
+	test_kernels_variants.py::test_bad_options_raise_clear_errors \
+	test_kernels_variants.py::test_rows_that_see_nothing_give_zero_and_minus_inf \
+	test_decode.py::test_bad_inputs test_decode.py::test_empty_sequence_gives_zero \
+	test_decode.py::test_split_outputs_combine_with_merge_partials \
+	test_fp8.py::test_bad_fp8_inputs_raise_clear_errors test_fp8.py::test_without_an_fp8_gpu_the_call_says_what_is_needed \
+	test_grading_triton.py::test_ex07_rejects test_grading_ex10.py::test_the_exercise_is_registered_with_its_parts \
+	test_exercises.py::test_every_exercise_has_its_solution_source \
+	test_exercises.py::test_committed_exercises_equal_a_fresh_release \
+	test_exercises.py::test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers
 test-fast: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
-	@$(call timed,pytest (fast),$(PY) -m pytest -n 2 --durations=10 -m "not gpu and not slow" $(addprefix --ignore=,$(FAST_IGNORE)))
+	@$(call timed,pytest (fast),$(PY) -m pytest -n 2 --durations=10 -m "not gpu and not slow" \
+		$(addprefix --ignore=tests/,$(FAST_IGNORE)) $(addprefix --deselect=tests/,$(FAST_DESELECT)) \
+		tests $(addprefix tests/,$(FAST_SMOKE)))
 
 # The GPU tier on a CUDA machine whose Python already has torch and triton (no venv, nothing installed).
 test-gpu:
