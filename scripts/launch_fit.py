@@ -139,9 +139,8 @@ class Recorder:
                       (v == 1, v % 16 == 0) if isinstance(v, int) and not isinstance(v, bool) else type(v).__name__)
                      for n, v in sorted(kwargs.items())))
         if key not in self._seen:
-            try:
-                _ORIGINAL_RUN(jit, *args, grid=grid, warmup=True, **kwargs)
-                raise RuntimeError(f"{jit.fn.__name__} compiled without reaching shared-memory allocation")
+            try:  # a kernel in Triton's cache comes back whole, without compiling
+                self._seen[key] = _ORIGINAL_RUN(jit, *args, grid=grid, warmup=True, **kwargs).metadata.shared
             except _Allocated as allocated:
                 self._seen[key] = allocated.args[0]
         self.launches.append((self.case, jit.fn.__name__, launch, self._seen[key]))

@@ -42,6 +42,7 @@ def run_fit(*args: str, tmp_path: Path) -> tuple[int, str, dict]:
     return proc.returncode, proc.stdout, json.loads(out.read_text())
 
 
+@pytest.mark.slow  # minutes per architecture: make test runs it, make test-fast does not
 @pytest.mark.parametrize("capability", sorted(BY_ARCHITECTURE), ids=lambda c: f"sm_{c[0]}{c[1]}")
 def test_every_chosen_launch_fits(capability, tmp_path):
     targets = BY_ARCHITECTURE[capability]

@@ -539,8 +539,8 @@ BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
                         "b2 + 10-30% (the fences serialise each program's adds); still below b1 if the L2 "
                         "traffic of the adds, not their order, is what costs",
                         dq_mode=DQ_RELAXED.value),
-        BackwardVersion("b5", "TMA reduce-add dQ", "b2 with each dQ tile added by the copy engine (a TMA "
-                        "reduce-add through a tensor descriptor), as FlashAttention-3 does",
+        BackwardVersion("b5", "TMA reduce-add dQ", "b2 with each dQ tile added by the SM's Tensor Memory "
+                        "Accelerator (a TMA reduce-add through a tensor descriptor), as FlashAttention-3 does",
                         "5 matmuls with the adds off the warps: 1.1-1.25x b1 at N >= 4096 on sm_90 if the "
                         "reduce overlaps the next tile's matmuls; Hopper only (b4 runs elsewhere, the interpreter too)",
                         dq_mode=DQ_TMA.value),

@@ -201,7 +201,7 @@ def fp8_forward_config(props: configs.DeviceProps, block_d: int, *, causal: bool
 def v_keys_contiguous(v: torch.Tensor) -> torch.Tensor:
     """V (B, H, N, D) as the FP8 kernel reads it fastest: the same values, viewed as (B, H, N, D), over storage
     (B, H, D, N_pad) in which consecutive keys are adjacent; N_pad rounds N up to 16 so that each row of the
-    storage starts 16-byte aligned (the TMA copy engine's rule). Keep V this way to skip the per-call copy."""
+    storage starts 16-byte aligned (the TMA's rule). Keep V this way to skip the per-call copy."""
     batch, heads, n, head_dim = v.shape
     storage = torch.empty((batch, heads, head_dim, max(16, -(-n // 16) * 16)), dtype=v.dtype, device=v.device)
     storage[..., :n].copy_(v.transpose(2, 3))
