@@ -14,7 +14,8 @@ Each version is a whole kernel you can read alone, except v4, which is only a la
 - v5  ``_fwd_v5_kernel``: v3 with the causal query tiles launched heaviest first (bottom rows see the most keys),
       so the last wave is made of short programs instead of long ones.
 - v6  ``_fwd_v6_kernel``: v5 with Q, K, V moved through tensor descriptors (Hopper's Tensor Memory Accelerator,
-      TMA) instead of pointer tiles; GPUs without TMA run v5 (Triton's interpreter emulates descriptors, so on a CPU v6 runs).
+      TMA) instead of pointer tiles; GPUs without TMA run v5 (Triton's interpreter emulates descriptors, so on a
+      CPU v6 runs).
 - v7  ``_fwd_v7_kernel``: v6 plus the variant rules of ``rules.py``, each a compile-time switch: grouped-query
       attention, both causal alignments, a sliding window (tile ranges from the bounds: empty tiles skipped,
       whole visible ones unmasked), softcap, ALiBi, and documents / ``mask_mod`` through a block mask
