@@ -1,9 +1,9 @@
 """Installed from a wheel, away from any checkout, the lessons still find the course files they read.
 
 The wheel is built the way `pip install git+...` and `python -m build` build it: an sdist from the working tree,
-then the wheel from that sdist. It goes (not editable) into a fresh virtual environment with the pinned torch;
-lessons 07 (recorded GPU results) and 10 (the interview bank's evidence) are copied to a folder outside the
-repository and executed there by that environment's kernel.
+then the wheel from that sdist. It goes (not editable, with the course extra) into a fresh virtual environment
+with the pinned torch; lessons 07 (recorded GPU results) and 10 (the interview bank's evidence) are copied to a
+folder outside the repository and executed there by that environment's kernel.
 """
 
 from __future__ import annotations
@@ -129,8 +129,10 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
                MPLBACKEND="module://matplotlib_inline.backend_inline")
     _run([sys.executable, "-m", "venv", str(venv)], env=env)
     python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "--quiet", *_torch_requirement(), str(wheel), "nbclient", "ipykernel"],
-         env=env)
+    # The course extra, as a learner installs it (`pip install "flashcourse[course]"`): the core install alone has
+    # no matplotlib, ipywidgets or PyYAML, which the lessons use.
+    _run([python, "-m", "pip", "install", "--quiet", *_torch_requirement(), f"flashcourse[course] @ {wheel.as_uri()}",
+          "nbclient", "ipykernel"], env=env)
     timings["install"] = time.perf_counter() - start
 
     start = time.perf_counter()
