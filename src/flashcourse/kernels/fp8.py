@@ -398,11 +398,23 @@ def random_rotation(d: int, *, seed: int = 0, device=None) -> torch.Tensor:
 
 
 def quantize_fp8(q, k, v, *, incoherent: bool = False, seed: int = 0) -> Fp8QKV:
-    """16- or 32-bit q (B, H_q, N, D), k, v (B, H_kv, N_kv, D) -> :class:`Fp8QKV`, descales per (batch, KV head).
+    """Quantise q, k, v to float8_e4m3fn for the FP8 forward, with one descale per (batch, KV head).
 
-    ``incoherent=True``: q and k are first multiplied by one random orthogonal matrix R (a Hadamard matrix with
-    random signs, ``seed``): (q R)(k R)^T = q k^T, so attention is unchanged, but an outlier channel's energy is
-    spread over all D channels, and the rounding errors of its products shrink. v is not rotated.
+    Args:
+        q: (B, H_q, N_q, D); k, v: (B, H_kv, N_k, D); float16, bfloat16 or float32, H_q a multiple of H_kv.
+        incoherent: False (default); True multiplies q and k first by one random orthogonal matrix R (a Hadamard
+            matrix with random signs): (q R)(k R)^T = q k^T, so attention is unchanged, but an outlier channel's
+            energy is spread over all D channels and the rounding errors of its products shrink. v is not rotated.
+        seed: the random signs of R (default 0).
+
+    Returns:
+        :class:`Fp8QKV`: ``q``, ``k``, ``v`` in float8_e4m3fn, ``q_descale``, ``k_descale``, ``v_descale``
+        (B, H_kv) float32 (the true tensor is ``fp8 * descale``), and ``rotation`` (D, D) or None.
+
+    Example::
+
+        x = quantize_fp8(q, k, v, incoherent=True)
+        o, lse = kernels.flash_attention_forward(x.q, x.k, x.v, **x.descales(), causal=True)  # sm_90+
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
