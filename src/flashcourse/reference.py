@@ -371,9 +371,9 @@ def attention_lse(q, k, v, *, causal=False, scale=None, mask=None, window=None, 
     """Naive attention that also returns each row's logsumexp: the (o, lse) a FlashAttention forward returns.
 
     Args:
-        q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v): float16, float32 or float64 arrays (or what
-            NumPy turns into them). Grouped-query attention: q (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D),
-            H_q a multiple of H_kv.
+        q: (..., N_q, D) queries: a float16, float32 or float64 array (or what NumPy turns into one).
+        k, v: (..., N_k, D) keys and (..., N_k, D_v) values, q's leading dims. Grouped-query attention: q
+            (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D), H_q a multiple of H_kv.
         causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i (SDPA's
             ``is_causal``). "bottom_right": query i sees keys j <= i + N_k - N_q (the last query lined up with
             the last key). With N_q = N_k the two are the same mask.
@@ -433,9 +433,9 @@ def attention(q, k, v, *, causal=False, scale=None, mask=None, window=None, soft
     The options are the kernels' (``flashcourse.kernels.flash_attention``), with the same meanings.
 
     Args:
-        q: (..., N_q, D), k: (..., N_k, D), v: (..., N_k, D_v): float16, float32 or float64 arrays (or what
-            NumPy turns into them). Grouped-query attention: q (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D),
-            H_q a multiple of H_kv.
+        q: (..., N_q, D) queries: a float16, float32 or float64 array (or what NumPy turns into one).
+        k, v: (..., N_k, D) keys and (..., N_k, D_v) values, q's leading dims. Grouped-query attention: q
+            (B, H_q, N_q, D) with k, v (B, H_kv, N_k, D), H_q a multiple of H_kv.
         causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i (SDPA's
             ``is_causal``). "bottom_right": query i sees keys j <= i + N_k - N_q (the last query lined up with
             the last key). With N_q = N_k the two are the same mask.
@@ -482,7 +482,8 @@ def softmax_naive(x, axis: int = -1) -> np.ndarray:
     (float32), giving inf / inf = NaN. Shown to fail, not to be used.
 
     Args:
-        x: a float16 / float32 / float64 array of any shape. axis: the axis to normalise (default the last).
+        x: a float16 / float32 / float64 array of any shape.
+        axis: the axis to normalise (default -1, the last).
 
     Returns:
         An array like x (its shape and dtype); NaN where exp overflowed.
@@ -503,7 +504,8 @@ def softmax_safe(x, axis: int = -1) -> np.ndarray:
     exp(x - max) <= 1 never overflows. A row of all -inf gives 0 everywhere, not NaN.
 
     Args:
-        x: a float16 / float32 / float64 array of any shape. axis: the axis to normalise (default the last).
+        x: a float16 / float32 / float64 array of any shape.
+        axis: the axis to normalise (default -1, the last).
 
     Returns:
         An array like x (its shape and dtype), each slice along ``axis`` summing to 1 (or all 0).
