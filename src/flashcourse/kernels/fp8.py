@@ -401,7 +401,8 @@ def quantize_fp8(q, k, v, *, incoherent: bool = False, seed: int = 0) -> Fp8QKV:
     """Quantise q, k, v to float8_e4m3fn for the FP8 forward, with one descale per (batch, KV head).
 
     Args:
-        q: (B, H_q, N_q, D); k, v: (B, H_kv, N_k, D); float16, bfloat16 or float32, H_q a multiple of H_kv.
+        q: (B, H_q, N_q, D), float16, bfloat16 or float32.
+        k, v: (B, H_kv, N_k, D), H_q a multiple of H_kv.
         incoherent: False (default); True multiplies q and k first by one random orthogonal matrix R (a Hadamard
             matrix with random signs): (q R)(k R)^T = q k^T, so attention is unchanged, but an outlier channel's
             energy is spread over all D channels and the rounding errors of its products shrink. v is not rotated.
