@@ -195,3 +195,31 @@ def test_the_forward_steps_down_through_the_public_api(rng, monkeypatch):
     with pytest.warns(RuntimeWarning, match="forward v7"):
         o = kernels.flash_attention(q, k, v, causal=True)
     assert_close(o, reference.attention(q.numpy(), k.numpy(), v.numpy(), causal=True))
+
+
+def test_the_interpreter_shim_squeezes_one_element_scalars(monkeypatch):
+    """Triton 3.6's interpreter converts loop bounds with int(array), which NumPy 2.4 refuses for 1-d arrays;
+    the shim (applied only where the interpreter does not squeeze) makes them convert."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from flashcourse.kernels import _interpreter_compat
+
+    def old_patch_lang_tensor(tensor, scope):  # Triton 3.6's conversion: int() of the one-element array
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", old_patch_lang_tensor)
+    _interpreter_compat.apply()
+    assert interpreter._patch_lang_tensor is not old_patch_lang_tensor
+
+    class Handle:
+        data = np.array([7], dtype=np.int32)
+
+    class Tensor:
+        handle = Handle()
+
+    scope = interpreter._LangPatchScope()
+    interpreter._patch_lang_tensor(Tensor, scope)
+    assert list(range(Tensor(), 9)) == [7, 8]
+    scope.restore()
+    assert not hasattr(Tensor, "__index__")

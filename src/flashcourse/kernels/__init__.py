@@ -25,6 +25,10 @@ from flashcourse import device as _device
 
 _device.require_triton()  # a clear ImportError on macOS/Windows, before `import triton` fails obscurely
 _device.setup()  # must run before any @triton.jit below: the interpreter is chosen at decoration time
+if _device.setup() == "cpu":
+    from ._interpreter_compat import apply as _apply_interpreter_compat
+
+    _apply_interpreter_compat()
 
 import torch  # noqa: E402
 
