@@ -85,8 +85,8 @@ def test_the_clock_reports_the_time(capsys):
 
 
 def test_the_hint_free_drill_has_the_same_checks_and_no_algorithm_in_its_text():
-    """ex12_from_memory_no_hints is ex12 for a timed drill: the same graded cells (ex12_a, ex12_b), statements and TODO lines that do not
-    spell the algorithm out, and each notebook says which one to use for the drill."""
+    """ex12_from_memory_no_hints is ex12 for a timed drill: the same graded cells (ex12_a, ex12_b), statements and
+    TODO lines that do not spell the algorithm out, and each notebook says which one to use for the drill."""
     from pathlib import Path
 
     import nbformat
