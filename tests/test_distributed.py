@@ -177,6 +177,22 @@ def test_ring_and_ulysses_equal_one_process_attention_on_two_gpus_with_nccl(dtyp
     launch.run(_compare_across_ranks, 2, "cuda", dtype_name, backend="nccl")
 
 
+def _exchange_by_pairs() -> None:
+    from flashcourse.distributed import ulysses
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    sent = [torch.full((2,), 10.0 * rank + peer) for peer in range(world)]  # piece for each peer
+    received = [torch.empty(2) for _ in range(world)]
+    ulysses.all_to_all_by_pairs(received, sent)
+    assert [r[0].item() for r in received] == [10.0 * peer + rank for peer in range(world)]
+
+
+@pytest.mark.slow
+def test_the_all_to_all_fallback_exchanges_every_piece():
+    """Where a backend has no all-to-all (some builds' gloo), Ulysses sends and receives the pieces in pairs."""
+    launch.run(_exchange_by_pairs, 3)
+
+
 def _print_rank() -> None:
     print(f"I am rank {torch.distributed.get_rank()} of {torch.distributed.get_world_size()}")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from grading_attacks import BLANKET_PATCH
 
 from flashcourse.grading import release
 
@@ -132,11 +133,38 @@ def test_each_lesson_links_its_exercise_and_every_exercise_link_resolves():
             assert (ROOT / "exercises" / link).exists(), f"{path.name} links a missing exercise: {link}"
 
 
+# A hidden-test cell as the solutions write it.
+HIDDEN_CELL = ("import runpy\n"
+               "hidden_test = runpy.run_module('flashcourse.grading.fresh_copy')['fresh_hidden_test']()\n"
+               "hidden_test('{grade_id}', {function}={function})")
+
+
+def test_hidden_tests_reach_an_untouched_judge_when_every_grading_function_is_replaced(tmp_path):
+    """The blanket patch (grading_attacks.py) makes the old entry (importing fresh_judge.hidden_test) pass a stub;
+    the hidden cell's fresh copy of the grading package still fails it, and still passes a right answer."""
+    stub = ("import numpy as np\n"  # unscaled: wrong
+            "def attention_scores(q, k, scale=None):\n    return q @ np.swapaxes(k, -1, -2)")
+    right = ("def attention_scores(q, k, scale=None):\n"
+             "    return q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)")
+    old_entry = ("from flashcourse.grading.fresh_judge import hidden_test\n"
+                 "hidden_test('ex01_a', attention_scores=attention_scores)")
+    cells = [BLANKET_PATCH, stub, old_entry, HIDDEN_CELL.format(grade_id="ex01_a", function="attention_scores"),
+             right, HIDDEN_CELL.format(grade_id="ex01_a", function="attention_scores")]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "blanket.ipynb"
+    nbformat.write(nb, path)
+    executed = _execute(path, allow_errors=True).cells
+    failed = [any(out.output_type == "error" for out in cell.outputs) for cell in executed]
+    assert failed == [False, False, False, True, False, False], failed  # the old entry was fooled; the new one not
+    assert "passed all hidden tests" in "".join(out.get("text", "") for out in executed[2].outputs)
+    assert "passed all" in "".join(out.get("text", "") for out in executed[5].outputs)
+
+
 def test_a_failing_check_shows_its_cell_not_the_grader_and_keep_going_spares_only_the_visible_checks(tmp_path):
     stub = "def attention_scores(q, k, scale=None):\n    raise NotImplementedError('fill me in')"
     check = "grading.check_attention_scores(attention_scores)"
-    hidden = ("from flashcourse.grading.fresh_judge import hidden_test\n"
-              "hidden_test('ex01_a', attention_scores=attention_scores)")
+    hidden = HIDDEN_CELL.format(grade_id="ex01_a", function="attention_scores")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in (
         "from flashcourse import grading", stub, check, "grading.keep_going()", check, hidden)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -1,7 +1,8 @@
 """nbgrader runs on the solution notebooks as they are: generate_assignment strips them, autograde gives full
 marks to a solved submission and none to the stub (ex01, NumPy, and ex09, with a Triton kernel), nor to a stub
-whose first cell replaces the checks, numpy.testing, the tolerances and the parts' judges (the hidden tests are
-judged by a fresh Python)."""
+whose first cell replaces the checks, numpy.testing, the tolerances and the parts' judges, nor to one that replaces
+every function of every flashcourse.grading module (the hidden tests load a fresh copy of the grading package and
+are judged by a fresh Python)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from grading_attacks import BLANKET_PATCH
 
 pytest.importorskip("nbgrader")
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +43,12 @@ tolerance.tolerance_for = lambda dtype: (1e300, 1e300)
 """
 
 
-def _patched(released: Path, name: str) -> str:
+def _patched(released: Path, name: str, patch: str = PATCH_THE_CHECKS) -> str:
     """The released notebook with a first code cell that replaces the checks (before anything imports them)."""
     import nbformat
 
     nb = nbformat.read(released, as_version=4)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(f"EXERCISE = {name!r}\n" + PATCH_THE_CHECKS))
+    nb.cells.insert(0, nbformat.v4.new_code_cell(f"EXERCISE = {name!r}\n" + patch))
     return nbformat.writes(nb)
 
 
@@ -70,9 +72,10 @@ def test_generate_assignment_and_autograde(tmp_path):
         shutil.copy(ROOT / "solutions" / f"{name}.ipynb", source)
     _nbgrader(course, "generate_assignment", "ps1")
     for name in NOTEBOOKS:
-        target = course / "submitted" / "patcher" / "ps1"
-        target.mkdir(parents=True, exist_ok=True)
-        (target / f"{name}.ipynb").write_text(_patched(course / "release" / "ps1" / f"{name}.ipynb", name))
+        for student, patch in (("patcher", PATCH_THE_CHECKS), ("blanket", BLANKET_PATCH)):
+            target = course / "submitted" / student / "ps1"
+            target.mkdir(parents=True, exist_ok=True)
+            (target / f"{name}.ipynb").write_text(_patched(course / "release" / "ps1" / f"{name}.ipynb", name, patch))
         released = (course / "release" / "ps1" / f"{name}.ipynb").read_text()
         assert "BEGIN SOLUTION" not in released and "hidden=True" not in released
         for student, folder in (("solved", source), ("stub", course / "release" / "ps1")):
@@ -89,5 +92,6 @@ def test_generate_assignment_and_autograde(tmp_path):
             stub = gradebook.find_submission_notebook(name, "ps1", "stub")
             assert (solved.score, solved.max_score) == (POINTS[name], POINTS[name])
             assert stub.score == 0
-            patcher = gradebook.find_submission_notebook(name, "ps1", "patcher")
-            assert patcher.score == 0, f"{name}: patched checks scored {patcher.score}"
+            for student in ("patcher", "blanket"):
+                patched = gradebook.find_submission_notebook(name, "ps1", student)
+                assert patched.score == 0, f"{name}: {student}'s patched grading scored {patched.score}"

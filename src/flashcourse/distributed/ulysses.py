@@ -24,8 +24,27 @@ def _all_to_all(x: torch.Tensor, *, split_dim: int, cat_dim: int, group) -> torc
     world = dist.get_world_size(group)
     sent = [piece.contiguous() for piece in x.chunk(world, dim=split_dim)]
     received = [torch.empty_like(sent[0]) for _ in range(world)]
-    dist.all_to_all(received, sent, group=group)
+    try:
+        dist.all_to_all(received, sent, group=group)
+    except RuntimeError as error:  # some builds' gloo (torch 2.11's, seen on the GPU machine) has no all-to-all
+        if "does not support alltoall" not in str(error):
+            raise
+        all_to_all_by_pairs(received, sent, group=group)
     return torch.cat(received, dim=cat_dim)
+
+
+def all_to_all_by_pairs(received: list[torch.Tensor], sent: list[torch.Tensor], *, group=None) -> None:
+    """The same exchange as ``dist.all_to_all``, as P - 1 send/receive pairs per rank (what every backend has)."""
+    me = dist.get_rank(group)
+    received[me].copy_(sent[me])
+    ops = []
+    for peer in range(dist.get_world_size(group)):
+        if peer != me:
+            other = peer if group is None else dist.get_global_rank(group, peer)
+            ops += [dist.P2POp(dist.isend, sent[peer], other, group), dist.P2POp(dist.irecv, received[peer], other,
+                                                                                 group)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
 
 
 class _AllToAll(torch.autograd.Function):
