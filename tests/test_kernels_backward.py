@@ -109,6 +109,17 @@ def test_gpu_real_sizes(rng, backward_version, dtype, d, causal):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("backward_version", list(kernels.BACKWARD_VERSIONS))
+def test_gpu_every_version_as_lesson_08_checks_it(rng, backward_version):
+    """Lesson 08's gradient check on a GPU: float32, lengths 1, 17 and 64, head dims 16 and 32, (B, N, H, D)
+    storage, causal and not (on the H200 on 2026-12-01 that lesson's cell failed once and ran past 200 s once)."""
+    for n, d, causal in [(n, d, c) for n in (1, 17, 64) for d in (16, 32) for c in (False, True)]:
+        check_grads(rng, (1, 2, n, d), dtype=torch.float32, causal=causal, transpose=True,
+                    backward_version=backward_version)
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_float32_and_transposed(rng):
     check_grads(rng, (2, 2, 777, 64), dtype=torch.float32, causal=True, transpose=True)
 
