@@ -26,7 +26,7 @@ _FIRST_FITTING: dict[Hashable, int] = {}
 def launch_fitting(key: Hashable, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], T],
                    what: str) -> T:
     """``launch(config)`` with the first of ``candidates`` (largest first) whose kernel fits the GPU."""
-    key = (key, tuple(candidates))  # an explicit launch (one candidate) never inherits the default's step
+    key = (key, len(candidates))  # an explicit launch (one candidate) never inherits the default list's step
     first = _FIRST_FITTING.get(key, 0)
     for index in range(first, len(candidates)):
         try:
