@@ -32,7 +32,7 @@ if _device.setup() == "cpu":
 
 import torch  # noqa: E402
 
-from . import configs, fp8  # noqa: E402
+from . import configs, fp8, ops  # noqa: E402
 from ._checks import check_qkv, check_saved  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
 from .decode import flash_decode  # noqa: E402
@@ -51,6 +51,9 @@ __all__ = [
     "flash_decode",
     "fp8",
 ]
+
+
+_is_compiling = torch.compiler.is_compiling  # bound once: flash_attention asks on every call
 
 
 def _forward_version(version: str | None):
@@ -239,6 +242,11 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     the fastest version that supports the call. v1-v6 and b1, b2, b4, b5 know only plain and top-left causal
     attention and refuse the other options by name.
 
+    Under ``torch.compile``: the call is a ``torch.library`` op (``flashcourse::attention_forward`` and its
+    backward), so ``torch.compile(model, fullgraph=True)`` keeps it in the graph with every option but one:
+    ``mask_mod``, a ``@triton.jit`` function no op can take, makes the call run eagerly, a graph break
+    (``fullgraph=True`` then raises; compile without it). Eager calls do not go through the op.
+
     Returns:
         o: (B, H_q, N_q, D), q's dtype and device.
 
@@ -249,6 +257,14 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0))  # causal, 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
+    if _is_compiling():
+        # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
+        # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
+        # tuned and measured against SDPA, and the op's dispatcher would add to it. Eagerly this check costs one
+        # call that returns a flag (about 0.1 us).
+        return _flash_attention_compiling(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                          alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                                          forward_version=forward_version, backward_version=backward_version)
     check_qkv(q, k, v)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)
@@ -257,3 +273,26 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         return run_forward(forward, q, k, v, rules=rules, scale=scale)[0]  # inference: skip autograd's cost
     return FlashAttentionFunction.apply(q, k, v, rules, scale, forward_version, backward_version)
+
+
+def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod,
+                               forward_version, backward_version):
+    """``flash_attention`` as torch.compile traces it: the same checks (check_qkv inside the op's fake
+    implementation), then the ``torch.library`` op of ops.py."""
+    if mask_mod is not None:  # a @triton.jit function fits no op schema: this call leaves the graph
+        return _flash_attention_outside_graph(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                                              alibi_slopes=alibi_slopes, document_ids=document_ids,
+                                              mask_mod=mask_mod, forward_version=forward_version,
+                                              backward_version=backward_version)
+    # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
+    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        document_ids=document_ids)
+    _forward_version(forward_version)
+    _backward_version(backward_version)
+    return ops.attention_in_graph(q, k, v, rules, scale, forward_version, backward_version)
+
+
+@torch.compiler.disable
+def _flash_attention_outside_graph(q, k, v, **options):
+    """Runs eagerly (a graph break): the path of a ``mask_mod`` call under torch.compile."""
+    return flash_attention(q, k, v, **options)

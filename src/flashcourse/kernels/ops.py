@@ -1,0 +1,103 @@
+"""The attention kernels as ``torch.library`` ops, so that ``torch.compile(model, fullgraph=True)`` keeps them.
+
+Two custom ops, ``flashcourse::attention_forward`` (-> o, lse) and ``flashcourse::attention_backward``
+(-> dq, dk, dv), each with a fake implementation (shapes and dtypes only, what the compiler traces with) and the
+forward with an autograd formula that calls the backward op. Every tensor the backward needs, the ALiBi slopes
+and document ids included, is saved with ``save_for_backward``; the rest of the rules are plain numbers and
+strings. ``kernels.flash_attention`` routes here only while compiling: eager calls keep
+``FlashAttentionFunction`` (the comment in ``flash_attention`` says why).
+
+A ``mask_mod`` is a ``@triton.jit`` function, which an op's schema cannot carry: ``flash_attention`` runs such a
+call eagerly, outside the graph (a graph break).
+"""
+
+# No `from __future__ import annotations`, and Optional rather than `X | None`: torch.library reads the op's schema
+# from the annotations, and typing.Optional is the spelling every torch version's schema inference knows.
+# ruff: noqa: UP045
+from typing import Optional
+
+import torch
+
+from ._checks import check_qkv
+from .backward import run_backward
+from .forward import run_forward
+from .rules import Rules
+
+
+def _rules(causal: str, window_left: int, window_right: int, softcap: Optional[float],
+           alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor]) -> Rules:
+    """The op's flat arguments back into the (already checked) rules; causal "" and window (-1, -1) are None."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    return Rules(causal=causal or None, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                 document_ids=document_ids)
+
+
+@torch.library.custom_op("flashcourse::attention_forward", mutates_args=())
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
+                      document_ids: Optional[torch.Tensor], causal: str, window_left: int, window_right: int,
+                      softcap: Optional[float], scale: Optional[float], forward_version: Optional[str],
+                      backward_version: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import _forward_version  # the package imports this module: look it up at call time
+
+    rules = _rules(causal, window_left, window_right, softcap, alibi_slopes, document_ids)
+    return run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale,
+                            forward_version, backward_version):
+    check_qkv(q, k, v)  # while tracing: the compiled call refuses what the eager one does
+    batch, heads, n_q, _ = q.shape
+    # As run_forward allocates them: o like q (strides too), lse (B, H_q, N_q) float32 contiguous.
+    return torch.empty_like(q), q.new_empty((batch, heads, n_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashcourse::attention_backward", mutates_args=())
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                       do: torch.Tensor, alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor],
+                       causal: str, window_left: int, window_right: int, softcap: Optional[float],
+                       scale: Optional[float], backward_version: Optional[str]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import _backward_version
+
+    rules = _rules(causal, window_left, window_right, softcap, alibi_slopes, document_ids)
+    dq, dk, dv = run_backward(_backward_version(backward_version, q, k, rules), q, k, v, o, lse, do, rules=rules,
+                              scale=scale)
+    # The fake promises q's, k's and v's strides (a compiler may check them); b2, b4 and b5 build dq contiguous.
+    if dq.stride() != q.stride():
+        dq = torch.empty_like(q).copy_(dq)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left, window_right,
+                             softcap, scale, backward_version):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, _,
+     backward_version) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
+    ctx.options = (causal, window_left, window_right, softcap, scale, backward_version)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
+    causal, window_left, window_right, softcap, scale, backward_version = ctx.options
+    dq, dk, dv = attention_backward(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left,
+                                    window_right, softcap, scale, backward_version)
+    # lse is an output for the backward's sake only: flash_attention returns o, so no gradient reaches lse.
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention_in_graph(q, k, v, rules: Rules, scale, forward_version, backward_version) -> torch.Tensor:
+    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op)."""
+    window_left, window_right = rules.window if rules.window is not None else (-1, -1)
+    o, _ = attention_forward(q, k, v, rules.alibi_slopes, rules.document_ids, rules.causal or "", window_left,
+                             window_right, rules.softcap, scale, forward_version, backward_version)
+    return o
