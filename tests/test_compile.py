@@ -2,7 +2,8 @@
 ``fullgraph=True`` gives the eager layer's outputs and gradients, option by option.
 
 On CPU the backend is ``aot_eager`` (the graph and its autograd traced, kernels run in Triton's interpreter, tiny
-float32 sizes with N not a multiple of 16); the ``gpu`` tests compile with inductor on CUDA at fp16.
+float32 sizes with N not a multiple of 16; about 2 s a case, most of it compiling, so `make test-fast` keeps two
+cases and the rest are marked slow); the ``gpu`` tests compile with inductor on CUDA at fp16.
 """
 
 from __future__ import annotations
@@ -127,13 +128,18 @@ def filled(options, shape):
     return {k: fill[o]() if isinstance(o, str) and o in fill else o for k, o in options.items()}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+FAST_CASES = ("causal bottom-right, N_q != N_k", "alibi")  # what `make test-fast` keeps: the rest is marked slow
+
+
+@pytest.mark.parametrize("name", [name if name in FAST_CASES else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in CASES])
 def test_compiled_fullgraph_matches_eager(rng, name):
     options, shape = CASES[name]
     targets = check_compiled_matches_eager(rng, filled(options, shape), **shape)
     assert len(targets) == 1 and ATTENTION_OP in targets[0], f"{name}: the attention op is not in the one graph"
 
 
+@pytest.mark.slow
 def test_mask_mod_compiles_with_a_graph_break(rng):
     targets = check_compiled_matches_eager(rng, {"mask_mod": stripes, "causal": True}, fullgraph=False)
     assert len(targets) >= 2, "a mask_mod call runs eagerly between two graphs"
