@@ -96,11 +96,15 @@ def test_chosen_configs_compile_and_run_every_head_dim_and_dtype(head_dim, dtype
 
 @pytest.mark.parametrize("name", list(DEVICES))
 def test_head_dim_256_gets_real_tiles_on_every_device(name):
-    """D=256 must not fall through to the 16x16 emergency launch on fp16 (Gemma's head dim)."""
+    """D=256 must not fall through to the 16x16 last resort on fp16 (Gemma's head dim), except where the compiler
+    leaves nothing else: the T4's backward, whose 16x32 tiles compile to 81,920 B of its 65,536 (launch_fit)."""
     fwd = configs.forward_config(DEVICES[name], 256, 2, causal=False)
     dkdv, dq = configs.backward_config(DEVICES[name], 256, 2)
     assert fwd.block_m >= 32 and fwd.block_n >= 32, fwd
-    assert dkdv.block_n >= 32 and dq.block_m >= 32, (dkdv, dq)
+    if DEVICES[name].capability >= (8, 0):
+        assert dkdv.block_n >= 32 and dq.block_m >= 32, (dkdv, dq)
+    else:
+        assert (dkdv, dq) == (configs.KernelConfig(16, 16, 4, 1),) * 2
 
 
 def test_what_each_device_gets():
