@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import tracemalloc
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -421,3 +422,32 @@ def to_tensor(array: np.ndarray):
     from .. import device
 
     return torch.from_numpy(np.ascontiguousarray(array)).to("cuda" if device.setup() == "cuda" else "cpu")
+
+
+class Clock:
+    """A drill's clock (exercises 12 and 14): ``start()`` it, and each visible check run through :meth:`run`
+    prints the time since. ``starter`` is the name learners call to start it, quoted in the messages."""
+
+    def __init__(self, starter: str, started_message: str):
+        self.starter, self.started_message = starter, started_message
+        self.started: float | None = None
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        print(self.started_message)
+
+    def elapsed(self) -> str:
+        """The time since :meth:`start`, as "4 min 07 s" (or a note that the clock was not started)."""
+        if self.started is None:
+            return f"clock not started (run the cell with grading.{self.starter}())"
+        seconds = int(time.monotonic() - self.started)
+        return f"{seconds // 60} min {seconds % 60:02d} s since {self.starter}()"
+
+    def run(self, part: Part, functions: dict, hidden: bool, seed) -> None:
+        """:func:`run_check`, then the time (not under hidden tests, which ignore the clock)."""
+        __tracebackhide__ = True
+        try:
+            run_check(part, functions, hidden=hidden, seed=seed)
+        finally:
+            if not hidden:
+                print(f"time: {self.elapsed()}")

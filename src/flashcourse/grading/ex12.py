@@ -8,42 +8,27 @@ checks on more cases and ignore the clock.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .. import reference
 from . import _mistakes as mistakes
-from ._core import Part, compare, copies, qkv_case, run_check, to_numpy
+from ._core import Clock, Part, compare, copies, qkv_case, to_numpy
 from .ex02 import _nan_hint, _rows
 
 __all__ = ["check_flash_forward_from_memory", "check_softmax_online_from_memory", "elapsed", "start_clock"]
 
-_started: float | None = None
+_CLOCK = Clock("start_clock", "clock started: write softmax_online, then flash_forward, without looking anything up")
+_timed = _CLOCK.run
 
 
 def start_clock() -> None:
     """Start (or restart) the drill's clock; the checks report the time since."""
-    global _started
-    _started = time.monotonic()
-    print("clock started: write softmax_online, then flash_forward, without looking anything up")
+    _CLOCK.start()
 
 
 def elapsed() -> str:
     """The time since :func:`start_clock`, as "4 min 07 s" (or a note that the clock was not started)."""
-    if _started is None:
-        return "clock not started (run the cell with grading.start_clock())"
-    seconds = int(time.monotonic() - _started)
-    return f"{seconds // 60} min {seconds % 60:02d} s since start_clock()"
-
-
-def _timed(part: Part, functions: dict, hidden: bool, seed) -> None:
-    __tracebackhide__ = True
-    try:
-        run_check(part, functions, hidden=hidden, seed=seed)
-    finally:
-        if not hidden:
-            print(f"time: {elapsed()}")
+    return _CLOCK.elapsed()
 
 
 # ------------------------------------------------------------------------------------------ (a) online softmax

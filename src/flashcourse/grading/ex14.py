@@ -13,43 +13,29 @@ Python, ``fresh_judge``) are the same checks on more and larger cases, and ignor
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 import numpy as np
 
 from .. import reference
 from . import _mistakes as mistakes
-from ._core import Part, compare, copies, run_check, to_numpy
+from ._core import Clock, Part, compare, copies, to_numpy
 
 __all__ = ["check_gqa_forward", "check_kv_cache_bytes", "check_mha_forward", "check_mla_decode", "check_rope",
            "elapsed", "start_code_clock"]
 
-_started: float | None = None
+_CLOCK = Clock("start_code_clock", "clock started: write each function without looking anything up, then run its check")
+_timed = _CLOCK.run
 
 
 def start_code_clock() -> None:
     """Start (or restart) the code round's clock; the checks report the time since."""
-    global _started
-    _started = time.monotonic()
-    print("clock started: write each function without looking anything up, then run its check")
+    _CLOCK.start()
 
 
 def elapsed() -> str:
     """The time since :func:`start_code_clock`, as "4 min 07 s" (or a note that the clock was not started)."""
-    if _started is None:
-        return "clock not started (run the cell with grading.start_code_clock())"
-    seconds = int(time.monotonic() - _started)
-    return f"{seconds // 60} min {seconds % 60:02d} s since start_code_clock()"
-
-
-def _timed(part: Part, functions: dict, hidden: bool, seed) -> None:
-    __tracebackhide__ = True
-    try:
-        run_check(part, functions, hidden=hidden, seed=seed)
-    finally:
-        if not hidden:
-            print(f"time: {elapsed()}")
+    return _CLOCK.elapsed()
 
 
 # The diagnoses of this exercise, one sentence each (the shared ones live in _mistakes).
