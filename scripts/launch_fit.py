@@ -10,9 +10,10 @@ allocates is what counts; no formula stands in for it.
     PYTHONPATH=src python scripts/launch_fit.py                    # every target, the CI's case set
     PYTHONPATH=src python scripts/launch_fit.py --target T4 --cases all --json out.json
 
-``--cases ci`` (default) takes each kernel with its options off and with every option on at once (the launch
-config depends on neither; the extra code of the options is there to allocate whatever it needs); ``--cases
-all`` takes every option on its own and bfloat16 too (minutes per target). Exit status 1 when a launch does not
+``--cases ci`` (default) takes each kernel with its options off, with every bound and score option on at once,
+and with a block mask (documents and ``mask_mod``): both launch choices (with and without partly masked tiles)
+and the most code the options add; the numbered versions in float16; float32 from D = 64. ``--cases all`` takes
+every option on its own and bfloat16 too (minutes per target). Exit status 1 when a launch does not
 fit. Run with the Triton whose allocation you want to check: CI's on a CPU, the GPU machine's in
 ``make test-gpu``.
 """
