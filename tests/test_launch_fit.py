@@ -65,7 +65,7 @@ def test_every_chosen_launch_fits(capability, tmp_path):
 
 
 def test_a_launch_that_does_not_fit_is_reported(tmp_path):
-    """The check can fail: a T4 that offered only 32 KB per block would not hold the chosen launches."""
-    code, stdout, result = run_fit("--target", "T4", "--head-dim", "64", "--limit-kb", "32", tmp_path=tmp_path)
+    """The check can fail: a T4 that offered only 16 KB per block would not hold the chosen launches."""
+    code, stdout, result = run_fit("--target", "T4", "--head-dim", "16", "--limit-kb", "16", tmp_path=tmp_path)
     assert code == 1 and "DOES NOT FIT" in stdout
     assert any(not r["fits"] for r in result["rows"])
