@@ -39,6 +39,7 @@ from .common import (
     key_tile_range,
     load_tile,
     modified_scores,
+    query_tile_range,
     strides,
     tma_scratch,
     visible,
@@ -160,22 +161,28 @@ def _bwd_dkdv_kernel(
     if CAUSAL:
         # Queries before start_n see none of these keys; [start_n, start_n + BLOCK_N) is the diagonal.
         full_lo = tl.minimum(start_n + BLOCK_N, full_end)  # a multiple of BLOCK_M: BLOCK_N % BLOCK_M == 0
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
-                             stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-                             offs_n, start_n, tl.minimum(start_n + BLOCK_N, N_Q), N_Q, qk_scale, scale,
-                             True, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
-                         stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-                         offs_n, full_lo, full_end, N_Q, qk_scale, scale,
-                         False, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_tiles(
+            dk, dv, k, v, q_base=q_base, do_base=do_base, dq_base=dq_base, lse_base=lse_base, delta_base=delta_base,
+            stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+            stride_dqn=stride_dqn, stride_dqd=stride_dqd, offs_n=offs_n, lo=start_n,
+            hi=tl.minimum(start_n + BLOCK_N, N_Q), N_Q=N_Q, qk_scale=qk_scale, scale=scale, MASKED=True, CAUSAL=CAUSAL,
+            DQ_MODE=DQ_MODE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, q_base=q_base, do_base=do_base, dq_base=dq_base, lse_base=lse_base, delta_base=delta_base,
+        stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod, stride_dqn=stride_dqn,
+        stride_dqd=stride_dqd, offs_n=offs_n, lo=full_lo, hi=full_end, N_Q=N_Q, qk_scale=qk_scale, scale=scale,
+        MASKED=False, CAUSAL=CAUSAL, DQ_MODE=DQ_MODE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+        DOT_PRECISION=DOT_PRECISION)
     # The tail tile past the last whole query tile (if not already covered by the diagonal).
     tail_lo = full_end
     if CAUSAL:
         tail_lo = tl.maximum(full_end, start_n + BLOCK_N)
-    dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base,
-                         stride_qn, stride_qd, stride_don, stride_dod, stride_dqn, stride_dqd,
-                         offs_n, tail_lo, N_Q, N_Q, qk_scale, scale,
-                         True, CAUSAL, DQ_MODE, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+    dk, dv = _dkdv_tiles(
+        dk, dv, k, v, q_base=q_base, do_base=do_base, dq_base=dq_base, lse_base=lse_base, delta_base=delta_base,
+        stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod, stride_dqn=stride_dqn,
+        stride_dqd=stride_dqd, offs_n=offs_n, lo=tail_lo, hi=N_Q, N_Q=N_Q, qk_scale=qk_scale, scale=scale, MASKED=True,
+        CAUSAL=CAUSAL, DQ_MODE=DQ_MODE, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+        DOT_PRECISION=DOT_PRECISION)
 
     store_mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
     dk_ptrs = DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -244,11 +251,15 @@ def _bwd_dq_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, 0, full_end, N_KV, qk_scale, False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, full_end, masked_end, N_KV, qk_scale, True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N,
-                   DOT_PRECISION)
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+        stride_vn=stride_vn, stride_vd=stride_vd, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
+    dq = _dq_tiles(
+        dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+        stride_vn=stride_vn, stride_vd=stride_vd, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV,
+        qk_scale=qk_scale, MASKED=True, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+        DOT_PRECISION=DOT_PRECISION)
     dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
@@ -277,14 +288,16 @@ def _dkdv_tile_b3(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn
         delta = tl.load(delta_base + rows)
     qk_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
     if SCORE_MOD:
-        s_t, tanh_t = modified_scores(qk_t, rows[None, :], offs_n[:, None], qk_scale, softcap2, slope2, SHIFT,
-                                      HAS_SOFTCAP, HAS_ALIBI)
+        s_t, tanh_t = modified_scores(
+            qk=qk_t, q_idx=rows[None, :], kv_idx=offs_n[:, None], qk_scale=qk_scale, softcap2=softcap2, slope2=slope2,
+            SHIFT=SHIFT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
     else:
         s_t = qk_t * qk_scale
     p_t = tl.exp2(s_t - lse2[None, :])
     if MASKED:  # after exp2: a row with no visible key has lse = -inf, and its p must become 0, not inf
-        ok = visible(b, h, rows[None, :], offs_n[:, None], N_Q, N_KV, UPPER, LOWER, doc_ids,
-                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        ok = visible(
+            b, h, q_idx=rows[None, :], kv_idx=offs_n[:, None], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+            doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         p_t = tl.where(ok, p_t, 0.0)
     dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_D)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
@@ -329,18 +342,9 @@ def _bwd_dkdv_b3_kernel(
 
     # Query rows from the bounds alone (key j is seen by rows j - UPPER <= i <= j - LOWER): rows [lo, hi) see
     # some key of this tile; the query tiles inside [full_lo, full_hi) see all of them (no mask).
-    lo = 0
-    hi = N_Q
-    full_lo = 0
-    full_hi = N_Q
-    if HAS_UPPER:
-        lo = tl.minimum(tl.maximum(start_n - UPPER, 0), N_Q) // BLOCK_M * BLOCK_M
-        full_lo = (tl.maximum(start_n + BLOCK_N - 1 - UPPER, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    if HAS_LOWER:
-        hi = tl.minimum(N_Q, tl.maximum(tl.minimum(start_n + BLOCK_N, N_KV) - LOWER, 0))
-        full_hi = tl.minimum(N_Q, tl.maximum(start_n - LOWER + 1, 0))
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
-    full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_M * BLOCK_M, full_lo), hi)
+    lo, hi, full_lo, full_hi = query_tile_range(
+        start_n, N_Q, N_KV, UPPER, LOWER=LOWER, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N)
 
     # Every query head of the group adds into the same dK, dV registers: the sum over the group, no atomics.
     for g in range(0, GROUP):
@@ -357,38 +361,53 @@ def _bwd_dkdv_b3_kernel(
             for i in range(0, tl.load(FULL_COUNTS + row)):
                 start_m = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
-                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                    softcap2, slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+                    start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+                    LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=False,
+                    HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD,
+                    HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
             for i in range(0, tl.load(PARTIAL_COUNTS + row)):
                 start_m = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
-                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                    softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+                    start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+                    LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
+                    HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD,
+                    HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
         else:
             if HAS_UPPER:  # the diagonal: rows that see only part of the tile
                 for start_m in range(lo, full_lo, BLOCK_M):
                     dk, dv = _dkdv_tile_b3(
-                        dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
-                        stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                        softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                        SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                        dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                        stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+                        start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+                        LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
+                        HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD,
+                        HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                        BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
-                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                    softcap2, slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+                    start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+                    LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=False,
+                    HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD,
+                    HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
             # The window's far edge and the tail tile past the last whole query tile.
             for start_m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
-                    stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                    softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                    SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_M, DOT_PRECISION)
+                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
+                    start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+                    LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
+                    HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD,
+                    HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                    BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
 
     store_mask = (offs_n[:, None] < N_KV) & (offs_d[None, :] < HEAD_DIM)
     dk_ptrs = DK + b * stride_dkb + h_kv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -413,14 +432,16 @@ def _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, st
                   cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, MASKED)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
     if SCORE_MOD:
-        s, tanh_s = modified_scores(qk, offs_m[:, None], cols[None, :], qk_scale, softcap2, slope2, SHIFT,
-                                    HAS_SOFTCAP, HAS_ALIBI)
+        s, tanh_s = modified_scores(
+            qk, q_idx=offs_m[:, None], kv_idx=cols[None, :], qk_scale=qk_scale, softcap2=softcap2, slope2=slope2,
+            SHIFT=SHIFT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
     else:
         s = qk * qk_scale
     p = tl.exp2(s - lse2[:, None])
     if MASKED:
-        ok = visible(b, h, offs_m[:, None], cols[None, :], N_Q, N_KV, UPPER, LOWER, doc_ids,
-                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        ok = visible(
+            b, h, q_idx=offs_m[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+            doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         p = tl.where(ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
     ds = p * (dp - delta[:, None])
@@ -471,36 +492,53 @@ def _bwd_dq_b3_kernel(
         row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
-            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
-                             slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+            dq = _dq_tile_b3(
+                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
         for i in range(0, tl.load(PARTIAL_COUNTS + row)):
             start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
-            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
-                             slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+            dq = _dq_tile_b3(
+                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     else:  # key tiles from the bounds, as the v7 forward
         first_row = pid_m * BLOCK_M
-        lo, hi, full_lo, full_hi = key_tile_range(first_row, tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV,
-                                                  UPPER, LOWER, HAS_UPPER, HAS_LOWER, BLOCK_N)
+        lo, hi, full_lo, full_hi = key_tile_range(
+            first_row, last_row=tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+            HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, BLOCK_N=BLOCK_N)
         if HAS_LOWER:
             for start_n in range(lo, full_lo, BLOCK_N):
-                dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                 stride_vd, start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids,
-                                 softcap2, slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP,
-                                 HAS_ALIBI, SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                dq = _dq_tile_b3(
+                    dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn,
+                    stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h,
+                    offs_m=offs_m, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT,
+                    doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER,
+                    HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP,
+                    HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                    DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
-            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
-                             slope2, False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+            dq = _dq_tile_b3(
+                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
-            dq = _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             start_n, b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
-                             slope2, True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI,
-                             SCORE_MOD, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+            dq = _dq_tile_b3(
+                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, HEAD_DIM=HEAD_DIM,
+                BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     dq_ptrs = DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 

@@ -91,6 +91,27 @@ def key_tile_range(first_row, last_row, N_KV, UPPER, LOWER, HAS_UPPER: tl.conste
     return lo, hi, full_lo, full_hi
 
 
+@triton.jit
+def query_tile_range(start_n, N_Q, N_KV, UPPER, LOWER, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query tiles of a key tile (keys start_n..start_n + BLOCK_N - 1) from the same bounds, seen from the key:
+    key j is seen by rows ``j - UPPER <= i <= j - LOWER``. Rows [lo, hi) see some key of the tile; query tiles
+    inside [full_lo, full_hi) see all of them (no mask). The transpose of ``key_tile_range``."""
+    lo = 0
+    hi = N_Q
+    full_lo = 0
+    full_hi = N_Q
+    if HAS_UPPER:
+        lo = tl.minimum(tl.maximum(start_n - UPPER, 0), N_Q) // BLOCK_M * BLOCK_M
+        full_lo = (tl.maximum(start_n + BLOCK_N - 1 - UPPER, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    if HAS_LOWER:
+        hi = tl.minimum(N_Q, tl.maximum(tl.minimum(start_n + BLOCK_N, N_KV) - LOWER, 0))
+        full_hi = tl.minimum(N_Q, tl.maximum(start_n - LOWER + 1, 0))
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)  # every bound is >= 0 before it is divided
+    full_hi = tl.minimum(tl.maximum(full_hi // BLOCK_M * BLOCK_M, full_lo), hi)
+    return lo, hi, full_lo, full_hi
+
+
 def strides(t, name: str, axes: str = "bhnd") -> dict[str, int]:
     """A tensor's strides as the kernels' keyword arguments: ``strides(q, "q")`` -> {"stride_qb": ..., ...}."""
     return {f"stride_{name}{axis}": s for axis, s in zip(axes, t.stride(), strict=True)}

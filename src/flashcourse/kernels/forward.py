@@ -119,8 +119,9 @@ def _fwd_v1_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), m_i + tl.log(l_safe))
-    _store_output(O, LSE, acc / l_safe[:, None], lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o=acc / l_safe[:, None], lse=lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d,
+        o_base=b * stride_ob + h * stride_oh, stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ v2
@@ -169,8 +170,9 @@ def _fwd_v2_kernel(
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ v3 (and v4)
@@ -231,17 +233,20 @@ def _fwd_v3_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, 0, full_end, N_KV, qk_scale,
-                                  False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
+        stride_vd=stride_vd, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=False,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     # The diagonal tiles (causal) and the tail tile past the last whole one: masked.
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, full_end, masked_end, N_KV, qk_scale,
-                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
+        stride_vd=stride_vd, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=True,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ v5
@@ -280,17 +285,20 @@ def _fwd_v5_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, 0, full_end, N_KV, qk_scale,
-                                  False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
+        stride_vd=stride_vd, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=False,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     # The diagonal tiles (causal) and the tail tile past the last whole one: masked.
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                                  offs_m, full_end, masked_end, N_KV, qk_scale,
-                                  True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
+        stride_vd=stride_vd, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=True,
+        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ v6 (Hopper)
@@ -350,14 +358,17 @@ def _fwd_v6_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end, N_KV, qk_scale,
-                                       False, CAUSAL, BLOCK_N, DOT_PRECISION)
-    acc, l_i, m_i = _attend_tiles_desc(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, masked_end, N_KV,
-                                       qk_scale, True, CAUSAL, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles_desc(
+        acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles_desc(
+        acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV,
+        qk_scale=qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ v7 (rules)
@@ -384,12 +395,14 @@ def _attend_tile_v7(acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, strid
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
     step_scale = qk_scale
     if SCORE_MOD:  # capped and biased scores come out already scaled, in base 2
-        qk, _ = modified_scores(qk, offs_m[:, None], cols[None, :], qk_scale, softcap2, slope2, SHIFT,
-                                HAS_SOFTCAP, HAS_ALIBI)
+        qk, _ = modified_scores(
+            qk, q_idx=offs_m[:, None], kv_idx=cols[None, :], qk_scale=qk_scale, softcap2=softcap2, slope2=slope2,
+            SHIFT=SHIFT, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
         step_scale = 1.0
     if MASKED:
-        ok = visible(b, h, offs_m[:, None], cols[None, :], N_Q, N_KV, UPPER, LOWER, doc_ids,
-                     HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)
+        ok = visible(
+            b, h, q_idx=offs_m[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+            doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         qk = tl.where(ok, qk, float("-inf"))
     return online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
@@ -444,47 +457,60 @@ def _fwd_v7_kernel(
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
-                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
-                False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
-                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, USE_DESC=USE_DESC,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
         for i in range(0, tl.load(PARTIAL_COUNTS + row)):
             start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
-                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
-                True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
-                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, USE_DESC=USE_DESC,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     else:
         # Key tiles from the bounds alone: keys [lo, hi) reach some row of this tile; the tiles inside
         # [full_lo, full_hi) are whole and visible to every row (no mask), the ones around them are masked.
         first_row = pid_m * BLOCK_M
-        lo, hi, full_lo, full_hi = key_tile_range(first_row, tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV,
-                                                  UPPER, LOWER, HAS_UPPER, HAS_LOWER, BLOCK_N)
+        lo, hi, full_lo, full_hi = key_tile_range(
+            first_row, last_row=tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+            HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, BLOCK_N=BLOCK_N)
         if HAS_LOWER:  # the window's left edge
             for start_n in range(lo, full_lo, BLOCK_N):
                 acc, l_i, m_i = _attend_tile_v7(
-                    acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn,
-                    stride_vd, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
-                    True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
-                    HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                    acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                    stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q,
+                    N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids,
+                    softcap2=softcap2, slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER,
+                    HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+                    SCORE_MOD=SCORE_MOD, USE_DESC=USE_DESC, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N,
+                    DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
-                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
-                False, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
-                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, USE_DESC=USE_DESC,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
         # The diagonal / right edge and the tail tile past the last whole one.
         for start_n in range(full_hi, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn, stride_vd,
-                N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
-                True, HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD, HAS_SOFTCAP, HAS_ALIBI, SCORE_MOD, USE_DESC,
-                HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PRECISION)
+                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
+                qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
+                slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+                MASK_MOD=MASK_MOD, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, SCORE_MOD=SCORE_MOD, USE_DESC=USE_DESC,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ launching
