@@ -79,7 +79,7 @@ def main(job_dir: str) -> int:
     resource.setrlimit(resource.RLIMIT_FSIZE, (job["max_file_bytes"], job["max_file_bytes"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGALRM, _on_alarm)
-    start = time.monotonic()
+    start = job["started_monotonic"]
     cells_deadline = start + job["cell_seconds"]
     notebook = json.loads(Path("submission.ipynb").read_text())
     cell_errors, timeout, namespace = _run_cells(notebook, cells_deadline)

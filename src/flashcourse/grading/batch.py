@@ -211,8 +211,11 @@ def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], time
                job_dir: Path, work_dir: Path) -> tuple[str, dict, dict]:
     """Run the worker; return (status, outputs, report). Never raises for anything the child does."""
     spec, arrays = pack_cases(cases)
+    # The child counts its time limit from the moment it is started here (CLOCK_MONOTONIC is system-wide), not
+    # from the end of its own imports: those take seconds when several workers share a core, and the grader stops
+    # waiting 5 s after the limit, so a child counting from later was killed before it saved what it had.
     job = {"exercise": exercise, "cases": spec, "cell_seconds": 0.6 * timeout, "deadline_seconds": timeout,
-           "max_file_bytes": MAX_LOG_BYTES}
+           "started_monotonic": time.monotonic(), "max_file_bytes": MAX_LOG_BYTES}
     (job_dir / "job.json").write_text(json.dumps(job))
     np.savez(job_dir / "cases.npz", **arrays)
     (work_dir / "submission.ipynb").write_text(json.dumps(prepared))
