@@ -1,0 +1,164 @@
+"""Compile every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``) for sm_90, no GPU needed.
+
+Each stage is compiled to a cubin with the installed Triton (ptxas ships inside its wheel) for
+``GPUTarget("cuda", 90, 32)``, and the cubin's resource usage is read back with the wheel's ``cuobjdump``:
+registers a thread, spill (local memory) bytes, shared memory (the compiler's allocation). The PTX is searched for
+``setmaxnreg`` (the register budgets) and ``wgmma`` (the tensor-core instructions).
+
+    PYTHONPATH=src python scripts/fa3_compile.py                     # every stage, D 64 and 128, fp16, causal
+    PYTHONPATH=src python scripts/fa3_compile.py --all --json out.json   # both dtypes, causal and not
+
+Exit status 1 when a stage fails to compile. ``supported()`` says whether the installed Triton's Gluon offers
+what fa3.py uses (tests/test_fa3_compile.py skips otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+os.environ.pop("TRITON_INTERPRET", None)  # real kernels: we compile them, never run them
+import flashcourse.device  # noqa: E402
+
+flashcourse.device.setup = lambda: "cuda"  # no interpreter: Gluon has none
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+SM90 = 90
+# One thread block may use 227 KB of shared memory on sm_90 (228 KB per SM).
+SHARED_LIMIT = 232448
+
+
+def supported() -> tuple[bool, str]:
+    """(True, "") when the installed Triton's Gluon has what fa3.py uses, else (False, the reason)."""
+    try:
+        from triton.experimental import gluon  # noqa: F401
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
+        from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: F401
+            mbarrier,
+            tma,
+            warpgroup_mma,
+            warpgroup_mma_wait,
+        )
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError as error:
+        return False, f"Triton {triton.__version__} has no Gluon Hopper API fa3.py uses ({error})"
+    for name in ("warp_specialize", "NVMMADistributedLayout", "NVMMASharedLayout", "DotOperandLayout"):
+        if not hasattr(gl, name):
+            return False, f"Triton {triton.__version__}'s Gluon has no gl.{name}"
+    return True, ""
+
+
+@dataclass
+class Compiled:
+    stage: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    ok: bool
+    registers: int | None = None  # a thread, at launch (setmaxnreg moves them between partitions at run time)
+    spill_bytes: int | None = None  # local memory a thread (spills and stack)
+    shared: int | None = None  # bytes the compiler allocates
+    setmaxnreg: list | None = None  # the budgets in the PTX
+    wgmma: int | None = None  # wgmma.mma_async instructions in the PTX
+    seconds: float | None = None
+    error: str = ""
+
+
+def _tools_dir() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """Registers, local (spill) bytes and static shared memory of a cubin, from ``cuobjdump -res-usage``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        out = subprocess.run([os.path.join(_tools_dir(), "cuobjdump"), "-res-usage", file.name],
+                             capture_output=True, text=True, check=True).stdout
+    fields = dict(re.findall(r"(\w+):(\d+)", out.split("Function", 1)[1]))
+    return {"registers": int(fields["REG"]), "local": int(fields["LOCAL"]) + int(fields["STACK"])}
+
+
+def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = True) -> Compiled:
+    """Compile one stage for sm_90 and read its resources; a failure is recorded, not raised."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from flashcourse.kernels import fa3
+
+    record = Compiled(name, head_dim, str(dtype).removeprefix("torch."), causal, ok=False)
+    stage = fa3.STAGES[name]
+    signature, constexprs = fa3.kernel_signature(stage, head_dim, dtype, causal)
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", SM90, 32), options=stage.options())
+        usage = resource_usage(compiled.asm["cubin"])
+    except Exception as error:  # noqa: BLE001 - every stage is tried; the error is the result
+        record.error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+        record.seconds = round(time.perf_counter() - start, 2)
+        return record
+    ptx = compiled.asm["ptx"]
+    record.ok = True
+    record.registers = usage["registers"]
+    record.spill_bytes = usage["local"]
+    record.shared = compiled.metadata.shared
+    record.setmaxnreg = sorted({line.strip().rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line})
+    record.wgmma = sum("wgmma.mma_async" in line for line in ptx.splitlines())
+    record.seconds = round(time.perf_counter() - start, 2)
+    return record
+
+
+def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,)) -> list[Compiled]:
+    from flashcourse.kernels import fa3
+
+    names = list(fa3.STAGES) if stages is None else stages
+    return [compile_stage(name, d, dt, c) for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
+    parser.add_argument("--all", action="store_true", help="fp16 and bf16, causal and not")
+    parser.add_argument("--json", help="write the records here")
+    args = parser.parse_args(argv)
+    ok, why = supported()
+    if not ok:
+        print(f"skipped: {why}")
+        return 0
+    dtypes = (torch.float16, torch.bfloat16) if args.all else (torch.float16,)
+    causals = (False, True) if args.all else (True,)
+    print(f"Triton {triton.__version__}, sm_{SM90}")
+    print(f"{'stage':6} {'D':>4} {'dtype':9} {'causal':6} {'regs':>5} {'spill B':>7} {'shared B':>9} "
+          f"{'wgmma':>5}  setmaxnreg / error")
+    records = []
+    for record in compile_all(args.stage, dtypes=dtypes, causals=causals):
+        records.append(record)
+        if record.ok:
+            fits = "" if record.shared <= SHARED_LIMIT else "  (over sm_90's 227 KB!)"
+            print(f"{record.stage:6} {record.head_dim:>4} {record.dtype:9} {record.causal!s:6} {record.registers:>5} "
+                  f"{record.spill_bytes:>7} {record.shared:>9} {record.wgmma:>5}  "
+                  f"{', '.join(record.setmaxnreg) or '-'}{fits}  [{record.seconds} s]")
+        else:
+            print(f"{record.stage:6} {record.head_dim:>4} {record.dtype:9} {record.causal!s:6} FAILED  {record.error}")
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump({"triton": triton.__version__, "target": f"sm_{SM90}",
+                       "records": [asdict(r) for r in records]}, file, indent=1)
+    return 0 if all(r.ok and r.shared <= SHARED_LIMIT for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

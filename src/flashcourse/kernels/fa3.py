@@ -1,0 +1,591 @@
+"""Forward v8: FlashAttention-3 on Hopper (sm_90), written in Gluon, in measured stages (issue 22, lesson 13).
+
+Gluon (``triton.experimental.gluon``) is Triton one level down: the program says which warps do what, where each
+tensor lives (registers in a stated layout, or shared memory), when TMA copies start and which mbarrier says they
+landed. These are the pieces FlashAttention-3 (Shah et al. 2024, sections 3.1-3.2) is built from. Each stage is a
+runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
+
+- v8a ``_fa3_v8a_kernel``: one consumer warpgroup (4 warps, 64 query rows) and no specialization. K and V come in
+      by TMA into two shared buffers (tile j+1 is loaded while tile j is computed), QK^T and PV run on
+      ``warpgroup_mma`` (wgmma; P stays in registers as the A operand), the online softmax in registers with
+      exp2. Expected: about v7 (the same algorithm; wgmma and TMA are what Triton already emits for v7 on
+      sm_90), maybe a little less, since v7's 8-warp programs hide more latency than one warpgroup.
+- v8b ``_fa3_ws_kernel`` (CONSUMERS=1): a producer warp issues every TMA load into a ring of STAGES shared
+      buffers guarded by mbarriers (ready: the bytes landed; empty: the consumer is done with the slot; phase
+      bits), and the consumer warpgroup only computes (``gl.warp_specialize``). Triton 3.6's warp_specialize
+      always asks for register budgets: the producer's warpgroup drops to 24 registers, the consumer rises to
+      232, and the launch is capped at 128 a thread (maxnreg) so that two programs still share an SM as in
+      v8a. Expected: +0-5% over v8a (the consumer no longer issues copies and waits less on them), little
+      else: the softmax still waits on the GEMMs.
+- v8c ``_fa3_ws_kernel`` (CONSUMERS=2, register budgets): two consumer warpgroups (64 rows each of a 128-row
+      query tile) share one K/V ring, so each K/V tile read from L2 serves 128 rows, and ``setmaxnreg`` gives the
+      producer 24 registers a thread and the consumers 240 (FA3's program: 3 warpgroups, 168 registers a thread
+      at launch, one program per SM, 128x128 key tiles at D = 128). Expected: +5-10% over v8b: one 12-warp program per
+      SM with room for 64x128 score and output tiles per warpgroup without spills; the two warpgroups overlap
+      each other's softmax only by chance (the warp schedulers interleave them freely).
+- v8d (OVERLAP): intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are issued together, and tile j's
+      softmax runs while PV(j-1) is on the tensor cores (P of the previous tile kept in registers, the output
+      rescaled after the PV lands). Expected: +5-10% over v8c (FA3's ablation: about 570 -> 620 TFLOP/s at
+      D = 128 on the H100 for both overlaps together).
+- v8e (PINGPONG): ping-pong of the two consumer warpgroups: mbarriers hand the tensor cores from one
+      warpgroup to the other, so warpgroup 0 issues its GEMMs while warpgroup 1 does its softmax and the other
+      way round. Expected: +3-8% over v8d, FA3's full schedule; the issue's target is >= 1.0x cuDNN.
+
+(The issue suggested ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
+ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
+
+Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), contiguous, one dtype (float16 or bfloat16), D 64
+or 128, no GQA; o like q, lse (B, H, N_q) float32 natural log (as v7). ``causal=True`` is the top-left
+alignment (key j visible to query i when j <= i), as ``flash_attention``. The tensors are seen as 2-D
+(B*H*N, D) for TMA: a tile that runs past its head's last row reads the next head's rows, which the masks
+discard (their scores are -inf, so their P is exactly 0); past the last head TMA fills zeros.
+
+Not dispatched by default: nothing here has run on a GPU yet (``TESTED_TRITON`` lists the Triton versions it was
+compiled with for sm_90; ``scripts/gpu_fa3.py`` is the first GPU run). ``flashcourse.kernels`` does not import
+this module: Gluon's API moves between Triton releases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+TESTED_TRITON = ("3.6",)  # compiled for sm_90 with these (scripts/fa3_compile.py); run on a GPU: none yet
+
+_LOG2E = 1.4426950408889634
+_LN2 = gl.constexpr(0.6931471805599453)
+# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
+_MASKED_FILL = gl.constexpr(-1.0e30)
+
+
+# ------------------------------------------------------------------------------------------ shared pieces
+@gluon.constexpr_function
+def _mma_layout(n):
+    """wgmma accumulator layout of one warpgroup: 4 warps down the rows (16 rows each per instruction), the
+    instruction n-wide (the whole tile width: one wgmma per 16 columns of K)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def _key_tiles(first_row, N_KV, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key tiles of the query rows [first_row, first_row + ROWS): tiles [0, full) need no mask (in range, and
+    under causal wholly left of every row); tiles [full, n) are masked."""
+    full = N_KV // BLOCK_N
+    hi = N_KV
+    if CAUSAL:
+        hi = gl.minimum(N_KV, first_row + ROWS)
+        full = gl.minimum(full, first_row // BLOCK_N)
+    n = (hi + BLOCK_N - 1) // BLOCK_N
+    return full, n
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                  BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+    """The online softmax of one score tile ``s`` (unscaled, fp32, in registers), base 2: returns P (fp32), the
+    factor alpha that rescales the old output rows, and the new running max and sum."""
+    if MASKED:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        ok = cols[None, :] < N_KV
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= rows[:, None])
+        s = gl.where(ok, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
+    p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _store_rows(acc, m_i, l_i, O, LSE, bh, m0, N_Q, HEAD_DIM: gl.constexpr, ROWS: gl.constexpr,
+                S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """o = acc / l (in O's dtype) and the natural lse of rows [m0, m0 + ROWS) of head ``bh``; rows past N_Q are
+    not written; a row that saw no key gets o = 0 and lse = -inf."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * _LN2)
+    o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    base = bh.to(gl.int64) * N_Q
+    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+    ptrs = O + (base + rows)[:, None] * HEAD_DIM + cols[None, :]
+    mask = (rows < N_Q)[:, None] & (cols < HEAD_DIM)[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=mask)
+    lse_rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+    gl.store(LSE + base + lse_rows, lse, mask=lse_rows < N_Q)
+
+
+# ------------------------------------------------------------------------------------------ v8a
+@gluon.jit
+def _v8a_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, rows, kv_row, j_lo, j_hi,
+               n_tiles, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr,
+               S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi) of v8a: load tile j+1 into the other buffer, then QK^T, softmax, PV of tile j."""
+    zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    for j in range(j_lo, j_hi):
+        slot = j % 2
+        phase = (j // 2) & 1
+        nxt = j + 1
+        more = nxt < n_tiles
+        # The other buffer held tile j-1, whose GEMMs finished last iteration: refill it now.
+        mbarrier.expect(k_bars.index(nxt % 2), k_desc.block_type.nbytes, pred=more)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, 0], k_bars.index(nxt % 2),
+                                        k_smem.index(nxt % 2), pred=more)
+        mbarrier.expect(v_bars.index(nxt % 2), v_desc.block_type.nbytes, pred=more)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, 0], v_bars.index(nxt % 2),
+                                        v_smem.index(nxt % 2), pred=more)
+
+        mbarrier.wait(k_bars.index(slot), phase)
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p = gl.convert_layout(p.to(v_desc.dtype), p_layout)
+        mbarrier.wait(v_bars.index(slot), phase)
+        acc = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr):
+    """v8a: one warpgroup, TMA double buffer, wgmma for both GEMMs, no specialization (launch with 4 warps)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
+
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # heaviest query tiles first: the last wave is made of short programs
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    m0 = pid_m * BLOCK_M
+    kv_row = bh * N_KV
+    full, n_tiles = _key_tiles(m0, N_KV, CAUSAL=CAUSAL, ROWS=BLOCK_M, BLOCK_N=BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [bh * N_Q + m0, 0], q_bar, q_smem)
+    first = n_tiles > 0
+    mbarrier.expect(k_bars.index(0), k_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], k_bars.index(0), k_smem.index(0), pred=first)
+    mbarrier.expect(v_bars.index(0), v_desc.block_type.nbytes, pred=first)
+    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], v_bars.index(0), v_smem.index(0), pred=first)
+
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([BLOCK_M], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+    mbarrier.wait(q_bar, 0)
+    acc, m_i, l_i = _v8a_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, rows,
+                               kv_row, 0, full, n_tiles, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
+                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    acc, m_i, l_i = _v8a_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, rows,
+                               kv_row, full, n_tiles, n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL,
+                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(2):
+        mbarrier.invalidate(k_bars.index(i))
+        mbarrier.invalidate(v_bars.index(i))
+    _store_rows(acc, m_i, l_i, O, LSE, bh, m0, N_Q, HEAD_DIM=HEAD_DIM, ROWS=BLOCK_M, S_LAYOUT=S_LAYOUT,
+                O_LAYOUT=O_LAYOUT)
+
+
+# ------------------------------------------------------------------------------------------ v8b-v8e
+@gluon.jit
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                 q_row, kv_row, n_tiles, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: Q once (one tile per consumer warpgroup), then K and V tile by tile into the ring.
+    A slot is refilled only after every consumer arrived on its ``empty`` barrier; on the first pass round the
+    ring the wait is for phase 1 of a fresh barrier, which counts as already complete."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    for w in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + w * q_desc.block_type.shape[0], 0], q_bars.index(w),
+                                        q_smem.index(w))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _ws_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, j_lo, j_hi, N_KV,
+              qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+              S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi) of a consumer warpgroup without overlap (v8b, v8c): wait for K, QK^T, free K,
+    softmax, wait for V, PV, free V."""
+    zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    for j in range(j_lo, j_hi):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(slot))
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        mbarrier.wait(v_ready.index(slot), phase)
+        acc = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(slot))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns,
+                         wg: gl.constexpr, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                         PINGPONG: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
+                         S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi), j_lo >= 1, with intra-warpgroup overlap (v8d): QK^T of tile j and PV of tile j-1
+    (P of tile j-1 waiting in registers) are issued together; tile j's softmax runs while PV(j-1) is still on
+    the tensor cores; the output rows are rescaled by tile j's alpha once that PV has landed.
+    PINGPONG (v8e): warpgroup ``wg`` issues that pair of GEMMs only in its turn. Turn t (tile t+1) of warpgroup
+    0 waits for warpgroup 1's turn t-1, turn t of warpgroup 1 for warpgroup 0's turn t; each arrives on the
+    other's barrier once its GEMMs are issued, so one's softmax runs under the other's GEMMs."""
+    zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    for j in range(j_lo, j_hi):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        prev = (j - 1) % STAGES
+        prev_phase = ((j - 1) // STAGES) & 1
+        turn = j - 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        mbarrier.wait(v_ready.index(prev), prev_phase)
+        if PINGPONG:
+            if wg == 0:
+                mbarrier.wait(turns.index(0), (turn - 1) & 1, pred=turn > 0)
+            else:
+                mbarrier.wait(turns.index(1), turn & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - wg))
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+        mbarrier.arrive(k_empty.index(slot))
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p_prev = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    return acc, p_prev, m_i, l_i
+
+
+@gluon.jit
+def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                 v_empty, turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                 PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+    """One consumer warpgroup: 64 query rows from m0, every key tile of the program, then the store."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
+    q_tile = q_smem.index(wg)
+    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+    mbarrier.wait(q_bars.index(wg), 0)
+    if OVERLAP:
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+        if n_tiles > 0:  # always (the host never launches N_KV = 0); keeps tile 0 in a block of its own
+            # Tile 0 alone: QK^T and softmax; its PV goes out with tile 1's QK^T.
+            mbarrier.wait(k_ready.index(0), 0)
+            zero = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            mbarrier.arrive(k_empty.index(0))
+            if full > 0:
+                p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False,
+                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+            else:
+                p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=True,
+                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+            p_prev = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+            acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
+                acc, p_prev, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, wg, rows,
+                1, gl.maximum(full, 1), N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG,
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
+                acc, p_prev, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, wg, rows,
+                gl.maximum(full, 1), n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG,
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            # The last tile's PV.
+            last = (n_tiles - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(last))
+    else:
+        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows,
+                                  0, full, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES,
+                                  BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows,
+                                  full, n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
+                                  BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    _store_rows(acc, m_i, l_i, O, LSE, bh, m0, N_Q, HEAD_DIM=HEAD_DIM, ROWS=ROWS, S_LAYOUT=S_LAYOUT,
+                O_LAYOUT=O_LAYOUT)
+
+
+@gluon.jit
+def _ws_consumer0(O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
+                  bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                  PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+    """The default partition: consumer warpgroup 0."""
+    _ws_consumer(0, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
+                 bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
+
+
+@gluon.jit
+def _ws_consumer1(O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
+                  bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                  PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+    """A worker partition of 4 warps: consumer warpgroup 1, the next 64 rows of the program's query tile."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    _ws_consumer(1, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
+                 bh, m0 + ROWS, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
+                 STAGES=STAGES)
+
+
+@gluon.jit
+def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr,
+                   CONSUMERS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                   PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """v8b-v8e: a producer warp and CONSUMERS warpgroups of 4 warps (launch with num_warps=4: the default
+    partition is consumer 0). A program takes CONSUMERS * 64 query rows (q_desc's block is one warpgroup's)."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = ROWS * CONSUMERS
+
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    m0 = pid_m * BLOCK_M
+    # Every warpgroup of the program walks the same key tiles (those of all BLOCK_M rows), so the ring is shared
+    # tile for tile; warpgroup 0's extra diagonal tile under causal is masked away.
+    full, n_tiles = _key_tiles(m0, N_KV, CAUSAL=CAUSAL, ROWS=BLOCK_M, BLOCK_N=BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(CONSUMERS):
+        mbarrier.init(q_bars.index(w), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)  # every consumer warpgroup frees the slot
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
+    for i in gl.static_range(2):
+        mbarrier.init(turns.index(i), count=1)
+
+    # The argument tuples are written out in each call: a tuple held in a variable turns its constexprs into
+    # run-time values (Triton 3.6), and the partitions need CAUSAL, OVERLAP, ... at compile time.
+    q_row = bh * N_Q + m0
+    kv_row = bh * N_KV
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_ws_consumer0, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_consumer1, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                            v_empty, q_row, kv_row, n_tiles, CONSUMERS, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer0, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
+                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
+                            v_empty, q_row, kv_row, n_tiles, CONSUMERS, STAGES)),
+        ], [1], [PRODUCER_REGS])
+
+# ------------------------------------------------------------------------------------------ stages and host
+@dataclass(frozen=True)
+class Stage:
+    """One measured stage: which kernel, its switches and its launch, per head dim."""
+
+    name: str
+    adds: str
+    expected: str
+    kernel: object
+    consumers: int  # consumer warpgroups per program (64 query rows each)
+    block_n: dict  # head dim -> key tile rows
+    stages: int = 2  # K/V ring depth
+    overlap: bool = False
+    pingpong: bool = False
+    producer_regs: int = 0  # setmaxnreg budgets (Triton 3.6's warp_specialize requires the workers')
+    consumer_regs: int = 0
+    maxnreg: int | None = None  # registers a thread at launch (None: what the compiler needs)
+
+    @property
+    def warp_specialized(self) -> bool:
+        return self.kernel is _fa3_ws_kernel
+
+    def block_m(self) -> int:
+        return 64 * self.consumers
+
+    def options(self) -> dict:
+        """Launch options: 4 warps (the default partition is one warpgroup) and the register cap."""
+        return {"num_warps": 4} if self.maxnreg is None else {"num_warps": 4, "maxnreg": self.maxnreg}
+
+    def constexprs(self, causal: bool) -> dict:
+        if not self.warp_specialized:
+            return {"CAUSAL": causal}
+        return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "OVERLAP": self.overlap,
+                "PINGPONG": self.pingpong, "PRODUCER_REGS": self.producer_regs,
+                "CONSUMER_REGS": self.consumer_regs}
+
+
+STAGES = {
+    s.name: s
+    for s in (
+        Stage("v8a", "one warpgroup, TMA double buffer, wgmma, no specialization",
+              "about v7 (same algorithm), maybe a little less", _fa3_v8a_kernel, consumers=1,
+              block_n={64: 128, 128: 64}),
+        Stage("v8b", "producer warp + TMA ring with ready/empty mbarriers (gl.warp_specialize)",
+              "+0-5% over v8a", _fa3_ws_kernel, consumers=1, block_n={64: 128, 128: 64}, stages=2,
+              producer_regs=24, maxnreg=128),
+        Stage("v8c", "two consumer warpgroups share the ring; setmaxnreg: producer 24, consumers 240",
+              "+5-10% over v8b", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2,
+              producer_regs=24, consumer_regs=240),
+        Stage("v8d", "intra-warpgroup overlap: QK^T(j) with PV(j-1), softmax(j) under PV(j-1)",
+              "+5-10% over v8c", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2,
+              overlap=True, producer_regs=24, consumer_regs=240),
+        Stage("v8e", "ping-pong: the two warpgroups take turns at the tensor cores (mbarriers)",
+              "+3-8% over v8d: >= 1.0x cuDNN is the target", _fa3_ws_kernel, consumers=2,
+              block_n={64: 128, 128: 128}, stages=2, overlap=True, pingpong=True, producer_regs=24,
+              consumer_regs=240),
+    )
+}
+HEAD_DIMS = (64, 128)
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+
+
+def _smem_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([rows, head_dim], _gl_dtype(dtype))
+
+
+def tensor_descriptor_signature(rows: int, head_dim: int, dtype: torch.dtype) -> str:
+    """The signature type Triton gives a Gluon TensorDescriptor argument of this block (for compiling ahead of
+    time without a GPU tensor)."""
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    return f"tensordesc<{name}[{rows},{head_dim}],{_smem_layout(rows, head_dim, dtype)!r}>"
+
+
+def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
+    """(signature, constexprs) of a stage's kernel, as ``triton.compile`` takes them."""
+    rows, block_n = 64, stage.block_n[head_dim]
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    signature = {"q_desc": tensor_descriptor_signature(rows, head_dim, dtype),
+                 "k_desc": tensor_descriptor_signature(block_n, head_dim, dtype),
+                 "v_desc": tensor_descriptor_signature(block_n, head_dim, dtype),
+                 "O": f"*{name}", "LSE": "*fp32", "qk_scale": "fp32", "N_Q": "i32", "N_KV": "i32"}
+    constexprs = stage.constexprs(causal)
+    signature.update({key: "constexpr" for key in constexprs})
+    return signature, constexprs
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """What v8 takes, or a ValueError saying what to use instead."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("fa3_forward takes q, k, v of shape (B, H, N, D)")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"fa3_forward needs q (B, H, N_q, D), k and v (B, H, N_kv, D) with the same B, H, D "
+                         f"(got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}); for grouped-query "
+                         "attention use flashcourse.kernels.flash_attention")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"fa3_forward takes float16 or bfloat16 q, k, v of one dtype (got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}); use flashcourse.kernels.flash_attention for float32 or float8")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"fa3_forward takes head dims {HEAD_DIMS} (got {q.shape[3]}); "
+                         "use flashcourse.kernels.flash_attention for the others")
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("fa3_forward reads q, k, v as contiguous (B, H, N, D) tensors through TMA: pass "
+                         "q.contiguous() (a transposed (B, N, H, D) view is not contiguous), or use "
+                         "flashcourse.kernels.flash_attention, which takes any strides")
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        where = f"compute capability {torch.cuda.get_device_capability(q.device)}" if q.is_cuda else "the CPU"
+        raise ValueError(f"fa3_forward is written for Hopper (sm_90: H100, H200), not {where}: use "
+                         "flashcourse.kernels.flash_attention (v7), which runs everywhere")
+
+
+def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                scale: float | None = None, stage: str = "v8c") -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward attention with stage ``stage`` of v8 (see the module docstring); returns (o, lse), lse natural
+    log, float32. ``causal=True`` is top-left aligned. Hopper only; see ``check_inputs`` for what it takes."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    if stage not in STAGES:
+        raise ValueError(f"stage {stage!r}: expected one of {sorted(STAGES)}")
+    check_inputs(q, k, v)
+    spec = STAGES[stage]
+    batch, heads, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
+    if n_q == 0 or batch * heads == 0:
+        return o, lse
+    if n_kv == 0:
+        return o.zero_(), lse.fill_(float("-inf"))
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    rows, block_n = 64, spec.block_n[head_dim]
+
+    def describe(t: torch.Tensor, n: int, block_rows: int):
+        flat = t.view(batch * heads * n, head_dim)
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
+                                _smem_layout(block_rows, head_dim, q.dtype))
+
+    grid = (triton_cdiv(n_q, spec.block_m()), batch * heads)
+    spec.kernel[grid](describe(q, n_q, rows), describe(k, n_kv, block_n), describe(v, n_kv, block_n), o, lse,
+                      scale * _LOG2E, n_q, n_kv, **spec.constexprs(bool(causal)), **spec.options())
+    return o, lse
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
