@@ -160,7 +160,7 @@ def _v8a_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_
     return acc, m_i, l_i
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["N_Q", "N_KV"])  # one compile serves every length
 def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr):
     """v8a: one warpgroup, TMA double buffer, wgmma for both GEMMs, no specialization (launch with 4 warps)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -382,7 +382,7 @@ def _ws_consumer1(O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_e
                  STAGES=STAGES)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr,
                    CONSUMERS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):

@@ -1,0 +1,294 @@
+"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``, v8a-v8e) checked and timed on
+an H100 / H200, in one command (issue 22). Nothing here had run on a GPU before this script's first run.
+
+    PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
+    PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
+
+For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
+is killed after ``--stage-timeout`` seconds and recorded as such; rows are written as they come, so a killed
+child keeps what it finished):
+
+1. correctness against a float64 PyTorch reference: causal and not, N in {1, 17, 128, 1000, 4096}, D 64 and 128,
+   float16 and bfloat16, B = 2, H = 2 (N = 4096: B = 1); o within ``flashcourse.tolerance``'s (rtol, atol) of
+   the inputs' dtype, lse (natural log) within the same atol + rtol * |lse|;
+2. timing (only where every check of that dtype and head dim passed): N 4096 / 8192 / 16384 with B = 4 and
+   H = 32 / 16 / 8 (B*H*N constant), causal and not, D 64 and 128, float16 and bfloat16.
+
+The parent times the references on the same shapes: SDPA's cuDNN and flash backends and our v7. Every timing is
+``flashcourse.bench.time_repeats`` (median of 3 ``do_bench`` runs with their range); ratios to each reference
+(``ratio_vs_sdpa_cudnn`` ...) come from ``bench.providers.add_ratios``. The JSON is
+``<out>/<date>-<device>-fa3-stages.json``, ``meta.kind = "fa3-stages"``; rows have ``kind`` "check" (one per
+correctness case) or "time" (one per provider and shape), ``status`` "ok" or the error. The script never stops at
+a failure: a stage that fails to compile, errs or hangs is recorded and the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+os.environ.pop("TRITON_INTERPRET", None)
+
+CHECK_NS = (1, 17, 128, 1000, 4096)
+TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192), (4, 8, 16384))  # (B, H, N): B*H*N constant
+QUICK_TIME_SHAPES = ((4, 32, 4096), (4, 8, 16384))
+HEAD_DIMS = (64, 128)
+DTYPES = ("float16", "bfloat16")
+REFERENCES = ("sdpa_cudnn", "sdpa_flash", "v7")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _error_text(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
+
+
+def _inputs(batch, heads, n, head_dim, dtype, seed=0):
+    import torch
+
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn((batch, heads, n, head_dim), device="cuda", dtype=getattr(torch, dtype), generator=generator)
+            for _ in range(3)]
+
+
+def reference(q, k, v, causal):
+    """o and natural lse in float64 (top-left causal, as the kernels)."""
+    import torch
+
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_kv = scores.shape[-2:]
+        keep = torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ v, lse
+
+
+_TRACEBACKS_SHOWN = []
+
+
+def check_case(stage, n, head_dim, dtype, causal) -> dict:
+    import torch
+
+    from flashcourse.kernels import fa3
+    from flashcourse.tolerance import TOLERANCES
+
+    batch, heads = (1, 2) if n >= 4096 else (2, 2)
+    row = {"kind": "check", "provider": f"fa3-{stage}", "stage": stage, "dtype": dtype, "head_dim": head_dim,
+           "n": n, "causal": causal, "batch": batch, "heads": heads}
+    try:
+        q, k, v = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)
+        o, lse = fa3.fa3_forward(q, k, v, causal=causal, stage=stage)
+        torch.cuda.synchronize()
+        o_ref, lse_ref = reference(q, k, v, causal)
+        rtol, atol = TOLERANCES[dtype]
+        err_o = (o.double() - o_ref).abs()
+        err_lse = (lse.double() - lse_ref).abs()
+        bad_o = int((err_o > atol + rtol * o_ref.abs()).sum())
+        bad_lse = int((err_lse > atol + rtol * lse_ref.abs()).sum())
+        finite = bool(torch.isfinite(o).all() and torch.isfinite(lse).all())
+        row.update(max_err_o=float(err_o.max()), max_err_lse=float(err_lse.max()), bad_o=bad_o, bad_lse=bad_lse,
+                   rtol=rtol, atol=atol, finite=finite)
+        row["status"] = "ok" if finite and bad_o == 0 and bad_lse == 0 else "wrong"
+    except Exception as error:  # noqa: BLE001 - recorded, and the next case runs
+        row.update(status=_error_text(error))
+        if not _TRACEBACKS_SHOWN:  # the first error of the stage in full; the rest in one line each
+            _TRACEBACKS_SHOWN.append(True)
+            traceback.print_exc()
+    return row
+
+
+def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal) -> dict:
+    import torch
+
+    from flashcourse.bench import attention_flops, time_repeats
+
+    row = {"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n, "causal": causal,
+           "batch": batch, "heads": heads, "mode": "fwd"}
+    try:
+        q, k, v = _inputs(batch, heads, n, head_dim, dtype)
+        fn(q, k, v, causal)
+        torch.cuda.synchronize()
+        timing = time_repeats(lambda: fn(q, k, v, causal))
+        row.update(timing.fields(attention_flops(batch, heads, n, head_dim, causal=causal)), status="ok")
+    except Exception as error:  # noqa: BLE001
+        row.update(status=_error_text(error))
+    torch.cuda.empty_cache()
+    return row
+
+
+def time_shapes(quick: bool):
+    shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
+    return [(b, h, n, d, dt, c) for dt in DTYPES for d in HEAD_DIMS for (b, h, n) in shapes for c in (False, True)]
+
+
+def run_child(stage: str, out: Path, quick: bool) -> None:
+    """One stage: every check, then the timings of the (dtype, D) pairs whose checks all passed. Rows go to
+    ``out`` one JSON line each, as soon as they exist."""
+    from flashcourse.kernels import fa3
+
+    failed = set()
+    with out.open("a") as file:
+        def emit(row):
+            file.write(json.dumps(row) + "\n")
+            file.flush()
+
+        ns = CHECK_NS if not quick else (1, 17, 1000, 4096)
+        for dtype in DTYPES:
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    for n in ns:
+                        row = check_case(stage, n, head_dim, dtype, causal)
+                        emit(row)
+                        if row["status"] != "ok":
+                            failed.add((dtype, head_dim))
+                        log(f"{stage} check {dtype} D={head_dim} causal={causal} N={n}: {row['status']}"
+                            + (f" (max |err| o {row['max_err_o']:.2e}, lse {row['max_err_lse']:.2e})"
+                               if "max_err_o" in row else ""))
+        for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
+            if (dtype, head_dim) in failed:
+                emit({"kind": "time", "provider": f"fa3-{stage}", "stage": stage, "dtype": dtype,
+                      "head_dim": head_dim, "n": n, "causal": causal, "batch": batch, "heads": heads, "mode": "fwd",
+                      "status": "skipped: a correctness check failed"})
+                continue
+            row = time_case(f"fa3-{stage}", lambda q, k, v, c: fa3.fa3_forward(q, k, v, causal=c, stage=stage),
+                            batch, heads, n, head_dim, dtype, causal)
+            row["stage"] = stage
+            emit(row)
+            log(f"{stage} time {dtype} D={head_dim} N={n} causal={causal}: "
+                + (f"{row['tflops']:.0f} TFLOP/s ({row['tflops_min']:.0f}-{row['tflops_max']:.0f})"
+                   if row["status"] == "ok" else row["status"]))
+
+
+def reference_rows(quick: bool) -> list[dict]:
+    from flashcourse import kernels
+    from flashcourse.bench.providers import sdpa
+
+    fns = {"sdpa_cudnn": sdpa("sdpa_cudnn"), "sdpa_flash": sdpa("sdpa_flash"),
+           "v7": lambda q, k, v, c: kernels.flash_attention_forward(q, k, v, causal=c, version="v7")}
+    rows = []
+    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
+        for provider in REFERENCES:
+            row = time_case(provider, fns[provider], batch, heads, n, head_dim, dtype, causal)
+            rows.append(row)
+            log(f"{provider} {dtype} D={head_dim} N={n} causal={causal}: "
+                + (f"{row['tflops']:.0f} TFLOP/s" if row["status"] == "ok" else row["status"]))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
+    parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
+    parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
+    parser.add_argument("--stage-timeout", type=float, default=80.0, help="seconds for one stage's child")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--rows", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        run_child(args.child, Path(args.rows), args.quick)
+        return 0
+
+    import torch
+    import triton
+
+    from flashcourse.bench import environment_info, save_results
+    from flashcourse.bench.providers import add_ratios
+
+    start = time.time()
+    if not torch.cuda.is_available():
+        print("gpu_fa3.py needs a CUDA GPU (Hopper)")
+        return 2
+    meta = environment_info()
+    meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick)
+    try:
+        from flashcourse.kernels import fa3
+
+        stages = args.stage or list(fa3.STAGES)
+        meta.update(tested_triton=list(fa3.TESTED_TRITON),
+                    stages={name: {"adds": s.adds, "expected": s.expected, "consumers": s.consumers,
+                                   "block_n": s.block_n, "ring_stages": s.stages, "overlap": s.overlap,
+                                   "pingpong": s.pingpong, "producer_regs": s.producer_regs,
+                                   "consumer_regs": s.consumer_regs, "maxnreg": s.maxnreg}
+                            for name, s in fa3.STAGES.items()})
+        import_error = None
+    except Exception as error:  # noqa: BLE001 - the references are still timed
+        stages, import_error = args.stage or ["v8a", "v8b", "v8c", "v8d", "v8e"], _error_text(error)
+        log(f"flashcourse.kernels.fa3 does not import: {import_error}")
+    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")
+
+    rows: list[dict] = []
+    stage_status = {}
+    for stage in stages:
+        if import_error:
+            stage_status[stage] = f"not run: {import_error}"
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
+            path = Path(file.name)
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--rows", str(path)]
+        if args.quick:
+            command.append("--quick")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
+                                                                       os.environ.get("PYTHONPATH")) if p))
+        log(f"stage {stage}: child started")
+        began = time.time()
+        try:
+            proc = subprocess.run(command, env=env, timeout=args.stage_timeout)
+            stage_status[stage] = "ok" if proc.returncode == 0 else f"child exited {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            stage_status[stage] = f"killed after {args.stage_timeout:.0f} s (a hang: mbarrier deadlock?)"
+        stage_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.unlink()
+        rows.extend(stage_rows)
+        passed = sum(r["kind"] == "check" and r["status"] == "ok" for r in stage_rows)
+        checks = sum(r["kind"] == "check" for r in stage_rows)
+        log(f"stage {stage}: {stage_status[stage]}, {passed}/{checks} checks passed, {time.time() - began:.0f} s")
+
+    log("references: SDPA cuDNN, SDPA flash, v7")
+    try:
+        rows.extend(reference_rows(args.quick))
+    except Exception as error:  # noqa: BLE001
+        log(f"references failed: {_error_text(error)}")
+        stage_status["references"] = _error_text(error)
+
+    timed = [r for r in rows if r["kind"] == "time"]
+    def shape(r):
+        return r["dtype"], r["head_dim"], r["n"], r["causal"], r["batch"], r["heads"]
+
+    # Each stage against cuDNN, SDPA flash and v7; v7 against the two SDPA backends.
+    add_ratios(timed, key=shape, rate="tflops", ours=[f"fa3-{s}" for s in stages])
+    add_ratios([r for r in timed if r["provider"] in REFERENCES], key=shape, rate="tflops", ours=["v7"])
+    meta["stage_status"] = stage_status
+    meta["seconds"] = round(time.time() - start, 1)
+    out = Path(args.out) if args.out else None
+    path = save_results("fa3-stages", rows, directory=out, kind="fa3-stages", meta=meta)
+    log(f"wrote {path} ({meta['seconds']} s)")
+
+    print("\nTFLOP/s, median (range); x cuDNN")
+    for r in timed:
+        if r["provider"].startswith("fa3-") or r["provider"] == "v7":
+            ratio = r.get("ratio_vs_sdpa_cudnn")
+            text = (f"{r['tflops']:.0f} ({r['tflops_min']:.0f}-{r['tflops_max']:.0f})"
+                    + (f"  {ratio:.2f}x" if ratio else "")) if r["status"] == "ok" else r["status"]
+            print(f"{r['provider']:8} {r['dtype']:8} D={r['head_dim']:<3} N={r['n']:<5} causal={r['causal']!s:5} "
+                  f"{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
