@@ -89,13 +89,16 @@ def _ablated_forward_kernel(
     if CAUSAL:
         full_end = tl.minimum(full_end, pid_m * BLOCK_M)
         masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _ablated_tiles(acc, l_i, m_i, q, k_desc, v_desc, offs_m, 0, full_end, N_KV, qk_scale,
-                                   False, CAUSAL, BLOCK_N, DOT_PRECISION, ABLATE)
-    acc, l_i, m_i = _ablated_tiles(acc, l_i, m_i, q, k_desc, v_desc, offs_m, full_end, masked_end, N_KV,
-                                   qk_scale, True, CAUSAL, BLOCK_N, DOT_PRECISION, ABLATE)
+    acc, l_i, m_i = _ablated_tiles(
+        acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION, ABLATE=ABLATE)
+    acc, l_i, m_i = _ablated_tiles(
+        acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV,
+        qk_scale=qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION, ABLATE=ABLATE)
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 def ablated_forward(q, k, v, *, causal: bool, ablate: int):

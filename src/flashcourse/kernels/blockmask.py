@@ -34,8 +34,10 @@ def _tile_kinds_kernel(KINDS, DOC_IDS, stride_doc_b, N_Q, N_KV, UPPER, LOWER, H_
     h = pid_bh % H_MASK
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = visible(b, h, rows[:, None], cols[None, :], N_Q, N_KV, UPPER, LOWER, DOC_IDS + b * stride_doc_b,
-                 HAS_UPPER, HAS_LOWER, HAS_DOCS, MASK_MOD)  # (BLOCK_M, BLOCK_N)
+    ok = visible(
+        b, h, q_idx=rows[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
+        doc_ids=DOC_IDS + b * stride_doc_b, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
+        MASK_MOD=MASK_MOD)  # (BLOCK_M, BLOCK_N)
     count = tl.sum(tl.sum(ok.to(tl.int32), 1), 0)
     kind = tl.where(count == 0, 0, tl.where(count == BLOCK_M * BLOCK_N, 2, 1))
     tile = (pid_bh.to(tl.int64) * tl.num_programs(0) + pid_m) * tl.num_programs(1) + pid_n

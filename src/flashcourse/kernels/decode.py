@@ -131,8 +131,9 @@ def _decode_split_kernel(
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
         step_scale = qk_scale
         if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
-            qk, _ = modified_scores(qk, seqlen - 1, cols[None, :], qk_scale, softcap2, slope2, 0,
-                                    HAS_SOFTCAP, HAS_ALIBI)
+            qk, _ = modified_scores(
+                qk, q_idx=seqlen - 1, kv_idx=cols[None, :], qk_scale=qk_scale, softcap2=softcap2, slope2=slope2,
+                SHIFT=0, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
             step_scale = 1.0
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)

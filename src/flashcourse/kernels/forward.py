@@ -86,7 +86,7 @@ def _fwd_v1_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_M, BLOCK_D)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
@@ -100,9 +100,9 @@ def _fwd_v1_kernel(
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D)
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_N, BLOCK_D)
         v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # (BLOCK_M, BLOCK_N)
         valid = cols[None, :] < N_KV
         if CAUSAL:
@@ -145,7 +145,7 @@ def _fwd_v2_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_M, BLOCK_D)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
@@ -159,9 +159,9 @@ def _fwd_v2_kernel(
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         k = load_tile(k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D)
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_N, BLOCK_D)
         v = load_tile(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
+                      cols, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N), unscaled
         valid = cols[None, :] < N_KV
         if CAUSAL:
@@ -219,7 +219,7 @@ def _fwd_v3_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
@@ -271,7 +271,7 @@ def _fwd_v5_kernel(
     offs_d = tl.arange(0, BLOCK_D)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
@@ -441,7 +441,7 @@ def _fwd_v7_kernel(
         q = q_desc.load([pid_m * BLOCK_M, 0])
     else:  # pointer tiles, as v5
         q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                      offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                      offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
         k_src = K + b * stride_kb + h_kv * stride_kh
         v_src = V + b * stride_vb + h_kv * stride_vh
     doc_ids = DOC_IDS + b * stride_doc_b

@@ -156,7 +156,7 @@ def _fwd_fp8_kernel(
         q = q_desc.load([pid_m * BLOCK_M, 0])
     else:  # pointer tiles
         q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                      offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                      offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
         k_src = K + b * stride_kb + h_kv * stride_kh
         v_src = V + b * stride_vb + h_kv * stride_vh
 
@@ -166,23 +166,27 @@ def _fwd_fp8_kernel(
     # Key tiles from the causal bound alone (v7's rule without a window): [0, full_hi) whole and visible to every
     # row of the tile (no mask), [full_hi, hi) the diagonal and the tail.
     first_row = pid_m * BLOCK_M
-    lo, hi, full_lo, full_hi = key_tile_range(first_row, tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV,
-                                              UPPER, 0, HAS_UPPER, False, BLOCK_N)
+    lo, hi, full_lo, full_hi = key_tile_range(
+        first_row, last_row=tl.minimum(first_row + BLOCK_M, N_Q) - 1, N_KV=N_KV, UPPER=UPPER, LOWER=0,
+        HAS_UPPER=HAS_UPPER, HAS_LOWER=False, BLOCK_N=BLOCK_N)
     for start_n in range(lo, full_hi, BLOCK_N):
-        acc, l_i, m_i = _fp8_attend_tile(acc, l_i, m_i, q, k_src, v_src, start_n, offs_m, stride_kn, stride_kd,
-                                         stride_vn, stride_vd, N_KV, qk_scale, UPPER,
-                                         False, HAS_UPPER, USE_DESC, V_TRANSPOSED, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                         P_SHIFT)
+        acc, l_i, m_i = _fp8_attend_tile(
+            acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, offs_m=offs_m, stride_kn=stride_kn,
+            stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+            MASKED=False, HAS_UPPER=HAS_UPPER, USE_DESC=USE_DESC, V_TRANSPOSED=V_TRANSPOSED, HEAD_DIM=HEAD_DIM,
+            BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, P_SHIFT=P_SHIFT)
     for start_n in range(full_hi, hi, BLOCK_N):
-        acc, l_i, m_i = _fp8_attend_tile(acc, l_i, m_i, q, k_src, v_src, start_n, offs_m, stride_kn, stride_kd,
-                                         stride_vn, stride_vd, N_KV, qk_scale, UPPER,
-                                         True, HAS_UPPER, USE_DESC, V_TRANSPOSED, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                         P_SHIFT)
+        acc, l_i, m_i = _fp8_attend_tile(
+            acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, offs_m=offs_m, stride_kn=stride_kn,
+            stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
+            MASKED=True, HAS_UPPER=HAS_UPPER, USE_DESC=USE_DESC, V_TRANSPOSED=V_TRANSPOSED, HEAD_DIM=HEAD_DIM,
+            BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, P_SHIFT=P_SHIFT)
 
     # l carries the factor 2^P_SHIFT as acc does, so o = acc / l is right; the lse takes it back off.
     o, lse = normalise_rows(acc, l_i, m_i - P_SHIFT)
-    _store_output(O, LSE, o * v_descale, lse, pid_bh, offs_m, offs_d, b * stride_ob + h * stride_oh,
-                  stride_on, stride_od, N_Q, HEAD_DIM)
+    _store_output(
+        O, LSE, o * v_descale, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
+        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
 
 # ------------------------------------------------------------------------------------------ launching
