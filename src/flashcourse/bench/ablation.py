@@ -20,8 +20,16 @@ from flashcourse.bench import tflops
 from flashcourse.bench.attention import Shape, bench_ms, make_inputs
 from flashcourse.kernels import configs
 from flashcourse.kernels._checks import check_qkv, dot_precision, padded_head_dim
-from flashcourse.kernels.common import LOG2E, MASKED_FILL, default_scale, normalise_rows, strides, tma_scratch
-from flashcourse.kernels.forward import _store_output, descriptors_usable
+from flashcourse.kernels.common import (
+    LOG2E,
+    MASKED_FILL,
+    default_scale,
+    normalise_rows,
+    store_output,
+    strides,
+    tma_scratch,
+)
+from flashcourse.kernels.forward import descriptors_usable
 
 VARIANTS = {0: "v6 (exact)", 1: "no rescaling (wrong on purpose)", 2: "no softmax at all (wrong on purpose)"}
 SHAPES = [Shape("float16", 4, 32, 64, 8192, False), Shape("float16", 4, 16, 128, 8192, False),
@@ -96,7 +104,7 @@ def _ablated_forward_kernel(
         acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV,
         qk_scale=qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION, ABLATE=ABLATE)
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 

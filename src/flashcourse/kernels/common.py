@@ -1,4 +1,5 @@
-"""What every kernel shares: the base-2 constants, the default scale, a masked tile load and the online softmax.
+"""What every kernel shares: the base-2 constants, the default scale, a masked tile load, the online softmax
+and the store of its output.
 
 The kernels keep scores in base 2 (``exp2`` is one hardware instruction, ``exp`` is two): with
 ``qk_scale = scale * LOG2E``, ``exp(scale * x - m) == exp2(qk_scale * x - m * LOG2E)``, and a row's natural
@@ -69,6 +70,16 @@ def normalise_rows(acc, l_i, m_i):
     o = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2_IN_KERNEL)
     return o, lse
+
+
+@triton.jit
+def store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, o_base, stride_on, stride_od, N_Q,
+                 HEAD_DIM: tl.constexpr):
+    """Write a tile of o (in O's dtype) and its lse; rows past N_Q and head-dim padding are not written."""
+    row_ok = offs_m < N_Q
+    o_ptrs = O + o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
 
 
 @triton.jit

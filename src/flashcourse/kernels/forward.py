@@ -46,6 +46,7 @@ from .common import (
     modified_scores,
     normalise_rows,
     online_softmax_update,
+    store_output,
     strides,
     tma_scratch,
     visible,
@@ -53,16 +54,6 @@ from .common import (
 from .launch import LaunchCache, layout_key
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
-
-
-@triton.jit
-def _store_output(O, LSE, o, lse, pid_bh, offs_m, offs_d, o_base, stride_on, stride_od, N_Q,
-                  HEAD_DIM: tl.constexpr):
-    """Write a tile of o (in O's dtype) and its lse; rows past N_Q and head-dim padding are not written."""
-    row_ok = offs_m < N_Q
-    o_ptrs = O + o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
 
 
 # ------------------------------------------------------------------------------------------ v1
@@ -119,7 +110,7 @@ def _fwd_v1_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), m_i + tl.log(l_safe))
-    _store_output(
+    store_output(
         O, LSE, o=acc / l_safe[:, None], lse=lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d,
         o_base=b * stride_ob + h * stride_oh, stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
@@ -170,7 +161,7 @@ def _fwd_v2_kernel(
         acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
@@ -244,7 +235,7 @@ def _fwd_v3_kernel(
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
@@ -296,7 +287,7 @@ def _fwd_v5_kernel(
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
@@ -366,7 +357,7 @@ def _fwd_v6_kernel(
         qk_scale=qk_scale, MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
@@ -508,7 +499,7 @@ def _fwd_v7_kernel(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
     o, lse = normalise_rows(acc, l_i, m_i)
-    _store_output(
+    store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 

@@ -43,8 +43,18 @@ import triton.language as tl
 
 from . import configs
 from ._checks import check_device, padded_head_dim
-from .common import LOG2E, MASKED_FILL, default_scale, key_tile_range, load_tile, normalise_rows, strides
-from .forward import _store_output, descriptors_usable, tma_scratch
+from .common import (
+    LOG2E,
+    MASKED_FILL,
+    default_scale,
+    key_tile_range,
+    load_tile,
+    normalise_rows,
+    store_output,
+    strides,
+    tma_scratch,
+)
+from .forward import descriptors_usable
 from .rules import Rules, parse_rules
 
 FP8 = torch.float8_e4m3fn
@@ -184,7 +194,7 @@ def _fwd_fp8_kernel(
 
     # l carries the factor 2^P_SHIFT as acc does, so o = acc / l is right; the lse takes it back off.
     o, lse = normalise_rows(acc, l_i, m_i - P_SHIFT)
-    _store_output(
+    store_output(
         O, LSE, o * v_descale, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
 
