@@ -99,6 +99,16 @@ def test_complete_trees_have_arithmetic_parents():
         trees.complete_tree(0, 2)
 
 
+def test_expected_acceptance_of_a_chain_and_a_tree():
+    hit = (0.6, 0.2)  # the target's token is the drafter's first guess 60% of the time, its second 20%
+    assert trees.expected_accepted([-1, 0, 1], hit) == pytest.approx(0.6 + 0.6**2 + 0.6**3)
+    assert trees.expected_accepted(trees.complete_tree(2, 2), hit) == pytest.approx(0.8 + 0.8**2)
+    np.testing.assert_array_equal(trees.sibling_ranks([-1, -1, 0, 1, 0, -1]), [0, 1, 0, 0, 1, 2])
+    assert trees.expected_accepted([-1, -1, -1], hit) == pytest.approx(0.8), "a third guess past hit adds 0"
+    with pytest.raises(ValueError, match="summing to at most 1"):
+        trees.expected_accepted([-1], (0.7, 0.5))
+
+
 @pytest.mark.parametrize("name", [*SHAPES, "random 20", "random 40"])
 def test_tree_attention_is_causal_attention_of_every_path(name, rng):
     parents = _random_parents(rng, int(name.split()[-1])) if name.startswith("random") else SHAPES[name]

@@ -157,6 +157,34 @@ def complete_tree(branching: int, depth: int) -> np.ndarray:
     return np.arange(k, dtype=np.int64) // branching - 1
 
 
+def sibling_ranks(parents) -> np.ndarray:
+    """(k,) int64: each draft's rank among its siblings, 0 for the first (the drafter's likeliest candidate)."""
+    parents = validate_parents(parents)
+    seen: dict[int, int] = {}
+    ranks = np.zeros(parents.size, dtype=np.int64)
+    for i, p in enumerate(parents):
+        ranks[i] = seen.get(int(p), 0)
+        seen[int(p)] = ranks[i] + 1
+    return ranks
+
+
+def expected_accepted(parents, hit) -> float:
+    """Expected number of drafts accepted per verification pass, in a toy model: at every step the target's
+    token is the drafter's candidate of rank r with probability ``hit[r]`` (0 beyond ``len(hit)``), steps
+    independent. A draft is accepted when its whole path is right; drafts of one depth exclude each other, so
+    the expectation is the sum over drafts of the probability that their path is right."""
+    parents = validate_parents(parents)
+    hit = np.asarray(hit, dtype=np.float64)
+    if hit.ndim != 1 or (hit < 0).any() or hit.sum() > 1 + 1e-12:
+        raise ValueError(f"hit = {hit}: expected probabilities per rank, >= 0, summing to at most 1")
+    ranks = sibling_ranks(parents)
+    right = np.zeros(parents.size)
+    for i, p in enumerate(parents):
+        step = hit[ranks[i]] if ranks[i] < hit.size else 0.0
+        right[i] = step * (1.0 if p < 0 else right[p])
+    return float(right.sum())
+
+
 def tree_attention(q, k, v, parents, *, scale=None) -> np.ndarray:
     """Attention of k draft queries over the cache and the drafts under the tree mask (``reference.attention``).
 
