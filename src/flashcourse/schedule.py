@@ -365,7 +365,7 @@ def _matplotlib():
 
 def draw_timeline(timeline: Timeline, *, title: str | None = None):
     """A Gantt chart of a :class:`Timeline`: one row per warpgroup (its softmaxes solid, the GEMMs it has on the
-    tensor cores pale), one for the tensor cores (the utilisation in the title), one for the producer if any."""
+    tensor cores as thin pale bars below), one for the tensor cores (the utilisation in the title), one for the producer if any."""
     Figure, Patch = _matplotlib()
     rows = [f"warpgroup {w}" for w in range(timeline.warpgroups)] + [TENSOR]
     if any(s.unit == TMA for s in timeline.spans):
@@ -378,15 +378,19 @@ def draw_timeline(timeline: Timeline, *, title: str | None = None):
         colour = _COLOURS[span.kind]
         if span.unit == TMA:
             places = [(rows.index(TMA), 1.0)]
-        elif span.unit == TENSOR:
-            places = [(rows.index(TENSOR), 1.0), (span.warpgroup, 0.35)]
+        elif span.unit == TENSOR:  # on the tensor cores, and as a thin pale bar under its warpgroup's row
+            places = [(rows.index(TENSOR), 1.0), (span.warpgroup, 0.4)]
         else:
             places = [(span.warpgroup, 1.0)]
         for row, alpha in places:
-            ax.barh(row, width, left=span.start, height=0.7, color=colour, alpha=alpha, edgecolor="white")
-            if alpha == 1.0 and width / scale > 0.035:
+            thin = alpha < 1.0
+            own_row = span.unit == EXP  # a warpgroup's row: softmax above, its GEMMs in flight below
+            middle = row + 0.27 if thin else row - 0.1 if own_row else row
+            ax.barh(middle, width, left=span.start, height=0.16 if thin else 0.5 if own_row else 0.7,
+                    color=colour, alpha=alpha, edgecolor="white")
+            if not thin and width / scale > 0.035:
                 who = "" if span.unit != TENSOR or timeline.warpgroups == 1 else f"w{span.warpgroup} "
-                ax.text(span.start + width / 2, row, f"{who}{_LABELS[span.kind]} {span.tile}", ha="center",
+                ax.text(span.start + width / 2, middle, f"{who}{_LABELS[span.kind]} {span.tile}", ha="center",
                         va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()

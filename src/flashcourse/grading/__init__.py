@@ -30,6 +30,7 @@ EXERCISES = {
     "ex11_ring_schedule": "ex11",
     "ex12_from_memory_no_hints": "ex12",  # the same checks without hints; before ex12_from_memory, which names "ex12"
     "ex12_from_memory": "ex12",
+    "ex13_warp_schedule": "ex13",
     "ex14_interview_code": "ex14",
 }
 
@@ -51,6 +52,7 @@ _CHECKS = {
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
     "check_ring_hide_positions": "ex11",
     "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",
+    "check_tile_latencies": "ex13", "check_pingpong_order": "ex13", "check_overlap_order": "ex13",
     "check_mha_forward": "ex14", "check_gqa_forward": "ex14", "check_rope": "ex14", "check_mla_decode": "ex14",
     "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
 }
