@@ -365,7 +365,8 @@ def _matplotlib():
 
 def draw_timeline(timeline: Timeline, *, title: str | None = None):
     """A Gantt chart of a :class:`Timeline`: one row per warpgroup (its softmaxes solid, the GEMMs it has on the
-    tensor cores as thin pale bars below), one for the tensor cores (the utilisation in the title), one for the producer if any."""
+    tensor cores as thin pale bars below), one for the tensor cores (the utilisation in the title), one for the
+    producer if any."""
     Figure, Patch = _matplotlib()
     rows = [f"warpgroup {w}" for w in range(timeline.warpgroups)] + [TENSOR]
     if any(s.unit == TMA for s in timeline.spans):
