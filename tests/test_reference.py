@@ -302,10 +302,10 @@ def test_variants_keep_the_input_dtype(rng):
 
 
 BAD_OPTIONS = [
-    ({"window": 4}, TypeError, "window must be a \\(left, right\\) pair of ints"),
-    ({"window": (2.0, 0)}, TypeError, "window must be a \\(left, right\\) pair of ints"),
-    ({"window": (3, -2)}, ValueError, "ints >= -1"),
-    ({"window": (1, 2, 3)}, ValueError, "pair"),
+    ({"window": 4}, TypeError, "window is 4 \\(int\\): expected a \\(left, right\\) pair of ints"),
+    ({"window": (2.0, 0)}, TypeError, "expected a \\(left, right\\) pair of ints"),
+    ({"window": (3, -2)}, ValueError, "each side must be >= -1"),
+    ({"window": (1, 2, 3)}, TypeError, "pair of ints"),
     ({"softcap": 0.0}, ValueError, "softcap must be a finite number > 0"),
     ({"softcap": -1}, ValueError, "softcap must be a finite number > 0"),
     ({"softcap": "50"}, TypeError, "softcap must be a number"),

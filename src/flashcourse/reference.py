@@ -17,6 +17,7 @@ algorithms and the IO simulator use the same rule.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ __all__ = [
     "softmax_safe",
     "validate_block",
     "validate_qkv",
+    "validate_window",
 ]
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -109,6 +111,26 @@ def validate_block(name: str, value) -> int:
     return int(value)
 
 
+def validate_window(window) -> tuple[int, int] | None:
+    """``window`` as (left, right) Python ints, each >= -1 (-1 = unbounded on that side), or None for no window
+    (None, or (-1, -1)). TypeError unless a pair of ints (NumPy's too, never bools); ValueError below -1.
+
+    The kernels check the window by this same rule in ``kernels/rules.check_window``, with the same messages;
+    neither module may import the other, so tests/test_window_rule.py holds both to one table of windows.
+    """
+    if window is None:
+        return None
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window is {window!r} ({type(window).__name__}): expected a (left, right) pair of ints, "
+                        "-1 for unbounded, e.g. window=(1024, 0) for 1024 keys back and none ahead")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window is {(left, right)}: each side must be >= -1 (-1 = unbounded on that side, 0 = no "
+                         "key past the query's own position on that side)")
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
 def resolve_scale(scale, head_dim: int) -> float:
     """``scale``, or 1/sqrt(head_dim) when it is None; a ValueError for inf or NaN."""
     if scale is None:
@@ -149,7 +171,7 @@ class AttentionRule:
     n_q: int
     n_k: int
     causal: str | None = None
-    window: tuple[int, int] | None = None  # (left, right) keys around the query's position; -1: unbounded
+    window: tuple[int, int] | None = None  # (left, right) keys around the query, -1: unbounded; never (-1, -1)
     softcap: float | None = None  # scores become softcap * tanh(score / softcap)
     alibi_slopes: np.ndarray | None = None  # (H_q,): bias -slope_h * |position - j|
     document_ids: np.ndarray | None = None  # (B, N): a query sees the keys of its own document only
@@ -282,15 +304,7 @@ def attention_rule(n_q: int, n_k: int, *, batch: int | None = None, heads: int |
         causal = "top_left" if causal else None
     elif not (isinstance(causal, str) and causal in CAUSAL_VALUES):
         raise ValueError(f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}")
-    if window is not None:
-        if not isinstance(window, (tuple, list)) or not all(
-                isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in window):
-            raise TypeError(f"window must be a (left, right) pair of ints (-1: unbounded on that side), got {window!r} "
-                            f"of type {type(window).__name__}: e.g. window=(128, 0) lets each query see itself and "
-                            "the 128 keys before it")
-        if len(window) != 2 or min(window) < -1:
-            raise ValueError(f"window must be a (left, right) pair of ints >= -1 (-1: unbounded), got {window!r}")
-        window = (int(window[0]), int(window[1]))
+    window = validate_window(window)
     if softcap is not None:
         if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
             raise TypeError(f"softcap must be a number > 0, got {softcap!r} of type {type(softcap).__name__}")
