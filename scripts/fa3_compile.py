@@ -120,11 +120,13 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     return record
 
 
-def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,)) -> list[Compiled]:
+def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,)):
+    """Every combination, one record at a time (a generator: the caller prints as they come)."""
     from flashcourse.kernels import fa3
 
     names = list(fa3.STAGES) if stages is None else stages
-    return [compile_stage(name, d, dt, c) for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals)]
+    for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals):
+        yield compile_stage(name, d, dt, c)
 
 
 def main(argv=None) -> int:

@@ -60,6 +60,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# TMA's global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, renamed ``async_load`` later (3.9
+# keeps the old name only to raise an error).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
 TESTED_TRITON = ("3.6",)  # compiled for sm_90 with these (scripts/fa3_compile.py); run on a GPU: none yet
 
 _LOG2E = 1.4426950408889634
@@ -141,11 +145,9 @@ def _v8a_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_
         more = nxt < n_tiles
         # The other buffer held tile j-1, whose GEMMs finished last iteration: refill it now.
         mbarrier.expect(k_bars.index(nxt % 2), k_desc.block_type.nbytes, pred=more)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + nxt * BLOCK_N, 0], k_bars.index(nxt % 2),
-                                        k_smem.index(nxt % 2), pred=more)
+        _tma_load(k_desc, [kv_row + nxt * BLOCK_N, 0], k_bars.index(nxt % 2), k_smem.index(nxt % 2), pred=more)
         mbarrier.expect(v_bars.index(nxt % 2), v_desc.block_type.nbytes, pred=more)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + nxt * BLOCK_N, 0], v_bars.index(nxt % 2),
-                                        v_smem.index(nxt % 2), pred=more)
+        _tma_load(v_desc, [kv_row + nxt * BLOCK_N, 0], v_bars.index(nxt % 2), v_smem.index(nxt % 2), pred=more)
 
         mbarrier.wait(k_bars.index(slot), phase)
         s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -189,12 +191,12 @@ def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL:
         mbarrier.init(v_bars.index(i), count=1)
 
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [bh * N_Q + m0, 0], q_bar, q_smem)
+    _tma_load(q_desc, [bh * N_Q + m0, 0], q_bar, q_smem)
     first = n_tiles > 0
     mbarrier.expect(k_bars.index(0), k_desc.block_type.nbytes, pred=first)
-    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], k_bars.index(0), k_smem.index(0), pred=first)
+    _tma_load(k_desc, [kv_row, 0], k_bars.index(0), k_smem.index(0), pred=first)
     mbarrier.expect(v_bars.index(0), v_desc.block_type.nbytes, pred=first)
-    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], v_bars.index(0), v_smem.index(0), pred=first)
+    _tma_load(v_desc, [kv_row, 0], v_bars.index(0), v_smem.index(0), pred=first)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
     m_i = gl.full([BLOCK_M], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
@@ -225,17 +227,16 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     for w in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + w * q_desc.block_type.shape[0], 0], q_bars.index(w),
-                                        q_smem.index(w))
+        _tma_load(q_desc, [q_row + w * q_desc.block_type.shape[0], 0], q_bars.index(w), q_smem.index(w))
     for j in range(n_tiles):
         slot = j % STAGES
         phase = (j // STAGES) & 1
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
