@@ -17,9 +17,9 @@ Paged tiles read the block table once per page, not once per key row. Tiles star
 page sizes are powers of two, so a tile either lies inside one page (page_size >= BLOCK_N: one table read, then
 BLOCK_N contiguous rows, as in the contiguous cache) or covers BLOCK_N // page_size whole pages (one read each).
 The table is read one tile ahead: Triton's software pipeliner counts a load that feeds the K/V addresses in the
-same loop step as a level of indirection and then prefetches K/V one tile ahead instead of two (the earlier
-per-row lookup ran at 0.66x of the contiguous cache on the H200; compiled for sm_90 it held one K/V buffer in
-shared memory instead of two).
+same loop step as a level of indirection and then prefetches K/V one tile ahead instead of two (compiled for
+sm_90, the earlier per-row lookup held one K/V buffer in shared memory instead of two; what it cost on the H200 is
+in docs/KERNELS.md, paged decoding).
 """
 
 from __future__ import annotations

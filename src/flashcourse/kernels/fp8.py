@@ -201,10 +201,9 @@ def _fwd_fp8_kernel(
 
 # ------------------------------------------------------------------------------------------ launching
 def fp8_forward_config(props: configs.DeviceProps, block_d: int, *, causal: bool = False) -> configs.KernelConfig:
-    """The FP8 forward's launch, swept on the H200 on 2026-11-30 at N=8192 (``bench fp8``; one byte per element
-    halves fp16's shared memory, so every candidate fits): 64x64 tiles over 4 warps won at D=128 (638 against
-    598 TFLOP/s for 128x128 over 8 warps, non-causal; 559 against 504 causal) and at D=64 causal; 128x128 over
-    8 warps at D=64 non-causal (540 against 518)."""
+    """The FP8 forward's launch: the fastest of the first sweep on the H200 (``bench fp8`` at N=8192; one byte
+    per element halves fp16's shared memory, so every candidate fits). The timings, and a later sweep that
+    questions this choice, are in docs/KERNELS.md (FP8 forward)."""
     if props.interpreter:
         return configs.KernelConfig(32, 16, 4, 1)
     if block_d <= 64 and not causal:
