@@ -35,7 +35,7 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-@pytest.mark.slow  # about 15 s under Triton 3.6, 45 s under 3.9 on two cores: ten compiles to cubin
+@pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9): ten compiles to cubin
 def test_every_stage_compiles_for_sm90(tmp_path):
     out = tmp_path / "fa3.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--json", str(out)], capture_output=True, text=True,
