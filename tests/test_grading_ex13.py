@@ -49,6 +49,7 @@ def test_another_order_that_keeps_the_tensor_cores_as_busy_passes():
 
 TIME_MISTAKES = {
     "2 block_q block_k D FLOPs": lambda *a: _times(*a, flops_per_term=1),
+    "not of both together": lambda *a: _times(*a, flops_per_term=4),
     "one SM gets 1/sms": lambda *a: _times(*a, per_sm=False),
     "one exponential per score": lambda *a: _times(*a[:6]) [:1] + (_times(*a, exps_per_score=a[2])[1],),
     "1e9 per second); TFLOP/s": lambda *a: _times(*a, to_ns=1.0),

@@ -89,6 +89,8 @@ def _times_judge(case, out):
     compare("(gemm_ns, softmax_ns)", got, expected, dtype="float64", check_dtype=False, variants=[
         ("one GEMM of a block_q x block_k tile at head dim D is 2 block_q block_k D FLOPs (a multiply and an add "
          "per term), not block_q block_k D", lambda: _times_expected(case, gemm_flops=float(bq * bk * d))),
+        ("gemm_ns is the time of one GEMM (S = Q K^T, or O += P V), not of both together",
+         lambda: _times_expected(case, gemm_flops=4.0 * bq * bk * d)),
         ("the chip's rates are for all its SMs together: one SM gets 1/sms of them, so a tile takes sms times "
          "longer than at the chip's rate", lambda: _times_expected(case, sms=1)),
         ("the softmax needs one exponential per score, block_q x block_k of them, not one per FLOP of the GEMM",
