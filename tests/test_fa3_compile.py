@@ -4,8 +4,9 @@ Gluon has no interpreter, so on a CPU the kernels are compiled ahead of time (``
 cubin with the ptxas of the installed Triton's wheel) and their resources checked: no spills, shared memory
 within sm_90's 227 KB a block, the register budgets (``setmaxnreg``) in the warp-specialized stages. Skipped,
 with the reason, where the installed Triton's Gluon lacks what fa3.py uses. Compiled and checked under Triton
-3.6 (the GPU machine's) and 3.9 (CI's). Whether the stages compute the right thing is the GPU's job:
-``scripts/gpu_fa3.py``.
+3.6 (the GPU machine's) and 3.9 (CI's). The ring's mbarrier protocol (ready / empty phases, two consumers,
+ping-pong turns) is run on a thread model at the end. Whether the stages compute the right thing is the GPU's
+job: ``scripts/gpu_fa3.py``.
 """
 
 from __future__ import annotations
@@ -97,3 +98,160 @@ def test_unsupported_inputs_say_what_to_use():
         fa3.fa3_forward(q(), q(), q(), stage="v9")
     assert fa3.TESTED_TRITON == ("3.6",)
     assert list(fa3.STAGES) == list(STAGES)
+
+
+# ------------------------------------------------------------------------------------------ the ring protocol
+# What compiling cannot show is whether the mbarrier protocol is right: a wrong phase bit hangs the GPU, a slot
+# refilled too early gives wrong numbers. Here the protocol of fa3.py's warp-specialized kernel (its index and
+# phase arithmetic, written out again) runs on Python threads over a model of an mbarrier (a count of arrivals;
+# a wait for parity P returns once the phase of parity P has completed, i.e. while the current phase's parity
+# differs from P), with TMA copies that land after a random delay. Every read of a ring slot must find the tile
+# it expects, still there when the warpgroup frees the slot; nothing may deadlock; under ping-pong the two
+# warpgroups must issue their GEMMs in turns.
+import random  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+_DEADLOCK_SECONDS = 5.0
+
+
+class _MBarrier:
+    def __init__(self, count: int, cv: threading.Condition):
+        self.count, self.pending, self.phase, self.cv = count, count, 0, cv
+
+    def arrive(self):
+        with self.cv:
+            self.pending -= 1
+            if self.pending == 0:
+                self.phase ^= 1
+                self.pending = self.count
+                self.cv.notify_all()
+
+    def wait(self, parity: int, pred: bool = True):
+        if not pred:
+            return
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.phase != parity, timeout=_DEADLOCK_SECONDS):
+                raise TimeoutError(f"deadlock: waiting for parity {parity}")
+
+
+def _jitter(rng: random.Random):
+    time.sleep(rng.random() * 2e-4)
+
+
+def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, pingpong: bool, seed: int):
+    cv = threading.Condition()
+    rng = random.Random(seed)
+    k_slot, v_slot = [None] * stages, [None] * stages
+    k_ready = [_MBarrier(1, cv) for _ in range(stages)]
+    v_ready = [_MBarrier(1, cv) for _ in range(stages)]
+    k_empty = [_MBarrier(consumers, cv) for _ in range(stages)]
+    v_empty = [_MBarrier(consumers, cv) for _ in range(stages)]
+    turns = [_MBarrier(1, cv) for _ in range(2)]
+    issued, errors = [], []
+
+    def tma(slots, slot, value, barrier):
+        def land():
+            _jitter(random.Random(value[1] * 7 + slot))
+            slots[slot] = value
+            barrier.arrive()
+        threading.Thread(target=land, daemon=True).start()
+
+    def producer():
+        for j in range(n_tiles):
+            slot, phase = j % stages, (j // stages) & 1
+            k_empty[slot].wait(phase ^ 1)
+            tma(k_slot, slot, ("K", j), k_ready[slot])
+            v_empty[slot].wait(phase ^ 1)
+            tma(v_slot, slot, ("V", j), v_ready[slot])
+
+    def read(slots, slot, expected):
+        assert slots[slot] == expected, f"slot {slot} holds {slots[slot]}, expected {expected}"
+
+    def consumer(wg: int):
+        if not overlap:
+            for j in range(n_tiles):
+                slot, phase = j % stages, (j // stages) & 1
+                k_ready[slot].wait(phase)
+                read(k_slot, slot, ("K", j))
+                _jitter(rng)
+                read(k_slot, slot, ("K", j))
+                k_empty[slot].arrive()
+                v_ready[slot].wait(phase)
+                read(v_slot, slot, ("V", j))
+                _jitter(rng)
+                read(v_slot, slot, ("V", j))
+                v_empty[slot].arrive()
+            return
+        k_ready[0].wait(0)
+        read(k_slot, 0, ("K", 0))
+        k_empty[0].arrive()
+        for j in range(1, n_tiles):
+            slot, phase = j % stages, (j // stages) & 1
+            prev, prev_phase = (j - 1) % stages, ((j - 1) // stages) & 1
+            turn = j - 1
+            k_ready[slot].wait(phase)
+            v_ready[prev].wait(prev_phase)
+            if pingpong:
+                if wg == 0:
+                    turns[0].wait((turn - 1) & 1, pred=turn > 0)
+                else:
+                    turns[1].wait(turn & 1)
+            with cv:
+                issued.append((wg, turn))
+            read(k_slot, slot, ("K", j))
+            read(v_slot, prev, ("V", j - 1))
+            if pingpong:
+                turns[1 - wg].arrive()
+            _jitter(rng)
+            read(k_slot, slot, ("K", j))
+            k_empty[slot].arrive()
+            _jitter(rng)
+            read(v_slot, prev, ("V", j - 1))
+            v_empty[prev].arrive()
+        last = (n_tiles - 1) % stages
+        v_ready[last].wait(((n_tiles - 1) // stages) & 1)
+        read(v_slot, last, ("V", n_tiles - 1))
+        v_empty[last].arrive()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(producer,), daemon=True)]
+    threads += [threading.Thread(target=guarded, args=(consumer, wg), daemon=True) for wg in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=4 * _DEADLOCK_SECONDS)
+    assert not any(t.is_alive() for t in threads), "a partition never finished"
+    assert not errors, errors[0]
+    if pingpong and consumers == 2:
+        assert issued == [(wg, t) for t in range(n_tiles - 1) for wg in (0, 1)], issued
+
+
+@pytest.mark.parametrize("stage", STAGES[1:])
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 8])
+def test_ring_protocol_of_each_stage(stage, n_tiles):
+    """The kernel's own switches per stage (fa3.STAGES), ring depths 2 and 3, a few random interleavings."""
+    spec = {"v8b": (1, False, False), "v8c": (2, False, False), "v8d": (2, True, False), "v8e": (2, True, True)}
+    consumers, overlap, pingpong = spec[stage]
+    for stages in (2, 3):
+        for seed in range(3):
+            _run_protocol(n_tiles, stages, consumers, overlap, pingpong, seed)
+
+
+def test_the_protocol_model_catches_a_wrong_phase():
+    """The model is not vacuous: a producer that waits on the wrong parity of a fresh empty barrier hangs."""
+    cv = threading.Condition()
+    barrier = _MBarrier(1, cv)
+    barrier.wait(1)  # a fresh barrier: phase 0 running, so "parity 1 completed" holds at once
+    with pytest.raises(TimeoutError):
+        global _DEADLOCK_SECONDS
+        saved, _DEADLOCK_SECONDS = _DEADLOCK_SECONDS, 0.05
+        try:
+            barrier.wait(0)  # nobody arrives: phase 0 never completes
+        finally:
+            _DEADLOCK_SECONDS = saved
