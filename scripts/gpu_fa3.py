@@ -6,7 +6,8 @@ an H100 / H200, in one command (issue 22). Nothing here had run on a GPU before 
 
 For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
 is killed after ``--stage-timeout`` seconds and recorded as such; rows are written as they come, so a killed
-child keeps what it finished):
+child keeps what it finished; the whole run stays within ``--budget`` seconds, 540 by default, so that it fits a
+10-minute command with the JSON written):
 
 1. correctness against a float64 PyTorch reference: causal and not, N in {1, 17, 128, 1000, 4096}, D 64 and 128,
    float16 and bfloat16, B = 2, H = 2 (N = 4096: B = 1); o within ``flashcourse.tolerance``'s (rtol, atol) of
@@ -19,7 +20,8 @@ The parent times the references on the same shapes: SDPA's cuDNN and flash backe
 ``flashcourse.bench.time_repeats`` (median of 3 ``do_bench`` runs with their range); ratios to each reference
 (``ratio_vs_sdpa_cudnn`` ...) come from ``bench.providers.add_ratios``. The JSON is
 ``<out>/<date>-<device>-fa3-stages.json``, ``meta.kind = "fa3-stages"``; rows have ``kind`` "check" (one per
-correctness case) or "time" (one per provider and shape), ``status`` "ok" or the error. The script never stops at
+correctness case), "compiled" (registers, spills, shared memory of each compiled variant, from the driver) or
+"time" (one per provider and shape), ``status`` "ok" or the error. The script never stops at
 a failure: a stage that fails to compile, errs or hangs is recorded and the next one runs.
 """
 
@@ -46,6 +48,7 @@ QUICK_TIME_SHAPES = ((4, 32, 4096), (4, 8, 16384))
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "sdpa_flash", "v7")
+REFERENCE_RESERVE = 90.0  # seconds kept for timing the references at the end
 
 
 def log(message: str) -> None:
@@ -160,6 +163,10 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
                         log(f"{stage} check {dtype} D={head_dim} causal={causal} N={n}: {row['status']}"
                             + (f" (max |err| o {row['max_err_o']:.2e}, lse {row['max_err_lse']:.2e})"
                                if "max_err_o" in row else ""))
+        for row in compiled_rows(fa3.STAGES[stage].kernel, stage):
+            emit(row)
+            log(f"{stage} compiled {row.get('constants', '')}: {row.get('n_regs')} registers, "
+                f"{row.get('n_spills')} spills, {row.get('shared')} B shared ({row['status']})")
         for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
             row = time_case(f"fa3-{stage}", lambda q, k, v, c: fa3.fa3_forward(q, k, v, causal=c, stage=stage),
                             batch, heads, n, head_dim, dtype, causal)
@@ -169,6 +176,26 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
             log(f"{stage} time {dtype} D={head_dim} N={n} causal={causal}: "
                 + (f"{row['tflops']:.0f} TFLOP/s ({row['tflops_min']:.0f}-{row['tflops_max']:.0f})"
                    if row["status"] == "ok" else row["status"]))
+
+
+def compiled_rows(kernel, stage: str) -> list[dict]:
+    """What the GPU's driver says of each compiled variant of the stage's kernel: registers a thread (at launch),
+    spills, shared memory. Best effort: Triton's JIT cache is not a public API."""
+    rows = []
+    try:
+        for caches in kernel.device_caches.values():
+            for compiled in caches[0].values():
+                compiled._init_handles()
+                constants = getattr(compiled.src, "constants", {}) or {}
+                rows.append({"kind": "compiled", "provider": f"fa3-{stage}", "stage": stage,
+                             "constants": {str(k): str(v) for k, v in constants.items()},
+                             "signature": {str(k): str(v) for k, v in getattr(compiled.src, "signature", {}).items()
+                                           if str(v).startswith("tensordesc")},
+                             "n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
+                             "shared": compiled.metadata.shared, "status": "ok"})
+    except Exception as error:  # noqa: BLE001
+        rows.append({"kind": "compiled", "provider": f"fa3-{stage}", "stage": stage, "status": _error_text(error)})
+    return rows
 
 
 def reference_rows(quick: bool) -> list[dict]:
@@ -192,7 +219,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
     parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
     parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
-    parser.add_argument("--stage-timeout", type=float, default=80.0, help="seconds for one stage's child")
+    parser.add_argument("--stage-timeout", type=float, default=100.0, help="seconds for one stage's child")
+    parser.add_argument("--budget", type=float, default=540.0,
+                        help="seconds for the whole run (the JSON is written within it; 90 s kept for references)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rows", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -242,13 +271,20 @@ def main(argv=None) -> int:
             command.append("--quick")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
                                                                        os.environ.get("PYTHONPATH")) if p))
-        log(f"stage {stage}: child started")
+        left = args.budget - REFERENCE_RESERVE - (time.time() - start)
+        if left < 30:
+            stage_status[stage] = f"not run: the run's {args.budget:.0f} s budget is spent"
+            log(f"stage {stage}: {stage_status[stage]}")
+            path.unlink()
+            continue
+        timeout = min(args.stage_timeout, left)
+        log(f"stage {stage}: child started ({timeout:.0f} s at most)")
         began = time.time()
         try:
-            proc = subprocess.run(command, env=env, timeout=args.stage_timeout)
+            proc = subprocess.run(command, env=env, timeout=timeout)
             stage_status[stage] = "ok" if proc.returncode == 0 else f"child exited {proc.returncode}"
         except subprocess.TimeoutExpired:
-            stage_status[stage] = f"killed after {args.stage_timeout:.0f} s (a hang: mbarrier deadlock?)"
+            stage_status[stage] = f"killed after {timeout:.0f} s (a hang: mbarrier deadlock? or slow compiles)"
         stage_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         path.unlink()
         rows.extend(stage_rows)
