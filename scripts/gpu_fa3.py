@@ -198,7 +198,11 @@ def compiled_rows(kernel, stage: str) -> list[dict]:
     return rows
 
 
-def reference_rows(quick: bool) -> list[dict]:
+def _shape(r):
+    return r["dtype"], r["head_dim"], r["n"], r["causal"], r["batch"], r["heads"]
+
+
+def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
     from flashcourse import kernels
     from flashcourse.bench.providers import sdpa
 
@@ -207,6 +211,11 @@ def reference_rows(quick: bool) -> list[dict]:
     rows = []
     for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
         for provider in REFERENCES:
+            if time.time() > deadline:
+                rows.append({"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
+                             "causal": causal, "batch": batch, "heads": heads, "mode": "fwd",
+                             "status": "not run: the run's budget is spent"})
+                continue
             row = time_case(provider, fns[provider], batch, heads, n, head_dim, dtype, causal)
             rows.append(row)
             log(f"{provider} {dtype} D={head_dim} N={n} causal={causal}: "
@@ -260,6 +269,12 @@ def main(argv=None) -> int:
 
     rows: list[dict] = []
     stage_status = {}
+    out = Path(args.out) if args.out else None
+
+    def save(rows, done=False):
+        """The JSON so far (rewritten after every stage: a run cut short keeps what it measured)."""
+        meta.update(stage_status=stage_status, seconds=round(time.time() - start, 1), complete=done)
+        return save_results("fa3-stages", rows, directory=out, kind="fa3-stages", meta=meta)
     for stage in stages:
         if import_error:
             stage_status[stage] = f"not run: {import_error}"
@@ -291,25 +306,19 @@ def main(argv=None) -> int:
         passed = sum(r["kind"] == "check" and r["status"] == "ok" for r in stage_rows)
         checks = sum(r["kind"] == "check" for r in stage_rows)
         log(f"stage {stage}: {stage_status[stage]}, {passed}/{checks} checks passed, {time.time() - began:.0f} s")
+        save(rows)
 
     log("references: SDPA cuDNN, SDPA flash, v7")
     try:
-        rows.extend(reference_rows(args.quick))
+        rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40))
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")
         stage_status["references"] = _error_text(error)
 
     timed = [r for r in rows if r["kind"] == "time"]
-    def shape(r):
-        return r["dtype"], r["head_dim"], r["n"], r["causal"], r["batch"], r["heads"]
-
-    # Each stage against cuDNN, SDPA flash and v7; v7 against the two SDPA backends.
-    add_ratios(timed, key=shape, rate="tflops", ours=[f"fa3-{s}" for s in stages])
-    add_ratios([r for r in timed if r["provider"] in REFERENCES], key=shape, rate="tflops", ours=["v7"])
-    meta["stage_status"] = stage_status
-    meta["seconds"] = round(time.time() - start, 1)
-    out = Path(args.out) if args.out else None
-    path = save_results("fa3-stages", rows, directory=out, kind="fa3-stages", meta=meta)
+    add_ratios(timed, key=_shape, rate="tflops", ours=[f"fa3-{s}" for s in stages])
+    add_ratios([r for r in timed if r["provider"] in REFERENCES], key=_shape, rate="tflops", ours=["v7"])
+    path = save(rows, done=True)
     log(f"wrote {path} ({meta['seconds']} s)")
 
     print("\nTFLOP/s, median (range); x cuDNN")
