@@ -1,6 +1,6 @@
 """Exercise 10's checks: right answers pass the hidden tests, each usual mistake in a mask rule, in the block
-classification and in the Triton mask_mod is rejected with its diagnosis, and the library's own answer earns
-nothing."""
+classification, in the Triton mask_mod and in a draft tree's mask is rejected with its diagnosis, and the
+library's own answer earns nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import triton
 import triton.language as tl  # noqa: F401 (the interpreter wants it beside a jit function)
 
 from flashcourse import grading, reference, tiled
+from flashcourse.grading import ex10
 
 
 def _prefix(b, h, q, kv, lengths):
@@ -145,7 +146,49 @@ def test_the_triton_mask_mod_is_evaluated_tile_by_tile_and_judged():
         grading.check_chunked_causal_triton(lambda b, h, q, kv: _chunked(b, h, q, kv, 16))
 
 
+def _tree(parents, n_cache, *, causal=False, self_=True, cache=True, descendants=False, parent_only=False):
+    """A draft tree's mask from a walk up the parents, right by default; the keywords make the usual mistakes."""
+    k = len(parents)
+    drafts = np.zeros((k, k), dtype=bool)
+    for i in range(k):
+        node, steps = i, 0
+        while node != -1 and not (parent_only and steps == 2):  # itself, then its parent, ...
+            drafts[i, node] = True
+            node, steps = parents[node], steps + 1
+    if causal:
+        drafts = np.tril(np.ones((k, k), dtype=bool))
+    if not self_:
+        drafts &= ~np.eye(k, dtype=bool)
+    if descendants:
+        drafts = drafts.T
+    return np.concatenate([np.full((k, n_cache), cache), drafts], axis=1)
+
+
+def test_a_right_tree_mask_passes_the_hidden_tests_as_an_array_or_a_list():
+    ex10.check_tree_mask(_tree, hidden=True)
+    ex10.check_tree_mask(lambda parents, n_cache: _tree(parents, n_cache).tolist())
+
+
+TREE_MISTAKES = {
+    "plain causal over the flattened list": lambda p, n: _tree(p, n, causal=True),
+    "a draft sees itself too": lambda p, n: _tree(p, n, self_=False),
+    "every draft sees the whole cache": lambda p, n: _tree(p, n, cache=False),
+    "the other direction \\(descendants\\)": lambda p, n: _tree(p, n, descendants=True),
+    "not only its parent": lambda p, n: _tree(p, n, parent_only=True),
+    "has dtype int64, but a boolean": lambda p, n: _tree(p, n).astype(np.int64),
+    "the cache's columns are missing": lambda p, n: _tree(p, n)[:, n:],
+    "transposed\\? rows are drafts": lambda p, n: _tree(p, n).T,
+}
+
+
+@pytest.mark.parametrize("diagnosis", TREE_MISTAKES)
+def test_tree_mask_mistakes_are_rejected_with_their_diagnosis(diagnosis):
+    with pytest.raises(AssertionError, match=diagnosis):
+        ex10.check_tree_mask(TREE_MISTAKES[diagnosis])
+
+
 def test_the_exercise_is_registered_with_its_parts():
-    assert [part.grade_id for part in grading.parts("ex10_mask_rules")] == ["ex10_a", "ex10_b", "ex10_c", "ex10_d"]
-    assert sum(part.points for part in grading.parts("ex10")) == 10
+    assert [part.grade_id for part in grading.parts("ex10_mask_rules")] == ["ex10_a", "ex10_b", "ex10_c", "ex10_d",
+                                                                           "ex10_e"]
+    assert sum(part.points for part in grading.parts("ex10")) == 13
 

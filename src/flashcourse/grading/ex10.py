@@ -1,6 +1,7 @@
 """Exercise 10, attention variants as mask rules (FlexAttention's ``mask_mod``, Dong et al. 2024): a prefix-LM
-rule and chunked causal attention in NumPy, FlexAttention's block classification of tiles, and the chunked rule
-as a Triton ``mask_mod``. The answers are ``reference.AttentionRule``'s and ``tiled.tile_schedule``'s."""
+rule and chunked causal attention in NumPy, FlexAttention's block classification of tiles, the chunked rule
+as a Triton ``mask_mod``, and the mask of a speculative draft tree. The answers are ``reference.AttentionRule``'s,
+``tiled.tile_schedule``'s and ``trees.tree_attention_mask``'s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import functools
 
 import numpy as np
 
-from .. import tiled
+from .. import tiled, trees
 from ._core import Part, run_check, to_numpy
 
 KINDS = ("skipped", "masked", "full")  # codes 0, 1, 2 of a tile in a block-kind grid
@@ -347,4 +348,89 @@ def check_chunked_causal_triton(chunked_causal_triton, *, hidden=False, seed=Non
     run_check(TRITON, {"chunked_causal_triton": chunked_causal_triton}, hidden=hidden, seed=seed)
 
 
-PARTS = [PREFIX, CHUNKED, KINDS_PART, TRITON]
+# ------------------------------------------------------------------------------------------ (e) draft tree
+
+
+def _tree_cases(rng, hidden):
+    """Draft trees of every shape the usual mistakes show on: one draft, a chain, a star, Medusa-like, complete,
+    deep and wide; hidden: random trees and random caches."""
+    shapes = [("one draft", [-1], 3), ("chain", [-1, 0, 1, 2, 3], 4), ("star", [-1] * 5, 2),
+              ("example", list(trees.EXAMPLE_PARENTS), 6), ("complete 2 x 3", list(trees.complete_tree(2, 3)), 5),
+              ("deep and wide", [-1, -1, -1, 0, 0, 0, 3, 3, 6, 8, 9, 2, 11], 0)]
+    if hidden:
+        for k in (int(rng.integers(15, 30)), int(rng.integers(40, 65))):
+            shapes.append(("random", [int(rng.integers(-1, i)) for i in range(k)], int(rng.integers(0, 50))))
+        shapes.append(("random chain", list(range(-1, int(rng.integers(8, 20)))), int(rng.integers(1, 20))))
+    return [{"shape": name, "parents": np.array(parents, dtype=np.int64), "n_cache": n_cache}
+            for name, parents, n_cache in shapes]
+
+
+def _tree_run(fns, case):
+    got = fns["tree_mask"]([int(p) for p in case["parents"]], case["n_cache"])
+    if isinstance(got, (list, tuple)):
+        got = np.array(got)
+    keep = to_numpy(got, "tree_mask's result")
+    if keep.dtype != bool:
+        raise AssertionError(f"tree_mask's result has dtype {keep.dtype}, but a boolean array is expected (True = "
+                             "the draft sees the key): build it with np.zeros(..., dtype=bool)")
+    return {"keep": keep}
+
+
+def _tree_mistakes(parents: np.ndarray, n_cache: int):
+    """The masks of the usual mistakes (each a (k, n_cache + k) bool array) with their diagnoses."""
+    k = parents.size
+    ancestors = trees.ancestor_mask(parents)
+    cache = np.ones((k, n_cache), dtype=bool)
+    parent_only = np.eye(k, dtype=bool)
+    parent_only[np.flatnonzero(parents >= 0), parents[parents >= 0]] = True
+    return [
+        ("plain causal over the flattened list lets a draft see every draft before it, its siblings and cousins "
+         "included, which are other guesses, not its text: a draft sees only its ancestors (follow parents up to "
+         "-1) and itself", trees.flattened_causal_mask(k, n_cache)),
+        ("a draft sees itself too: set the entry of key n_cache + i in row i",
+         np.concatenate([cache, ancestors & ~np.eye(k, dtype=bool)], axis=1)),
+        ("every draft sees the whole cache: the first n_cache columns are all True",
+         np.concatenate([~cache, ancestors], axis=1)),
+        ("that is the other direction (descendants): draft i sees draft j when j is on i's path up to the root, "
+         "reached from i by following parents, not when i is reached from j",
+         np.concatenate([cache, ancestors.T], axis=1)),
+        ("a draft sees all its ancestors, not only its parent: keep following parents until -1",
+         np.concatenate([cache, parent_only], axis=1)),
+    ]
+
+
+def _tree_judge(case, out):
+    parents, n_cache = case["parents"], case["n_cache"]
+    k = parents.size
+    got, expected = out["keep"], trees.tree_attention_mask(parents, n_cache)
+    if got.shape != expected.shape:
+        hint = ""
+        if got.shape == (k, k) and n_cache:
+            hint = ": the cache's columns are missing; the keys are the n_cache cached tokens, then the k drafts"
+        elif got.shape == expected.shape[::-1]:
+            hint = " (transposed? rows are drafts, the queries; columns are keys)"
+        raise AssertionError(f"tree_mask's result has shape {got.shape}, expected (k, n_cache + k) = "
+                             f"{expected.shape}{hint}")
+    if np.array_equal(got, expected):
+        return
+    i, j = (int(x) for x in np.argwhere(got != expected)[0])
+    key = f"cached key {j}" if j < n_cache else f"draft {j - n_cache}"
+    message = (f"draft {i} (parent {int(parents[i])}), {key}: yours {bool(got[i, j])}, expected "
+               f"{bool(expected[i, j])} ({int((got != expected).sum())} of {got.size} entries differ)")
+    for diagnosis, wrong in _tree_mistakes(parents, n_cache):
+        if np.array_equal(got, wrong):
+            raise AssertionError(f"{message}. Diagnosis: {diagnosis}")
+    raise AssertionError(message)
+
+
+TREE = Part("ex10_e", 3, "tree_mask", ("tree_mask",), _tree_cases, _tree_run, _tree_judge)
+
+
+def check_tree_mask(tree_mask, *, hidden=False, seed=None):
+    """Check ``tree_mask(parents, n_cache) -> (k, n_cache + k) bool``: a draft sees the cache, its ancestors and
+    itself."""
+    __tracebackhide__ = True
+    run_check(TREE, {"tree_mask": tree_mask}, hidden=hidden, seed=seed)
+
+
+PARTS = [PREFIX, CHUNKED, KINDS_PART, TRITON, TREE]
