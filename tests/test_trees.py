@@ -179,5 +179,10 @@ def test_a_complete_trees_mask_mod_in_the_kernel_matches_the_reference(rng):
     keys, values = rng.standard_normal((2, 1, 2, 24 + k, 16))
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     as_tensor = lambda x: torch.tensor(x, dtype=torch.float32, device=dev)  # noqa: E731
+    expected = trees.tree_attention(q, keys, values, parents).astype(np.float32)
     o = kernels.flash_attention(as_tensor(q), as_tensor(keys), as_tensor(values), mask_mod=_complete_tree_3x2)
-    assert_close(o, trees.tree_attention(q, keys, values, parents).astype(np.float32), what="tree kernel")
+    assert_close(o, expected, what="tree kernel")
+    # bottom-right causal adds nothing (ancestors come first); top-left would hide the cache from the first drafts
+    o = kernels.flash_attention(as_tensor(q), as_tensor(keys), as_tensor(values), mask_mod=_complete_tree_3x2,
+                                causal="bottom_right")
+    assert_close(o, expected, what="tree kernel, bottom-right causal")
