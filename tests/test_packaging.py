@@ -187,6 +187,6 @@ def test_only_resources_counts_parent_folders():
     }
     package = ROOT / "src" / "flashcourse"
     counting = {path.relative_to(package).as_posix() for path in package.rglob("*.py")
-                if re.search(r"parents\[|\.parent\.parent", path.read_text(encoding="utf-8"))}
+                if re.search(r"\.parents\[|\.parent\.parent", path.read_text(encoding="utf-8"))}
     assert counting - set(allowed) == set(), (
         f"{sorted(counting - set(allowed))} count parent folders: find course files with flashcourse.resources")

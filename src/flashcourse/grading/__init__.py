@@ -48,7 +48,7 @@ _CHECKS = {
     "check_dq_triton": "ex08", "check_attention_function": "ex08",
     "check_combine_partials": "ex09", "check_split_kv_attention": "ex09", "check_combine_triton": "ex09",
     "check_prefix_lm_mask": "ex10", "check_chunked_causal_mask": "ex10", "check_block_kinds": "ex10",
-    "check_chunked_causal_triton": "ex10",
+    "check_chunked_causal_triton": "ex10", "check_tree_mask": "ex10",
     "check_zigzag_indices": "ex11", "check_block_schedule": "ex11", "check_dkv_route": "ex11",
     "check_ring_hide_positions": "ex11",
     "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",

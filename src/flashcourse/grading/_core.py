@@ -172,7 +172,7 @@ def _torch_recorder(guard: CallGuard):
 def _library_files() -> dict[str, str]:
     """Source file -> module name, for the library modules whose functions an exercise must not call."""
     files = {}
-    for module in ("reference", "tiled", "iomodel"):
+    for module in ("reference", "tiled", "iomodel", "trees"):
         files[str(_PACKAGE_DIR / f"{module}.py")] = f"flashcourse.{module}"
     for package in ("kernels", "distributed"):  # exercise 11 writes what distributed.schedule computes
         for path in (_PACKAGE_DIR / package).glob("*.py"):
