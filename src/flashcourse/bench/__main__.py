@@ -6,7 +6,9 @@
     versions  [--out DIR] [--n ...] [--head-dim ...] [--tag ...]   every numbered kernel version, validated then timed
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
-    overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs SDPA
+    overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs plain SDPA
+    train-step [--out DIR] [--dtype ...]   forward + backward through autograd, causal, GPT shapes, ours vs plain
+                                           SDPA, SDPA flash and cuDNN (bench/train_step.py)
     variants  [--out DIR] [--dtype ...] [--variants NAME ...] [--providers ...]
                                            causal, windows, documents, GQA, softcap vs FlexAttention and SDPA
     profile   [--out DIR]                  proton: each kernel's share of a forward + backward step
@@ -120,7 +122,19 @@ def _overhead(args) -> None:
     from flashcourse.bench import overhead
 
     rows = overhead.run()
-    print(f"wrote {save_results('overhead', rows, directory=args.out)}")
+    print(f"wrote {save_results('overhead', rows, directory=args.out, kind='overhead', extra=overhead.meta())}")
+
+
+def _train_step(args) -> None:
+    from flashcourse.bench import train_step
+
+    def save(rows):
+        return save_results("train-step", rows, directory=args.out, kind="train-step")
+
+    rows = train_step.run(train_step.shape_grid(args.dtype or train_step.DTYPES), on_row=save)
+    path = save(rows)
+    print(train_step.format_table(rows))
+    print(f"wrote {path}")
 
 
 def _variants(args) -> None:
@@ -264,13 +278,17 @@ def main(argv=None) -> None:
     f8.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 4096 8192 16384)")
     f8.add_argument("--head-dim", type=int, nargs="+", default=[128, 64], choices=[64, 128])
     f8.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    step = sub.add_parser("train-step", help="a training step's attention at GPT shapes vs plain SDPA")
+    step.add_argument("--out", type=Path, default=resources.new_results_dir(),
+                      help="folder for the JSON (default: %(default)s)")
+    step.add_argument("--dtype", nargs="+", choices=["bfloat16", "float16"], help="default: bfloat16 and float16")
     args = parser.parse_args(argv)
     if args.command not in ("table", "merge"):
         _need_gpu()
     commands = {"attention": _attention, "decode": _decode, "versions": _versions, "tune": _tune,
                 "softmax-cost": _softmax_cost, "overhead": _overhead, "profile": _profile, "ring": _ring,
                 "variants": _variants, "table": _table, "merge": _merge,
-                "fp8": _fp8}
+                "fp8": _fp8, "train-step": _train_step}
     commands[args.command](args)
 
 

@@ -1,0 +1,138 @@
+"""The host-time (``bench overhead``) and training-step (``bench train-step``) benchmarks on CPU: their calls run
+for real on tiny CPU tensors (our kernels in the Triton interpreter, or stand-ins where the fixed shapes would take
+the interpreter minutes); the times come from a fake clock, so the ratio arithmetic is checked exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+import torch.nn.functional as F  # noqa: E402
+
+from flashcourse import kernels  # noqa: E402  (sets the interpreter up before triton loads elsewhere)
+from flashcourse.bench import __main__ as cli  # noqa: E402
+from flashcourse.bench import overhead, train_step  # noqa: E402
+
+
+@pytest.fixture
+def sdpa_kernels(monkeypatch):
+    """Our two entry points replaced by SDPA (the overhead benchmark's fixed shapes are too big for the
+    interpreter); records whether autograd was on in each call."""
+    grad_modes = {"flash_attention": [], "flash_decode": []}
+
+    def flash_attention(q, k, v, *, causal=False):
+        grad_modes["flash_attention"].append(torch.is_grad_enabled())
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def flash_decode(q, k_cache, v_cache):
+        grad_modes["flash_decode"].append(torch.is_grad_enabled())
+        return F.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache, enable_gqa=True)[:, :, 0]
+
+    monkeypatch.setattr(kernels, "flash_attention", flash_attention)
+    monkeypatch.setattr(kernels, "flash_decode", flash_decode)
+    return grad_modes
+
+
+def test_overhead_times_each_call_beside_plain_sdpa(sdpa_kernels):
+    rows = overhead.run(log=lambda _: None, device="cpu", calls=2, repeats=3, warmup=1)
+    assert [r["provider"] for r in rows] == [name for pair in overhead.PAIRS for name in pair]
+    for r in rows:
+        assert r["us_min"] <= r["us_per_call"] <= r["us_max"] and (r["calls"], r["repeats"]) == (2, 3)
+    # inference calls under no_grad; the training step with autograd on (its backward runs, or grad would raise)
+    assert sdpa_kernels["flash_decode"] and not any(sdpa_kernels["flash_decode"])
+    assert False in sdpa_kernels["flash_attention"] and True in sdpa_kernels["flash_attention"]
+    assert overhead.meta()["sdpa_call"] == "plain"
+
+
+def test_overhead_ratios_are_ours_over_sdpa_with_their_range(monkeypatch):
+    times = {"flashcourse_forward": [40, 30, 50], "sdpa_forward": [20, 25, 10],
+             "flashcourse_decode": [3, 3, 3], "sdpa_decode": [2, 2, 2],
+             "flashcourse_train_step": [9, 8, 7], "sdpa_train_step": [3, 4, 5]}
+    monkeypatch.setattr(overhead, "providers", lambda device: {name: name for name in times})
+    monkeypatch.setattr(overhead, "us_per_call", lambda name, *args, **kwargs: times[name])
+    by_name = {r["provider"]: r for r in overhead.run(log=lambda _: None, device="cpu")}
+    forward = by_name["flashcourse_forward"]
+    assert (forward["us_per_call"], forward["us_min"], forward["us_max"]) == (40, 30, 50)
+    assert forward["ratio_vs_sdpa"] == 40 / 20
+    assert (forward["ratio_vs_sdpa_min"], forward["ratio_vs_sdpa_max"]) == (30 / 25, 50 / 10)
+    assert by_name["flashcourse_train_step"]["ratio_vs_sdpa"] == 8 / 4
+    assert "ratio_vs_sdpa" not in by_name["sdpa_decode"]
+
+
+def fake_timer(ms_values):
+    """A ``time_repeats`` timer: runs the call once (so it must work), then returns the next of ``ms_values``."""
+    values = iter(ms_values)
+
+    def timer(fn, grad_to_none):
+        fn()
+        return next(values)
+
+    return timer
+
+
+def test_train_step_row_on_a_tiny_shape_in_the_interpreter(monkeypatch):
+    monkeypatch.setattr(train_step, "validate_ours", lambda shape: {"ok": True})
+    shapes = train_step.shape_grid(["float16"], [(1, 2, 32, 16)])
+    # ms per repeat, in provider order: ours, plain SDPA, SDPA flash (cuDNN raises on CPU before its timer returns)
+    timer = fake_timer([0.4, 0.5, 0.3, 0.2, 0.25, 0.1, 0.4, 0.4, 0.4])
+    saved = []
+    [row] = train_step.run(shapes, log=lambda _: None, on_row=saved.append, device="cpu", timer=timer)
+    assert saved == [[row]]
+    assert {k: row[k] for k in ("dtype", "batch", "heads", "n", "head_dim", "causal")} == \
+        {"dtype": "float16", "batch": 1, "heads": 2, "n": 32, "head_dim": 16, "causal": True}
+    assert row["status"] == row["sdpa_plain_status"] == row["sdpa_flash_status"] == "ok"
+    assert (row["us"], row["us_min"], row["us_max"]) == pytest.approx((400, 300, 500))
+    assert (row["sdpa_plain_us"], row["sdpa_plain_us_min"], row["sdpa_plain_us_max"]) == pytest.approx((200, 100, 250))
+    assert row["ratio_vs_sdpa_plain"] == pytest.approx(400 / 200)
+    assert (row["ratio_vs_sdpa_plain_min"], row["ratio_vs_sdpa_plain_max"]) == pytest.approx((300 / 250, 500 / 100))
+    assert row["ratio_vs_sdpa_flash"] == pytest.approx(1.0)
+    flops = 3.5 * 4 * 1 * 2 * 32 * 32 * 16 / 2  # forward + backward (2.5x), causal
+    assert row["tflops"] == pytest.approx(flops / 400e-6 / 1e12)
+    # a backend that cannot run (cuDNN on CPU) leaves its status and error, and no time or ratio
+    assert row["sdpa_cudnn_status"] == "unsupported" and row["sdpa_cudnn_error"]
+    assert "sdpa_cudnn_us" not in row and "ratio_vs_sdpa_cudnn" not in row
+    assert "unsupported" in train_step.format_table([row])
+
+
+def test_train_step_grid_is_the_issue_shapes_in_both_dtypes():
+    grid = train_step.shape_grid()
+    assert len(grid) == 8 and all(s.causal for s in grid)
+    assert {(s.batch, s.heads, s.n, s.head_dim) for s in grid} == {
+        (8, 12, 1024, 64), (16, 12, 1024, 64), (8, 16, 2048, 64), (4, 32, 2048, 128)}
+    assert {s.dtype for s in grid} == {"bfloat16", "float16"}
+
+
+def test_a_kernel_that_fails_validation_is_never_timed(monkeypatch):
+    monkeypatch.setattr(train_step, "validate_ours", lambda shape: {"ok": False, "o": 1.0})
+    with pytest.raises(AssertionError, match="wrong"):
+        train_step.run(train_step.shape_grid(["float16"], [(1, 1, 16, 16)]), log=lambda _: None, device="cpu",
+                       timer=fake_timer([]))
+
+
+@pytest.mark.parametrize("command, module, name, kind", [
+    (["train-step", "--dtype", "float16"], train_step, "train-step", "train-step"),
+    (["overhead"], overhead, "overhead", "overhead"),
+])
+def test_cli_writes_the_results_file(monkeypatch, tmp_path, command, module, name, kind):
+    monkeypatch.setattr(cli, "_need_gpu", lambda: None)
+    asked = {}
+
+    def fake_run(shapes=None, **kwargs):
+        asked["shapes"] = shapes
+        return [{"dtype": "float16", "batch": 1, "heads": 1, "n": 16, "head_dim": 16, "status": "failed"}]
+
+    monkeypatch.setattr(module, "run", fake_run)
+    cli.main([*command, "--out", str(tmp_path)])
+    [path] = tmp_path.glob(f"*-{name}.json")
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["kind"] == kind
+    if module is overhead:
+        assert meta["sdpa_call"] == "plain"
+    else:
+        assert [s.dtype for s in asked["shapes"]] == ["float16"] * 4
