@@ -11,6 +11,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
+from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -264,6 +265,195 @@ def test_gpu_window_softcap_alibi(rng, dtype, page_size):
     assert_close(o, want, what=f"decode at 20K keys, window 4096, softcap 30, ALiBi (page size {page_size})")
 
 
+# ------------------------------------------------------------------------------------------ FP8 cache
+FP8 = torch.float8_e4m3fn
+
+
+def dequantised(x8, scale):
+    """float32 x8 * scale, one factor per (sequence or page, KV head): what the kernel multiplies with."""
+    return x8.float() * scale[:, :, None, None]
+
+
+def unpaged(pool, table):
+    """A paged cache (pages, H_kv, page_size, D) read back through its block table: (B, H_kv, pages * size, D)."""
+    pages = pool[table.long()]  # (B, max_blocks, H_kv, page_size, D)
+    batch, blocks, h_kv, size, d = pages.shape
+    return pages.permute(0, 2, 1, 3, 4).reshape(batch, h_kv, blocks * size, d)
+
+
+def e4m3_rounding_bound(x, scale):
+    """How far a value may move when quantised: 3 mantissa bits round a normal number by at most half a step,
+    2^-4 of its magnitude; below e4m3's normal range (2^-6 of the scale unit) steps are 2^-9 units, so half of
+    that, 2^-10 * scale, absolutely."""
+    return 2.0**-4 * x.abs() + 2.0**-10 * scale[:, :, None, None]
+
+
+@pytest.mark.parametrize("h_q,h_kv", [(4, 2), (4, 4), (8, 1)])
+def test_fp8_cache_reads_exactly_the_dequantised_cache(rng, h_q, h_kv):
+    """Widening e4m3 to float16 is exact and the scales are two factors per program, so the FP8 cache's output
+    is the float16 kernel's on the dequantised cache: float16's tolerance, against float64 on those values.
+    Lengths 1, 70 (not a multiple of the 16-key tile) and 33; 3 splits."""
+    q, k, v = make(rng, 3, h_q, h_kv, 70, 64, torch.float16)
+    lens = [1, 70, 33]
+    k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+    assert k8.dtype == v8.dtype == FP8 and k_scale.shape == v_scale.shape == (3, h_kv)
+    o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, num_splits=3,
+                             cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    assert o.shape == q.shape and o.dtype == torch.float16
+    assert_close(o, expected(q, dequantised(k8, k_scale), dequantised(v8, v_scale), lens),
+                 what="decode on the FP8 cache vs float64 on its dequantised values")
+
+
+@pytest.mark.parametrize("page_size,block_n", PAGED_TILINGS)
+def test_fp8_paged_cache(rng, page_size, block_n):
+    """Shuffled pages quantised through the block table: each sequence's scale comes from its own pages."""
+    q, k, v = make(rng, 3, 8, 2, 75, 64, torch.float16)
+    lens = [40, 1, 75]
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    kp, vp, table = paged(k, v, page_size, rng)
+    k8, v8, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens_t)
+    o = kernels.flash_decode(q, k8, v8, block_table=table, cache_seqlens=lens_t, block_n=block_n,
+                             k_scale=k_scale, v_scale=v_scale)
+    k_true = dequantised(unpaged(k8, table), k_scale)  # every page of sequence b read with b's scale
+    v_true = dequantised(unpaged(v8, table), v_scale)
+    assert_close(o, expected(q, k_true, v_true, lens), what=f"FP8 paged decode (page size {page_size})")
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_cache_with_window_softcap_and_alibi(rng, page_size):
+    """k_scale joins the score scale before the cap and the bias, so the variants see the true scores."""
+    q, k, v = make(rng, 2, 4, 2, 70, 16, torch.float32)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    lens = [70, 33]
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    if page_size is None:
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+        cache = {"k_cache": k8, "v_cache": v8}
+        k_true, v_true = dequantised(k8, k_scale), dequantised(v8, v_scale)
+    else:
+        kp, vp, table = paged(k, v, page_size, rng)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens_t)
+        cache = {"k_cache": k8, "v_cache": v8, "block_table": table, "block_n": 32}
+        k_true, v_true = dequantised(unpaged(k8, table), k_scale), dequantised(unpaged(v8, table), v_scale)
+    o = kernels.flash_decode(q * 4, **cache, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lens_t, softcap=2.0,
+                             alibi_slopes=slopes, window=(40, -1), num_splits=3)
+    want = expected_variant(q * 4, k_true, v_true, lens, window_left=40, softcap=2.0, slopes=slopes.cpu().numpy())
+    assert_close(o, want, what=f"FP8 decode with softcap, ALiBi and a window (pages {page_size})")
+
+
+def test_fp8_cache_error_within_the_e4m3_bound(rng):
+    """Against float64 on the float16 cache, the FP8 cache's error is bounded by its roundings, to first order:
+    |do| <= sum_j p_j |dv_j| + sum_j p_j |v_j - o| |ds_j|, ds_j = scale * sum_d |q_d| |dk_jd| (the scores'
+    error), with dk, dv the quantisation errors themselves; a quarter of margin for second-order terms, plus
+    float16's tolerance for the kernel's own roundings. It also exceeds float16's error: the bound is not idle."""
+    q, k, v = make(rng, 2, 8, 2, 300, 64, torch.float16)
+    k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+    o8 = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale).double().numpy()
+    o16 = kernels.flash_decode(q, k, v).double().numpy()
+    exact = expected(q, k, v, [300, 300])
+    qn, kn, vn = (t.double().numpy() for t in (q, k, v))
+    dk = np.abs(dequantised(k8, k_scale).double().numpy() - kn)
+    dv = np.abs(dequantised(v8, v_scale).double().numpy() - vn)
+    group = 4
+    for b in range(2):
+        for h in range(8):
+            s = kn[b, h // group] @ qn[b, h] / 8.0
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            ds = dk[b, h // group] @ np.abs(qn[b, h]) / 8.0
+            first_order = p @ dv[b, h // group] + (p * ds) @ np.abs(vn[b, h // group] - exact[b, h])
+            err = np.abs(o8[b, h] - exact[b, h])
+            assert np.all(err <= 1.25 * first_order + 2e-3), f"(b, h) = ({b}, {h}): {err.max():.3g}"
+    assert np.abs(o8 - exact).max() > np.abs(o16 - exact).max()
+
+
+def test_quantize_kv_cache_round_trip(rng):
+    """Scales are amax / 448 per (sequence, KV head); every value comes back within e4m3's rounding; a head of
+    zeros gets scale 1 and stays zero."""
+    _, k, v = make(rng, 2, 2, 2, 40, 16, torch.float32)
+    k[1, 0] = 0.0
+    k[0, 1, 3, 5] = 1000.0  # an outlier: its head's scale follows it
+    k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+    want = k.abs().amax(dim=(2, 3)) / 448.0
+    want[1, 0] = 1.0
+    assert torch.allclose(k_scale, want) and k_scale.dtype == torch.float32
+    assert float(dequantised(k8, k_scale)[0, 1, 3, 5]) == pytest.approx(1000.0)
+    for x, x8, scale in ((k, k8, k_scale), (v, v8, v_scale)):
+        assert torch.all((dequantised(x8, scale) - x).abs() <= e4m3_rounding_bound(x, scale))
+    assert torch.all(k8[1, 0].float() == 0)
+
+
+def test_quantize_paged_cache_scales_follow_the_block_table(rng):
+    """Without shared pages a sequence's scale is the amax of its own pages (its contiguous cache's scale);
+    sequences that share a page (a common prompt prefix) share a scale, the largest of theirs, and each reads
+    back its values within e4m3's rounding."""
+    _, k, v = make(rng, 3, 2, 2, 64, 16, torch.float32)
+    kp, vp, table = paged(k, v, 16, rng)
+    _, _, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table)
+    _, _, k_scale_c, v_scale_c = quantize_kv_cache(k, v)
+    assert torch.equal(k_scale, k_scale_c) and torch.equal(v_scale, v_scale_c)
+
+    pool = torch.tensor(rng.standard_normal((6, 2, 16, 16)), dtype=torch.float32, device=DEVICE)
+    pool[5] *= 50  # only sequence 2 lists page 5; sequence 1 shares page 3 with it, sequence 0 shares nothing
+    shared = torch.tensor([[0, 1], [2, 3], [3, 5]], dtype=torch.int32, device=DEVICE)
+    k8, _, k_scale, _ = quantize_kv_cache(pool, pool, block_table=shared)
+    assert k_scale[1].tolist() == k_scale[2].tolist() and torch.all(k_scale[1] > 10 * k_scale[0])
+    true = unpaged(pool, shared)
+    assert torch.all((dequantised(unpaged(k8, shared), k_scale) - true).abs()
+                     <= e4m3_rounding_bound(true, k_scale))
+
+
+def test_quantize_paged_cache_counts_only_pages_in_use(rng):
+    """Pages past a sequence's length (here a stale, huge one) do not set its scale."""
+    pool = torch.tensor(rng.standard_normal((4, 1, 16, 16)), dtype=torch.float32, device=DEVICE)
+    pool[3] = 1e4
+    table = torch.tensor([[0, 3], [1, 2]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([16, 32], dtype=torch.int32, device=DEVICE)
+    _, _, k_scale, _ = quantize_kv_cache(pool, pool, block_table=table, cache_seqlens=lens)
+    assert float(k_scale[0, 0]) == pytest.approx(float(pool[0].abs().max()) / 448)
+
+
+def fp8_call(rng, **change):
+    q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
+    k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+    args = {"q": q, "k_cache": k8, "v_cache": v8, "k_scale": k_scale, "v_scale": v_scale} | change
+    return lambda: kernels.flash_decode(args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), **args)
+
+
+@pytest.mark.parametrize(
+    "change,error,words",
+    [({"k_scale": None}, ValueError, r"float8_e4m3fn but k_scale is None"),
+     ({"v_scale": torch.ones(2, 4)}, ValueError, r"v_scale is \(2, 4\) torch.float32: expected \(2, 2\) float32"),
+     ({"k_scale": torch.ones(2, 2, dtype=torch.float16)}, ValueError, r"expected \(2, 2\) float32"),
+     ({"k_scale": 0.5}, ValueError, "k_scale is float: expected"),
+     ({"v_cache": torch.zeros(2, 2, 32, 16)}, TypeError, "float8_e4m3fn but v_cache is torch.float32")],
+)
+def test_bad_fp8_cache_inputs(rng, change, error, words):
+    change = {n: c.to(DEVICE) if isinstance(c, torch.Tensor) else c for n, c in change.items()}
+    with pytest.raises(error, match=words):
+        fp8_call(rng, **change)()
+
+
+def test_scales_for_a_16_bit_cache_are_refused(rng):
+    q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="k_scale given, but the cache is torch.float32"):
+        kernels.flash_decode(q, k, v, k_scale=torch.ones(2, 2, device=DEVICE))
+
+
+@pytest.mark.parametrize("gpu,refused", [("T4", True), ("A100", True), ("A10", True), ("L4", False), ("H200", False)])
+def test_fp8_cache_needs_compute_capability_8_9(monkeypatch, gpu, refused):
+    """Triton compiles float8_e4m3fn from sm_89 on: older GPUs get an error naming what is needed."""
+    from flashcourse.kernels import _checks, configs
+
+    monkeypatch.setattr(configs, "device_props", lambda device: configs.KNOWN_DEVICES[gpu])
+    cache = torch.zeros(1, 1, 16, 16).to(FP8)
+    if refused:
+        with pytest.raises(RuntimeError, match=r"compute capability 8\.9 or newer .*L4"):
+            _checks.check_fp8_cache_device(cache, "k_cache")
+    else:
+        _checks.check_fp8_cache_device(cache, "k_cache")
+
+
 # ------------------------------------------------------------------------------------------ the benchmark's rows
 def test_decode_benchmark_rows_on_cpu(monkeypatch):
     """``bench.decode.run`` end to end at a tiny size (kernels in the interpreter, fake timers): one contiguous
@@ -280,7 +470,7 @@ def test_decode_benchmark_rows_on_cpu(monkeypatch):
     monkeypatch.setattr(decode_bench, "make_cache", lambda *shape: make_cache(*shape, dtype=torch.float32,
                                                                               device=DEVICE))
     rows = decode_bench.run(shapes=((1, 4, 2, 16, 64),), providers=("flashcourse", "flashcourse_paged"),
-                            page_sizes=(16, 32), log=lambda line: None)
+                            page_sizes=(16, 32), kv_dtypes=("float16",), rotate_bytes=0, log=lambda line: None)
     ours = [r for r in rows if r["provider"] == "flashcourse"]
     paged_rows = {r["page_size"]: r for r in rows if r["provider"] == "flashcourse_paged"}
     assert len(ours) == 1 and sorted(paged_rows) == [16, 32]
@@ -307,14 +497,14 @@ from triton.compiler import ASTSource
 from flashcourse.kernels.decode import _decode_split_kernel as kernel
 
 names = kernel.arg_names
-pointers = {"Q": "*fp16", "K": "*fp16", "V": "*fp16", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32", "O_PART": "*fp32",
-            "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32"}
 unit_strides = ("stride_qd", "stride_kd", "stride_vd")  # what the launcher specialises: 1, or divisible by 16
 shared = {}
-for page_size in (None, 16, 256):
+for page_size, kv in ((None, "fp16"), (16, "fp16"), (256, "fp16"), (None, "fp8e4nv"), (16, "fp8e4nv")):
+    pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
+                "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32"}
     values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
                   PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
-                  HAS_ALIBI=False, DOT_PRECISION="ieee", **dict.fromkeys(unit_strides, 1))
+                  HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", **dict.fromkeys(unit_strides, 1))
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
@@ -322,7 +512,7 @@ for page_size in (None, 16, 256):
              if n in pointers or (n.startswith("stride_") and n not in unit_strides and "_bt_" not in n)}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    shared[str(page_size)] = compiled.metadata.shared
+    shared[f"{kv} {page_size}"] = compiled.metadata.shared
 json.dump(shared, sys.stdout)
 """
 
@@ -331,7 +521,8 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     """Compiled for an H100/H200 (sm_90, no GPU needed), the paged kernel holds as many K/V tiles in flight in
     shared memory as the contiguous one. A block-table load that feeds the K/V addresses in the same loop step
     (the old per-row lookup) made Triton's pipeliner prefetch one tile ahead instead of two: half the buffers,
-    0.66x the contiguous cache's bandwidth on the H200."""
+    0.66x the contiguous cache's bandwidth on the H200. The FP8 cache's kernel stages one-byte tiles: about half
+    the float16 kernel's shared memory, contiguous and paged alike."""
     import json
     import os
     import subprocess
@@ -348,4 +539,5 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
         pytest.skip("Triton's ptxas is missing here: cannot compile for sm_90")
     assert done.returncode == 0, f"the decode kernel does not compile for sm_90:\n{done.stderr[-3000:]}"
     shared = json.loads(done.stdout.strip().splitlines()[-1])
-    assert shared["16"] == shared["256"] == shared["None"], f"shared memory (bytes) by page size: {shared}"
+    assert shared["fp16 16"] == shared["fp16 256"] == shared["fp16 None"], f"shared memory (bytes): {shared}"
+    assert shared["fp8e4nv 16"] == shared["fp8e4nv None"] <= 0.6 * shared["fp16 None"], shared

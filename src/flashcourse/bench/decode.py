@@ -8,9 +8,17 @@ microseconds) are timed as CUDA-graph replays so that Python launch overhead sta
 
 Our kernel runs on the contiguous cache (provider ``flashcourse``, one row per KV length) and on the same cache
 cut into shuffled pages (``flashcourse_paged``, one row per ``page_size``: vLLM's default 16 and a large 256),
-with ``ratio_vs_contiguous``. Every figure is the median of :data:`REPEATS` timings taken in rounds over all the
-providers of a shape (so a drift of the clocks touches them all), stored with the slowest and fastest
-(``ms_min``, ``ms_max``, ``bandwidth_tbs_min``, ``bandwidth_tbs_max``).
+with ``ratio_vs_contiguous``; each of them also on the cache quantised to float8_e4m3fn (``kv_dtype``
+"float8_e4m3fn", with ``speedup_vs_fp16_cache``: the float16 row's time over this one's, half the bytes read).
+Our rows carry ``max_abs_err``, against attention in float64 on the float16 cache, so the FP8 cache's error
+sits beside the float16 cache's.
+
+Every provider cycles through enough distinct caches (``caches_rotated``) that at least
+:data:`L2_ROTATE_BYTES` of other caches are read between two reads of one: the H100/H200's 50 MB L2 cannot
+hold a cache from one call to its next, so every call reads HBM (a single 32K cache in FP8 is 64 MiB, close
+enough to the L2 for replays of one cache to hit it). Every figure is the median of :data:`REPEATS` timings
+taken in rounds over all the providers of a shape (so a drift of the clocks touches them all), stored with the
+slowest and fastest (``ms_min``, ``ms_max``, ``bandwidth_tbs_min``, ``bandwidth_tbs_max``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ PROVIDERS = ("flashcourse", "flashcourse_paged", "sdpa_flash", "sdpa_cudnn", "sd
 PAGE_SIZE = 256  # the paged rows' page size before page_size became a column (runs up to 2026-11-30)
 PAGE_SIZES = (16, PAGE_SIZE)  # vLLM's default page, and a large one
 GRAPH_REP_MS = 60  # milliseconds of replays per timing (each timing: 10 replays of a graph this long)
+KV_DTYPES = ("float16", "float8_e4m3fn")
+OURS = ("flashcourse", "flashcourse_paged")  # the providers that also run on the FP8 cache
+L2_ROTATE_BYTES = 256 << 20  # bytes of other caches read between two reads of one: 5x the H100/H200's L2
 
 
 def graph_ms(fn, rep: int = GRAPH_REP_MS) -> float:
@@ -95,16 +106,47 @@ def to_paged(k, v, page_size: int, generator=None):
     return paginate(k), paginate(v), block_table
 
 
-def provider_fn(provider: str, q, k, v, *, page_size: int = PAGE_SIZE, **decode_kwargs):
-    """A no-argument callable computing o (B, H_q, D) for one provider (``page_size``: the paged provider's)."""
-    from flashcourse import kernels
+def rotation_copies(kv_bytes: int, rotate_bytes: int = L2_ROTATE_BYTES) -> int:
+    """How many distinct caches of ``kv_bytes`` to cycle through so that ``rotate_bytes`` of the others are read
+    between two reads of one (1 when ``rotate_bytes`` is 0: the same cache every call)."""
+    return 1 + math.ceil(rotate_bytes / max(kv_bytes, 1))
 
+
+def rotated(fns):
+    """One callable running each of ``fns`` once, in turn: time it and divide by ``len(fns)``."""
+    def run_all():
+        for fn in fns:
+            out = fn()
+        return out
+
+    return run_all
+
+
+def provider_fn(provider: str, q, k, v, *, page_size: int = PAGE_SIZE, kv_dtype: str = "float16", **decode_kwargs):
+    """A no-argument callable computing o (B, H_q, D) for one provider (``page_size``: the paged provider's;
+    ``kv_dtype`` "float8_e4m3fn": our kernel on the cache quantised by ``quantize_kv_cache``, done here, outside
+    the timed call)."""
+    from flashcourse import kernels
+    from flashcourse.kernels.decode import quantize_kv_cache
+
+    if kv_dtype not in KV_DTYPES or (kv_dtype != "float16" and provider not in OURS):
+        raise ValueError(f"kv_dtype {kv_dtype!r} for {provider}: float16 for every provider, float8_e4m3fn for "
+                         f"{' and '.join(OURS)} only")
+    fp8 = kv_dtype == "float8_e4m3fn"
     if provider == "flashcourse":
+        if fp8:
+            k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+            return lambda: kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, **decode_kwargs)
         return lambda: kernels.flash_decode(q, k, v, **decode_kwargs)
     if provider == "flashcourse_paged":
         kp, vp, table = to_paged(k, v, page_size)
         lens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
-        return lambda: kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens, **decode_kwargs)
+        scales = {}
+        if fp8:
+            kp, vp, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens)
+            scales = {"k_scale": k_scale, "v_scale": v_scale}
+        return lambda: kernels.flash_decode(q, kp, vp, block_table=table, cache_seqlens=lens, **scales,
+                                            **decode_kwargs)
     q4 = q[:, :, None, :]  # (B, H_q, 1, D)
     if provider == "sdpa_flash_expanded":  # the cache copied out to H_q heads: 4x the bytes
         group = q.shape[1] // k.shape[1]
@@ -112,6 +154,26 @@ def provider_fn(provider: str, q, k, v, *, page_size: int = PAGE_SIZE, **decode_
         provider = "sdpa_flash"
     attend = sdpa(provider, enable_gqa=True)
     return lambda: attend(q4, k, v)[:, :, 0]
+
+
+def reference_decode(q, k, v) -> torch.Tensor:
+    """Attention of one token in float64 (torch, any device): q (B, H_q, D), k and v (B, H_kv, N, D), GQA without
+    copying the cache; returns (B, H_q, D) float64."""
+    batch, h_q, d = q.shape
+    h_kv = k.shape[1]
+    qg = q.double().reshape(batch, h_kv, h_q // h_kv, d)  # (B, H_kv, G, D): a KV head's query heads together
+    s = qg @ k.double().transpose(-1, -2) / math.sqrt(d)  # (B, H_kv, G, N)
+    return (torch.softmax(s, dim=-1) @ v.double()).reshape(batch, h_q, d)
+
+
+def kv_dtype_errors(q, k, v, **decode_kwargs) -> dict[str, float]:
+    """Largest |o - o_float64| of our decode on the float16 cache and on the same cache quantised to
+    float8_e4m3fn (``quantize_kv_cache``), both against attention in float64 on the float16 cache: what the
+    FP8 cache costs in accuracy, beside what float16 already costs. q, k, v float16."""
+    ref = reference_decode(q, k, v)
+    return {kv_dtype: float((provider_fn("flashcourse", q, k, v, kv_dtype=kv_dtype, **decode_kwargs)().double()
+                             - ref).abs().max())
+            for kv_dtype in KV_DTYPES}
 
 
 def timing_fields(times_ms: list[float], kv_bytes: int) -> dict:
@@ -124,53 +186,75 @@ def timing_fields(times_ms: list[float], kv_bytes: int) -> dict:
             "bandwidth_tbs": tbs(ms), "bandwidth_tbs_min": tbs(hi), "bandwidth_tbs_max": tbs(lo)}
 
 
-def run(shapes=DECODE_SHAPES, providers=PROVIDERS, page_sizes=PAGE_SIZES, repeats: int = REPEATS,
-        log=print) -> list[dict]:
+def run(shapes=DECODE_SHAPES, providers=PROVIDERS, page_sizes=PAGE_SIZES, kv_dtypes=KV_DTYPES,
+        repeats: int = REPEATS, rotate_bytes: int = L2_ROTATE_BYTES, log=print) -> list[dict]:
     """Measure the bandwidth ceilings, validate every provider, then time them in ``repeats`` rounds.
 
-    Rows: one per ceiling (``copy`` counts bytes read + written, ``read`` bytes read), then one per provider and
-    KV length (``flashcourse_paged``: one per page size, with ``page_size``) with TB/s, ratios and
-    ``fraction_of_ceiling``: the share of the best bandwidth seen in this run (a ceiling or, should a kernel beat
-    both, that kernel), so it never exceeds 1."""
+    Rows: one per ceiling (``copy`` counts bytes read + written, ``read`` bytes read), then one per provider, KV
+    length and ``kv_dtype`` (``flashcourse_paged``: one per page size, with ``page_size``; float8_e4m3fn for our
+    two providers only, after every float16 row) with TB/s of the bytes read, ratios and ``fraction_of_ceiling``:
+    the share of the best bandwidth seen in this run (a ceiling or, should a kernel beat both, that kernel), so it
+    never exceeds 1. Each timed call reads the next of ``caches_rotated`` distinct caches (``rotate_bytes`` of
+    others between two reads of one; 0: one cache, which the L2 may partly hold between calls)."""
+    from flashcourse.kernels.decode import quantize_kv_cache
+
     if repeats < 3:
         raise ValueError(f"repeats={repeats}: a spread needs at least 3 repeats")
     ceilings = {"copy": copy_bandwidth(), "read": read_bandwidth()}
     log(" ".join(f"{name} {bw / 1e12:.2f} TB/s" for name, bw in ceilings.items()))
     rows = [{"provider": name, "bandwidth_tbs": bw / 1e12} for name, bw in ceilings.items()]
     for batch, h_q, h_kv, d, n in shapes:
-        q, k, v = make_cache(batch, h_q, h_kv, d, n)
-        kv_bytes = 2 * k.numel() * k.element_size()
-        ref = provider_fn("sdpa_math", q.float(), k.float(), v.float())()
+        caches = [make_cache(batch, h_q, h_kv, d, n)]
+        q, k, v = caches[0]
+        smallest = 2 * k.numel() * (1 if "float8_e4m3fn" in kv_dtypes else k.element_size())  # K and V bytes
+        copies = rotation_copies(smallest, rotate_bytes)
+        caches += [make_cache(batch, h_q, h_kv, d, n) for _ in range(copies - 1)]
+        exact = reference_decode(q, k, v)  # float64 on the float16 cache: every row's max_abs_err
+        read_back = {"float16": (k, v)}  # the cache each kv_dtype's kernel reads, for validation in float32
+        if "float8_e4m3fn" in kv_dtypes:
+            k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+            read_back["float8_e4m3fn"] = (k8.float() * k_scale[:, :, None, None],
+                                          v8.float() * v_scale[:, :, None, None])
         shape = {"batch": batch, "h_q": h_q, "h_kv": h_kv, "head_dim": d, "kv_len": n, "dtype": "float16"}
         shape_rows, timed = [], []  # timed: (row, fn, times), validated and timed once already
-        for provider in providers:
-            for page_size in page_sizes if provider == "flashcourse_paged" else (None,):
-                row = {"provider": provider, **shape}
-                if page_size is not None:
-                    row["page_size"] = page_size
-                try:
-                    fn = provider_fn(provider, q, k, v, page_size=page_size or PAGE_SIZE)
-                    err = float((fn().float() - ref).norm() / ref.norm())
-                    row.update(status="ok", rel_err=err)
-                    if provider.startswith("flashcourse") and not err < 1e-2:
-                        raise AssertionError(f"{provider} decode is wrong: relative error {err:.2e}")
-                    timed.append((row, fn, [graph_ms(fn)]))
-                except torch.cuda.OutOfMemoryError:
-                    row["status"] = "oom"
-                except RuntimeError as e:
-                    row.update(status="unsupported", error=str(e).splitlines()[0][:200])
-                shape_rows.append(row)
+        for kv_dtype in kv_dtypes:
+            kv_bytes = 2 * k.numel() * (1 if kv_dtype == "float8_e4m3fn" else k.element_size())
+            ref = provider_fn("sdpa_math", q.float(), *(t.float() for t in read_back[kv_dtype]))()
+            for provider in providers if kv_dtype == "float16" else [p for p in providers if p in OURS]:
+                for page_size in page_sizes if provider == "flashcourse_paged" else (None,):
+                    row = {"provider": provider, **shape, "kv_dtype": kv_dtype, "caches_rotated": copies}
+                    if page_size is not None:
+                        row["page_size"] = page_size
+                    try:
+                        fns = [provider_fn(provider, *cache, page_size=page_size or PAGE_SIZE, kv_dtype=kv_dtype)
+                               for cache in caches]
+                        o = fns[0]()
+                        err = float((o.float() - ref).norm() / ref.norm())
+                        row.update(status="ok", rel_err=err)
+                        if provider in OURS:
+                            row["max_abs_err"] = float((o.double() - exact).abs().max())
+                            if not err < 1e-2:
+                                raise AssertionError(f"{provider} decode on the {kv_dtype} cache is wrong: relative "
+                                                     f"error {err:.2e} against the cache it reads")
+                        fn = rotated(fns)
+                        timed.append((row, fn, [graph_ms(fn) / copies], kv_bytes))
+                    except torch.cuda.OutOfMemoryError:
+                        row["status"] = "oom"
+                    except RuntimeError as e:
+                        row.update(status="unsupported", error=str(e).splitlines()[0][:200])
+                    shape_rows.append(row)
         for _ in range(repeats - 1):  # the remaining rounds, every provider once per round
-            for _row, fn, times in timed:
-                times.append(graph_ms(fn))
-        for row, _fn, times in timed:
+            for _row, fn, times, _bytes in timed:
+                times.append(graph_ms(fn) / copies)
+        for row, _fn, times, kv_bytes in timed:
             row.update(timing_fields(times, kv_bytes))
         for row in shape_rows:
             page = f" page {row['page_size']}" if "page_size" in row else ""
-            log(f"{row['provider'] + page:28} N={n:7} {row.get('bandwidth_tbs', float('nan')):5.2f} TB/s "
+            fp8 = " fp8" if row["kv_dtype"] == "float8_e4m3fn" else ""
+            log(f"{row['provider'] + page + fp8:32} N={n:7} {row.get('bandwidth_tbs', float('nan')):5.2f} TB/s "
                 f"{row.get('ms', float('nan')) * 1e3:8.1f} us  {row['status']}")
         rows.extend(shape_rows)
-        del timed
+        del timed, caches
         torch.cuda.empty_cache()
     best = max(r["bandwidth_tbs"] for r in rows if "bandwidth_tbs" in r)
     if best > max(ceilings.values()) / 1e12:
@@ -182,23 +266,40 @@ def run(shapes=DECODE_SHAPES, providers=PROVIDERS, page_sizes=PAGE_SIZES, repeat
     return rows
 
 
+def _ratio(mine: dict, base: dict, name: str, key: str) -> dict:
+    """``name``: how many times faster ``mine`` is than ``base``, from a rate (``bandwidth_tbs``: mine over base)
+    or a time (``ms``: base over mine), with the range of the repeats where both rows have one."""
+    a, b = (base, mine) if key == "ms" else (mine, base)
+    out = {name: a[key] / b[key]}
+    if all(x.get(f"{key}_{end}") for x in (a, b) for end in ("min", "max")):
+        out[f"{name}_min"] = a[f"{key}_min"] / b[f"{key}_max"]
+        out[f"{name}_max"] = a[f"{key}_max"] / b[f"{key}_min"]
+    return out
+
+
 def add_ratios(rows: list[dict]) -> None:
-    """Each of our rows gets its bandwidth ratio against every SDPA provider at the same KV length; each paged
-    row also ``ratio_vs_contiguous``, against ``flashcourse`` at its KV length (with the range of the repeats
-    where both rows have one: our slowest over its fastest, and the reverse)."""
-    sdpa_rows = [r for r in rows if r["provider"].startswith(("flashcourse", "sdpa"))]
-    shared_add_ratios(sdpa_rows, rate="bandwidth_tbs", ours=("flashcourse", "flashcourse_paged"),
-                      key=lambda r: r["kv_len"])
-    contiguous = {r["kv_len"]: r for r in rows
-                  if r["provider"] == "flashcourse" and r.get("status") == "ok" and r.get("bandwidth_tbs")}
-    for r in rows:
-        base = contiguous.get(r.get("kv_len"))
-        if r["provider"] != "flashcourse_paged" or r.get("status") != "ok" or base is None:
-            continue
-        r["ratio_vs_contiguous"] = r["bandwidth_tbs"] / base["bandwidth_tbs"]
-        if all(x.get(f"bandwidth_tbs_{end}") for x in (r, base) for end in ("min", "max")):
-            r["ratio_vs_contiguous_min"] = r["bandwidth_tbs_min"] / base["bandwidth_tbs_max"]
-            r["ratio_vs_contiguous_max"] = r["bandwidth_tbs_max"] / base["bandwidth_tbs_min"]
+    """Our float16 rows get their bandwidth ratio against every SDPA provider at the same KV length; each paged
+    row ``ratio_vs_contiguous``, against ``flashcourse`` at its KV length and ``kv_dtype``; each float8_e4m3fn
+    row ``speedup_vs_fp16_cache``, the matching float16 row's time over its own (with the range of the repeats
+    where both rows have one: our slowest over its fastest, and the reverse). Rows without ``kv_dtype`` (runs
+    before the FP8 cache) are float16."""
+    def ok(r):
+        return r.get("status") == "ok" and bool(r.get("bandwidth_tbs"))
+
+    def kv_dtype(r):
+        return r.get("kv_dtype", "float16")
+
+    sdpa_rows = [r for r in rows if r["provider"].startswith(("flashcourse", "sdpa")) and kv_dtype(r) == "float16"]
+    shared_add_ratios(sdpa_rows, rate="bandwidth_tbs", ours=OURS, key=lambda r: r["kv_len"])
+    ours = {(r["provider"], r["kv_len"], r.get("page_size"), kv_dtype(r)): r for r in rows
+            if r["provider"] in OURS and ok(r)}
+    for (provider, kv_len, page_size, dtype), r in ours.items():
+        contiguous = ours.get(("flashcourse", kv_len, None, dtype))
+        if provider == "flashcourse_paged" and contiguous is not None:
+            r.update(_ratio(r, contiguous, "ratio_vs_contiguous", "bandwidth_tbs"))
+        fp16 = ours.get((provider, kv_len, page_size, "float16"))
+        if dtype != "float16" and fp16 is not None:
+            r.update(_ratio(r, fp16, "speedup_vs_fp16_cache", "ms"))
 
 
 TUNE_SPLITS = (16, 33, 66)

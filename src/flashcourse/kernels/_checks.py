@@ -49,6 +49,23 @@ def check_dtype(t: torch.Tensor, name: str) -> None:
                             f"{name}.half()")
 
 
+FP8_CACHE_CAPABILITY = (8, 9)  # Triton's float8_e4m3fn ("fp8e4nv") type: cvt.rn.f16x2.e4m3x2 starts at sm_89
+
+
+def check_fp8_cache_device(t: torch.Tensor, name: str) -> None:
+    """A float8_e4m3fn KV cache is widened in registers by a conversion Triton compiles only for compute
+    capability 8.9 (Ada) or newer; the CPU interpreter converts it too. Older GPUs get an error naming that."""
+    props = configs.device_props(t.device)
+    if props.interpreter or props.capability >= FP8_CACHE_CAPABILITY:
+        return
+    major, minor = props.capability
+    need = f"{FP8_CACHE_CAPABILITY[0]}.{FP8_CACHE_CAPABILITY[1]}"
+    raise RuntimeError(f"{name} is float8_e4m3fn, but the {props.name} (compute capability {major}.{minor}) cannot "
+                       f"convert it: Triton compiles float8_e4m3fn only for compute capability {need} or newer (Ada: "
+                       "L4, RTX 4090; Hopper: H100, H200). Keep the cache in float16 here (or dequantise it first: "
+                       "k_cache.float() * k_scale[:, :, None, None], then .half())")
+
+
 def check_head_dim(head_dim: int) -> None:
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(

@@ -24,12 +24,21 @@ in docs/KERNELS.md, paged decoding).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from . import configs
-from ._checks import check_device, check_dtype, check_head_dim, dot_precision, padded_head_dim
+from ._checks import (
+    check_device,
+    check_dtype,
+    check_fp8_cache_device,
+    check_head_dim,
+    dot_precision,
+    padded_head_dim,
+)
 from .common import (
     LOG2E,
     LOG2E_IN_KERNEL,
@@ -43,6 +52,9 @@ from .common import (
 from .launch import LaunchCache, layout_key
 from .rules import check_alibi_slopes, check_softcap, check_window
 from .stepdown import launch_fitting
+
+FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 
 @triton.jit
@@ -65,7 +77,7 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, B
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, O_PART, LSE_PART, qk_scale,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, qk_scale,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -74,11 +86,14 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
+    if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once
+        qk_scale = qk_scale * tl.load(K_SCALE + pid_bh)
     seqlen = N_MAX
     if HAS_SEQLENS:
         seqlen = tl.load(SEQLENS + b)
@@ -128,6 +143,9 @@ def _decode_split_kernel(
         kv_mask = col_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
         k = tl.load(K + h_kv * stride_kh + k_off[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if KV_FP8:  # one byte per element read, then widened in registers: every e4m3 value is exact in 16 bits
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
         step_scale = qk_scale
         if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
@@ -140,6 +158,8 @@ def _decode_split_kernel(
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
     o, lse = normalise_rows(acc, l_i, m_i)
+    if KV_FP8:  # true V = v8 * v_scale: o is a weighted mean of V's rows, so the factor applies once, here
+        o = o * tl.load(V_SCALE + pid_bh)
     row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
     tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=offs_g[:, None] < GROUP)
     tl.store(LSE_PART + row, lse, mask=offs_g < GROUP)
@@ -166,7 +186,7 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
              o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
+def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
@@ -177,8 +197,13 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape, "
             "(B, H_kv, N_max, D) or, with block_table, (num_blocks, H_kv, page_size, D)"
         )
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one")
+    kv_fp8 = FP8 in (k_cache.dtype, v_cache.dtype)
+    if kv_fp8 and k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}: an FP8 cache holds both K and V "
+                        "in float8_e4m3fn (quantize_kv_cache makes them)")
+    if not kv_fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one "
+                        "(or a float8_e4m3fn cache with k_scale and v_scale)")
     batch, h_q, head_dim = q.shape
     h_kv = k_cache.shape[1]
     if k_cache.shape[3] != head_dim:
@@ -209,10 +234,34 @@ def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table):
     check_dtype(q, "q")
     if k_cache.device != q.device or v_cache.device != q.device:
         raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")
+    _check_scales(q, k_cache, k_scale, v_scale)
+    if kv_fp8:
+        check_fp8_cache_device(k_cache, "k_cache")
+
+
+def _check_scales(q, k_cache, k_scale, v_scale):
+    """An FP8 cache needs both scales, (B, H_kv) float32 on q's device; a 16-bit cache takes none."""
+    batch, h_kv = q.shape[0], k_cache.shape[1]
+    if k_cache.dtype != FP8:
+        given = [name for name, s in (("k_scale", k_scale), ("v_scale", v_scale)) if s is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} given, but the cache is {k_cache.dtype}: scales belong to a "
+                             "float8_e4m3fn cache (quantize_kv_cache returns the cache and its scales)")
+        return
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(f"the cache is float8_e4m3fn but {name} is None: pass the ({batch}, {h_kv}) float32 "
+                             f"scales that quantize_kv_cache returned (true {name[0].upper()} = cache * {name})")
+        if not isinstance(s, torch.Tensor) or tuple(s.shape) != (batch, h_kv) or s.dtype != torch.float32:
+            got = f"{tuple(s.shape)} {s.dtype}" if isinstance(s, torch.Tensor) else type(s).__name__
+            raise ValueError(f"{name} is {got}: expected ({batch}, {h_kv}) float32, one scale per (sequence, KV "
+                             "head), as quantize_kv_cache returns it")
+        if s.device != q.device:
+            raise ValueError(f"{name} is on {s.device}, q on {q.device}: move it with {name}.to(q.device)")
 
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
-                 window=None, softcap=None, alibi_slopes=None,
+                 k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
     """Attention of one new query token per sequence over its KV cache, split along the cache length.
 
@@ -224,7 +273,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     Args:
         q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
             D one of 16, 32, 64, 80, 96, 128, 256.
-        k_cache, v_cache: q's dtype and device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
+        k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
+            capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
             be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
         cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size) or a
@@ -234,6 +284,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             read once per page, by tiles that never straddle a page edge.
         scale: the factor on q.k; None (default) means 1/sqrt(D).
         num_splits: pieces of the cache length; None (default) gives about one program per SM.
+        k_scale, v_scale: None (default, a 16-bit cache) or, for a float8_e4m3fn cache, (B, H_kv) float32: the
+            true K of sequence b, KV head h is ``k_cache * k_scale[b, h]`` (for a paged cache, on every page of
+            b's block-table row), V likewise; :func:`quantize_kv_cache` makes the cache and its scales. The
+            kernel reads one byte per element and widens it to q's dtype in registers (exact); k_scale joins
+            the score scale, v_scale multiplies the output.
         window: None (default) or (left, right), -1 = unbounded: the token, at position ``seqlen - 1``,
             sees only the last ``left + 1`` keys (``right`` reaches nothing: no key follows it); only those
             keys are read, the splits share out the window, not the cache.
@@ -253,8 +308,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         q = torch.randn(4, 16, 128, device="cuda", dtype=torch.float16)  # 8 query heads per K/V head
         lengths = torch.tensor([8192, 100, 5000, 1], device="cuda", dtype=torch.int32)
         o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
+        o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
     """
-    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table)
+    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
     window = check_window(window)
     softcap = check_softcap(softcap)
     alibi_slopes = check_alibi_slopes(alibi_slopes, q)
@@ -273,14 +330,15 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     o = torch.empty_like(q)
     if batch * h_q == 0:
         return o
-    return launch_fitting(("decode", props, block_d, q.dtype), candidates,
+    scales = None if k_scale is None else (k_scale.contiguous(), v_scale.contiguous())  # indexed b * H_kv + h
+    return launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype), candidates,
                           lambda cfg: _launch_decode(cfg, q, k_cache, v_cache, o, cache_seqlens, block_table, scale,
-                                                     num_splits, window_left, softcap, alibi_slopes, props),
+                                                     num_splits, window_left, softcap, alibi_slopes, props, scales),
                           f"flash_decode at head dim {head_dim}")
 
 
 def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seqlens, block_table, scale: float,
-                   num_splits, window_left, softcap, alibi_slopes, props: configs.DeviceProps):
+                   num_splits, window_left, softcap, alibi_slopes, props: configs.DeviceProps, scales):
     """The split kernel then the combine kernel under one launch configuration; returns o."""
     batch, h_q, head_dim = q.shape
     h_kv = k_cache.shape[1]
@@ -302,14 +360,16 @@ def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seql
     table = block_table if paged else q
     seqlens = cache_seqlens if cache_seqlens is not None else q
     slopes = alibi_slopes if alibi_slopes is not None else q
-    key = _launch_key(q, k_cache, v_cache, table, seqlens, slopes, scale, window_left, softcap, num_splits, split_len,
-                      cfg)
-    tensors = (q, k_cache, v_cache, table, seqlens, slopes, o_part, lse_part, o)
+    k_scale, v_scale = scales if scales is not None else (q, q)
+    key = _launch_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, scale, window_left, softcap,
+                      num_splits, split_len, cfg)
+    tensors = (q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, o_part, lse_part, o)
     if _LAUNCHES.run(key, tensors) and _LAUNCHES.run((key, "combine"), tensors):
         return o
     grid = (num_splits, batch * h_kv)
     split = dict(
-        Q=q, K=k_cache, V=v_cache, BLOCK_TABLE=table, SEQLENS=seqlens, O_PART=o_part, LSE_PART=lse_part,
+        Q=q, K=k_cache, V=v_cache, BLOCK_TABLE=table, SEQLENS=seqlens, K_SCALE=k_scale, V_SCALE=v_scale,
+        O_PART=o_part, LSE_PART=lse_part,
         qk_scale=scale * LOG2E,
         **strides(q, "q", axes="bhd"), **strides(k_cache, "k"), **strides(v_cache, "v"),
         stride_bt_b=table.stride(0) if paged else 0, stride_bt_p=table.stride(1) if paged else 0,
@@ -318,7 +378,8 @@ def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seql
         GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
         BLOCK_D=block_d, BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
         HAS_WINDOW=window_left is not None, HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=dot_precision(q.dtype), KV_FP8=scales is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     compiled = _decode_split_kernel[grid](**split)
     _LAUNCHES.remember(key, _decode_split_kernel, compiled, grid, split, _NAMES)
@@ -333,11 +394,116 @@ def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seql
 # Both launches of a call by layout and options, for calls that repeat a shape (launch.py says why). _NAMES are
 # the per-call tensors' argument names, in the order flash_decode passes them.
 _LAUNCHES = LaunchCache()
-_NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "O_PART", "LSE_PART", "OUT")
+_NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART",
+          "OUT")
 
 
-def _launch_key(q, k_cache, v_cache, table, seqlens, slopes, *options):
+def _launch_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, *options):
     """The cache key of a decode call (None on the interpreter): every tensor's layout and every option."""
     if q.device.type != "cuda":
         return None
-    return layout_key(q, k_cache, v_cache, table, seqlens, slopes), options
+    return layout_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale), options
+
+
+# ------------------------------------------------------------------------------------------ FP8 cache
+class Fp8KVCache(NamedTuple):
+    """A float8_e4m3fn KV cache and its (B, H_kv) float32 scales: ``k, v, k_scale, v_scale = quantize_kv_cache(...)``
+    unpacks it, ``flash_decode(q, x.k, x.v, k_scale=x.k_scale, v_scale=x.v_scale)`` reads it."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+
+
+def _amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448: the largest magnitude lands on e4m3's largest value; an all-zero slice takes 1 (any works)."""
+    return torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+
+
+def _to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (P, H, N, D) / scale (P, H), rounded to the nearest float8_e4m3fn (clamped: no value overflows to NaN)."""
+    return (x.float() / scale[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+
+
+def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Largest |x| per (sequence, KV head) over the pages its block-table row lists (B, H_kv), and per page
+    (num_pages, H_kv), made equal wherever a page is shared: a page has one scale, so every sequence that reads
+    it (a shared prompt prefix) must use the same one. Rows past a sequence's length on its last page count:
+    they are stored in the same bytes, so the scale must cover them."""
+    page_size = x.shape[2]
+    page_amax = x.float().abs().amax(dim=(2, 3))  # (num_pages, H_kv)
+    batch, max_blocks = block_table.shape
+    used = torch.full((batch,), max_blocks, device=x.device)
+    if cache_seqlens is not None:
+        used = ((cache_seqlens.long() + page_size - 1) // page_size).clamp(max=max_blocks)
+    rows, cols = (torch.arange(max_blocks, device=x.device)[None, :] < used[:, None]).nonzero(as_tuple=True)
+    pages = block_table[rows, cols].long()
+
+    def amax_into(dest, index, src):  # dest[index[i]] = max(dest[index[i]], src[i]) over every (i, KV head)
+        return dest.scatter_reduce(0, index[:, None].expand_as(src), src, "amax")
+
+    seq = amax_into(page_amax.new_zeros(batch, page_amax.shape[1]), rows, page_amax[pages])
+    page = page_amax
+    for _ in range(batch):  # spread maxima across shared pages, one hop a step, until every sharing group agrees
+        page = amax_into(page_amax, pages, seq[rows])
+        spread = amax_into(seq, rows, page[pages])
+        if torch.equal(spread, seq):
+            break
+        seq = spread
+    return seq, page
+
+
+def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None) -> Fp8KVCache:
+    """Quantise a KV cache to float8_e4m3fn with one scale per (sequence, KV head), for :func:`flash_decode`.
+
+    Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
+    largest and the rest keep 3 mantissa bits (a relative rounding error of at most 2^-4) down to 2^-6 of the
+    scale. Why this granularity: a decode kernel program reads one (sequence, KV head), so its two scales are two
+    scalar loads per program, folded into the score scale (K) and the output (V): nothing per key. Finer scales
+    (per page or per token) would follow outliers better, a token whose keys are 100x the rest no longer
+    flattening every other token of its head to a few levels, at the cost of a scale read per page or per row
+    inside the loop (and a scale column beside the block table). Coarser ones (per head or per tensor, what vLLM
+    uses with a scale calibrated offline) let a serving engine write new tokens without ever rescaling old ones:
+    an amax taken after the fact, as here, suits a cache quantised once after prefill; a growing cache whose new
+    token exceeds the amax must clamp it or requantise.
+
+    Args:
+        k_cache, v_cache: float16, bfloat16 or float32, one shape: (B, H_kv, N_max, D) contiguous, or
+            (num_blocks, H_kv, page_size, D) pages with ``block_table``.
+        block_table: None (contiguous) or (B, max_blocks) int32: sequence b's scale comes from the pages of its
+            row (the first ceil(cache_seqlens[b] / page_size) of them); a page listed by several sequences gives
+            them all one scale, the largest their pages need. Pages no sequence lists keep a scale of their own.
+        cache_seqlens: None (every listed page in use) or (B,) int32, as :func:`flash_decode` takes it.
+
+    Returns:
+        :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
+        (B, H_kv) float32 scales (true K = ``k * k_scale[b, h]``).
+
+    Example::
+
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)
+        o = flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale)  # half the bytes of a float16 cache
+    """
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point() or t.dtype == FP8:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} is {got}: expected a 4-dim float16, bfloat16 or float32 cache")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape")
+    if block_table is None:
+        quantised = [(_to_e4m3(x, s), s) for x in (k_cache, v_cache)
+                     for s in [_amax_scale(x.float().abs().amax(dim=(2, 3)))]]
+    else:
+        if block_table.dim() != 2 or block_table.dtype != torch.int32:
+            raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
+                             "expected (B, max_blocks) int32")
+        if cache_seqlens is not None and tuple(cache_seqlens.shape) != (block_table.shape[0],):
+            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
+                             f"({block_table.shape[0]},), one length per block-table row")
+        quantised = []
+        for x in (k_cache, v_cache):
+            seq, page = _sequence_amax(x, block_table, cache_seqlens)
+            quantised.append((_to_e4m3(x, _amax_scale(page)), _amax_scale(seq)))
+    (k8, k_scale), (v8, v_scale) = quantised
+    return Fp8KVCache(k8, v8, k_scale, v_scale)
