@@ -1,8 +1,9 @@
-"""Where the host time of a tiny call goes: cProfile over 2000 forward calls and 2000 decode calls on a GPU.
+"""Where the host time of a tiny call goes: cProfile over 2000 calls each of our forward, training step and decode.
 
-Run on a CUDA machine from a checkout: ``PYTHONPATH=src python scripts/profile_launch.py``. The inputs are the
+Run on a CUDA machine from a checkout: ``PYTHONPATH=src python scripts/profile_launch.py``. The calls are the
 launch-cost benchmark's (``python -m flashcourse.bench overhead``); the GPU is idle, so the calls are pure host
-time. Prints the functions that take the most time of their own.
+time. Prints the functions that take the most time of their own. Without a GPU, ``scripts/host_profile.py`` measures
+the Python part of the same calls with the launches stubbed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pstats
 
 import torch
 
-from flashcourse import kernels
+from flashcourse.bench import overhead
 
 CALLS = 2000
 
@@ -31,12 +32,11 @@ def profile(call, lines: int) -> None:
 
 
 def main() -> None:
-    x = torch.randn(1, 16, 128, 64, device="cuda", dtype=torch.float16)
-    q = torch.randn(1, 32, 128, device="cuda", dtype=torch.float16)
-    cache = torch.randn(1, 8, 128, 128, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        profile(lambda: kernels.flash_attention(x, x, x), lines=18)
-        profile(lambda: kernels.flash_decode(q, cache, cache), lines=12)
+    calls = overhead.providers()
+    for name, lines in (("flashcourse_forward", 18), ("flashcourse_train_step", 25), ("flashcourse_decode", 12)):
+        print(f"=== {name}")
+        with torch.set_grad_enabled(name in overhead.TRAINING):
+            profile(calls[name], lines=lines)
 
 
 if __name__ == "__main__":
