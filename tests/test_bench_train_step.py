@@ -136,3 +136,16 @@ def test_cli_writes_the_results_file(monkeypatch, tmp_path, command, module, nam
         assert meta["sdpa_call"] == "plain"
     else:
         assert [s.dtype for s in asked["shapes"]] == ["float16"] * 4
+
+
+@pytest.mark.parametrize("gpu_dtypes, measured", [
+    (["float16", "bfloat16"], ["bfloat16"] * 4 + ["float16"] * 4),
+    (["float16"], ["float16"] * 4),  # a GPU without bfloat16 tensor cores (a T4)
+])
+def test_train_step_measures_bfloat16_only_where_the_gpu_has_it(monkeypatch, tmp_path, gpu_dtypes, measured):
+    monkeypatch.setattr(cli, "_need_gpu", lambda: None)
+    monkeypatch.setattr(cli, "default_dtypes", lambda: gpu_dtypes)
+    asked = []
+    monkeypatch.setattr(train_step, "run", lambda shapes, **kwargs: asked.extend(shapes) or [])
+    cli.main(["train-step", "--out", str(tmp_path)])
+    assert [s.dtype for s in asked] == measured
