@@ -23,6 +23,7 @@ slowest and fastest (``ms_min``, ``ms_max``, ``bandwidth_tbs_min``, ``bandwidth_
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -304,56 +305,61 @@ def add_ratios(rows: list[dict]) -> None:
 
 TUNE_SPLITS = (16, 33, 66)
 TUNE_BLOCKS = (32, 64, 128)
-TUNE_WARPS_STAGES = ((4, 2), (4, 3), (4, 4), (8, 3))
+TUNE_WARPS_STAGES = ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3))  # 5 stages: the FP8 cache's first launch
 
 
-def tune(shapes=DECODE_SHAPES, page_sizes=PAGE_SIZES, log=print) -> list[dict]:
+def tune(shapes=DECODE_SHAPES, page_sizes=PAGE_SIZES, kv_dtypes=KV_DTYPES, log=print) -> list[dict]:
     """Sweep num_splits, block_n, warps and stages of our decode kernel on the contiguous cache and on the paged
-    one at each page size; rows with ``provider``, ``page_size`` (paged), the launch and TB/s (one timing each:
-    a sweep, not a result; confirm its winner with :func:`run`)."""
+    one at each page size, float16 and FP8; rows with ``provider``, ``page_size`` (paged), ``kv_dtype``, the
+    launch and TB/s (one timing each, one cache, no rotation: a sweep, not a result; confirm its winner with
+    :func:`run`)."""
     rows = []
     for batch, h_q, h_kv, d, n in shapes:
         q, k, v = make_cache(batch, h_q, h_kv, d, n)
-        kv_bytes = 2 * k.numel() * k.element_size()
-        for provider, page_size in [("flashcourse", None)] + [("flashcourse_paged", p) for p in page_sizes]:
-            layout = {"provider": provider, "kv_len": n} | ({"page_size": page_size} if page_size else {})
+        layouts = [("flashcourse", None)] + [("flashcourse_paged", p) for p in page_sizes]
+        for (provider, page_size), kv_dtype in itertools.product(layouts, kv_dtypes):
+            kv_bytes = 2 * k.numel() * (1 if kv_dtype == "float8_e4m3fn" else k.element_size())
+            layout = {"provider": provider, "kv_len": n, "kv_dtype": kv_dtype} | (
+                {"page_size": page_size} if page_size else {})
             best = None
             for splits in TUNE_SPLITS:
                 for block_n in TUNE_BLOCKS:
                     for warps, stages in TUNE_WARPS_STAGES:
                         kw = {"num_splits": splits, "block_n": block_n, "num_warps": warps, "num_stages": stages}
                         try:
-                            ms = graph_ms(provider_fn(provider, q, k, v, page_size=page_size or PAGE_SIZE, **kw),
-                                          rep=20)
+                            ms = graph_ms(provider_fn(provider, q, k, v, page_size=page_size or PAGE_SIZE,
+                                                      kv_dtype=kv_dtype, **kw), rep=20)
                         except Exception as err:  # noqa: BLE001 - a config that does not compile is a result
                             rows.append({**layout, **kw, "error": str(err)[:120]})
                             continue
                         tbs = kv_bytes / (ms * 1e-3) / 1e12
                         rows.append({**layout, **kw, "bandwidth_tbs": tbs})
                         best = max(best or (0, None), (tbs, kw), key=lambda t: t[0])
-            log(f"tune decode {provider} page {page_size} N={n}: best {best}")
+            log(f"tune decode {provider} page {page_size} {kv_dtype} N={n}: best {best}")
             torch.cuda.empty_cache()
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
     """Our decode beside SDPA: time, TB/s (with the repeats' range when recorded), share of the best bandwidth
-    of the run (ceilings included, so never above 100%), the paged rows' ratio to the contiguous cache, and our
-    ratios to SDPA flash and cuDNN. Reads older results too (no ``page_size``, no ranges)."""
+    of the run (ceilings included, so never above 100%), the paged rows' ratio to the contiguous cache, our
+    ratios to SDPA flash and cuDNN, and for the FP8 cache (``kv`` fp8) its speed-up over the float16 cache's.
+    Reads older results too (no ``page_size``, no ranges, no ``kv_dtype``)."""
     rows = [r for r in rows if "provider" in r]  # a tune file's rows have none
     best = max((r["bandwidth_tbs"] for r in rows if "bandwidth_tbs" in r), default=float("nan"))
-    lines = [f"{'provider':20}{'page':>5}{'KV len':>8}{'us':>8}  {'TB/s (min-max)':18}{'% best':>7}"
-             f"{'vs contig':>11}{'vs flash':>10}{'vs cudnn':>10}"]
+    lines = [f"{'provider':20}{'page':>5}{'kv':>5}{'KV len':>8}{'us':>8}  {'TB/s (min-max)':18}{'% best':>7}"
+             f"{'vs contig':>11}{'vs flash':>10}{'vs cudnn':>10}{'vs fp16 kv':>12}"]
     for r in rows:
         if "kv_len" not in r:
             continue
-        head = f"{r['provider']:20}{r.get('page_size', ''):>5}{r['kv_len']:>8}"
+        kv = "fp8" if r.get("kv_dtype") == "float8_e4m3fn" else "fp16"
+        head = f"{r['provider']:20}{r.get('page_size', ''):>5}{kv:>5}{r['kv_len']:>8}"
         if r.get("status") != "ok":
             lines.append(f"{head}   {r.get('status')}")
             continue
         ratios = "".join(f"{r[key]:{width}.2f}" if key in r else f"{'-':>{width}}"
                          for key, width in (("ratio_vs_contiguous", 11), ("ratio_vs_sdpa_flash", 10),
-                                            ("ratio_vs_sdpa_cudnn", 10)))
+                                            ("ratio_vs_sdpa_cudnn", 10), ("speedup_vs_fp16_cache", 12)))
         lines.append(f"{head}{r['ms'] * 1e3:8.1f}  {format_spread(r, 'bandwidth_tbs', '.2f'):18}"
                      f"{100 * r['bandwidth_tbs'] / best:6.0f}%{ratios}")
     return "\n".join(lines)
