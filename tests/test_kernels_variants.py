@@ -228,8 +228,7 @@ def test_block_mask_never_loads_empty_tiles(rng):
 
 def test_block_mask_kinds():
     """The tile classifier: stripes give whole empty and whole full tiles, the causal diagonal partial ones."""
-    q = torch.zeros(1, 2, 64, 16, device=DEVICE)
-    kinds = blockmask.tile_kinds(rules.Rules(causal="top_left", mask_mod=stripes), q, q, 16, 16)
+    kinds = blockmask.tile_kinds(rules.Rules(causal="top_left", mask_mod=stripes), 1, 2, 64, 64, 16, 16, DEVICE)
     assert kinds.shape == (1, 2, 4, 4)
     head0 = kinds[0, 0].cpu().numpy()
     # key tiles 0 and 2 are visible on head 0; below the diagonal full, on it partial, above it empty
@@ -243,8 +242,7 @@ def test_block_mask_kinds():
 
 def test_documents_classify_cross_document_tiles_empty():
     ids = docs(1, 64, [16, 32, 16])
-    q = torch.zeros(1, 1, 64, 16, device=DEVICE)
-    kinds = blockmask.tile_kinds(rules.Rules(document_ids=ids), q, q, 16, 16)[0, 0].cpu().numpy()
+    kinds = blockmask.tile_kinds(rules.Rules(document_ids=ids), 1, 1, 64, 64, 16, 16, DEVICE)[0, 0].cpu().numpy()
     expected = np.array([[2, 0, 0, 0], [0, 2, 2, 0], [0, 2, 2, 0], [0, 0, 0, 2]])
     np.testing.assert_array_equal(kinds, expected)
 

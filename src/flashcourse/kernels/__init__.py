@@ -9,16 +9,19 @@ strides; D in 16, 32, 64, 80, 96, 128, 256)::
     flash_attention_forward(q8, k8, v8, *, q_descale=None, k_descale=None, v_descale=None,
                             out_dtype=torch.bfloat16, causal=False, scale=None) -> (o, lse)  # FP8, sm_90+
     flash_attention_backward(q, k, v, o, lse, do, *, <same options>) -> (dq, dk, dv)
+    create_block_mask(mask_mod, B, H, N_q, N_kv, *, document_ids=None, causal=False, window=None, head_dim,
+                      dtype=torch.float16, device=None) -> BlockMask   # pass as block_mask=, reuse every step
     flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
                  num_splits=None, window=None, softcap=None, alibi_slopes=None) -> o  # q (B, H_q, D)
 
 The options (``rules.py`` says exactly what each means): ``causal`` False | True (= "top_left") | "top_left" |
 "bottom_right"; ``window=(left, right)``, -1 unbounded; ``softcap``; ``alibi_slopes`` (H_q,) float32;
 ``document_ids`` (B, N) integer; ``mask_mod`` a ``@triton.jit`` (b, h, q_idx, kv_idx) -> bool. All combine by
-AND. Every numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the teaching
-versions v1-v6 and b1, b2, b4, b5 know only plain and top-left causal attention and refuse the rest by name. The
-version history with measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's
-interpreter on CPU tensors.
+AND. Documents and ``mask_mod`` need a block mask (which tiles are empty, partial or full): each call builds its
+own, or ``create_block_mask`` builds one ahead for every call of those shapes. Every numbered version stays
+runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the teaching versions v1-v6 and b1, b2, b4, b5 know only
+plain and top-left causal attention and refuse the rest by name. The version history with measurements is
+``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
 """
 
 from flashcourse import device as _device
@@ -32,19 +35,22 @@ if _device.setup() == "cpu":
 
 import torch  # noqa: E402
 
-from . import configs, fp8, ops  # noqa: E402
-from ._checks import check_qkv, check_saved  # noqa: E402
+from . import backward, configs, forward, fp8, ops  # noqa: E402
+from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
+from .blockmask import BlockMask  # noqa: E402
 from .decode import flash_decode  # noqa: E402
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402
-from .rules import Rules, parse_rules  # noqa: E402
+from .rules import Rules, parse_mask_rules, parse_rules  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
+    "BlockMask",
     "DEFAULT_BACKWARD",
     "DEFAULT_FORWARD",
     "FORWARD_VERSIONS",
     "configs",
+    "create_block_mask",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
@@ -75,9 +81,111 @@ def _backward_version(version: str | None, q=None, k=None, rules: Rules | None =
     return BACKWARD_VERSIONS[name]
 
 
+def _planned_tiles(props: configs.DeviceProps, head_dim: int, elem_bytes: int, rules: Rules) -> dict:
+    """The tiles of the launches the default kernels choose first for a call (v7, and b3's two kernels): what
+    a block mask must hold for that call."""
+    block_d = padded_head_dim(head_dim)
+    fwd = forward.launch_candidates(FORWARD_VERSIONS[DEFAULT_FORWARD], props, block_d, elem_bytes, rules)[0]
+    dkdv, dq = (candidates[0] for candidates in backward.launch_candidates(props, block_d, elem_bytes, rules))
+    return {"forward": (fwd.block_m, fwd.block_n, False), "dK/dV": (dkdv.block_m, dkdv.block_n, True),
+            "dQ": (dq.block_m, dq.block_n, False)}
+
+
+def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: int, *, document_ids=None,
+                      causal=False, window=None, head_dim: int, dtype: torch.dtype = torch.float16,
+                      device=None) -> BlockMask:
+    """Classify every (query tile, key tile) pair of a mask rule once, for every call of these shapes.
+
+    FlexAttention's ``create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)`` for our rules: pass the result as
+    ``flash_attention(q, k, v, block_mask=bm)`` (or to ``flash_attention_forward`` / ``_backward``), and the
+    forward, the backward and every later training step read its tile lists instead of rebuilding them (each
+    call without one classifies its tiles anew, the backward twice: dK/dV by key tile, dQ by query tile). The
+    call takes its mask options from the block mask; it may repeat them, but the same. Build a new one when the
+    shapes or the rule change.
+
+    Args:
+        mask_mod: None or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``, as for
+            :func:`flash_attention`.
+        B: the batch size, or None for a mask that is the same on every batch row (``mask_mod`` is then
+            classified at b = 0); with ``document_ids``, None means their batch.
+        H: the number of query heads, or None for a mask that is the same on every head (classified at h = 0).
+            Only a ``mask_mod`` sees the head: without one, the lists are shared by every head either way.
+        N_q, N_kv: the numbers of queries and keys.
+        document_ids: None or a (B, N) int32/int64 tensor on ``device``, N = N_q = N_kv, as for
+            :func:`flash_attention`.
+        causal, window: as for :func:`flash_attention`; they narrow the tiles too. A block mask needs
+            ``document_ids`` or ``mask_mod`` (causal and window alone are classified inside the kernels).
+        head_dim: D of the calls. With ``dtype`` it decides the launches' tiles (``configs``): the block mask
+            holds the lists at the tile sizes of the forward, dK/dV and dQ launches chosen for this device.
+        dtype: torch.float16 (default), torch.bfloat16 or torch.float32, the calls' dtype (fp16 and bf16 share
+            their tiles).
+        device: where the calls run; None (default) means document_ids' device, else the GPU, or the CPU (the
+            interpreter) on a machine without one.
+
+    Returns:
+        A :class:`BlockMask` (a frozen dataclass). Its repr shows the shape, the rules and, per tile size, how
+        many tiles are full, partial and empty (``sparsity``: the share of empty tiles, never loaded). A launch
+        that steps down to smaller tiles on a GPU outside ``configs.KNOWN_DEVICES`` adds its size on first use.
+
+    A call with other shapes (B, H, N_q, N_kv, where not None), another device, other mask options, or a head
+    dim and dtype whose launches use other tiles raises a ValueError that names the difference. Under
+    ``torch.compile`` a call with ``block_mask`` runs eagerly, a graph break (a Python object fits no op
+    schema), so ``fullgraph=True`` raises for it.
+
+    Example::
+
+        @triton.jit
+        def prefix_lm(b, h, q_idx, kv_idx):  # the first 256 positions see each other, the rest are causal
+            return (kv_idx <= q_idx) | (kv_idx < 256)
+
+        bm = create_block_mask(prefix_lm, None, None, 4096, 4096, head_dim=128, device="cuda")
+        print(bm)  # tile sizes, full / partial / empty tiles, sparsity
+        for step in range(steps):
+            o = flash_attention(q, k, v, block_mask=bm)  # q (B, H, 4096, 128) float16; no tiles reclassified
+            o.sum().backward()
+    """
+    for name, value in (("B", B), ("H", H), ("N_q", N_q), ("N_kv", N_kv)):
+        if (value is not None or name.startswith("N")) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} is {value!r}: expected an int >= 1"
+                             + (" or None (the same mask for every one)" if name in ("B", "H") else ""))
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"dtype is {dtype}: expected torch.float16, torch.bfloat16 or torch.float32")
+    check_head_dim(head_dim)
+    if device is None:
+        device = document_ids.device if isinstance(document_ids, torch.Tensor) else _device.setup()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" must compare equal to q.device
+        device = torch.device("cuda", torch.cuda.current_device())
+    rules = parse_mask_rules(B, N_q, N_kv, device, causal=causal, window=window, document_ids=document_ids,
+                             mask_mod=mask_mod)
+    batch = rules.document_ids.shape[0] if rules.document_ids is not None else B
+    planned = _planned_tiles(configs.device_props(device), head_dim, dtype.itemsize, rules)
+    return BlockMask(rules=rules, batch=batch, heads=H, n_q=N_q, n_kv=N_kv, device=device, head_dim=head_dim,
+                     dtype=dtype, planned=planned)
+
+
+def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask is a {type(block_mask).__module__}.{type(block_mask).__name__}: expected a "
+                        "flashcourse.kernels.BlockMask from kernels.create_block_mask(...) (FlexAttention's "
+                        "BlockMask holds other tiles)")
+    options = block_mask.call_options(causal=causal, window=window, document_ids=document_ids, mask_mod=mask_mod)
+    return options["causal"], options["window"], options["document_ids"], options["mask_mod"]
+
+
+def _check_block_mask(block_mask: BlockMask | None, q, k) -> None:
+    """Before the call's rules are parsed, so that a block mask of other shapes is named as the cause."""
+    if block_mask is not None:
+        props = configs.device_props(q.device)  # the block mask's rules are the call's mask rules: same tiles
+        block_mask.check_call(q, k, _planned_tiles(props, q.shape[3], q.element_size(), block_mask.rules))
+
+
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
-                            alibi_slopes=None, document_ids=None, mask_mod=None, version: str | None = None,
-                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
+                            alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
+                            version: str | None = None, q_descale=None, k_descale=None, v_descale=None,
+                            out_dtype=torch.bfloat16):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
@@ -101,6 +209,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
             when both carry the same id (several sequences packed into one row).
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
+        block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: its
+            tile lists are read instead of rebuilt, and the call takes causal, window, document_ids and mask_mod
+            from it (given again, they must be the same). A mismatch raises a ValueError saying what differs.
         version: a numbered forward kernel, "v1" ... "v7" (``FORWARD_VERSIONS``); None (default) is
             ``DEFAULT_FORWARD``, the one that supports every option. v1-v6 know only plain and top-left causal
             attention and refuse the other options by name.
@@ -133,6 +244,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
@@ -142,13 +256,14 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
                          f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
     check_qkv(q, k, v)
+    _check_block_mask(block_mask, q, k)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)
-    return run_forward(_forward_version(version), q, k, v, rules=rules, scale=scale)
+    return run_forward(_forward_version(version), q, k, v, rules=rules, scale=scale, block_mask=block_mask)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
-                             softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None,
+                             softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                              version: str | None = None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
@@ -163,6 +278,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: the forward's options, with the
             same meanings and defaults (see :func:`flash_attention_forward`); they must be the forward's, or
             the gradients belong to another attention.
+        block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
+            and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
             option), or b1 (faster) when the call needs none of b3's options.
 
@@ -175,34 +292,40 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
     check_qkv(q, k, v)
     check_saved(q, o, lse, do)
+    _check_block_mask(block_mask, q, k)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)
-    return run_backward(_backward_version(version, q, k, rules), q, k, v, o, lse, do, rules=rules, scale=scale)
+    return run_backward(_backward_version(version, q, k, rules), q, k, v, o, lse, do, rules=rules, scale=scale,
+                        block_mask=block_mask)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, o, lse) in the forward; the backward recomputes P from them (no N x N matrix)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rules: Rules, scale, forward_version, backward_version):
-        o, lse = run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale)
+    def forward(ctx, q, k, v, rules: Rules, scale, forward_version, backward_version, block_mask):
+        o, lse = run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale,
+                             block_mask=block_mask)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.rules, ctx.scale, ctx.backward_version = rules, scale, backward_version
+        ctx.rules, ctx.scale, ctx.backward_version, ctx.block_mask = rules, scale, backward_version, block_mask
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = run_backward(_backward_version(ctx.backward_version, q, k, ctx.rules), q, k, v, o, lse, do,
-                                  rules=ctx.rules, scale=ctx.scale)
-        return dq, dk, dv, None, None, None, None
+                                  rules=ctx.rules, scale=ctx.scale, block_mask=ctx.block_mask)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
-                    alibi_slopes=None, document_ids=None, mask_mod=None, forward_version: str | None = None,
-                    backward_version: str | None = None):
+                    alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
+                    forward_version: str | None = None, backward_version: str | None = None):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -230,6 +353,11 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
             when both carry the same id (several sequences packed into one row).
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
+        block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: the
+            forward and the backward read its tile lists instead of rebuilding them (build it once, pass it at
+            every step). The call takes causal, window, document_ids and mask_mod from it (given again, they
+            must be the same); a mismatch of shapes, rules, device or tiles raises a ValueError saying what
+            differs.
 
     The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
     query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
@@ -243,9 +371,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     attention and refuse the other options by name.
 
     Under ``torch.compile``: the call is a ``torch.library`` op (``flashcourse::attention_forward`` and its
-    backward), so ``torch.compile(model, fullgraph=True)`` keeps it in the graph with every option but one:
-    ``mask_mod``, a ``@triton.jit`` function no op can take, makes the call run eagerly, a graph break
-    (``fullgraph=True`` then raises; compile without it). Eager calls do not go through the op.
+    backward), so ``torch.compile(model, fullgraph=True)`` keeps it in the graph with every option but two:
+    ``mask_mod``, a ``@triton.jit`` function, and ``block_mask``, a Python object, fit no op schema, so such a
+    call runs eagerly, a graph break (``fullgraph=True`` then raises; compile without it). Eager calls do not go
+    through the op.
 
     Returns:
         o: (B, H_q, N_q, D), q's dtype and device.
@@ -257,6 +386,9 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0))  # causal, 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
     if _is_compiling():
         # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
         # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
@@ -264,26 +396,28 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         # call that returns a flag (about 0.1 us).
         return _flash_attention_compiling(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                                          forward_version=forward_version, backward_version=backward_version)
+                                          block_mask=block_mask, forward_version=forward_version,
+                                          backward_version=backward_version)
     check_qkv(q, k, v)
+    _check_block_mask(block_mask, q, k)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids, mask_mod=mask_mod)
-    forward = _forward_version(forward_version)
+    version = _forward_version(forward_version)
     _backward_version(backward_version)
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return run_forward(forward, q, k, v, rules=rules, scale=scale)[0]  # inference: skip autograd's cost
-    return FlashAttentionFunction.apply(q, k, v, rules, scale, forward_version, backward_version)
+        return run_forward(version, q, k, v, rules=rules, scale=scale, block_mask=block_mask)[0]  # skip autograd
+    return FlashAttentionFunction.apply(q, k, v, rules, scale, forward_version, backward_version, block_mask)
 
 
 def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod,
-                               forward_version, backward_version):
+                               block_mask, forward_version, backward_version):
     """``flash_attention`` as torch.compile traces it: the same checks (check_qkv inside the op's fake
     implementation), then the ``torch.library`` op of ops.py."""
-    if mask_mod is not None:  # a @triton.jit function fits no op schema: this call leaves the graph
+    if mask_mod is not None or block_mask is not None:  # a @triton.jit function or a BlockMask fits no op schema
         return _flash_attention_outside_graph(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                                               alibi_slopes=alibi_slopes, document_ids=document_ids,
-                                              mask_mod=mask_mod, forward_version=forward_version,
-                                              backward_version=backward_version)
+                                              mask_mod=mask_mod, block_mask=block_mask,
+                                              forward_version=forward_version, backward_version=backward_version)
     # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids)
@@ -294,5 +428,5 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
 
 @torch.compiler.disable
 def _flash_attention_outside_graph(q, k, v, **options):
-    """Runs eagerly (a graph break): the path of a ``mask_mod`` call under torch.compile."""
+    """Runs eagerly (a graph break): the path of a ``mask_mod`` or ``block_mask`` call under torch.compile."""
     return flash_attention(q, k, v, **options)

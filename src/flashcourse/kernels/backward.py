@@ -59,9 +59,9 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     o = load_tile(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od,
-                   offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                   offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
-                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
 
@@ -141,9 +141,9 @@ def _bwd_dkdv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                   offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D), stays resident
+                   offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_N, BLOCK_D), stays resident
     v = load_tile(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                   offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
+                   offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     q_base = Q + b * stride_qb + h * stride_qh
@@ -236,9 +236,9 @@ def _bwd_dq_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                   offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+                   offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_M, BLOCK_D)
     do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
-                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                    + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     row_ok = offs_m < N_Q
     lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_IN_KERNEL
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
@@ -319,7 +319,7 @@ def _bwd_dkdv_b3_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H_KV, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -333,9 +333,9 @@ def _bwd_dkdv_b3_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = load_tile(K + b * stride_kb + h_kv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_N, BLOCK_D), stays resident
+                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_N, BLOCK_D), stays resident
     v = load_tile(V + b * stride_vb + h_kv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, True)
+                  offs_n, N_KV, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     doc_ids = DOC_IDS + b * stride_doc_b
@@ -357,7 +357,7 @@ def _bwd_dkdv_b3_kernel(
         if HAS_ALIBI:
             slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
         if BLOCK_SPARSE:  # the block mask lists this key tile's full and partial query tiles
-            row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_n
+            row = ((b % B_MASK) * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_n  # B_MASK, H_MASK: 1 = broadcast
             for i in range(0, tl.load(FULL_COUNTS + row)):
                 start_m = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
                 dk, dv = _dkdv_tile_b3(
@@ -460,7 +460,7 @@ def _bwd_dq_b3_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -474,9 +474,9 @@ def _bwd_dq_b3_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_tile(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                  offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)  # (BLOCK_M, BLOCK_D)
+                  offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_M, BLOCK_D)
     do = load_tile(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_don
-                   + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+                   + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     row_ok = offs_m < N_Q
     lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * LOG2E_IN_KERNEL
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
@@ -489,7 +489,7 @@ def _bwd_dq_b3_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     if BLOCK_SPARSE:
-        row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
+        row = ((b % B_MASK) * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             dq = _dq_tile_b3(
@@ -602,11 +602,19 @@ def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.Kernel
         )
 
 
+def launch_candidates(props: configs.DeviceProps, block_d: int, elem_bytes: int, rules: Rules
+                      ) -> tuple[tuple[configs.KernelConfig, ...], tuple[configs.KernelConfig, ...]]:
+    """(dK/dV, dQ) launches for these rules, best first (``create_block_mask`` plans its tiles here)."""
+    masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
+    return configs.backward_candidates(props, block_d, elem_bytes, causal=masked)
+
+
 def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False, scale: float | None,
                  configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None,
-                 rules: Rules | None = None):
+                 rules: Rules | None = None, block_mask: blockmask.BlockMask | None = None):
     """dq, dk, dv from the forward's saved (o, lse), tensors like q, k, v. ``rules`` (from
-    ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's."""
+    ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's. ``block_mask``
+    (checked against the call) gives b3 its tile lists instead of building them."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -616,11 +624,10 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
     if configs_override is not None:
         dkdv_candidates, dq_candidates = ((configs_override[0],), (configs_override[1],))
     else:
-        dkdv_candidates, dq_candidates = configs.backward_candidates(props, block_d, q.element_size(), causal=masked)
+        dkdv_candidates, dq_candidates = launch_candidates(props, block_d, q.element_size(), rules)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:
@@ -636,14 +643,15 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     )
-    key = (props, block_d, q.dtype, masked)
+    key = (props, block_d, q.dtype, dkdv_candidates, dq_candidates)
     what = f"backward {version.name} at head dim {head_dim}"
     if version.takes_rules:
         shared = _b3_shared_args(q, k, v, do, lse, delta, rules, scale, block_d)
         launch_fitting(("dkdv b3", *key), dkdv_candidates,
-                       lambda cfg: _launch_b3_dkdv(cfg, q, k, dk, dv, rules, shared), f"{what}, dK/dV kernel")
+                       lambda cfg: _launch_b3_dkdv(cfg, q, k, dk, dv, rules, block_mask, shared),
+                       f"{what}, dK/dV kernel")
         launch_fitting(("dq b3", *key), dq_candidates,
-                       lambda cfg: _launch_b3_dq(cfg, q, k, dq_acc, rules, shared), f"{what}, dQ kernel")
+                       lambda cfg: _launch_b3_dq(cfg, q, k, dq_acc, rules, block_mask, shared), f"{what}, dQ kernel")
         return dq_acc, dk, dv
     dq_mode = version.dq_mode
     if dq_mode == DQ_TMA.value:  # needs Hopper's TMA; the interpreter (Triton 3.9) has no reduce-add either
@@ -682,14 +690,6 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     return dq_acc, dk, dv
 
 
-def _block_lists(rules: Rules, q, k, cfg: configs.KernelConfig, *, by_key: bool) -> dict:
-    """The block mask's tile lists at this kernel's tile size: per query tile (dQ) or per key tile (dK/dV)."""
-    if not rules.needs_block_mask:
-        return blockmask.no_tile_lists(q)
-    kinds = blockmask.tile_kinds(rules, q, k, cfg.block_m, cfg.block_n)
-    return blockmask.tile_lists(kinds.transpose(-1, -2) if by_key else kinds).kernel_args()
-
-
 def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d: int) -> dict:
     """The arguments both b3 kernels take: inputs, softmax statistics, the rule, the head dim."""
     return dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
@@ -698,20 +698,21 @@ def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d
                 HEAD_DIM=q.shape[3], BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
 
 
-def _launch_b3_dkdv(cfg: configs.KernelConfig, q, k, dk, dv, rules: Rules, shared: dict) -> None:
+def _launch_b3_dkdv(cfg: configs.KernelConfig, q, k, dk, dv, rules: Rules, block_mask, shared: dict) -> None:
     """b3's dK/dV: one program per (key tile, K/V head), over the group's query heads (no atomics)."""
     batch, h_kv, n_kv = k.shape[0], k.shape[1], k.shape[2]
     _bwd_dkdv_b3_kernel[(triton.cdiv(n_kv, cfg.block_n), batch * h_kv)](
         DK=dk, DV=dv, **strides(dk, "dk"), **strides(dv, "dv"), H_KV=h_kv, **shared,
-        **_block_lists(rules, q, k, cfg, by_key=True),
+        **blockmask.call_lists(rules, block_mask, q, k, cfg.block_m, cfg.block_n, by_key=True),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def _launch_b3_dq(cfg: configs.KernelConfig, q, k, dq, rules: Rules, shared: dict) -> None:
+def _launch_b3_dq(cfg: configs.KernelConfig, q, k, dq, rules: Rules, block_mask, shared: dict) -> None:
     """b3's dQ: one program per (query tile, query head)."""
     batch, heads, n_q = q.shape[0], q.shape[1], q.shape[2]
     _bwd_dq_b3_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
-        DQ=dq, **strides(dq, "dq"), H=heads, **shared, **_block_lists(rules, q, k, cfg, by_key=False),
+        DQ=dq, **strides(dq, "dq"), H=heads, **shared,
+        **blockmask.call_lists(rules, block_mask, q, k, cfg.block_m, cfg.block_n, by_key=False),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -407,7 +407,7 @@ def _fwd_v7_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     H, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
     USE_DESC: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -444,7 +444,7 @@ def _fwd_v7_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if BLOCK_SPARSE:  # documents / mask_mod: the block mask lists this query tile's full and partial key tiles
-        row = (b * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m
+        row = ((b % B_MASK) * H_MASK + h % H_MASK) * tl.num_programs(0) + pid_m  # B_MASK, H_MASK: 1 = broadcast
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             acc, l_i, m_i = _attend_tile_v7(
@@ -546,10 +546,23 @@ def check_forward_launch(version: ForwardVersion, config: configs.KernelConfig, 
         )
 
 
+def launch_candidates(version: ForwardVersion, props: configs.DeviceProps, block_d: int, elem_bytes: int,
+                      rules: Rules) -> tuple[configs.KernelConfig, ...]:
+    """The launches a version takes for these rules, best first (``create_block_mask`` plans its tiles here)."""
+    if not version.tuned_launch:
+        return configs.baseline_forward_candidates(props, block_d, elem_bytes)
+    # Where many tiles are partly masked, small tiles waste less (v3-v6 under causal); v7 skips and classifies
+    # tiles from the rule bounds, so only a window keeps the small tiles (docs/KERNELS.md, the 2026-11-30 sweeps).
+    masked = rules.window is not None if version.takes_rules else rules.causal is not None
+    return configs.forward_candidates(props, block_d, elem_bytes, causal=masked)
+
+
 def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float | None,
-                config: configs.KernelConfig | None = None, rules: Rules | None = None):
+                config: configs.KernelConfig | None = None, rules: Rules | None = None,
+                block_mask: blockmask.BlockMask | None = None):
     """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch;
-    ``rules`` (from ``rules.parse_rules``), when given, replaces ``causal``."""
+    ``rules`` (from ``rules.parse_rules``), when given, replaces ``causal``; ``block_mask`` (checked against the
+    call) gives v7 its tile lists instead of building them."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -567,15 +580,8 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
-    # Where many tiles are partly masked, small tiles waste less (v3-v6 under causal); v7 skips and classifies
-    # tiles from the rule bounds, so only a window keeps the small tiles (docs/KERNELS.md, the 2026-11-30 sweeps).
-    masked = rules.window is not None if version.takes_rules else rules.causal is not None
-    if config is not None:
-        candidates = (config,)
-    elif version.tuned_launch:
-        candidates = configs.forward_candidates(props, block_d, q.element_size(), causal=masked)
-    else:
-        candidates = configs.baseline_forward_candidates(props, block_d, q.element_size())
+    candidates = (config,) if config is not None else launch_candidates(version, props, block_d, q.element_size(),
+                                                                         rules)
     use_descriptors = version.needs_descriptors and descriptors_usable(props, q, k, v)
     if use_descriptors:
         triton.set_allocator(tma_scratch(q.device))
@@ -590,8 +596,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
         )
         grid = (triton.cdiv(n_q, config.block_m), batch * heads)
         if version.takes_rules:
-            lists = (blockmask.tile_lists(blockmask.tile_kinds(rules, q, k, config.block_m, config.block_n))
-                     .kernel_args() if rules.needs_block_mask else blockmask.no_tile_lists(q))
+            lists = blockmask.call_lists(rules, block_mask, q, k, config.block_m, config.block_n, by_key=False)
             kernel = version.kernel
             launch.update(LSE=lse, qk_scale=scale * LOG2E, H=heads, GROUP=heads // k.shape[1],
                           **blockmask.rule_args(rules, q, k), **lists, USE_DESC=use_descriptors)
@@ -602,7 +607,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
         compiled = kernel[grid](**launch)
         _LAUNCHES.remember(key, kernel, compiled, grid, launch, ("Q", "K", "V", "O", "LSE"))
 
-    launch_fitting(("forward", version.name, props, block_d, q.dtype, masked), candidates, launch_with,
+    launch_fitting(("forward", version.name, props, block_d, q.dtype, candidates), candidates, launch_with,
                    f"forward {version.name} at head dim {head_dim}")
     return o, lse
 

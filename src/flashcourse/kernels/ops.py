@@ -7,8 +7,8 @@ and document ids included, is saved with ``save_for_backward``; the rest of the 
 strings. ``kernels.flash_attention`` routes here only while compiling: eager calls keep
 ``FlashAttentionFunction`` (the comment in ``flash_attention`` says why).
 
-A ``mask_mod`` is a ``@triton.jit`` function, which an op's schema cannot carry: ``flash_attention`` runs such a
-call eagerly, outside the graph (a graph break).
+A ``mask_mod`` is a ``@triton.jit`` function and a ``block_mask`` a Python object holding tile lists, which an op's
+schema cannot carry: ``flash_attention`` runs such a call eagerly, outside the graph (a graph break).
 """
 
 # No `from __future__ import annotations`, and Optional rather than `X | None`: torch.library reads the op's schema

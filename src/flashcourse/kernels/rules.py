@@ -49,7 +49,8 @@ class Rules:
 
     @property
     def needs_block_mask(self) -> bool:
-        """Documents and mask_mod can only be classified per tile by looking at the tile."""
+        """Documents and mask_mod can only be classified per tile by looking at the tile (``blockmask.py``,
+        per call or once ahead with ``kernels.create_block_mask``)."""
         return self.document_ids is not None or self.mask_mod is not None
 
     @property
@@ -94,7 +95,8 @@ DENSE = Rules()
 TOP_LEFT_CAUSAL = Rules(causal="top_left")
 
 
-def _causal(causal) -> str | None:
+def causal_alignment(causal) -> str | None:
+    """``causal`` as None, "top_left" or "bottom_right" (True is "top_left"); other values raise."""
     if causal is False or causal is None:
         return None
     if causal is True or causal == "top_left":
@@ -151,21 +153,23 @@ def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
     return slopes.contiguous()
 
 
-def _document_ids(ids, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.device) -> torch.Tensor | None:
+    """``batch`` None (a block mask for any batch): the ids' own batch."""
     if ids is None:
         return None
-    batch, n_q, n_kv = q.shape[0], q.shape[2], k.shape[2]
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"document_ids is a {type(ids).__name__}: expected a torch.Tensor of shape (B, N) "
                         "with an integer document id per position")
     if n_q != n_kv:
         raise ValueError(f"document_ids needs as many queries as keys, but N_q = {n_q} and N_k = {n_kv}: "
                          "packed documents share one position axis")
+    batch = ids.shape[0] if batch is None and ids.dim() == 2 else batch
     if tuple(ids.shape) != (batch, n_q) or ids.dtype not in (torch.int32, torch.int64, torch.int16):
         raise ValueError(f"document_ids has shape {tuple(ids.shape)} and dtype {ids.dtype}: expected "
                          f"({batch}, {n_q}) int32 or int64, one document id per position")
-    if ids.device != q.device:
-        raise ValueError(f"document_ids is on {ids.device}, q on {q.device}: move it with .to(q.device)")
+    if ids.device != device:
+        raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
+                         f".to({str(device)!r})")
     return ids.to(torch.int32).contiguous()
 
 
@@ -187,14 +191,28 @@ def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, 
             return DENSE
         if causal is True:
             return TOP_LEFT_CAUSAL
-    return Rules(causal=_causal(causal), window=check_window(window), softcap=check_softcap(softcap),
-                 alibi_slopes=check_alibi_slopes(alibi_slopes, q), document_ids=_document_ids(document_ids, q, k),
+    return Rules(causal=causal_alignment(causal), window=check_window(window), softcap=check_softcap(softcap),
+                 alibi_slopes=check_alibi_slopes(alibi_slopes, q),
+                 document_ids=_document_ids(document_ids, q.shape[0], q.shape[2], k.shape[2], q.device),
                  mask_mod=_mask_mod(mask_mod))
+
+
+def parse_mask_rules(batch: int | None, n_q: int, n_kv: int, device: torch.device, *, causal=False, window=None,
+                     document_ids=None, mask_mod=None) -> Rules:
+    """The mask options of a block mask for (batch, n_q, n_kv) on ``device``, checked as :func:`parse_rules`
+    checks a call's; they must include a rule that needs one (documents or mask_mod)."""
+    rules = Rules(causal=causal_alignment(causal), window=check_window(window),
+                  document_ids=_document_ids(document_ids, batch, n_q, n_kv, device), mask_mod=_mask_mod(mask_mod))
+    if not rules.needs_block_mask:
+        raise ValueError("a block mask is for document_ids and mask_mod, and neither was given: causal and window "
+                         "alone are classified from their bounds inside the kernels, so call flash_attention(..., "
+                         "causal=..., window=...) without one")
+    return rules
 
 
 def causal_rules(causal) -> Rules:
     """The rules of a call that gives only ``causal`` (how the numbered versions are launched)."""
-    alignment = _causal(causal)
+    alignment = causal_alignment(causal)
     if alignment is None:
         return DENSE
     return TOP_LEFT_CAUSAL if alignment == "top_left" else Rules(causal=alignment)
