@@ -75,6 +75,7 @@ def test_providers_per_variant():
     assert variants.providers_for(by_name["softcap 30, causal"]) == ["flashcourse", "flex"]
     assert "flashcourse_expanded_kv" in variants.providers_for(by_name["GQA 32/8, causal"])
     assert "sdpa_flash" in variants.providers_for(by_name["GQA 32/8, causal"])
+    assert variants.providers_for(by_name["8 documents, causal"]) == ["flashcourse", "flashcourse_block_mask", "flex"]
 
 
 def row(variant, provider, mode, tflops, dtype="float16", window_left=None, n=16384, status="ok"):
@@ -92,6 +93,17 @@ def test_ratios_and_window_against_our_causal():
     assert "ratio_vs_flex" not in rows[2], "a failed provider gives no ratio"
     table = variants.format_table(rows)
     assert "error" in table and "1.25" in table and "0.85" in table
+
+
+def test_per_call_and_prebuilt_block_mask_rows_get_ratios_to_flex_and_to_each_other():
+    rows = [row("docs", "flashcourse", "bwd", 240.0), row("docs", "flashcourse_block_mask", "bwd", 300.0),
+            row("docs", "flex", "bwd", 320.0)]
+    variants.add_ratios(rows)
+    per_call, prebuilt, _ = rows
+    assert per_call["ratio_vs_flex"] == pytest.approx(0.75)
+    assert prebuilt["ratio_vs_flex"] == pytest.approx(0.9375)
+    assert prebuilt["ratio_vs_flashcourse"] == pytest.approx(1.25), "prebuilt over per-call"
+    assert per_call["ratio_vs_flashcourse_block_mask"] == pytest.approx(0.8)
 
 
 def test_merge_keeps_the_other_dtype_and_replaces_repeats():
@@ -144,6 +156,22 @@ def test_validate_then_time_path_on_a_tiny_variant(monkeypatch):
     assert ours["tflops"] == pytest.approx(expected_flops / 1e-3 / 1e12)
     assert ours["tflops_min"] == pytest.approx(expected_flops / 1.1e-3 / 1e12), "the slowest repeat: the lowest rate"
     assert (ours["ms"], ours["ms_min"], ours["ms_max"], ours["repeats"]) == (1.0, 0.9, 1.1, 3)
+
+
+def test_a_prebuilt_block_mask_is_validated_timed_and_its_build_recorded_apart(monkeypatch):
+    """The block-mask provider runs our kernels with a mask built once outside the timed region; its row records
+    the build (warm, median of the repeats with its range), the per-call row records none."""
+    monkeypatch.setattr(variants, "DEVICE", "cpu")
+    monkeypatch.setattr(variants, "time_modes", fake_time_modes)
+    tiny = Variant("tiny documents", 2, 4, 2, 40, 16, causal=True, documents=3)
+    rows = variants.run_variant(tiny, "float32", providers=("flashcourse", "flashcourse_block_mask"),
+                                log=lambda *a: None)
+    assert {r["status"] for r in rows} == {"ok"}, rows
+    prebuilt = next(r for r in rows if r["provider"] == "flashcourse_block_mask")
+    assert max(prebuilt["rel_err"].values()) < 1e-4
+    assert 0 < prebuilt["block_mask_build_ms_min"] <= prebuilt["block_mask_build_ms"] \
+        <= prebuilt["block_mask_build_ms_max"]
+    assert not any("block_mask_build_ms" in r for r in rows if r["provider"] == "flashcourse")
 
 
 def test_validation_of_sdpa_and_expanded_kv_on_gqa(monkeypatch):

@@ -3,15 +3,19 @@
 For every variant shape and dtype: each provider is first validated (forward and gradients) against a float32
 reference built from the rule, on batch 0 and a few heads at the full length; a provider that fails or raises is
 recorded with its error and the run goes on; then every valid provider is timed, forward and backward.
-Providers: ``flashcourse`` (our default kernels), ``flex`` (``torch.nn.attention.flex_attention`` compiled with
-``torch.compile``, its block mask from ``create_block_mask`` built outside the timed region; the first call,
-which compiles, is timed apart as ``compile_s``), SDPA's flash and cuDNN backends where SDPA can express the
+Providers: ``flashcourse`` (our default kernels, each call building its own tile lists where the rule needs a block
+mask), ``flashcourse_block_mask`` (the same with the block mask from ``kernels.create_block_mask`` built once,
+outside the timed region; only for variants that need one), ``flex`` (``torch.nn.attention.flex_attention``
+compiled with ``torch.compile``, its block mask from ``create_block_mask`` built outside the timed region; the
+first call, which compiles, is timed apart as ``compile_s``), SDPA's flash and cuDNN backends where SDPA can express the
 variant (causal; GQA with ``enable_gqa=True``), and ``flashcourse_expanded_kv`` for GQA: ours on K/V copied out
 to every query head, the baseline that GQA support must beat while holding H_q / H_kv times fewer K/V bytes.
 
 TFLOP/s count only the visible score entries (:func:`visible_entries`): forward 4 * D FLOPs per visible entry
 (Q K^T and P V), backward 2.5x that, as ``bench.attention_flops`` does for the dense and causal cases. Every time
 is the median of ``bench.REPEATS`` timings with their range (``ms_min``, ``ms_max``, ``tflops_min``, ``tflops_max``).
+A block mask built ahead (ours and Flex's) has its build timed apart, warm, wall clock to the last kernel's end:
+``block_mask_build_ms`` (median of ``bench.REPEATS`` builds) with ``_min`` and ``_max``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from flashcourse.bench import BACKWARD_OVER_FORWARD, Timing, environment_info, load_results
+from flashcourse.bench import BACKWARD_OVER_FORWARD, Timing, environment_info, load_results, time_repeats
 from flashcourse.bench.providers import add_ratios as shared_add_ratios
 
 DTYPES = ("float16", "bfloat16")
-PROVIDERS = ("flashcourse", "flex", "sdpa_flash", "sdpa_cudnn", "flashcourse_expanded_kv")
+PROVIDERS = ("flashcourse", "flashcourse_block_mask", "flex", "sdpa_flash", "sdpa_cudnn", "flashcourse_expanded_kv")
+OURS = ("flashcourse", "flashcourse_block_mask")  # each gets ratio_vs_<provider> against every other provider
 VALID_REL_ERR = 2e-2  # relative error (norm) of o and of every gradient against the float32 reference
 DEVICE = "cuda"  # the tests run the validation path on "cpu" (tiny shapes, the Triton interpreter)
 
@@ -50,6 +55,11 @@ class Variant:
     @property
     def group(self) -> int:
         return self.heads // self.heads_kv
+
+    @property
+    def needs_block_mask(self) -> bool:
+        """Documents are classified tile by tile (a block mask); causal and windows from their bounds."""
+        return self.documents > 0
 
     @property
     def sdpa_can(self) -> bool:
@@ -134,14 +144,49 @@ def make_inputs(variant: Variant, dtype: str, seed: int = 0) -> Inputs:
                   None if ids is None else torch.tensor(ids, device=DEVICE))
 
 
-def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False) -> Callable:
+def _wall_ms(fn: Callable[[], object], _grad_to_none=None) -> float:
+    """Milliseconds of one call, host and device: from a synchronised start to its last kernel's end."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def build_timing(build: Callable[[], object]) -> Timing:
+    """A block mask's build time: one build to warm up (it compiles), then ``bench.REPEATS`` timed builds."""
+    build()
+    return time_repeats(build, timer=_wall_ms)
+
+
+def timed_build(build: Callable[[], object]) -> tuple[object, Timing]:
+    """(the block mask, the timing of its build): what a provider builds outside the timed region."""
+    return build(), build_timing(build)
+
+
+def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False, prebuilt_mask: bool = False) -> Callable:
     """fn(q, k, v) -> o with our default kernels and the variant's options. ``expand_kv``: K/V copied out to
     every query head on each call, as a model without GQA support does (the copy is in its time, and small:
-    it moves the K/V bytes once, the attention reads them N / BLOCK_M times)."""
+    it moves the K/V bytes once, the attention reads them N / BLOCK_M times). ``prebuilt_mask``: the block mask
+    built here, once, and passed to every call; its build time is the function's ``block_mask_build``."""
     from flashcourse import kernels
 
     options = {"causal": variant.causal, "softcap": variant.softcap, "document_ids": inputs.ids,
                "window": None if variant.window_left is None else (variant.window_left, 0)}
+    if prebuilt_mask:
+        mask_options = {name: options.pop(name) for name in ("causal", "document_ids", "window")}
+        block_mask, timing = timed_build(lambda: kernels.create_block_mask(
+            None, None, None, variant.n, variant.n, **mask_options, head_dim=variant.head_dim,
+            dtype=inputs.q.dtype, device=inputs.q.device))
+
+        def attend(q, k, v):
+            return kernels.flash_attention(q, k, v, block_mask=block_mask, **options)
+
+        attend.block_mask_build = timing
+        return attend
     if expand_kv:
         group = variant.group
         return lambda q, k, v: kernels.flash_attention(q, k.repeat_interleave(group, dim=1),
@@ -167,10 +212,11 @@ def flex(variant: Variant, inputs: Inputs) -> Callable:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     mask_mod = flex_mask_mod(variant, inputs.ids)
-    block_mask = None
+    block_mask = timing = None
     if mask_mod is not None:
         batch = variant.batch if inputs.ids is not None else None  # only documents differ per batch row
-        block_mask = create_block_mask(mask_mod, batch, None, variant.n, variant.n, device=DEVICE)
+        block_mask, timing = timed_build(
+            lambda: create_block_mask(mask_mod, batch, None, variant.n, variant.n, device=DEVICE))
     score_mod = None
     if variant.softcap is not None:
         cap = variant.softcap
@@ -182,8 +228,13 @@ def flex(variant: Variant, inputs: Inputs) -> Callable:
     # compiled backward that donates its saved buffers refuses.
     torch._functorch.config.donated_buffer = False
     compiled = torch.compile(flex_attention, dynamic=False)  # one compiled graph per variant, dtype, grad mode
-    return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                    enable_gqa=variant.group > 1)
+
+    def attend(q, k, v):
+        return compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, enable_gqa=variant.group > 1)
+
+    if timing is not None:
+        attend.block_mask_build = timing
+    return attend
 
 
 def provider_fn(provider: str, variant: Variant, inputs: Inputs) -> Callable:
@@ -193,6 +244,8 @@ def provider_fn(provider: str, variant: Variant, inputs: Inputs) -> Callable:
         return ours(variant, inputs)
     if provider == "flashcourse_expanded_kv":
         return ours(variant, inputs, expand_kv=True)
+    if provider == "flashcourse_block_mask":
+        return ours(variant, inputs, prebuilt_mask=True)
     if provider == "flex":
         return flex(variant, inputs)
     attend = sdpa(provider, enable_gqa=variant.group > 1)
@@ -200,12 +253,15 @@ def provider_fn(provider: str, variant: Variant, inputs: Inputs) -> Callable:
 
 
 def providers_for(variant: Variant, wanted=PROVIDERS) -> list[str]:
-    """The providers that can run a variant: SDPA only where it has the rule, the expanded-K/V run only for GQA."""
+    """The providers that can run a variant: SDPA only where it has the rule, the expanded-K/V run only for GQA,
+    the prebuilt block mask only where the rule needs one."""
     chosen = []
     for p in wanted:
         if p.startswith("sdpa") and not variant.sdpa_can:
             continue
         if p == "flashcourse_expanded_kv" and variant.group == 1:
+            continue
+        if p == "flashcourse_block_mask" and not variant.needs_block_mask:
             continue
         chosen.append(p)
     return chosen
@@ -306,6 +362,10 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
             if inputs.q.is_cuda:
                 torch.cuda.synchronize()
             row.update(compile_s=time.perf_counter() - start, rel_err=errors)
+            build = getattr(fn, "block_mask_build", None)  # built outside the timed region: its cost apart
+            if build is not None:
+                row.update(block_mask_build_ms=build.ms, block_mask_build_ms_min=build.ms_min,
+                           block_mask_build_ms_max=build.ms_max)
             if all(math.isfinite(e) and e < VALID_REL_ERR for e in errors.values()):
                 ready[provider] = (fn, row)
             else:
@@ -331,10 +391,11 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Our rows get ratio_vs_<provider> per (variant, dtype, mode), and window rows ``vs_our_causal``: their
-    TFLOP/s over our dense causal TFLOP/s at the same N (the target is >= 0.8 for window 1024)."""
-    shared_add_ratios(rows, rate="tflops", ours=("flashcourse",),
-                      key=lambda r: (r["variant"], r["dtype"], r["mode"]))
+    """Our rows get ratio_vs_<provider> per (variant, dtype, mode) (the per-call and the prebuilt block mask
+    against each other too), and window rows ``vs_our_causal``: their TFLOP/s over our dense causal TFLOP/s at
+    the same N (the target is >= 0.8 for window 1024)."""
+    for mine in OURS:
+        shared_add_ratios(rows, rate="tflops", ours=(mine,), key=lambda r: (r["variant"], r["dtype"], r["mode"]))
     causal = {(r["dtype"], r["mode"], r["n"]): r for r in rows
               if r["provider"] == "flashcourse" and r["variant"] == "causal" and r.get("status") == "ok"}
     for r in rows:
