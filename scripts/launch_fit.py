@@ -1,11 +1,13 @@
 """Does every launch the kernels choose fit each supported GPU? Compiled ahead of time, no GPU needed.
 
 For each target GPU this runs the public API (``flash_attention`` forward and backward, every numbered
-version, ``flash_decode`` contiguous and paged, the FP8 forward where the GPU has it) on small CPU tensors
+version, ``flash_decode`` contiguous and paged on a 16-bit and on an FP8 cache, the FP8 forward where the GPU
+has it) on small CPU tensors
 while Triton believes it drives that GPU: every launch the kernels choose is compiled for the target's
 architecture (``GPUTarget("cuda", capability, 32)``) as far as the step that allocates shared memory, and the
 compiled kernel's shared memory is compared with what the GPU lets one thread block use. What the compiler
-allocates is what counts; no formula stands in for it.
+allocates is what counts; no formula stands in for it. A GPU that cannot run a call (the FP8 cache before
+compute capability 8.9) must refuse it with an error naming what is needed; one that does not is a misfit too.
 
     PYTHONPATH=src python scripts/launch_fit.py                    # every target, the CI's case set
     PYTHONPATH=src python scripts/launch_fit.py --target T4 --cases all --json out.json
@@ -43,6 +45,8 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
 from flashcourse.kernels import configs, fp8  # noqa: E402
+from flashcourse.kernels._checks import FP8_CACHE_CAPABILITY  # noqa: E402
+from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
 
 flashcourse.device.setup = lambda: "cpu"  # ...and then take CPU tensors, which the input checks want here
 
@@ -129,6 +133,8 @@ class Recorder:
     def __init__(self):
         self.case = ""
         self.launches: list[tuple[str, str, str, int]] = []
+        self.refused: list[str] = []  # cases this target cannot run, refused with an error naming what is needed
+        self.not_refused: list[str] = []  # cases it cannot run that went ahead: misfits
         self._seen: dict[tuple, int] = {}
 
     def __call__(self, jit, *args, grid, warmup, **kwargs):
@@ -202,17 +208,31 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
             kernels.flash_attention(q, k, v, **options).sum().backward()
     slopes = torch.full((4,), 0.25)
     q1 = torch.randn(2, 4, head_dim).to(dtype)
-    for paged in (False, True):
+    for paged, kv in itertools.product((False, True), ("16-bit", "fp8")):
         for label, options in {"dense": {}, "window, softcap, alibi": dict(window=(64, 0), softcap=30.0,
                                                                             alibi_slopes=slopes)}.items():
             RECORDER.case = f"{name} decode {'paged' if paged else 'contiguous'} {label}"
             if paged:
                 cache = torch.randn(8, 2, 64, head_dim).to(dtype)
-                table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
-                kernels.flash_decode(q1, cache, cache, block_table=table, **options)
+                options = dict(options, block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4))
             else:
                 cache = torch.randn(2, 2, 1000, head_dim).to(dtype)
+            if kv == "16-bit":
                 kernels.flash_decode(q1, cache, cache, **options)
+                continue
+            RECORDER.case += " fp8 cache"
+            k8, v8, k_scale, v_scale = quantize_kv_cache(cache, cache, block_table=options.get("block_table"))
+            if props.capability >= FP8_CACHE_CAPABILITY:
+                kernels.flash_decode(q1, k8, v8, k_scale=k_scale, v_scale=v_scale, **options)
+                continue
+            try:
+                kernels.flash_decode(q1, k8, v8, k_scale=k_scale, v_scale=v_scale, **options)
+            except RuntimeError as refused:
+                if "compute capability 8.9" in str(refused):
+                    RECORDER.refused.append(RECORDER.case)
+                    continue
+                raise
+            RECORDER.not_refused.append(RECORDER.case)
     if props.capability >= fp8.MIN_CAPABILITY and dtype == torch.float16 and head_dim in fp8.FP8_HEAD_DIMS:
         q8, k8, v8 = (t.to(fp8.FP8) for t in _inputs(torch.float32, head_dim))
         for causal in (False, True):
@@ -247,6 +267,8 @@ def check_target(target: str, cases: str = "ci", head_dims=HEAD_DIMS, limit: int
     driver.set_active(_TargetDriver(capability))
     configs.device_props = lambda device: props  # what the launch choice sees: the target, not this machine
     RECORDER.launches.clear()
+    RECORDER.refused.clear()
+    RECORDER.not_refused.clear()
     for dtype, head_dim in itertools.product(dtypes_for(props, cases), head_dims):
         if cases == "ci" and dtype == torch.float32 and head_dim < 64:
             continue  # rows of 64 and 128 bytes: float16's D = 32 and 64 take the same tiles
@@ -267,20 +289,29 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     _install()
     rows: list[Launch] = []
+    refusals: list[dict] = []
+    misfits = 0
     for target in args.target or sorted(configs.KNOWN_DEVICES):
         t0 = time.time()
         limit = args.limit_kb * 1024 if args.limit_kb else None
         found = check_target(target, args.cases, tuple(args.head_dim or HEAD_DIMS), limit)
         rows += found
         bad = [r for r in found if not r.fits]
-        print(f"{target}: {len(found)} launches, {len(bad)} do not fit ({time.time() - t0:.0f} s)", flush=True)
+        refused, not_refused = len(RECORDER.refused), list(RECORDER.not_refused)
+        print(f"{target}: {len(found)} launches, {len(bad)} do not fit, {refused} refused as unsupported, "
+              f"{len(not_refused)} not refused ({time.time() - t0:.0f} s)", flush=True)
         for r in bad:
             print(f"  DOES NOT FIT {r.case}: {r.kernel} {r.launch} needs {r.shared} B of {r.limit}", flush=True)
+        for case in not_refused:
+            print(f"  NOT REFUSED {case}: the GPU cannot run it, and the call raised nothing", flush=True)
+        misfits += len(bad) + len(not_refused)
+        refusals += [{"target": target, "case": case} for case in RECORDER.refused]
     if args.json:
         meta = {"triton": triton.__version__, "torch": torch.__version__, "cases": args.cases}
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": [asdict(r) | {"fits": r.fits} for r in rows]}, f, indent=1)
-    return 1 if any(not r.fits for r in rows) else 0
+            json.dump({"meta": meta, "rows": [asdict(r) | {"fits": r.fits} for r in rows], "refused": refusals},
+                      f, indent=1)
+    return 1 if misfits else 0
 
 
 if __name__ == "__main__":

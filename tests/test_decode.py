@@ -440,6 +440,27 @@ def test_scales_for_a_16_bit_cache_are_refused(rng):
         kernels.flash_decode(q, k, v, k_scale=torch.ones(2, 2, device=DEVICE))
 
 
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+def test_gpu_fp8_cache_long(rng, dtype, page_size):
+    """The GPU's launch for the FP8 cache (its deeper pipeline) at 20K keys, against its dequantised values."""
+    q, k, v = make(rng, 2, 32, 8, 20000, 128, dtype)
+    lens = [12345, 20000]
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    if page_size is None:
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+        o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lens_t)
+        k_true, v_true = dequantised(k8, k_scale), dequantised(v8, v_scale)
+    else:
+        kp, vp, table = paged(k, v, page_size, rng)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens_t)
+        o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, block_table=table, cache_seqlens=lens_t)
+        k_true, v_true = dequantised(unpaged(k8, table), k_scale), dequantised(unpaged(v8, table), v_scale)
+    assert_close(o, expected(q, k_true, v_true, lens), what=f"FP8 cache decode at 20K keys (page size {page_size})")
+
+
 @pytest.mark.parametrize("gpu,refused", [("T4", True), ("A100", True), ("A10", True), ("L4", False), ("H200", False)])
 def test_fp8_cache_needs_compute_capability_8_9(monkeypatch, gpu, refused):
     """Triton compiles float8_e4m3fn from sm_89 on: older GPUs get an error naming what is needed."""

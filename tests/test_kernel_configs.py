@@ -133,6 +133,19 @@ def test_decode_splits_fill_the_device():
     assert configs.decode_num_splits(h200, 512, 131072, 64) == 1, "enough (batch, head) programs already"
 
 
+@pytest.mark.parametrize("gpu", ["L4", "H200"])
+@pytest.mark.parametrize("block_d", [64, 128, 256])
+def test_an_fp8_cache_keeps_twice_the_tiles_in_flight(gpu, block_d):
+    """One byte per staged element: the FP8 cache's first launch has the float16 launch's tiles and twice its
+    tiles in flight (stages - 1 each), the same bytes of shared memory for K and V."""
+    fp16 = configs.decode_config(DEVICES[gpu], block_d, 2)
+    fp8 = configs.decode_config(DEVICES[gpu], block_d, 2, fp8_cache=True)
+    assert (fp8.block_m, fp8.block_n, fp8.num_warps) == (fp16.block_m, fp16.block_n, fp16.num_warps)
+    assert fp8.num_stages - 1 == 2 * (fp16.num_stages - 1)
+    assert configs.decode_config(configs.INTERPRETER, block_d, 2, fp8_cache=True) == \
+        configs.decode_config(configs.INTERPRETER, block_d, 2)
+
+
 def test_bfloat16_on_a_t4_names_the_gpu_and_suggests_float16(monkeypatch):
     from flashcourse.kernels import _checks
 

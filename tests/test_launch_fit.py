@@ -58,6 +58,13 @@ def test_every_chosen_launch_fits(capability, tmp_path):
     assert expected <= kernels_seen, expected - kernels_seen
     head_dims = {int(r["case"].split("D=")[1].split()[0]) for r in rows}
     assert head_dims == {16, 32, 64, 80, 96, 128, 256}
+    # the FP8 cache: compiled from sm_89 on (Triton's float8_e4m3fn), refused by name before it
+    fp8_cache = {r["case"] for r in rows if r["case"].endswith("fp8 cache")}
+    refused = {r["case"] for r in result["refused"]}
+    if capability >= (8, 9):
+        assert fp8_cache and not refused
+    else:
+        assert not fp8_cache and {c.split("D=")[1].split()[0] for c in refused} == {str(d) for d in head_dims}
     too_big = [r for r in rows if r["shared"] > r["limit"]]
     assert not too_big, "\n".join(f"{r['target']} {r['case']}: {r['kernel']} {r['launch']} needs {r['shared']} B "
                                   f"of {r['limit']}" for r in too_big[:20])

@@ -17,7 +17,7 @@ an RTX 4090 or an H100/H200 would get without owning one. The numbers for sm_90 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "DeviceProps",
@@ -265,9 +265,17 @@ def backward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int) -> tuple[KernelConfig, ...]:
+def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_cache: bool = False
+                      ) -> tuple[KernelConfig, ...]:
     """Decode launches, best first: block_m is the padded number of query heads per KV head (set by the
-    caller), block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay."""
+    caller), block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay.
+
+    ``elem_bytes`` is q's: the K/V tiles are widened to it in registers. ``fp8_cache``: the tiles are staged in
+    shared memory at one byte per element, so a stage costs half, and the first launch keeps twice the tiles in
+    flight (``2 * stages - 1`` stages, ``stages - 1`` tiles ahead each): the float16 launch's bytes in flight,
+    which is what keeps HBM busy. Not for widened rows past 512 bytes (float32 q at D = 256), whose conversion
+    scratch the compiler also puts in shared memory: 114,688 B at 3 stages on sm_89, past the L4's 99 KB. Not
+    swept yet (``bench decode --tune`` sweeps the FP8 cache too)."""
     if props.interpreter:
         return (KernelConfig(16, 16, 4, 1),)
     row = _row_bytes(block_d, elem_bytes)
@@ -279,11 +287,13 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int) -> tupl
         first = KernelConfig(16, 64 if row <= 256 else 32, 4, stages)
     else:
         first = KernelConfig(16, 64 if row <= 256 else 32 if row <= 512 else 16, 4, 1)
+    if fp8_cache and row <= 512:
+        first = replace(first, num_stages=2 * first.num_stages - 1)
     return tuple(dict.fromkeys((first, *smaller)))
 
 
-def decode_config(props: DeviceProps, block_d: int, elem_bytes: int) -> KernelConfig:
-    return decode_candidates(props, block_d, elem_bytes)[0]
+def decode_config(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_cache: bool = False) -> KernelConfig:
+    return decode_candidates(props, block_d, elem_bytes, fp8_cache=fp8_cache)[0]
 
 
 def decode_num_splits(props: DeviceProps, batch_kv_heads: int, max_len: int, block_n: int) -> int:

@@ -322,7 +322,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     props = configs.device_props(q.device)
     if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
-    candidates = configs.decode_candidates(props, block_d, q.element_size())
+    candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=k_cache.dtype == FP8)
     if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
         first = candidates[0]
         candidates = (configs.KernelConfig(first.block_m, block_n or first.block_n, num_warps or first.num_warps,
