@@ -146,7 +146,8 @@ def _variants(args) -> None:
     def save(rows):
         return save_results("variants", variants.merge_rows(earlier, rows), directory=args.out, kind="variants")
 
-    rows = variants.run(args.dtype or default_dtypes(), args.variants, args.providers, on_variant=save)
+    rows = variants.run(args.dtype or default_dtypes(), args.variants, args.providers or variants.PROVIDERS,
+                        on_variant=save)
     path = save(rows)
     print(variants.format_table(rows))
     print(f"wrote {path}")
@@ -266,8 +267,7 @@ def main(argv=None) -> None:
     var.add_argument("--dtype", nargs="+", choices=["float16", "bfloat16"],
                      help="default: float16 and, where the GPU has bfloat16 tensor cores (sm_80+), bfloat16")
     var.add_argument("--variants", nargs="+", help="variant names, e.g. 'window 1024' (default: all)")
-    var.add_argument("--providers", nargs="+", default=["flashcourse", "flex", "sdpa_flash", "sdpa_cudnn",
-                                                        "flashcourse_expanded_kv"])
+    var.add_argument("--providers", nargs="+", help="default: every provider of bench.variants.PROVIDERS")
     ring = sub.add_parser("ring", help="run with torchrun --nproc-per-node 2 -m flashcourse.bench ring")
     ring.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
     ring.add_argument("--n", type=int, nargs="+", help="sequence lengths (default 65536 131072)")
