@@ -7,6 +7,7 @@ registers a thread, spill (local memory) bytes, shared memory (the compiler's al
 
     PYTHONPATH=src python scripts/fa3_compile.py                     # every stage, D 64 and 128, fp16, causal
     PYTHONPATH=src python scripts/fa3_compile.py --all --json out.json   # both dtypes, causal and not
+    PYTHONPATH=src python scripts/fa3_compile.py --backward          # the backward's stages (b6*, fa3_backward.py)
 
 Exit status 1 when a stage fails to compile. ``supported()`` says whether the installed Triton's Gluon offers
 what fa3.py uses (tests/test_fa3_compile.py skips otherwise).
@@ -90,16 +91,27 @@ def resource_usage(cubin: bytes) -> dict:
     return {"registers": int(fields["REG"]), "local": int(fields["LOCAL"]) + int(fields["STACK"])}
 
 
+def _module(name: str):
+    """The module of a stage: the forward's (v8*, fa3.py) or the backward's (b6*, fa3_backward.py)."""
+    if name.startswith("b6"):
+        from flashcourse.kernels import fa3_backward
+
+        return fa3_backward
+    from flashcourse.kernels import fa3
+
+    return fa3
+
+
 def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = True) -> Compiled:
-    """Compile one stage for sm_90 and read its resources; a failure is recorded, not raised."""
+    """Compile one stage (forward v8* or backward b6*) for sm_90 and read its resources; a failure is recorded,
+    not raised."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from flashcourse.kernels import fa3
-
+    module = _module(name)
     record = Compiled(name, head_dim, str(dtype).removeprefix("torch."), causal, ok=False)
-    stage = fa3.STAGES[name]
-    signature, constexprs = fa3.kernel_signature(stage, head_dim, dtype, causal)
+    stage = module.STAGES[name]
+    signature, constexprs = module.kernel_signature(stage, head_dim, dtype, causal)
     start = time.perf_counter()
     try:
         compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
@@ -120,11 +132,10 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     return record
 
 
-def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,)):
-    """Every combination, one record at a time (a generator: the caller prints as they come)."""
-    from flashcourse.kernels import fa3
-
-    names = list(fa3.STAGES) if stages is None else stages
+def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,), backward=False):
+    """Every combination, one record at a time (a generator: the caller prints as they come); ``backward``:
+    the backward's stages (b6*) by default instead of the forward's."""
+    names = list(_module("b6" if backward else "v8").STAGES) if stages is None else stages
     for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals):
         yield compile_stage(name, d, dt, c)
 
@@ -133,6 +144,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
     parser.add_argument("--all", action="store_true", help="fp16 and bf16, causal and not")
+    parser.add_argument("--backward", action="store_true",
+                        help="the backward's stages (b6*, fa3_backward.py) instead of the forward's")
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     ok, why = supported()
@@ -145,7 +158,7 @@ def main(argv=None) -> int:
     print(f"{'stage':6} {'D':>4} {'dtype':9} {'causal':6} {'regs':>5} {'spill B':>7} {'shared B':>9} "
           f"{'wgmma':>5}  setmaxnreg / error")
     records = []
-    for record in compile_all(args.stage, dtypes=dtypes, causals=causals):
+    for record in compile_all(args.stage, dtypes=dtypes, causals=causals, backward=args.backward):
         records.append(record)
         if record.ok:
             fits = "" if record.shared <= SHARED_LIMIT else "  (over sm_90's 227 KB!)"
