@@ -1,0 +1,230 @@
+"""The Gluon FlashAttention-3 backward (``flashcourse.kernels.fa3_backward``, b6a-b6c) compiles for sm_90 on this CPU.
+
+As tests/test_fa3_compile.py does for the forward: the stages are compiled ahead of time to cubins
+(``scripts/fa3_compile.py --backward``) and their resources checked (shared memory within sm_90's 227 KB, the
+register budgets in the warp-specialized stages, no spills at D = 64; D = 128 is reported, see below). What
+compiling cannot show is modelled in Python: the query-tile ranges of a key tile (masked and unmasked, every
+visible (key, query) pair once) and the (Q, dO) ring's mbarrier protocol (no deadlock, no slot refilled while a
+consumer warpgroup still reads it), on the forward test's mbarrier model. Whether the stages compute the right
+gradients is the GPU's job: ``scripts/gpu_fa3_backward.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "fa3_compile.py"
+STAGES = ("b6a", "b6b", "b6c")
+
+
+def _forward_test():
+    """tests/test_fa3_compile.py as a module: its mbarrier model is reused, not copied."""
+    spec = importlib.util.spec_from_file_location("_fa3_forward_test", Path(__file__).with_name("test_fa3_compile.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # 15-30 s on two shared cores: six compiles to cubin
+def test_every_backward_stage_compiles_for_sm90(tmp_path):
+    out = tmp_path / "fa3_backward.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--backward", "--json", str(out)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    if proc.stdout.startswith("skipped:"):
+        pytest.skip(proc.stdout.strip())
+    assert out.exists(), proc.stdout + proc.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    assert {(r["stage"], r["head_dim"]) for r in records} == {(s, d) for s in STAGES for d in (64, 128)}
+    spilled = []
+    for r in records:
+        where = f"{r['stage']} D={r['head_dim']}"
+        assert r["ok"], f"{where}: {r['error']}"
+        assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory"
+        assert r["wgmma"] > 0, f"{where} has no wgmma"
+        if r["head_dim"] == 64:
+            assert r["spill_bytes"] == 0, f"{where} spills {r['spill_bytes']} bytes a thread"
+        elif r["spill_bytes"]:
+            # Known: at D = 128 a warpgroup's 64 x 128 dK and dV (128 registers a thread) beside S^T and dP^T
+            # reach the 255 cap (240 under b6c's budget); FA3 fits the same in 240 with CUTLASS. Bounded here,
+            # measured on the GPU; the fix (FA3's dQ split across warpgroups, or 32-row query tiles) is open.
+            assert r["spill_bytes"] <= 512, f"{where} spills {r['spill_bytes']} bytes a thread"
+            spilled.append(f"{where}: {r['spill_bytes']} B")
+        budgets = " ".join(r["setmaxnreg"])
+        if r["stage"] == "b6a":
+            assert not budgets, f"b6a is not warp-specialized, yet: {budgets}"
+        else:  # the producer's warpgroup gives its registers away
+            assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"
+        if r["stage"] == "b6c":
+            assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"
+    if spilled:
+        warnings.warn("b6 spills at D = 128: " + "; ".join(spilled), stacklevel=1)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_kernels_package_does_not_import_fa3_backward():
+    """CI's Triton may lack what fa3_backward.py uses: ``import flashcourse.kernels`` must not load it."""
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.fa3_backward' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
+
+
+def test_unsupported_inputs_say_what_to_use():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+
+    try:
+        from flashcourse.kernels import fa3_backward
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_backward.py does not import under this Triton: {error}")
+
+    def t(n=8, d=64, dtype=torch.float16, heads=2):
+        return torch.zeros(1, heads, n, d, dtype=dtype)
+
+    def call(q, k=None, v=None, o=None, lse=None, do=None, **kw):
+        k = q if k is None else k
+        return fa3_backward.fa3_backward(q, k, q if v is None else v, q if o is None else o,
+                                         torch.zeros(q.shape[:3]) if lse is None else lse, q if do is None else do,
+                                         **kw)
+
+    with pytest.raises(ValueError, match="float16 or bfloat16.*flash_attention_backward"):
+        call(t(dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\).*flash_attention_backward"):
+        call(t(d=80))
+    with pytest.raises(ValueError, match="contiguous"):
+        x = t().transpose(1, 2)
+        call(x, lse=torch.zeros(1, 8, 2))
+    with pytest.raises(ValueError, match="grouped-query.*flash_attention_backward"):
+        call(t(), k=t(heads=1), v=t(heads=1))
+    with pytest.raises(ValueError, match="float32 lse"):
+        call(t(), lse=torch.zeros(1, 2, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="Hopper.*flash_attention_backward"):
+        call(t())
+    with pytest.raises(ValueError, match="stage"):
+        call(t(), stage="b7")
+    assert fa3_backward.TESTED_TRITON == ("3.6",)
+    assert list(fa3_backward.STAGES) == list(STAGES)
+
+
+# ------------------------------------------------------------------------------------------ the tile ranges
+def _query_tiles(n0, n_q, n_kv, causal, keys, block_m):
+    """fa3_backward._query_tiles written out again (Python integers)."""
+    n_m = -(-n_q // block_m)
+    m_lo, full_lo = 0, 0
+    if causal:
+        m_lo = min(n0 // block_m, n_m)
+        full_lo = min((n0 + keys - 1 + block_m - 1) // block_m, n_m)
+    full_hi = n_q // block_m
+    if n0 + keys > n_kv:
+        full_hi = full_lo
+    return m_lo, full_lo, max(full_hi, full_lo), n_m
+
+
+@pytest.mark.parametrize("keys", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_tile_ranges_cover_every_visible_pair_once(keys, causal):
+    """A program's three loops (masked [m_lo, full_lo), unmasked [full_lo, full_hi), masked [full_hi, n_m))
+    visit each query tile at most once, miss none that sees one of its keys, and skip the masks only where
+    every (key, query) pair of the tile is visible."""
+    block_m = 64
+    for n_q in (1, 17, 63, 64, 65, 128, 130, 200, 1000):
+        for n_kv in (1, 17, 64, 100, 128, 130, 1000):
+            for n0 in range(0, n_kv, keys):
+                m_lo, full_lo, full_hi, n_m = _query_tiles(n0, n_q, n_kv, causal, keys, block_m)
+                assert m_lo <= full_lo <= full_hi <= n_m, (n_q, n_kv, n0)
+                key_ids = range(n0, min(n0 + keys, n_kv))
+
+                def visible(key, query, n_q=n_q, n_kv=n_kv):
+                    return query < n_q and key < n_kv and (not causal or key <= query)
+
+                for m in range(n_m):
+                    queries = range(m * block_m, m * block_m + block_m)
+                    sees = any(visible(j, i) for j in key_ids for i in queries)
+                    if sees:
+                        assert m_lo <= m < n_m, (n_q, n_kv, n0, m)
+                    if full_lo <= m < full_hi:  # unmasked: every pair of the whole tile must be real and seen
+                        assert all(visible(j, i) for j in range(n0, n0 + keys) for i in queries), \
+                            (n_q, n_kv, n0, m)
+
+
+# ------------------------------------------------------------------------------------------ the ring protocol
+def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
+    """b6b / b6c's protocol on threads: the producer's K/V barrier once, then (Q, dO) per step into ring slots
+    (one ``ready`` barrier a slot for both copies; ``empty`` counts ``consumers`` arrivals); each consumer
+    warpgroup waits ``ready``, reads the slot during its step and frees it."""
+    fwd = _forward_test()
+    cv = threading.Condition()
+    rng = random.Random(seed)
+    kv_bar = fwd._MBarrier(1, cv)
+    ready = [fwd._MBarrier(1, cv) for _ in range(stages)]
+    empty = [fwd._MBarrier(consumers, cv) for _ in range(stages)]
+    slots = [None] * stages
+    kv = [None]
+    errors = []
+
+    def tma(write, barrier, key):
+        def land():
+            fwd._jitter(random.Random(key))
+            write()
+            barrier.arrive()
+        threading.Thread(target=land, daemon=True).start()
+
+    def producer():
+        tma(lambda: kv.__setitem__(0, "KV"), kv_bar, -1)
+        for i in range(n_tiles):
+            slot = i % stages
+            empty[slot].wait(((i // stages) & 1) ^ 1)
+            tma(lambda slot=slot, i=i: slots.__setitem__(slot, ("QdO", i)), ready[slot], i * 7 + slot)
+
+    def consumer(wg):
+        kv_bar.wait(0)
+        assert kv[0] == "KV"
+        for i in range(n_tiles):
+            slot = i % stages
+            ready[slot].wait((i // stages) & 1)
+            assert slots[slot] == ("QdO", i), f"wg {wg} step {i}: slot {slot} holds {slots[slot]}"
+            fwd._jitter(rng)
+            assert slots[slot] == ("QdO", i), f"wg {wg} step {i}: slot {slot} refilled while read"
+            empty[slot].arrive()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(producer,), daemon=True)]
+    threads += [threading.Thread(target=guarded, args=(consumer, wg), daemon=True) for wg in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=4 * fwd._DEADLOCK_SECONDS)
+    assert not any(t.is_alive() for t in threads), "a partition never finished"
+    assert not errors, errors[0]
+
+
+@pytest.mark.parametrize("consumers", [1, 2])  # b6b, b6c
+@pytest.mark.parametrize("n_tiles", [0, 1, 2, 3, 8])
+def test_ring_protocol_of_the_specialized_stages(consumers, n_tiles):
+    for stages in (2, 3):
+        for seed in range(3):
+            _run_protocol(n_tiles, stages, consumers, seed)
