@@ -14,7 +14,9 @@ stays within ``--budget`` seconds, 450 by default, inside an 8-minute command):
    training step hands the backward); dq, dk, dv are divided by max(1, max |reference|) and must lie within
    ``flashcourse.tolerance``'s (rtol, atol) of the dtype, as tests/test_kernels_backward.py checks b1-b5;
 2. timing of the backward alone: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8, causal and not, D 64 and
-   128, float16 and bfloat16 (``checks_passed`` per row).
+   128, float16 and bfloat16 (``checks_passed`` per row). Stage b6c is also checked (N 17, 1000) and timed
+   with the query-tile height its head dim does not take by default (provider ``fa3-b6c-m64`` at D = 128,
+   ``fa3-b6c-m32`` at D = 64; ``fa3_backward.BLOCK_M``).
 
 The parent times the references on the same shapes: SDPA's cuDNN and flash backward (``torch.autograd.grad`` of
 an output made inside ``sdpa_kernel``, graph retained) and our b1 (``flash_attention_backward(version="b1")``).
@@ -77,20 +79,20 @@ def _forward(q, k, v, causal):
 _TRACEBACKS_SHOWN = []
 
 
-def check_case(stage, n, head_dim, dtype, causal) -> dict:
+def check_case(stage, n, head_dim, dtype, causal, block_m=None) -> dict:
     import torch
 
     from flashcourse.kernels import fa3_backward
     from flashcourse.tolerance import TOLERANCES
 
     batch, heads = (1, 2) if n >= 4096 else (2, 2)
-    row = {"kind": "check", "provider": f"fa3-{stage}", "stage": stage, "dtype": dtype, "head_dim": head_dim,
-           "n": n, "causal": causal, "batch": batch, "heads": heads}
+    row = {"kind": "check", "provider": _provider(stage, block_m), "stage": stage, "dtype": dtype,
+           "head_dim": head_dim, "n": n, "causal": causal, "batch": batch, "heads": heads, "block_m": block_m}
     try:
         q, k, v = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)
         (do,) = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim + 1)[:1]
         o, lse = _forward(q, k, v, causal)
-        grads = fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        grads = fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage, block_m=block_m)
         torch.cuda.synchronize()
         expected = reference_grads(q, k, v, do, causal)
         rtol, atol = TOLERANCES[dtype]
@@ -135,13 +137,25 @@ def time_case(provider, make, batch, heads, n, head_dim, dtype, causal) -> dict:
     return row
 
 
-def ours(stage):
+def _provider(stage, block_m=None):
+    return f"fa3-{stage}" if block_m is None else f"fa3-{stage}-m{block_m}"
+
+
+def ours(stage, block_m=None):
     def make(q, k, v, do, causal):
         from flashcourse.kernels import fa3_backward
 
         o, lse = _forward(q, k, v, causal)
-        return lambda: fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        return lambda: fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage,
+                                                 block_m=block_m)
     return make
+
+
+# The query rows of a tile the default (fa3_backward.BLOCK_M: 64 at D = 64, 32 at D = 128) does not take, run
+# for this stage too (checked at a few lengths, timed): 64 rows spill at D = 128 under Triton 3.6, 32 rows
+# make narrower wgmmas; which costs less is the GPU's to say.
+ALTERNATIVE_STAGE = "b6c"
+ALTERNATIVE_CHECK_NS = (17, 1000)
 
 
 def b1(q, k, v, do, causal):
@@ -190,6 +204,16 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
                         log(f"{stage} check {dtype} D={head_dim} causal={causal} N={n}: {row['status']}"
                             + (f" (max err dq {row['max_err_dq']:.1e} dk {row['max_err_dk']:.1e} "
                                f"dv {row['max_err_dv']:.1e})" if "max_err_dq" in row else ""))
+        alternative = {d: 96 - fa3_backward.BLOCK_M[d] for d in HEAD_DIMS} if stage == ALTERNATIVE_STAGE else {}
+        for dtype in DTYPES if alternative else ():
+            for head_dim in HEAD_DIMS:
+                for causal in (False, True):
+                    for n in ALTERNATIVE_CHECK_NS:
+                        row = check_case(stage, n, head_dim, dtype, causal, block_m=alternative[head_dim])
+                        emit(row)
+                        if row["status"] != "ok":
+                            failed.add((dtype, head_dim, alternative[head_dim]))
+                        log(f"{row['provider']} check {dtype} D={head_dim} causal={causal} N={n}: {row['status']}")
         for row in compiled_rows(fa3_backward.STAGES[stage].kernel, stage):
             emit(row)
             log(f"{stage} compiled {row.get('constants', '')}: {row.get('n_regs')} registers, "
@@ -201,6 +225,14 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
             log(f"{stage} time {dtype} D={head_dim} N={n} causal={causal}: "
                 + (f"{row['tflops']:.0f} TFLOP/s ({row['tflops_min']:.0f}-{row['tflops_max']:.0f})"
                    if row["status"] == "ok" else row["status"]))
+            if alternative:
+                bm = alternative[head_dim]
+                row = time_case(_provider(stage, bm), ours(stage, bm), batch, heads, n, head_dim, dtype, causal)
+                row.update(stage=stage, block_m=bm, checks_passed=(dtype, head_dim, bm) not in failed
+                           and (dtype, head_dim) not in failed)
+                emit(row)
+                log(f"{row['provider']} time {dtype} D={head_dim} N={n} causal={causal}: "
+                    + (f"{row['tflops']:.0f} TFLOP/s" if row["status"] == "ok" else row["status"]))
 
 
 def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
@@ -225,7 +257,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
     parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
     parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
-    parser.add_argument("--stage-timeout", type=float, default=110.0, help="seconds for one stage's child")
+    parser.add_argument("--stage-timeout", type=float, default=120.0, help="seconds for one stage's child")
     parser.add_argument("--budget", type=float, default=450.0,
                         help="seconds for the whole run (the JSON is written within it; 120 s kept for references)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -256,7 +288,8 @@ def main(argv=None) -> int:
                     stages={name: {"adds": s.adds, "expected": s.expected, "consumers": s.consumers,
                                    "keys": s.keys(), "ring_stages": s.stages, "producer_regs": s.producer_regs,
                                    "consumer_regs": s.consumer_regs, "maxnreg": s.maxnreg}
-                            for name, s in fa3_backward.STAGES.items()})
+                            for name, s in fa3_backward.STAGES.items()},
+                    block_m={str(d): m for d, m in fa3_backward.BLOCK_M.items()})
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
         stages, import_error = args.stage or ["b6a", "b6b", "b6c"], _error_text(error)
@@ -313,7 +346,8 @@ def main(argv=None) -> int:
         stage_status["references"] = _error_text(error)
 
     timed = [r for r in rows if r["kind"] == "time"]
-    add_ratios(timed, key=_shape, rate="tflops", ours=[f"fa3-{s}" for s in stages])
+    add_ratios(timed, key=_shape, rate="tflops",
+               ours=sorted({r["provider"] for r in timed if r["provider"].startswith("fa3-")}))
     add_ratios([r for r in timed if r["provider"] in REFERENCES], key=_shape, rate="tflops", ours=["b1"])
     path = save(rows, done=True)
     log(f"wrote {path} ({meta['seconds']} s)")
@@ -325,7 +359,7 @@ def main(argv=None) -> int:
             text = (f"{r['tflops']:.0f} ({r['tflops_min']:.0f}-{r['tflops_max']:.0f})"
                     + (f"  {cudnn:.2f}x cuDNN" if cudnn else "") + (f"  {ours_b1:.2f}x b1" if ours_b1 else "")
                     ) if r["status"] == "ok" else r["status"]
-            print(f"{r['provider']:8} {r['dtype']:8} D={r['head_dim']:<3} N={r['n']:<5} causal={r['causal']!s:5} "
+            print(f"{r['provider']:12} {r['dtype']:8} D={r['head_dim']:<3} N={r['n']:<5} causal={r['causal']!s:5} "
                   f"{text}")
     return 0
 

@@ -2,7 +2,7 @@
 
 As tests/test_fa3_compile.py does for the forward: the stages are compiled ahead of time to cubins
 (``scripts/fa3_compile.py --backward``) and their resources checked (shared memory within sm_90's 227 KB, the
-register budgets in the warp-specialized stages, no spills at D = 64; D = 128 is reported, see below). What
+register budgets in the warp-specialized stages, no spills but b6c's few bytes at D = 128, see below). What
 compiling cannot show is modelled in Python: the query-tile ranges of a key tile (masked and unmasked, every
 visible (key, query) pair once) and the (Q, dO) ring's mbarrier protocol (no deadlock, no slot refilled while a
 consumer warpgroup still reads it), on the forward test's mbarrier model. Whether the stages compute the right
@@ -60,17 +60,16 @@ def test_every_backward_stage_compiles_for_sm90(tmp_path):
         assert r["ok"], f"{where}: {r['error']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory"
         assert r["wgmma"] > 0, f"{where} has no wgmma"
-        if r["head_dim"] == 64:  # (fp16, causal: what the script compiles by default; under Triton 3.6 the
-            # non-causal variants spill 64-80 B at D = 64, 0 under 3.9: ``fa3_compile.py --backward --all``)
+        if r["stage"] != "b6c":  # (fp16, causal: what the script compiles by default; under Triton 3.6 the
+            # non-causal variants spill 64-80 B at D = 64 with 64-row query tiles, none under 3.9 or with 32-row
+            # tiles: ``fa3_compile.py --backward --all``; scripts/gpu_fa3_backward.py times both heights)
             assert r["spill_bytes"] == 0, f"{where} spills {r['spill_bytes']} bytes a thread"
         elif r["spill_bytes"]:
-            # Known: at D = 128 a warpgroup's 64 x 128 dK and dV (128 registers a thread) beside S^T and dP^T
-            # (64) and their row statistics reach the 255 cap (240 under b6c's budget); FA3 fits the same tiles
-            # in 240 with CUTLASS. Tried without effect: dQ in 64-column pieces (kept), dS's products from
-            # shared memory (kept), P through shared memory, S and dP issued one after the other, FA3's
-            # query-major S (worse: 352 B). Bounded here, its cost measured on the GPU; 32-row query tiles
-            # (dQ^T = K^T dS^T) are the next thing to try.
-            assert r["spill_bytes"] <= 512, f"{where} spills {r['spill_bytes']} bytes a thread"
+            # Known: under its 240-register budget b6c at D = 128 (a warpgroup's 64 x 128 dK and dV take 128
+            # registers a thread) spills 8-24 B under Triton 3.6, none under 3.9. With 64-row query tiles every
+            # stage spilled at D = 128 (184-576 B); tried without effect there: P through shared memory, S and
+            # dP issued one after the other, FA3's query-major S (worse). Bounded here, measured on the GPU.
+            assert r["spill_bytes"] <= 64, f"{where} spills {r['spill_bytes']} bytes a thread"
             spilled.append(f"{where}: {r['spill_bytes']} B")
         budgets = " ".join(r["setmaxnreg"])
         if r["stage"] == "b6a":
@@ -80,7 +79,7 @@ def test_every_backward_stage_compiles_for_sm90(tmp_path):
         if r["stage"] == "b6c":
             assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"
     if spilled:
-        warnings.warn("b6 spills at D = 128: " + "; ".join(spilled), stacklevel=1)
+        warnings.warn("b6c spills: " + "; ".join(spilled), stacklevel=1)
     assert proc.returncode == 0, proc.stdout
 
 

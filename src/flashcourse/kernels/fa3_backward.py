@@ -11,10 +11,10 @@ Triton 3.6's Gluon has no TMA reduce-add; 3.9's ``tma.async_atomic_add`` would b
 scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) is the design.
 
 - b6a ``_b6a_kernel``: one consumer warpgroup (4 warps) owns 64 keys; no specialization. Q and dO tiles (64
-      query rows) come in by TMA into two buffers (tile i+1 is loaded while tile i is computed); lse and Delta
-      by plain loads. Expected: 0.8-1.0x b1 (b1's dK/dV kernel has 8 warps and twice the keys a program and
-      hides latency better; b6a saves b1's second pass, the dQ kernel's recomputation of Q K^T and dO V^T, at
-      the price of an atomic add of a 64 x D tile per step).
+      query rows at D = 64, 32 at D = 128: ``BLOCK_M``) come in by TMA into two buffers (tile i+1 is loaded
+      while tile i is computed); lse and Delta by plain loads. Expected: 0.8-1.0x b1 (b1's dK/dV kernel has 8
+      warps and twice the keys a program and hides latency better; b6a saves b1's second pass, the dQ kernel's
+      recomputation of Q K^T and dO V^T, at the price of an atomic add of a BLOCK_M x D tile per step).
 - b6b ``_b6_ws_kernel`` (CONSUMERS=1): a producer warp loads K and V once and then every (Q, dO) tile into a
       ring of STAGES shared slots guarded by ready / empty mbarriers; the consumer warpgroup only computes
       (``gl.warp_specialize``, the producer's warpgroup gives its registers away: 24 a thread). Expected:
@@ -54,7 +54,12 @@ from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, tensor_descriptor
 
 TESTED_TRITON = ("3.6",)  # compiled for sm_90 (scripts/fa3_compile.py --backward); run on a GPU: none yet
 
-ROWS = 64  # query rows of a tile, and keys a consumer warpgroup owns (one wgmma M = 64 a warpgroup)
+ROWS = 64  # keys a consumer warpgroup owns (one wgmma M = 64 a warpgroup)
+# Query rows of a (Q, dO) tile per head dim. At D = 128 a warpgroup's dK and dV take 128 registers a thread;
+# with 64-row query tiles S^T, dP^T and their row statistics beside them spill (Triton 3.6: 184-576 B a
+# thread), with 32-row tiles they fit (b6a, b6b: none; b6c under its 240 budget: 8-24 B under 3.6, none under
+# 3.9). The dQ share of a 32-row tile is computed transposed (dQ^T = K^T dS^T: wgmma's M is 64 at least).
+BLOCK_M = {64: 64, 128: 32}
 _LOG2E_C = gl.constexpr(_LOG2E)
 
 
@@ -112,19 +117,30 @@ def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, LSE, DELTA, DQ_A
     dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
     fence_async_shared()  # dS^T written by the threads, read by the tensor cores (the async proxy)
     # Both of dS's products read it from shared memory: no operand held in registers while dK, dV and a dQ
-    # share are live. The dQ share goes in 64-column pieces (dS K[:, c:c+64]), as FA3 splits dQ's columns
-    # between its warpgroups: at D = 128 a whole 64 x 128 float32 share beside dK and dV spills.
+    # share are live. The dQ share goes in 64-column pieces, as FA3 splits dQ's columns between its
+    # warpgroups: at D = 128 a whole 64 x 128 float32 share beside dK and dV spills.
     dk = warpgroup_mma(ds_smem, q_tile, dk, is_async=True)
     DQ_COLS: gl.constexpr = 64
-    DQ_LAYOUT: gl.constexpr = _mma_layout(DQ_COLS)
-    zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, DQ_LAYOUT)
-    rows = dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))  # padded rows: no mask
-    dcols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, DQ_LAYOUT))
-    for c in gl.static_range(HEAD_DIM // DQ_COLS):
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile.slice(c * DQ_COLS, DQ_COLS, dim=1), zero_q,
-                           use_acc=False, is_async=True)
-        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
-        gl.atomic_add(DQ_ACC + rows[:, None] * HEAD_DIM + (c * DQ_COLS + dcols)[None, :], dq, sem="relaxed")
+    if BLOCK_M == 64:  # dQ[:, c:c+64] = dS K[:, c:c+64]
+        DQ_LAYOUT: gl.constexpr = _mma_layout(DQ_COLS)
+        zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, DQ_LAYOUT)
+        rows = dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))  # padded: no mask
+        dcols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, DQ_LAYOUT))
+        for c in gl.static_range(HEAD_DIM // DQ_COLS):
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile.slice(c * DQ_COLS, DQ_COLS, dim=1), zero_q,
+                               use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            gl.atomic_add(DQ_ACC + rows[:, None] * HEAD_DIM + (c * DQ_COLS + dcols)[None, :], dq, sem="relaxed")
+    else:  # query tiles narrower than wgmma's 64 rows: dQ^T[c:c+64, :] = K[:, c:c+64]^T dS^T
+        DQT_LAYOUT: gl.constexpr = _mma_layout(BLOCK_M)
+        zero_q = gl.zeros([DQ_COLS, BLOCK_M], gl.float32, DQT_LAYOUT)
+        rows = dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, DQT_LAYOUT))
+        dcols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(1, DQT_LAYOUT))
+        for c in gl.static_range(HEAD_DIM // DQ_COLS):
+            dq = warpgroup_mma(k_tile.slice(c * DQ_COLS, DQ_COLS, dim=1).permute((1, 0)), ds_smem, zero_q,
+                               use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            gl.atomic_add(DQ_ACC + rows[None, :] * HEAD_DIM + (c * DQ_COLS + dcols)[:, None], dq, sem="relaxed")
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
     return dk, dv
 
@@ -431,13 +447,16 @@ STAGES = {
 HEAD_DIMS = (64, 128)
 
 
-def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
-    """(signature, constexprs) of a stage's kernel, as ``triton.compile`` takes them."""
+def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool,
+                     block_m: int | None = None) -> tuple[dict, dict]:
+    """(signature, constexprs) of a stage's kernel, as ``triton.compile`` takes them; ``block_m``: query rows of
+    a tile (default ``BLOCK_M[head_dim]``)."""
     name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-    signature = {"q_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
+    block_m = BLOCK_M[head_dim] if block_m is None else block_m
+    signature = {"q_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
                  "k_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
                  "v_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
-                 "do_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
+                 "do_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
                  "DQ_ACC": "*fp32", "DK": f"*{name}", "DV": f"*{name}", "LSE": "*fp32", "DELTA": "*fp32",
                  "qk_scale": "fp32", "scale": "fp32", "N_Q": "i32", "N_KV": "i32", "N_QPAD": "i32"}
     constexprs = stage.constexprs(causal)
@@ -476,9 +495,10 @@ def check_inputs(q, k, v, o, lse, do) -> None:
 
 def fa3_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                  do: torch.Tensor, *, causal: bool = False, scale: float | None = None,
-                 stage: str = "b6c") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 stage: str = "b6c", block_m: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention with stage ``stage`` of b6 (see the module docstring) from the forward's o and
-    natural-log lse. ``causal=True`` is top-left aligned. Hopper only; ``check_inputs`` says what it takes."""
+    natural-log lse. ``causal=True`` is top-left aligned. Hopper only; ``check_inputs`` says what it takes.
+    ``block_m`` (32 or 64; default ``BLOCK_M[D]``) overrides the query rows of a tile, for measuring."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .backward import _bwd_preprocess
@@ -489,6 +509,9 @@ def fa3_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     check_inputs(q, k, v, o, lse, do)
     spec = STAGES[stage]
     batch, heads, n_q, head_dim = q.shape
+    block_m = BLOCK_M[head_dim] if block_m is None else int(block_m)
+    if block_m not in (32, 64):
+        raise ValueError(f"block_m={block_m}: 32 or 64 query rows a tile")
     n_kv = k.shape[2]
     if batch * heads * n_q == 0 or n_kv == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -508,8 +531,8 @@ def fa3_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
                                 _smem_layout(block_rows, head_dim, q.dtype))
 
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
-    spec.kernel[grid](describe(q, n_q, ROWS), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
-                      describe(do, n_q, ROWS), dq_acc, dk, dv, lse, delta, scale * _LOG2E, scale, n_q, n_kv, n_qpad,
+    spec.kernel[grid](describe(q, n_q, block_m), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
+                      describe(do, n_q, block_m), dq_acc, dk, dv, lse, delta, scale * _LOG2E, scale, n_q, n_kv, n_qpad,
                       **spec.constexprs(bool(causal)), **spec.options())
     dq = torch.empty_like(q)
     _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, n_qpad, HEAD_DIM=head_dim,
