@@ -142,13 +142,13 @@ def _query_tiles(n0, n_q, n_kv, causal, keys, block_m):
     return m_lo, full_lo, max(full_hi, full_lo), n_m
 
 
+@pytest.mark.parametrize("block_m", [32, 64])
 @pytest.mark.parametrize("keys", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_query_tile_ranges_cover_every_visible_pair_once(keys, causal):
+def test_query_tile_ranges_cover_every_visible_pair_once(keys, causal, block_m):
     """A program's three loops (masked [m_lo, full_lo), unmasked [full_lo, full_hi), masked [full_hi, n_m))
     visit each query tile at most once, miss none that sees one of its keys, and skip the masks only where
     every (key, query) pair of the tile is visible."""
-    block_m = 64
     for n_q in (1, 17, 63, 64, 65, 128, 130, 200, 1000):
         for n_kv in (1, 17, 64, 100, 128, 130, 1000):
             for n0 in range(0, n_kv, keys):
