@@ -231,3 +231,94 @@ def test_ring_protocol_of_the_specialized_stages(consumers, n_tiles):
     for stages in (2, 3):
         for seed in range(3):
             _run_protocol(n_tiles, stages, consumers, seed)
+
+
+# ------------------------------------------------------------------------------------------ the index arithmetic
+def _emulate_b6(q, k, v, o, lse, do, causal, consumers, block_m):
+    """The b6 kernels' arithmetic written out again in float64 NumPy: flat (B*H*N, D) rows read as TMA reads
+    them (a tile past a head's end takes the next head's rows, past the last head zeros), lse and Delta by
+    masked or unmasked loads, the three loops of ``_query_tiles``, masks only in the masked loops, dQ shares
+    added into the padded buffer, dK scaled at the store, dQ by the convert kernel."""
+    import numpy as np
+
+    batch, heads, n_q, d = q.shape
+    n_kv = k.shape[2]
+    scale = 1.0 / np.sqrt(d)
+    qk_scale, log2e = scale * 1.4426950408889634, 1.4426950408889634
+    flat = {name: t.reshape(-1, d) for name, t in (("q", q), ("k", k), ("v", v), ("do", do))}
+    lse_flat = lse.reshape(-1)
+    delta_flat = (o * do).sum(-1).reshape(-1)  # the preprocess
+
+    def tma(name, row, rows):
+        out = np.zeros((rows, d))
+        got = flat[name][row:row + rows]
+        out[:len(got)] = got
+        return out
+
+    n_qpad = -(-n_q // 64) * 64
+    dq_acc = np.zeros((batch * heads, n_qpad, d))
+    dk, dv = np.zeros_like(k).reshape(-1, d), np.zeros_like(v).reshape(-1, d)
+    keys_prog = 64 * consumers
+    for bh in range(batch * heads):
+        for n0 in range(0, n_kv, keys_prog):
+            m_lo, full_lo, full_hi, n_m = _query_tiles(n0, n_q, n_kv, causal, keys_prog, block_m)
+            for wg in range(consumers):
+                k0 = n0 + 64 * wg
+                kt, vt = tma("k", bh * n_kv + k0, 64), tma("v", bh * n_kv + k0, 64)
+                key_ids = k0 + np.arange(64)
+                dk_acc, dv_acc = np.zeros((64, d)), np.zeros((64, d))
+                for m in range(m_lo, n_m):
+                    masked = not full_lo <= m < full_hi
+                    qt, dot = tma("q", bh * n_q + m * block_m, block_m), tma("do", bh * n_q + m * block_m, block_m)
+                    cols = m * block_m + np.arange(block_m)
+                    if masked:
+                        ok_rows = cols < n_q
+                        lse2 = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0) * log2e
+                        delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                    else:
+                        assert cols[-1] < n_q, "an unmasked load past the head's rows"
+                        lse2, delta = lse_flat[bh * n_q + cols] * log2e, delta_flat[bh * n_q + cols]
+                    with np.errstate(over="ignore"):
+                        p = np.exp2(kt @ qt.T * qk_scale - lse2[None, :])  # S^T: keys x queries
+                    if masked:
+                        ok = (cols[None, :] < n_q) & (key_ids[:, None] < n_kv)
+                        if causal:
+                            ok &= key_ids[:, None] <= cols[None, :]
+                        p = np.where(ok, p, 0.0)
+                    else:
+                        assert (key_ids < n_kv).all() and (not causal or key_ids[-1] <= cols[0])
+                    dv_acc += p @ dot
+                    ds = p * (vt @ dot.T - delta[None, :])
+                    dk_acc += ds @ qt
+                    dq_acc[bh, m * block_m:m * block_m + block_m] += ds.T @ kt
+                keep = key_ids < n_kv
+                dk[bh * n_kv + key_ids[keep]] = dk_acc[keep] * scale
+                dv[bh * n_kv + key_ids[keep]] = dv_acc[keep]
+    dq = dq_acc[:, :n_q] * scale
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+@pytest.mark.parametrize("consumers,block_m", [(1, 64), (1, 32), (2, 64), (2, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_kernels_index_arithmetic_gives_the_gradients(consumers, block_m, causal):
+    """The emulation above equals float64 gradients (to rounding), at lengths that end mid-tile, with fewer
+    and more keys than queries, and two heads (a tile past the first head's end reads the second's rows)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for n_q, n_kv in [(1, 1), (17, 17), (64, 64), (100, 100), (130, 130), (40, 150), (150, 40), (200, 257)]:
+        d = 16  # the arithmetic does not depend on D
+        q, do = rng.standard_normal((2, 2, n_q, d)), rng.standard_normal((2, 2, n_q, d))
+        k, v = rng.standard_normal((2, 2, n_kv, d)), rng.standard_normal((2, 2, n_kv, d))
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+        if causal:
+            s = np.where(np.tril(np.ones((n_q, n_kv), dtype=bool)), s, -np.inf)
+        lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+        p = np.exp(s - lse[..., None])
+        o = p @ v
+        dp = do @ np.swapaxes(v, -1, -2)
+        ds = p * (dp - (o * do).sum(-1, keepdims=True))
+        expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
+        got = _emulate_b6(q, k, v, o, lse, do, causal, consumers, block_m)
+        for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv}")
