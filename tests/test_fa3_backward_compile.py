@@ -76,6 +76,9 @@ def test_every_backward_stage_compiles_for_sm90(tmp_path):
             assert not budgets, f"b6a is not warp-specialized, yet: {budgets}"
         else:  # the producer's warpgroup gives its registers away
             assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"
+        if r["stage"] == "b6b":  # the consumer takes what the producer gave (launch capped at 128)
+            assert r["registers"] == 128, f"{where}: {r['registers']} registers a thread at launch"
+            assert "setmaxnreg.inc.sync.aligned.u32 \t232" in budgets, f"{where}: {budgets}"
         if r["stage"] == "b6c":
             assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"
     if spilled:

@@ -17,8 +17,9 @@ scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma
       recomputation of Q K^T and dO V^T, at the price of an atomic add of a BLOCK_M x D tile per step).
 - b6b ``_b6_ws_kernel`` (CONSUMERS=1): a producer warp loads K and V once and then every (Q, dO) tile into a
       ring of STAGES shared slots guarded by ready / empty mbarriers; the consumer warpgroup only computes
-      (``gl.warp_specialize``, the producer's warpgroup gives its registers away: 24 a thread). Expected:
-      +0-10% over b6a.
+      (``gl.warp_specialize``): the producer's warpgroup drops to 24 registers a thread, the consumer rises to
+      232, and the launch is capped at 128 (maxnreg, as v8b) so that two programs share an SM as in b6a (without
+      the cap, 255 a thread for 8 padded warps: one program an SM). Expected: +0-10% over b6a.
 - b6c ``_b6_ws_kernel`` (CONSUMERS=2): two consumer warpgroups own 64 keys each of a 128-key tile and share the
       ring (each (Q, dO) tile read from L2 serves 128 keys, as FA3's 2 x 64-row split of kBlockN = 128), with
       setmaxnreg budgets 240 / 24 (FA3's 3 warpgroups, one program per SM). Each warpgroup adds its own 64 x D
@@ -437,8 +438,9 @@ STAGES = {
     for s in (
         Stage("b6a", "one warpgroup, 64 keys a program, TMA double buffer for Q / dO, wgmma for the 5 products, "
               "dQ by relaxed atomics into float32", "0.8-1.0x b1", _b6a_kernel),
-        Stage("b6b", "producer warp + (Q, dO) ring with ready/empty mbarriers (gl.warp_specialize); producer 24 "
-              "registers", "+0-10% over b6a", _b6_ws_kernel, consumers=1, stages=2, producer_regs=24),
+        Stage("b6b", "producer warp + (Q, dO) ring with ready/empty mbarriers (gl.warp_specialize); setmaxnreg: "
+              "producer 24, consumer 232, launch capped at 128 a thread (two programs an SM, as b6a)",
+              "+0-10% over b6a", _b6_ws_kernel, consumers=1, stages=2, producer_regs=24, maxnreg=128),
         Stage("b6c", "two consumer warpgroups (64 keys each of a 128-key tile) share the ring; setmaxnreg: "
               "producer 24, consumers 240", "+10-25% over b6b: >= 0.9x cuDNN is the target", _b6_ws_kernel,
               consumers=2, stages=2, producer_regs=24, consumer_regs=240),
