@@ -10,6 +10,9 @@
 #   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
 #   scripts/gpu_run.sh grids      the attention grid in four parts (dtype x head dim); merge them with
 #                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
+#   scripts/gpu_run.sh unrun      what the third wave built on CPU and never ran on a GPU: the FP8 cache, block mask
+#                                 and compile GPU tests, torch.compile with inductor, decode, host time, train step
+#   scripts/gpu_run.sh fa3        the Gluon stages (forward v8a-v8e, backward b6a-b6c), each checked, then timed
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -93,6 +96,17 @@ final)  # the attention grid, decode, and the GPU tests of the default kernels
     stage decode 40 $py -m flashcourse.bench decode --out "$OUT"
     stage pytest_gpu 140 $py -m pytest -m gpu -x -q -p no:cacheprovider -k "not every_version" \
         tests/test_kernels_forward.py tests/test_kernels_backward.py tests/test_decode.py
+    ;;
+unrun)
+    stage pytest_gpu 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py tests/test_block_mask.py \
+        tests/test_compile.py tests/test_kernels_backward.py -k "fp8 or long_cache or block_mask or compile or lesson_08"
+    stage decode 120 $py -m flashcourse.bench decode --out "$OUT"
+    stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
+    stage train_step 200 $py -m flashcourse.bench train-step --out "$OUT"
+    ;;
+fa3)
+    stage fa3_forward 330 $py scripts/gpu_fa3.py --budget 300 --out "$OUT"
+    stage fa3_backward 240 $py scripts/gpu_fa3_backward.py --budget 210 --out "$OUT"
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

@@ -28,6 +28,11 @@ def _find(rows, **match):
     return None
 
 
+def _fp16_cache_rows(rows):
+    """The decoding rows of a float16 cache (rows before the FP8 cache carry no kv_dtype): the tables compare those."""
+    return [r for r in rows if r.get("kv_dtype", "float16") == "float16"]
+
+
 def _repeats_note(rows) -> str:
     """A sentence on the repeats when the rows have them (nothing for results recorded before them)."""
     repeats = max((r.get("repeats", 0) for r in rows if r.get("tflops_min") is not None), default=0)
@@ -79,6 +84,7 @@ def decode_summary(directory: Path | None = None) -> str:
     if newest is None:
         return ""
     meta, rows, name = newest
+    rows = _fp16_cache_rows(rows)
     lines = [
         f"Decoding one token, fp16, B = 1, 32 query heads sharing 8 KV heads, D = 128, on {meta['device']} on "
         f"{meta['date']} (`{name}`); effective bandwidth = bytes of K and V / time:",
@@ -212,6 +218,7 @@ def decode_kernels_table(directory: Path | None = None) -> str:
     if newest is None:
         return "No decoding run committed yet.\n"
     meta, rows, name = newest
+    rows = _fp16_cache_rows(rows)
     reference = {r["provider"]: r["bandwidth_tbs"] for r in rows if "kv_len" not in r}
     pages = sorted({r["page_size"] for r in rows if r["provider"] == "flashcourse_paged" and "page_size" in r})
     lines = [

@@ -39,7 +39,7 @@ from . import backward, configs, forward, fp8, ops  # noqa: E402
 from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
 from .blockmask import BlockMask  # noqa: E402
-from .decode import flash_decode  # noqa: E402
+from .decode import flash_decode, quantize_kv_cache  # noqa: E402
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402
 from .rules import Rules, parse_mask_rules, parse_rules  # noqa: E402
 
@@ -56,6 +56,7 @@ __all__ = [
     "flash_attention_forward",
     "flash_decode",
     "fp8",
+    "quantize_kv_cache",
 ]
 
 
