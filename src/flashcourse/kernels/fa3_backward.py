@@ -5,7 +5,8 @@ With S = scale * Q K^T, P = exp(S - lse), Delta = rowsum(dO * O) (the preprocess
 A program owns a tile of keys and keeps its dK and dV in the registers of its consumer warpgroup(s) (as b1's
 dK/dV kernel), and walks every query tile that sees those keys. Each step runs five wgmma products, all in the
 transposed orientation (keys are the rows, as b1): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q and the
-program's share of dQ, dS K (dS^T goes to shared memory once and is read back transposed as wgmma's A operand).
+program's share of dQ, dS K. dS^T goes to shared memory once; dK's product reads it from there, and so does
+the dQ share, in 64-column pieces: dS K[:, c:c+64] with 64-row query tiles, dQ^T = K[:, c:c+64]^T dS^T with 32.
 The dQ shares are summed in a float32 buffer (B*H, N_q rounded up to 64, D) by relaxed atomic adds (b4's way:
 Triton 3.6's Gluon has no TMA reduce-add; 3.9's ``tma.async_atomic_add`` would be b5's), and a small kernel
 scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) is the design.
@@ -22,8 +23,9 @@ scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma
       the cap, 255 a thread for 8 padded warps: one program an SM). Expected: +0-10% over b6a.
 - b6c ``_b6_ws_kernel`` (CONSUMERS=2): two consumer warpgroups own 64 keys each of a 128-key tile and share the
       ring (each (Q, dO) tile read from L2 serves 128 keys, as FA3's 2 x 64-row split of kBlockN = 128), with
-      setmaxnreg budgets 240 / 24 (FA3's 3 warpgroups, one program per SM). Each warpgroup adds its own 64 x D
-      share of dQ (FA3 sums the two in shared memory first: half the atomic traffic; a next step). Expected:
+      setmaxnreg budgets 240 / 24 (FA3's 3 warpgroups, one program per SM). Each warpgroup adds its own
+      BLOCK_M x D share of dQ (in FA3 the two compute different columns of one share from both halves of dS in
+      shared memory: half the atomic traffic, at the price of a barrier between them; a next step). Expected:
       +10-25% over b6b; the issue's target is >= 0.9x cuDNN.
 
 Layout contract (as ``fa3.py``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16), D 64
