@@ -1,0 +1,394 @@
+"""Forward v8 in FP8: the Gluon FlashAttention-3 forward (v8c's design) on e4m3 q, k, v, with V transposed inside
+the kernel (issue 23 item 2). Compiled for sm_90 on a CPU only, never run yet: ``scripts/gpu_fa3_fp8.py`` is its
+first GPU run.
+
+Why a transpose. Hopper's FP8 ``wgmma`` reads both operands K-major: the reduction dim contiguous in shared memory.
+In S = Q K^T the reduction runs over D, and q and k as the user passes them, (B, H, N, D) with D contiguous,
+already are. In O += P V it runs over the keys, and V as passed is not: its keys are D bytes apart. Our Triton FP8
+forward (``fp8.py``) pays a per-call copy of V into a keys-adjacent layout (``v_keys_contiguous``), between 6% and
+a quarter of the call's time (docs/KERNELS.md, FP8). FlashAttention-3 (Shah et al. 2024, section 3.3, "layout
+transformations"; ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp``, the ``Transpose_V`` path) instead transposes each V
+tile in shared memory after its TMA copy lands, in the producer warpgroup, with ldmatrix / stmatrix and byte
+permutes, while the consumers compute; and it lays P's registers out as the FP8 A operand wants them.
+
+This stage, ``v8c_fp8``, does the same with Gluon's pieces:
+
+- the **producer** partition is a whole warpgroup (4 warps, not v8c's one warp): its TMA copies are issued by one
+  thread as before (Q once; K tile j into a ring slot; V tile j, as passed, (BLOCK_N, D) with D contiguous, into a
+  staging slot); then the four warps **transpose** V tile j-1: ``load`` from the staging slot into registers
+  (a blocked layout holding 4 x 4 bytes a thread), ``store`` into the ring slot of V^T through a permuted view
+  (``vt_smem.index(slot).permute((1, 0))``: the buffer is (D, BLOCK_N), keys contiguous, so the (BLOCK_N, D)
+  view writes each value at its transposed place), ``fence_async_shared`` (the tensor cores read shared memory
+  through the async proxy), a barrier of the four warps, then one arrive on ``vt_ready``. Tile j-1 is
+  transposed after tile j's copies are issued, so the TMA of one tile overlaps the transpose of the previous;
+- the two **consumer** warpgroups (64 query rows each) are v8c's, in FP8: S = Q K^T with K^T the permuted view of
+  the K tile (K-major, as before); the online softmax computes ``p * 2^P_SHIFT`` (fp8.py's rounding: P_SHIFT
+  taken off the running max, exactly), P cast to e4m3 and converted to the A-operand layout of an 8-bit wgmma
+  (``DotOperandLayout(k_width=4)``: the register reordering FlashAttention-3 writes by hand is the compiler's
+  ``convert_layout``); O += P V^T^T with V^T the permuted view of the (D, BLOCK_N) buffer, which is K-major;
+- **descales** as fp8.py: q's and k's folded into the exponent's scale once per program, v's multiplying the
+  output at the end; the lse takes P_SHIFT back off.
+
+Register budgets: the producer warpgroup now holds a V tile in registers (BLOCK_N * D / 128 bytes a thread, 32
+registers at D = 128), so it gets more than v8c's 24: producer 56, consumers 224 (2 * 128 * 224 + 128 * 56 =
+64,512 of the SM's 65,536), 12 warps at launch as v8c. Tiles: 128 query rows (two consumer warpgroups) by 128
+keys at D 64 and 128 (FlashAttention-3's FP8 tile at D = 128 non-causal is 128 x 224; Triton's tensors need
+powers of two, and a 64 x 256 score tile a warpgroup would leave no registers for the output).
+
+Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), float8_e4m3fn, contiguous as passed (no copy of V), D
+64 or 128, H_q == H_kv; descales (B, H) float32 (None = 1); o (B, H, N_q, D) in ``out_dtype`` (bfloat16 or
+float16), lse (B, H, N_q) float32, natural log. ``causal=True`` is top-left aligned. The tensors are seen as 2-D
+(B*H*N, D) for TMA, as fa3.py: a tile past its head's last row reads the next head's rows, which the masks
+discard. ``flashcourse.kernels`` does not import this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .fa3 import _LN2, _MASKED_FILL, _key_tiles, _tma_load, triton_cdiv
+
+TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile.py); run on a GPU: none yet
+
+FP8 = torch.float8_e4m3fn
+P_SHIFT = 8  # as fp8.P_SHIFT: P is quantised as p * 2^8, the row max 1 -> 256 < 448
+HEAD_DIMS = (64, 128)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+ROWS = 64  # query rows of one consumer warpgroup
+CONSUMERS = 2
+BLOCK_N = {64: 128, 128: 128}  # key tile rows per head dim
+RING = 2  # K and V^T ring depth (and V staging slots)
+PRODUCER_REGS = 56
+CONSUMER_REGS = 224
+NUM_WARPS = 4  # the default partition: consumer warpgroup 0
+_LOG2E = 1.4426950408889634
+# A barrier of the calling partition's warps: ``gl.thread_barrier`` in Triton 3.6, ``gl.barrier`` later.
+_warps_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+
+# ------------------------------------------------------------------------------------------ producer
+@gluon.constexpr_function
+def _mma_layout(n):
+    """fa3._mma_layout for 8-bit operands: an FP8 wgmma reduces 32 elements an instruction (16 in 16 bits), and
+    the lowering refuses an fp8 wgmma whose layout says 16."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 32])
+
+
+@gluon.jit
+def _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, j, RING: gl.constexpr):
+    """V tile j: staging slot (BLOCK_N, D), D contiguous -> ring slot (D, BLOCK_N), keys contiguous, through the
+    registers of the producer's four warps. The slot is refilled only after both consumers freed it."""
+    # 4 keys x 4 channels a thread: read 4 bytes along D, write 4 bytes along the keys.
+    regs: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 4], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                          order=[0, 1])
+    slot = j % RING
+    phase = (j // RING) & 1
+    tile = v_stage.index(slot).load(regs)  # the TMA copy landed: waited on by the caller
+    mbarrier.wait(vt_empty.index(slot), phase ^ 1)
+    vt_smem.index(slot).permute((1, 0)).store(tile)
+    fence_async_shared()  # the generic-proxy stores become visible to wgmma (async proxy)
+    _warps_barrier()  # all four warps stored before the one arrive
+    mbarrier.arrive(vt_ready.index(slot))
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, k_ready, k_empty, v_landed,
+              vt_ready, vt_empty, q_row, kv_row, n_tiles, CONSUMERS: gl.constexpr, RING: gl.constexpr):
+    """Q once; then for each key tile j: K(j) into the ring, V(j) into staging, and the transpose of V(j-1)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    for w in gl.static_range(CONSUMERS):
+        mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [q_row + w * q_desc.block_type.shape[0], 0], q_bars.index(w), q_smem.index(w))
+    for j in range(n_tiles):
+        slot = j % RING
+        phase = (j // RING) & 1
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        # Staging slot j % RING last held tile j - RING, transposed (read into registers) in an earlier iteration
+        # of these same warps, and fenced there: free.
+        mbarrier.expect(v_landed.index(slot), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_landed.index(slot), v_stage.index(slot))
+        if j > 0:
+            prev = j - 1
+            mbarrier.wait(v_landed.index(prev % RING), (prev // RING) & 1)
+            _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, prev, RING)
+    if n_tiles > 0:
+        last = n_tiles - 1
+        mbarrier.wait(v_landed.index(last % RING), (last // RING) & 1)
+        _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, last, RING)
+
+
+# ------------------------------------------------------------------------------------------ consumers
+@gluon.jit
+def _fp8_softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                      BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+    """fa3._softmax_tile with fp8.py's P: returns p * 2^P_SHIFT (fp32; the row max lands on 2^P_SHIFT), alpha,
+    the new running max (without the shift) and the running sum of the shifted p."""
+    if MASKED:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        ok = cols[None, :] < N_KV
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= rows[:, None])
+        s = gl.where(ok, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - (m_new - 8.0)[:, None])  # P_SHIFT = 8
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows, j_lo, j_hi, N_KV,
+               qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, RING: gl.constexpr, BLOCK_N: gl.constexpr,
+               S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi) of one consumer warpgroup: QK^T, softmax, P to e4m3, P V from the transposed ring."""
+    zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=4)  # 8-bit A operand
+    for j in range(j_lo, j_hi):
+        slot = j % RING
+        phase = (j // RING) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(k_empty.index(slot))
+        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p8 = gl.convert_layout(p.to(vt_smem.dtype), p_layout)
+        mbarrier.wait(vt_ready.index(slot), phase)
+        # vt_smem slot: (D, BLOCK_N) with the keys contiguous; its (BLOCK_N, D) view is K-major for P V.
+        acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(vt_empty.index(slot))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty,
+                  vt_ready, vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
+    """Consumer warpgroup ``wg``: query rows [m0, m0 + 64) against every key tile of the program, then the store
+    of o * v_descale and of the lse without the shift."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
+    q_tile = q_smem.index(wg)
+    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+    mbarrier.wait(q_bars.index(wg), 0)
+    acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows,
+                               0, full, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, RING=RING, BLOCK_N=BLOCK_N,
+                               S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows,
+                               full, n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, RING=RING,
+                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    # l carries 2^P_SHIFT as acc does (o = acc / l is right); the lse takes it off: m - P_SHIFT + log2(l).
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("-inf"), (m_i - 8.0 + gl.log2(l_safe)) * _LN2)
+    o = acc * (v_descale / gl.convert_layout(l_safe, gl.SliceLayout(1, O_LAYOUT)))[:, None]
+    base = bh.to(gl.int64) * N_Q
+    out_rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+    ptrs = O + (base + out_rows)[:, None] * HEAD_DIM + cols[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=(out_rows < N_Q)[:, None] & (cols < HEAD_DIM)[None, :])
+    gl.store(LSE + base + rows, lse, mask=rows < N_Q)
+
+
+@gluon.jit
+def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                   vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
+    """The default partition: consumer warpgroup 0."""
+    _fp8_consumer(0, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                  vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, RING=RING)
+
+
+@gluon.jit
+def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                   vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
+    """A worker partition of 4 warps: consumer warpgroup 1, the next 64 query rows."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    _fp8_consumer(1, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                  vt_empty, bh, m0 + ROWS, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, RING=RING)
+
+
+@gluon.jit(do_not_specialize=["N_Q", "N_KV"])
+def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, N_Q, N_KV,
+                    CAUSAL: gl.constexpr, RING: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr):
+    """v8c_fp8: two consumer warpgroups (the default partition and a worker, 4 warps each) and a producer
+    warpgroup that loads and transposes V; launch with num_warps=4. A program takes 128 query rows of one
+    (batch, head) ``bh``; descales are read at ``bh`` (q, k, v share the head: no grouped-query attention)."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = ROWS * 2
+
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    m0 = pid_m * BLOCK_M
+    full, n_tiles = _key_tiles(m0, N_KV, CAUSAL=CAUSAL, ROWS=BLOCK_M, BLOCK_N=BLOCK_N)
+    qk_scale = qk_scale * gl.load(Q_DESCALE + bh) * gl.load(K_DESCALE + bh)
+    v_descale = gl.load(V_DESCALE + bh)
+
+    vt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HEAD_DIM, BLOCK_N], gl.float8e4nv)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [RING, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_stage = gl.allocate_shared_memory(v_desc.dtype, [RING, BLOCK_N, HEAD_DIM], v_desc.layout)
+    vt_smem = gl.allocate_shared_memory(v_desc.dtype, [RING, HEAD_DIM, BLOCK_N], vt_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    v_landed = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    vt_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    vt_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(q_bars.index(w), count=1)
+    for i in gl.static_range(RING):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_landed.index(i), count=1)
+        mbarrier.init(vt_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumer warpgroups free the slot
+        mbarrier.init(vt_empty.index(i), count=2)
+
+    q_row = bh * N_Q + m0
+    kv_row = bh * N_KV
+    gl.warp_specialize([
+        (_fp8_consumer0, (O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                          vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, RING)),
+        (_fp8_consumer1, (O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
+                          vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, RING)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, k_ready, k_empty, v_landed,
+                     vt_ready, vt_empty, q_row, kv_row, n_tiles, 2, RING)),
+    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ------------------------------------------------------------------------------------------ host
+def _smem_layout(rows: int, head_dim: int):
+    return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float8e4nv)
+
+
+def tensor_descriptor_signature(rows: int, head_dim: int) -> str:
+    """The signature type of an e4m3 Gluon TensorDescriptor argument of this block (compiling without a GPU)."""
+    return f"tensordesc<fp8e4nv[{rows},{head_dim}],{_smem_layout(rows, head_dim)!r}>"
+
+
+def constexprs(causal: bool) -> dict:
+    return {"CAUSAL": bool(causal), "RING": RING, "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}
+
+
+def options() -> dict:
+    return {"num_warps": NUM_WARPS}
+
+
+def kernel_signature(head_dim: int, out_dtype: torch.dtype = torch.bfloat16, causal: bool = False):
+    """(signature, constexprs) of the kernel, as ``triton.compile`` takes them."""
+    block_n = BLOCK_N[head_dim]
+    out = {torch.float16: "fp16", torch.bfloat16: "bf16"}[out_dtype]
+    signature = {"q_desc": tensor_descriptor_signature(ROWS, head_dim),
+                 "k_desc": tensor_descriptor_signature(block_n, head_dim),
+                 "v_desc": tensor_descriptor_signature(block_n, head_dim),
+                 "O": f"*{out}", "LSE": "*fp32", "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32",
+                 "qk_scale": "fp32", "N_Q": "i32", "N_KV": "i32"}
+    consts = constexprs(causal)
+    signature.update({key: "constexpr" for key in consts})
+    return signature, consts
+
+
+def _descale(d, name: str, batch: int, heads: int, device) -> torch.Tensor:
+    if d is None:
+        return torch.ones((batch, heads), dtype=torch.float32, device=device)
+    if not isinstance(d, torch.Tensor) or tuple(d.shape) != (batch, heads) or d.dtype != torch.float32:
+        got = f"{tuple(d.shape)} {d.dtype}" if isinstance(d, torch.Tensor) else type(d).__name__
+        raise ValueError(f"{name} is {got}: fa3_fp8_forward expects ({batch}, {heads}) float32, one factor per "
+                         "(batch, head), as flashcourse.kernels.fp8.quantize_fp8 returns it")
+    if d.device != device:
+        raise ValueError(f"{name} is on {d.device} but q is on {device}: put the descales on q's device")
+    return d.contiguous()
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_dtype=torch.bfloat16) -> None:
+    """What fa3_fp8_forward takes, or a ValueError saying what to use instead."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"fa3_fp8_forward takes q, k, v of shape (B, H, N, D); {name} is not")
+    if q.dtype != FP8 or k.dtype != FP8 or v.dtype != FP8:
+        raise ValueError(f"fa3_fp8_forward takes float8_e4m3fn q, k, v (got {q.dtype}, {k.dtype}, {v.dtype}): "
+                         "quantise them with flashcourse.kernels.fp8.quantize_fp8, or use fa3.fa3_forward for "
+                         "float16 / bfloat16")
+    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"fa3_fp8_forward needs q (B, H, N_q, D), k and v (B, H, N_kv, D) with the same B, H, D "
+                         f"(got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}); for grouped-query "
+                         "attention use flashcourse.kernels.fp8.flash_attention_forward_fp8")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"fa3_fp8_forward takes head dims {HEAD_DIMS} (got {q.shape[3]}); "
+                         "use flashcourse.kernels.flash_attention in float16 / bfloat16 for the others")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype is {out_dtype}: fa3_fp8_forward returns torch.bfloat16 or torch.float16")
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("fa3_fp8_forward reads q, k, v as contiguous (B, H, N, D) tensors through TMA and "
+                         "transposes V itself: pass v as it comes (v.contiguous(), not a keys-adjacent view such as "
+                         "fp8.v_keys_contiguous makes), or use flashcourse.kernels.fp8.flash_attention_forward_fp8, "
+                         "which takes any strides")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}: put them on one device")
+
+
+def require_hopper(q: torch.Tensor) -> None:
+    """sm_90 only (the kernel is written for Hopper's wgmma and setmaxnreg), or a ValueError naming the FP8
+    kernel that runs elsewhere."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        where = f"compute capability {torch.cuda.get_device_capability(q.device)}" if q.is_cuda else "the CPU"
+        raise ValueError(f"fa3_fp8_forward is written for Hopper (sm_90: H100, H200), not {where}: use "
+                         "flashcourse.kernels.fp8.flash_attention_forward_fp8 on sm_89 and newer")
+
+
+def fa3_fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_descale=None, k_descale=None,
+                    v_descale=None, *, causal: bool = False, scale: float | None = None,
+                    out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 forward on the v8 design: q8, k8, v8 float8_e4m3fn (B, H, N, D) as passed (V is transposed inside the
+    kernel, no copy), descales (B, H) float32 (None = 1). Returns (o in ``out_dtype``, lse float32, natural log).
+    Hopper only; see ``check_inputs`` and ``require_hopper``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    check_inputs(q8, k8, v8, out_dtype)
+    batch, heads, n_q, head_dim = q8.shape
+    n_kv = k8.shape[2]
+    descales = [_descale(d, name, batch, heads, q8.device)
+                for d, name in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale"))]
+    require_hopper(q8)
+    o = torch.empty((batch, heads, n_q, head_dim), dtype=out_dtype, device=q8.device)
+    lse = torch.empty((batch, heads, n_q), device=q8.device, dtype=torch.float32)
+    if n_q == 0 or batch * heads == 0:
+        return o, lse
+    if n_kv == 0:
+        return o.zero_(), lse.fill_(float("-inf"))
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    block_n = BLOCK_N[head_dim]
+
+    def describe(t: torch.Tensor, n: int, block_rows: int):
+        flat = t.view(batch * heads * n, head_dim)
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
+                                _smem_layout(block_rows, head_dim))
+
+    grid = (triton_cdiv(n_q, ROWS * CONSUMERS), batch * heads)
+    _fa3_fp8_kernel[grid](describe(q8, n_q, ROWS), describe(k8, n_kv, block_n), describe(v8, n_kv, block_n), o, lse,
+                          descales[0], descales[1], descales[2], scale * _LOG2E, n_q, n_kv,
+                          **constexprs(bool(causal)), **options())
+    return o, lse

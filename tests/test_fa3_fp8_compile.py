@@ -1,0 +1,348 @@
+"""The FP8 Gluon forward (``flashcourse.kernels.fa3_fp8``, v8c_fp8, V transposed inside the kernel) on a CPU.
+
+Gluon has no interpreter, so the kernel is compiled ahead of time for sm_90 (to a cubin, with the ptxas of the
+installed Triton's wheel, through ``scripts/fa3_compile.py``'s helpers) and its resources checked: no spills,
+shared memory within 227 KB, the register budgets, FP8 wgmma, and the transpose lowered to shared-memory loads,
+byte permutes and stmatrix. Then what a compile cannot show: the producer's protocol (K ring, V staging, V^T
+ring) on Python threads over tests/test_fa3_compile.py's mbarrier model, and the kernel's index and transposition
+arithmetic written out in NumPy (flat TMA rows across heads, tiles past the end, the (D, BLOCK_N) buffer written
+through its permuted view and read through it again, P rounded to e4m3 as p * 2^8, the descales) giving
+attention within ``fp8.error_bound`` of the float64 reference. Whether the GPU agrees: ``scripts/gpu_fa3_fp8.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_COMPILE = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
+import fa3_compile
+ok, why = fa3_compile.supported()
+if not ok:
+    print("skipped: " + why); sys.exit(0)
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+try:
+    from flashcourse.kernels import fa3_fp8
+except (ImportError, AttributeError) as error:
+    print(f"skipped: fa3_fp8.py does not import under Triton {triton.__version__}: {error}"); sys.exit(0)
+records = []
+for d in (64, 128):
+    for causal in (False, True):
+        sig, consts = fa3_fp8.kernel_signature(d, torch.bfloat16, causal)
+        k = triton.compile(GluonASTSource(fa3_fp8._fa3_fp8_kernel, sig, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options=fa3_fp8.options())
+        usage = fa3_compile.resource_usage(k.asm["cubin"])
+        lines = k.asm["ptx"].splitlines()
+        records.append({"head_dim": d, "causal": causal, "registers": usage["registers"],
+                        "spill_bytes": usage["local"], "shared": k.metadata.shared,
+                        "setmaxnreg": sorted({x.strip().rstrip(";") for x in lines if "setmaxnreg" in x}),
+                        "wgmma_fp8": sum("wgmma.mma_async" in x and "e4m3.e4m3" in x for x in lines),
+                        "stmatrix": sum("stmatrix" in x for x in lines),
+                        "fence_proxy_async": sum("fence.proxy.async" in x for x in lines)})
+        print(json.dumps(records[-1]), flush=True)
+json.dump({"triton": triton.__version__, "records": records}, open(sys.argv[2], "w"))
+"""
+
+
+def _env(tmp_path: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+@pytest.mark.slow  # 15-25 s on two shared cores: four compiles to cubin
+def test_fp8_stage_compiles_for_sm90(tmp_path):
+    out = tmp_path / "fa3_fp8.json"
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(ROOT), str(out)], capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=900)
+    if proc.stdout.startswith("skipped:"):
+        pytest.skip(proc.stdout.strip())
+    assert proc.returncode == 0 and out.exists(), proc.stdout + proc.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    assert {(r["head_dim"], r["causal"]) for r in records} == {(d, c) for d in (64, 128) for c in (False, True)}
+    for r in records:
+        where = f"D={r['head_dim']} causal={r['causal']}"
+        assert r["spill_bytes"] == 0, f"{where} spills {r['spill_bytes']} bytes a thread"
+        assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory"
+        assert r["wgmma_fp8"] > 0, f"{where} has no e4m3 wgmma"
+        assert r["stmatrix"] > 0, f"{where}: the V transpose is not lowered to stmatrix"
+        assert r["fence_proxy_async"] > 0, f"{where}: no proxy fence between the transpose and the wgmma"
+        budgets = " ".join(r["setmaxnreg"])
+        assert "setmaxnreg.dec.sync.aligned.u32 \t56" in budgets, f"{where}: {budgets}"  # the producer
+        assert "setmaxnreg.inc.sync.aligned.u32 \t224" in budgets, f"{where}: {budgets}"  # the consumers
+
+
+def test_kernels_package_does_not_import_fa3_fp8():
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.fa3_fp8' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
+
+
+def _fa3_fp8():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    try:
+        from flashcourse.kernels import fa3_fp8
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_fp8.py does not import under this Triton: {error}")
+    return fa3_fp8
+
+
+def test_unsupported_inputs_say_what_to_use():
+    fa3_fp8 = _fa3_fp8()
+    fp8 = torch.float8_e4m3fn
+
+    def t(n=8, d=64, dtype=fp8, heads=2):
+        return torch.zeros(1, heads, n, d, dtype=dtype)
+
+    with pytest.raises(ValueError, match="float8_e4m3fn.*quantize_fp8.*fa3_forward"):
+        fa3_fp8.fa3_fp8_forward(t(dtype=torch.float16), t(dtype=torch.float16), t(dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\).*flash_attention"):
+        fa3_fp8.fa3_fp8_forward(t(d=96), t(d=96), t(d=96))
+    with pytest.raises(ValueError, match="grouped-query.*flash_attention_forward_fp8"):
+        fa3_fp8.fa3_fp8_forward(t(), t(heads=1), t(heads=1))
+    with pytest.raises(ValueError, match="contiguous.*v_keys_contiguous.*flash_attention_forward_fp8"):
+        v = t().transpose(2, 3).contiguous().transpose(2, 3)  # keys adjacent: not what this kernel reads
+        fa3_fp8.fa3_fp8_forward(t(), t(), v)
+    with pytest.raises(ValueError, match="out_dtype"):
+        fa3_fp8.fa3_fp8_forward(t(), t(), t(), out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="Hopper.*flash_attention_forward_fp8"):
+        fa3_fp8.fa3_fp8_forward(t(), t(), t())
+    with pytest.raises(ValueError, match=r"q_descale.*\(1, 2\) float32.*quantize_fp8"):
+        fa3_fp8.fa3_fp8_forward(t(), t(), t(), torch.ones(2))
+
+
+# ------------------------------------------------------------------------------------------ the producer's protocol
+def _forward_test():
+    """tests/test_fa3_compile.py as a module: its mbarrier model is reused, not copied."""
+    spec = importlib.util.spec_from_file_location("_fa3_forward_test", ROOT / "tests" / "test_fa3_compile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_fp8_protocol(n_tiles: int, ring: int, seed: int) -> None:
+    """fa3_fp8's barriers, phases and order on threads: the producer issues K(j) and V(j) (TMA lands later),
+    then transposes V(j-1) once it landed and its V^T slot is free; two consumers read K(j), then V^T(j), and
+    must find tile j in both, still there when they free the slot."""
+    model = _forward_test()
+    cv = threading.Condition()
+    rng = random.Random(seed)
+    bar = model._MBarrier
+    k_ready, v_landed, vt_ready = ([bar(1, cv) for _ in range(ring)] for _ in range(3))
+    k_empty, vt_empty = ([bar(2, cv) for _ in range(ring)] for _ in range(2))
+    k_slots, stage, vt_slots = [None] * ring, [None] * ring, [None] * ring
+    errors = []
+
+    def tma(slots, slot, tile, barrier):
+        def land():
+            model._jitter(rng)
+            slots[slot] = tile
+            barrier.arrive()
+        threading.Thread(target=land).start()
+
+    def transpose(j):
+        slot, phase = j % ring, (j // ring) & 1
+        v_landed[slot].wait(phase)
+        tile = stage[slot]
+        assert tile == ("v", j), f"staging slot {slot} holds {tile}, transposing tile {j}"
+        vt_empty[slot].wait(phase ^ 1)
+        model._jitter(rng)
+        vt_slots[slot] = ("vt", j)
+        vt_ready[slot].arrive()
+
+    def producer():
+        for j in range(n_tiles):
+            slot, phase = j % ring, (j // ring) & 1
+            k_empty[slot].wait(phase ^ 1)
+            tma(k_slots, slot, ("k", j), k_ready[slot])
+            tma(stage, slot, ("v", j), v_landed[slot])
+            if j > 0:
+                transpose(j - 1)
+        if n_tiles > 0:
+            transpose(n_tiles - 1)
+
+    def consumer(wg):
+        for j in range(n_tiles):
+            slot, phase = j % ring, (j // ring) & 1
+            k_ready[slot].wait(phase)
+            assert k_slots[slot] == ("k", j), f"wg {wg} reads {k_slots[slot]} for K tile {j}"
+            model._jitter(rng)
+            assert k_slots[slot] == ("k", j), f"K slot {slot} refilled under wg {wg}"
+            k_empty[slot].arrive()
+            vt_ready[slot].wait(phase)
+            assert vt_slots[slot] == ("vt", j), f"wg {wg} reads {vt_slots[slot]} for V^T tile {j}"
+            model._jitter(rng)
+            assert vt_slots[slot] == ("vt", j), f"V^T slot {slot} refilled under wg {wg}"
+            vt_empty[slot].arrive()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(producer,))]
+    threads += [threading.Thread(target=guarded, args=(consumer, wg)) for wg in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors[0]
+    assert not any(thread.is_alive() for thread in threads), "a partition never finished"
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 7])
+def test_producer_transpose_protocol(n_tiles):
+    for seed in range(3):
+        _run_fp8_protocol(n_tiles, ring=2, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------ index arithmetic
+def _e4m3(x):
+    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.float8_e4m3fn).to(torch.float64).numpy()
+
+
+def _key_tiles(first_row, n_kv, causal, rows, block_n):
+    """fa3._key_tiles, written out again."""
+    full, hi = n_kv // block_n, n_kv
+    if causal:
+        hi = min(n_kv, first_row + rows)
+        full = min(full, first_row // block_n)
+    return full, (hi + block_n - 1) // block_n
+
+
+def _emulate(q8, k8, v8, qd, kd, vd, causal, head_dim):
+    """The kernel's arithmetic in float64 NumPy: returns (o, lse) as it would store them (before out_dtype)."""
+    from flashcourse.kernels import fa3_fp8
+
+    batch, heads, n_q, d = q8.shape
+    n_kv = k8.shape[2]
+    rows_wg, block_n, ring = fa3_fp8.ROWS, fa3_fp8.BLOCK_N[head_dim], fa3_fp8.RING
+    block_m = rows_wg * fa3_fp8.CONSUMERS
+    qf, kf, vf = (t.reshape(-1, d) for t in (q8, k8, v8))  # the 2-D (B*H*N, D) views the descriptors see
+
+    def tma(flat, row, rows):  # a box of `rows` rows from `row`; TMA fills zeros past the tensor's end
+        box = np.zeros((rows, d))
+        part = flat[row:row + rows]
+        box[:len(part)] = part
+        return box
+
+    o = np.zeros((batch * heads, n_q, d))
+    lse = np.zeros((batch * heads, n_q))
+    grid_m = -(-n_q // block_m)
+    for bh in range(batch * heads):
+        qk_scale = (1.0 / math.sqrt(d)) * 1.4426950408889634 * qd.flat[bh] * kd.flat[bh]
+        for pid in range(grid_m):
+            pid_m = grid_m - 1 - pid if causal else pid
+            m0 = pid_m * block_m
+            full, n_tiles = _key_tiles(m0, n_kv, causal, block_m, block_n)
+            kv_row = bh * n_kv
+            stage = np.zeros((ring, block_n, d))
+            vt = np.zeros((ring, d, block_n))  # (D, BLOCK_N): keys contiguous
+            k_ring = np.zeros((ring, block_n, d))
+            tiles = []
+            for j in range(n_tiles):  # the producer
+                slot = j % ring
+                k_ring[slot] = tma(kf, kv_row + j * block_n, block_n)
+                stage[slot] = tma(vf, kv_row + j * block_n, block_n)
+                # the transpose: the register tile (block_n, d) stored through vt[slot].permute((1, 0))
+                view = vt[slot].transpose(1, 0)
+                view[:, :] = stage[slot]
+                tiles.append((k_ring[slot].copy(), vt[slot].copy()))
+            for wg in range(fa3_fp8.CONSUMERS):
+                r0 = m0 + wg * rows_wg
+                q_tile = tma(qf, bh * n_q + r0, rows_wg)
+                rows = r0 + np.arange(rows_wg)
+                m_i = np.full(rows_wg, -1.0e30)
+                l_i = np.zeros(rows_wg)
+                acc = np.zeros((rows_wg, d))
+                for j in range(n_tiles):
+                    k_tile, vt_tile = tiles[j]
+                    s = q_tile @ k_tile.T  # B operand: the K tile's permuted view
+                    if j >= full:
+                        cols = j * block_n + np.arange(block_n)
+                        ok = cols[None, :] < n_kv
+                        if causal:
+                            ok = ok & (cols[None, :] <= rows[:, None])
+                        s = np.where(ok, s, -np.inf)
+                    m_new = np.maximum(m_i, s.max(axis=1) * qk_scale)
+                    p = np.exp2(s * qk_scale - (m_new - 8.0)[:, None])
+                    alpha = np.exp2(m_i - m_new)
+                    l_i = l_i * alpha + p.sum(axis=1)
+                    acc = acc * alpha[:, None] + _e4m3(p) @ vt_tile.transpose(1, 0)  # B: vt's permuted view
+                    m_i = m_new
+                keep = rows < n_q
+                empty = l_i == 0
+                l_safe = np.where(empty, 1.0, l_i)
+                o[bh, rows[keep]] = (acc * (vd.flat[bh] / l_safe)[:, None])[keep]
+                lse[bh, rows[keep]] = np.where(empty, -np.inf, (m_i - 8.0 + np.log2(l_safe)) * math.log(2))[keep]
+    return o.reshape(batch, heads, n_q, d), lse.reshape(batch, heads, n_q)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_kv", [(1, 1), (17, 17), (200, 200), (130, 300), (300, 129)])
+def test_the_kernels_index_arithmetic_gives_attention(head_dim, causal, n_q, n_kv):
+    _fa3_fp8()
+    from flashcourse.kernels import fp8
+
+    gen = torch.Generator().manual_seed(n_q * 7 + n_kv + head_dim + causal)
+    q, k, v = (torch.randn(2, 2, n, head_dim, generator=gen) * s
+               for n, s in ((n_q, 1.5), (n_kv, 1.5), (n_kv, 1.0)))
+    x = fp8.quantize_fp8(q, k, v)
+    q8, k8, v8 = (t.to(torch.float64).numpy() for t in (x.q, x.k, x.v))
+    o, lse = _emulate(q8, k8, v8, x.q_descale.numpy().astype(np.float64), x.k_descale.numpy().astype(np.float64),
+                      x.v_descale.numpy().astype(np.float64), causal, head_dim)
+    qd, kd, vd = x.dequantized()
+    o_ref, lse_ref, p_abs_v = fp8.reference_forward(qd, kd, vd, causal=causal, p_shift=fp8.P_SHIFT)
+    bound = fp8.error_bound(o_ref, p_abs_v, float(vd.abs().max()), n_kv, out_dtype=torch.float16)
+    err = (torch.from_numpy(o) - o_ref).abs()
+    worst = int(err.argmax())
+    assert bool((err <= bound).all()), (f"max error {float(err.flatten()[worst]):.3g}, "
+                                        f"bound there {float(bound.flatten()[worst]):.3g}")
+    assert np.allclose(lse, lse_ref.numpy(), atol=1e-6, rtol=1e-9)
+
+
+def test_the_transpose_layout_covers_each_element_once():
+    """The producer's register tile: BlockedLayout([4, 4], [4, 8], [4, 1], order [0, 1]) over (BLOCK_N, D),
+    4 warps: every element is held by exactly one thread, each thread 4 consecutive keys x 4 consecutive
+    channels a block (a 4-byte read along D, a 4-byte write along the keys)."""
+    for head_dim in (64, 128):
+        block_n = 128
+        owner = np.full((block_n, head_dim), -1)
+        tile_rows, tile_cols = 4 * 4 * 4, 4 * 8
+        for warp in range(4):
+            for lane in range(32):
+                t_row, t_col = lane % 4, lane // 4  # order [0, 1]: dim 0 fastest across lanes
+                for rep_r in range(block_n // tile_rows):
+                    for rep_c in range(head_dim // tile_cols):
+                        r = rep_r * tile_rows + warp * 16 + t_row * 4
+                        c = rep_c * tile_cols + t_col * 4
+                        block = owner[r:r + 4, c:c + 4]
+                        assert (block == -1).all()
+                        block[:] = warp * 32 + lane
+        assert (owner >= 0).all()
+        assert (np.bincount(owner.ravel()) == block_n * head_dim // 128).all()
