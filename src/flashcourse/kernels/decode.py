@@ -460,13 +460,13 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
     Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
     largest and the rest keep 3 mantissa bits (a relative rounding error of at most 2^-4) down to 2^-6 of the
     scale. Why this granularity: a decode kernel program reads one (sequence, KV head), so its two scales are two
-    scalar loads per program, folded into the score scale (K) and the output (V): nothing per key. Finer scales
-    (per page or per token) would follow outliers better, a token whose keys are 100x the rest no longer
-    flattening every other token of its head to a few levels, at the cost of a scale read per page or per row
-    inside the loop (and a scale column beside the block table). Coarser ones (per head or per tensor, what vLLM
-    uses with a scale calibrated offline) let a serving engine write new tokens without ever rescaling old ones:
-    an amax taken after the fact, as here, suits a cache quantised once after prefill; a growing cache whose new
-    token exceeds the amax must clamp it or requantise.
+    scalar loads per program, folded into the score scale (K) and the output (V): nothing per key. e4m3 is
+    floating point, so values within 448 / 2^-6 of their head's largest keep all 3 mantissa bits whatever the
+    outliers; finer scales (per page or per token) only help ranges wider than that, at the cost of a scale read
+    per page or per row inside the loop (and a scale column beside the block table). Coarser ones (per head or
+    per tensor, what vLLM uses with a scale calibrated offline) let a serving engine write new tokens without
+    ever rescaling old ones: an amax taken after the fact, as here, suits a cache quantised once after prefill; a
+    growing cache whose new token exceeds the amax must clamp it or requantise.
 
     Args:
         k_cache, v_cache: float16, bfloat16 or float32, one shape: (B, H_kv, N_max, D) contiguous, or
