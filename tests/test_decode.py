@@ -413,6 +413,19 @@ def test_quantize_paged_cache_counts_only_pages_in_use(rng):
     assert float(k_scale[0, 0]) == pytest.approx(float(pool[0].abs().max()) / 448)
 
 
+def test_quantize_contiguous_cache_counts_only_rows_in_use(rng):
+    """Rows past a sequence's length (stale, huge) do not set its scale; they are clamped, never NaN."""
+    _, k, v = make(rng, 2, 1, 2, 32, 16, torch.float32)
+    k[0, :, 20:] = 1e4
+    lens = torch.tensor([20, 32], dtype=torch.int32, device=DEVICE)
+    k8, _, k_scale, _ = quantize_kv_cache(k, v, cache_seqlens=lens)
+    assert torch.allclose(k_scale[0], k[0, :, :20].abs().amax(dim=(1, 2)) / 448)
+    assert torch.allclose(k_scale[1], k[1].abs().amax(dim=(1, 2)) / 448)
+    assert not torch.isnan(k8.float()).any()
+    with pytest.raises(ValueError, match="one length per sequence"):
+        quantize_kv_cache(k, v, cache_seqlens=lens[:1])
+
+
 def fp8_call(rng, **change):
     q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
     k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)

@@ -474,7 +474,8 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
         block_table: None (contiguous) or (B, max_blocks) int32: sequence b's scale comes from the pages of its
             row (the first ceil(cache_seqlens[b] / page_size) of them); a page listed by several sequences gives
             them all one scale, the largest their pages need. Pages no sequence lists keep a scale of their own.
-        cache_seqlens: None (every listed page in use) or (B,) int32, as :func:`flash_decode` takes it.
+        cache_seqlens: None (every row, or every listed page, in use) or (B,) int32, as :func:`flash_decode`
+            takes it: rows and pages past a sequence's length do not count towards its scale.
 
     Returns:
         :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
@@ -492,8 +493,15 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape")
     if block_table is None:
+        in_use = torch.ones(k_cache.shape[0], 1, k_cache.shape[2], 1, dtype=torch.bool, device=k_cache.device)
+        if cache_seqlens is not None:  # stale rows past a sequence's length must not set its scale
+            if tuple(cache_seqlens.shape) != (k_cache.shape[0],):
+                raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
+                                 f"({k_cache.shape[0]},), one length per sequence")
+            rows = torch.arange(k_cache.shape[2], device=k_cache.device)
+            in_use = (rows[None, :] < cache_seqlens.to(k_cache.device)[:, None])[:, None, :, None]
         quantised = [(_to_e4m3(x, s), s) for x in (k_cache, v_cache)
-                     for s in [_amax_scale(x.float().abs().amax(dim=(2, 3)))]]
+                     for s in [_amax_scale(torch.where(in_use, x.float().abs(), 0.0).amax(dim=(2, 3)))]]
     else:
         if block_table.dim() != 2 or block_table.dtype != torch.int32:
             raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
