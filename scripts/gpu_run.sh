@@ -12,7 +12,8 @@
 #                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
 #   scripts/gpu_run.sh unrun      what the third wave built on CPU and never ran on a GPU: the FP8 cache, block mask
 #                                 and compile GPU tests, torch.compile with inductor, decode, host time, train step
-#   scripts/gpu_run.sh fa3        the Gluon stages (forward v8a-v8e, backward b6a-b6c), each checked, then timed
+#   scripts/gpu_run.sh fa3        the Gluon forward stages v8a-v8e, each checked, then timed (also fa3_backward:
+#                                 b6a-b6c, and fa3_fp8: v8c_fp8; one call each)
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -105,8 +106,13 @@ unrun)
     stage train_step 200 $py -m flashcourse.bench train-step --out "$OUT"
     ;;
 fa3)
-    stage fa3_forward 330 $py scripts/gpu_fa3.py --budget 300 --out "$OUT"
-    stage fa3_backward 240 $py scripts/gpu_fa3_backward.py --budget 210 --out "$OUT"
+    stage fa3_forward 560 $py scripts/gpu_fa3.py --budget 540 --out "$OUT"
+    ;;
+fa3_backward)
+    stage fa3_backward 560 $py scripts/gpu_fa3_backward.py --budget 450 --out "$OUT"
+    ;;
+fa3_fp8)
+    stage fa3_fp8 400 $py scripts/gpu_fa3_fp8.py --out "$OUT"
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"
