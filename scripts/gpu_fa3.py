@@ -223,6 +223,48 @@ def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
     return rows
 
 
+def run_stages(script: Path, stages, args, *, start: float, reserve: float, import_error: str | None,
+               stage_status: dict, save) -> list[dict]:
+    """Each stage in a child process of ``script`` (``--child STAGE --rows FILE``), so that a hang or a crash costs
+    that stage only; returns the rows the children wrote, fills ``stage_status`` and calls ``save(rows)`` after
+    every stage. ``args`` carries ``quick``, ``budget`` and ``stage_timeout``; ``reserve`` seconds of the budget
+    are kept for the references timed after the stages."""
+    rows: list[dict] = []
+    for stage in stages:
+        if import_error:
+            stage_status[stage] = f"not run: {import_error}"
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
+            path = Path(file.name)
+        command = [sys.executable, str(script.resolve()), "--child", stage, "--rows", str(path)]
+        if args.quick:
+            command.append("--quick")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
+                                                                       os.environ.get("PYTHONPATH")) if p))
+        left = args.budget - reserve - (time.time() - start)
+        if left < 30:
+            stage_status[stage] = f"not run: the run's {args.budget:.0f} s budget is spent"
+            log(f"stage {stage}: {stage_status[stage]}")
+            path.unlink()
+            continue
+        timeout = min(args.stage_timeout, left)
+        log(f"stage {stage}: child started ({timeout:.0f} s at most)")
+        began = time.time()
+        try:
+            proc = subprocess.run(command, env=env, timeout=timeout)
+            stage_status[stage] = "ok" if proc.returncode == 0 else f"child exited {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            stage_status[stage] = f"killed after {timeout:.0f} s (a hang: mbarrier deadlock? or slow compiles)"
+        stage_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.unlink()
+        rows.extend(stage_rows)
+        passed = sum(r["kind"] == "check" and r["status"] == "ok" for r in stage_rows)
+        checks = sum(r["kind"] == "check" for r in stage_rows)
+        log(f"stage {stage}: {stage_status[stage]}, {passed}/{checks} checks passed, {time.time() - began:.0f} s")
+        save(rows)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
@@ -275,38 +317,8 @@ def main(argv=None) -> int:
         """The JSON so far (rewritten after every stage: a run cut short keeps what it measured)."""
         meta.update(stage_status=stage_status, seconds=round(time.time() - start, 1), complete=done)
         return save_results("fa3-stages", rows, directory=out, kind="fa3-stages", meta=meta)
-    for stage in stages:
-        if import_error:
-            stage_status[stage] = f"not run: {import_error}"
-            continue
-        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
-            path = Path(file.name)
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--rows", str(path)]
-        if args.quick:
-            command.append("--quick")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
-                                                                       os.environ.get("PYTHONPATH")) if p))
-        left = args.budget - REFERENCE_RESERVE - (time.time() - start)
-        if left < 30:
-            stage_status[stage] = f"not run: the run's {args.budget:.0f} s budget is spent"
-            log(f"stage {stage}: {stage_status[stage]}")
-            path.unlink()
-            continue
-        timeout = min(args.stage_timeout, left)
-        log(f"stage {stage}: child started ({timeout:.0f} s at most)")
-        began = time.time()
-        try:
-            proc = subprocess.run(command, env=env, timeout=timeout)
-            stage_status[stage] = "ok" if proc.returncode == 0 else f"child exited {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            stage_status[stage] = f"killed after {timeout:.0f} s (a hang: mbarrier deadlock? or slow compiles)"
-        stage_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        path.unlink()
-        rows.extend(stage_rows)
-        passed = sum(r["kind"] == "check" and r["status"] == "ok" for r in stage_rows)
-        checks = sum(r["kind"] == "check" for r in stage_rows)
-        log(f"stage {stage}: {stage_status[stage]}, {passed}/{checks} checks passed, {time.time() - began:.0f} s")
-        save(rows)
+    rows.extend(run_stages(Path(__file__), stages, args, start=start, reserve=REFERENCE_RESERVE,
+                           import_error=import_error, stage_status=stage_status, save=save))
 
     log("references: SDPA cuDNN, SDPA flash, v7")
     try:

@@ -33,15 +33,13 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_fa3 import _error_text, _inputs, _shape, compiled_rows, log  # noqa: E402
+from gpu_fa3 import _error_text, _inputs, _shape, compiled_rows, log, run_stages  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -305,38 +303,8 @@ def main(argv=None) -> int:
         meta.update(stage_status=stage_status, seconds=round(time.time() - start, 1), complete=done)
         return save_results("fa3-backward-stages", rows, directory=out, kind="fa3-backward-stages", meta=meta)
 
-    for stage in stages:
-        if import_error:
-            stage_status[stage] = f"not run: {import_error}"
-            continue
-        with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
-            path = Path(file.name)
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--rows", str(path)]
-        if args.quick:
-            command.append("--quick")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
-                                                                       os.environ.get("PYTHONPATH")) if p))
-        left = args.budget - REFERENCE_RESERVE - (time.time() - start)
-        if left < 30:
-            stage_status[stage] = f"not run: the run's {args.budget:.0f} s budget is spent"
-            log(f"stage {stage}: {stage_status[stage]}")
-            path.unlink()
-            continue
-        timeout = min(args.stage_timeout, left)
-        log(f"stage {stage}: child started ({timeout:.0f} s at most)")
-        began = time.time()
-        try:
-            proc = subprocess.run(command, env=env, timeout=timeout)
-            stage_status[stage] = "ok" if proc.returncode == 0 else f"child exited {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            stage_status[stage] = f"killed after {timeout:.0f} s (a hang: mbarrier deadlock? or slow compiles)"
-        stage_rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        path.unlink()
-        rows.extend(stage_rows)
-        passed = sum(r["kind"] == "check" and r["status"] == "ok" for r in stage_rows)
-        checks = sum(r["kind"] == "check" for r in stage_rows)
-        log(f"stage {stage}: {stage_status[stage]}, {passed}/{checks} checks passed, {time.time() - began:.0f} s")
-        save(rows)
+    rows.extend(run_stages(Path(__file__), stages, args, start=start, reserve=REFERENCE_RESERVE,
+                           import_error=import_error, stage_status=stage_status, save=save))
 
     log("references: SDPA cuDNN, SDPA flash, b1")
     try:
