@@ -1,5 +1,5 @@
 """Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``, v8a-v8e) checked and timed on
-an H100 / H200, in one command (issue 22). Nothing here had run on a GPU before this script's first run.
+an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes

@@ -1,5 +1,5 @@
 """Every stage of the Gluon FlashAttention-3 backward (``flashcourse.kernels.fa3_backward``, b6a-b6c) checked and
-timed on an H100 / H200, in one command (issue 23, item 1). Nothing here had run on a GPU before this script's
+timed on an H100 / H200, in one command. Nothing here had run on a GPU before this script's
 first run.
 
     PYTHONPATH=src python scripts/gpu_fa3_backward.py --out benchmarks/results      # about 5-7 minutes

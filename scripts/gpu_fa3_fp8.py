@@ -1,5 +1,5 @@
 """The FP8 Gluon forward (``flashcourse.kernels.fa3_fp8``, v8c_fp8, V transposed inside the kernel) checked and
-timed on an H100 / H200 in one command (issue 23 item 2). It has never run on a GPU before this script's first run.
+timed on an H100 / H200 in one command. It has never run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3_fp8.py --out benchmarks/results      # about 3-5 minutes
     PYTHONPATH=src python scripts/gpu_fa3_fp8.py --quick --out /tmp/fp8          # fewer shapes, about 2 minutes
@@ -21,7 +21,7 @@ timed on an H100 / H200 in one command (issue 23 item 2). It has never run on a 
 Timing shapes: B = 4, H = 16, N 4096 / 8192 / 16384, D 128 and 64, causal and not (``bench fp8``'s grid). Every
 timing is ``flashcourse.bench.time_repeats`` (median of 3 ``do_bench`` runs with their range); each FP8 row
 carries ``ratio_vs_cudnn_fp16`` (its TFLOP/s over cuDNN's fp16 forward of the same shape, same run; with
-``_min`` / ``_max`` from the ranges) and ``ratio_vs_<other provider>`` (``bench.providers.add_ratios``). The issue's
+``_min`` / ``_max`` from the ranges) and ``ratio_vs_<other provider>`` (``bench.providers.add_ratios``). The
 target: ``fa3_fp8`` with V as given >= 1.5x cuDNN's fp16 at D = 128, N >= 4096. JSON:
 ``<out>/<date>-<device>-fa3-fp8.json``, ``meta.kind = "fa3-fp8"``; rows ``kind`` "check", "compiled" or "time",
 ``status`` "ok" or the error. The whole run keeps within ``--budget`` seconds (330 by default).
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick, out_dtype=OUT_DTYPE,
                 inputs=f"q, k, v ~ N(0, 1) float16, {OUTLIER_CHANNELS} outlier channels x{OUTLIER_FACTOR:g} in q "
                        "and k, quantised by fp8.quantize_fp8 (not incoherent); cuDNN runs on the float16 inputs",
-                target="fa3_fp8 (V as given) >= 1.5x sdpa_cudnn_fp16 at D = 128, N >= 4096 (issue 23)")
+                target="fa3_fp8 (V as given) >= 1.5x sdpa_cudnn_fp16 at D = 128, N >= 4096")
     try:
         from flashcourse.kernels import fa3_fp8
 

@@ -1,4 +1,4 @@
-"""Forward v8: FlashAttention-3 on Hopper (sm_90), written in Gluon, in measured stages (issue 22, lesson 13).
+"""Forward v8: FlashAttention-3 on Hopper (sm_90), written in Gluon, in measured stages (lesson 13).
 
 Gluon (``triton.experimental.gluon``) is Triton one level down: the program says which warps do what, where each
 tensor lives (registers in a stated layout, or shared memory), when TMA copies start and which mbarrier says they
@@ -30,9 +30,9 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       specialization).
 - v8e (PINGPONG): ping-pong of the two consumer warpgroups: mbarriers hand the tensor cores from one
       warpgroup to the other, so warpgroup 0 issues its GEMMs while warpgroup 1 does its softmax and the other
-      way round. Expected: +3-8% over v8d, FA3's full schedule; the issue's target is >= 1.0x cuDNN.
+      way round. Expected: +3-8% over v8d, FA3's full schedule; the target is >= 1.0x cuDNN.
 
-(The issue suggested ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
+(FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
 Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), contiguous, one dtype (float16 or bfloat16), D 64

@@ -1,4 +1,4 @@
-"""Backward b6: FlashAttention-3's backward on Hopper (sm_90), written in Gluon, in stages (issue 23, item 1).
+"""Backward b6: FlashAttention-3's backward on Hopper (sm_90), written in Gluon, in stages.
 
 With S = scale * Q K^T, P = exp(S - lse), Delta = rowsum(dO * O) (the preprocess, as b1):
     dV = P^T dO      dP = dO V^T      dS = P * (dP - Delta)      dK = scale * dS^T Q      dQ = scale * dS K
@@ -26,7 +26,7 @@ scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma
       setmaxnreg budgets 240 / 24 (FA3's 3 warpgroups, one program per SM). Each warpgroup adds its own
       BLOCK_M x D share of dQ (in FA3 the two compute different columns of one share from both halves of dS in
       shared memory: half the atomic traffic, at the price of a barrier between them; a next step). Expected:
-      +10-25% over b6b; the issue's target is >= 0.9x cuDNN.
+      +10-25% over b6b; the target is >= 0.9x cuDNN.
 
 Layout contract (as ``fa3.py``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16), D 64
 or 128, no GQA; lse (B, H, N_q) float32 natural log as v7 / v8 write it; ``causal=True`` top-left. Tensors are

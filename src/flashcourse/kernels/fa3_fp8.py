@@ -1,5 +1,5 @@
 """Forward v8 in FP8: the Gluon FlashAttention-3 forward (v8c's design) on e4m3 q, k, v, with V transposed inside
-the kernel (issue 23 item 2). Compiled for sm_90 on a CPU only, never run yet: ``scripts/gpu_fa3_fp8.py`` is its
+the kernel. Compiled for sm_90 on a CPU only, never run yet: ``scripts/gpu_fa3_fp8.py`` is its
 first GPU run.
 
 Why a transpose. Hopper's FP8 ``wgmma`` reads both operands K-major: the reduction dim contiguous in shared memory.
