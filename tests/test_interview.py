@@ -347,6 +347,34 @@ def test_quiz_round_asks_every_question_once():
     assert asked != [e["id"] for e in BANK.in_section("myths")]  # shuffled (seeded, so deterministic)
 
 
+def test_quiz_starts_every_learner_on_common_basic_questions():
+    """Whatever the seed, a round opens with the common, basic questions, and never with an advanced one."""
+    from flashcourse.interview.quiz import ease
+
+    basics = {e["id"] for e in BANK.with_tags("freq:common", "level:basic")}
+    assert len(basics) >= 5
+    for seed in (0, 1, 2, None):
+        quiz = Quiz(BANK, seed=seed)
+        asked = [quiz.next_question() for _ in range(len(BANK.entries))]
+        assert {e["id"] for e in asked[:len(basics)]} == basics
+        assert [ease(e) for e in asked] == sorted(ease(e) for e in asked)
+    first = {Quiz(BANK, seed=seed).next_question()["id"] for seed in range(6)}
+    assert len(first) > 1, "the order within a step is shuffled"
+
+
+def test_quiz_shows_the_short_answer_first_and_folds_the_long_one():
+    quiz = Quiz(BANK, seed=0)
+    quiz.next_button.click()
+    quiz.reveal_button.click()
+    shown = quiz.answer_view.value
+    short_at = shown.index(markdown_to_html(quiz.current["short"]["en"]))
+    fold = shown.index('<details class="fc-quiz-long">')
+    assert short_at < fold < shown.index(markdown_to_html(quiz.current["long"]["en"]))
+    assert '<details class="fc-quiz-long" open' not in shown
+    if quiz.current.get("points"):
+        assert short_at < shown.index('class="fc-quiz-points"') < fold
+
+
 def test_quiz_in_chinese_shows_chinese():
     quiz = Quiz(BANK, lang="zh", seed=1)
     assert quiz.next_button.description == "新问题"

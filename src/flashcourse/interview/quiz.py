@@ -1,10 +1,14 @@
-"""The interview quiz: a random question, its answer hidden until asked, a chain of follow-ups, a self-score.
+"""The interview quiz: a question, its answer hidden until asked, a chain of follow-ups, a self-score.
+
+A round asks every question once, the common and basic ones first (by the entries' ``freq:`` and ``level:``
+tags), shuffled within each step of that ladder. "Show answer" shows the 30-second answer and the points a good
+answer makes; the longer answer stays folded under it (a ``<details>``, class ``fc-quiz-long``) until opened.
 
 Every control is an attribute (``next_button``, ``reveal_button``, ``follow_up_button``, ``score_buttons``), so
 a test drives the quiz with ``quiz.reveal_button.click()`` and reads ``quiz.question_view.value`` without a
 browser. The HTML it shows carries stable CSS classes for a browser test: ``fc-quiz`` (the whole widget),
 ``fc-quiz-question``, ``fc-quiz-answer`` (present only once revealed: a hidden answer is not in the page at
-all), ``fc-quiz-followup``, ``fc-quiz-score``.
+all), ``fc-quiz-long``, ``fc-quiz-points``, ``fc-quiz-followup``, ``fc-quiz-score``.
 """
 
 from __future__ import annotations
@@ -28,13 +32,34 @@ POINTS = {"got_it": 1.0, "partly": 0.5, "missed": 0.0}
 UI = {
     "en": {"next": "New question", "reveal": "Show answer", "follow_up": "Follow-up", "got_it": "Got it",
            "partly": "Partly", "missed": "Missed", "short": "30-second answer", "long": "Longer answer",
-           "score": "Score", "follow_up_label": "Follow-up", "start": "Press “New question” to start.",
+           "score": "Score", "follow_up_label": "Follow-up", "points": "A good answer says",
+           "start": "Press “New question” to start.",
            "no_more": "No more follow-ups: score yourself, then take a new question."},
     "zh": {"next": "新问题", "reveal": "显示答案", "follow_up": "追问", "got_it": "答对了", "partly": "部分答对",
-           "missed": "没答出", "short": "30 秒回答", "long": "详细回答", "score": "得分",
+           "missed": "没答出", "short": "30 秒回答", "long": "详细回答", "score": "得分", "points": "好的回答要讲到",
            "follow_up_label": "追问", "start": "点击“新问题”开始。",
            "no_more": "没有更多追问：先给自己打分，再换一道新问题。"},
 }
+
+
+def ease(entry: dict) -> int:
+    """How early a round asks an entry: 0 for a common, basic question, up to 4 for a rare, advanced one (the sum
+    of the positions of its ``freq:`` and ``level:`` tags in the vocabulary); an untagged entry comes last."""
+    tags = bank_module.tags_of(entry)
+    rank = 0
+    for kind, values in bank_module.TAG_KINDS.items():
+        found = [values.index(t.split(":", 1)[1]) for t in tags if t.startswith(f"{kind}:")]
+        if not found:
+            return 2 * len(bank_module.TAG_KINDS)
+        rank += found[0]
+    return rank
+
+
+def round_order(entries: list[dict], rng: random.Random) -> list[dict]:
+    """The entries in the order a round asks them: by :func:`ease`, shuffled within each value."""
+    shuffled = list(entries)
+    rng.shuffle(shuffled)
+    return sorted(shuffled, key=ease)  # sorted() is stable: the shuffle survives within each step
 
 
 class Quiz:
@@ -83,13 +108,12 @@ class Quiz:
 
     # ----------------------------------------------------------------------------------- actions
     def next_question(self) -> dict:
-        """Ask a random question not asked yet in this round (a round goes through every question once)."""
+        """Ask the next question of this round: every question once, the common and basic ones first."""
         if not self._unasked:
-            self._unasked = list(self.entries)
-            self._rng.shuffle(self._unasked)
-            if self.current is not None and len(self._unasked) > 1 and self._unasked[-1] is self.current:
-                self._unasked[0], self._unasked[-1] = self._unasked[-1], self._unasked[0]
-        self.current = self._unasked.pop()
+            self._unasked = round_order(self.entries, self._rng)
+            if self.current is not None and len(self._unasked) > 1 and self._unasked[0] is self.current:
+                self._unasked.append(self._unasked.pop(0))  # never the same question twice in a row
+        self.current = self._unasked.pop(0)
         self.follow_up_index = -1
         self.revealed = False
         question = self.current["question"][self.lang]
@@ -103,7 +127,8 @@ class Quiz:
         return self.current
 
     def reveal(self) -> None:
-        """Show the answer to what is on screen: the main question's two answers, or the follow-up's answer."""
+        """Show the answer to what is on screen: the main question's 30-second answer and points, its longer answer
+        folded under them; or the follow-up's answer."""
         if self.current is None:
             return
         ui = UI[self.lang]
@@ -112,9 +137,13 @@ class Quiz:
         if self.follow_up_index < 0:
             short = markdown_to_html(self.current["short"][self.lang])
             long = markdown_to_html(self.current["long"][self.lang])
+            points = "".join(f"<li>{markdown_to_html(p[self.lang]).removeprefix('<p>').removesuffix('</p>')}</li>"
+                             for p in self.current.get("points", []))
+            points = (f'<div class="fc-quiz-points"><p><strong>{ui["points"]}</strong></p><ul>{points}</ul></div>'
+                      if points else "")
             self.answer_view.value = (
-                f'<div class="fc-quiz-answer"><p><strong>{ui["short"]}</strong></p>{short}'
-                f'<p><strong>{ui["long"]}</strong></p>{long}</div>'
+                f'<div class="fc-quiz-answer"><p><strong>{ui["short"]}</strong></p>{short}{points}'
+                f'<details class="fc-quiz-long"><summary>{ui["long"]}</summary>{long}</details></div>'
             )
             for button in self.score_buttons.values():
                 button.disabled = self.current["id"] in self.scores
