@@ -102,7 +102,7 @@ HIDE_MISTAKES = {
     "you forgot the group size G": lambda t, w, e, h, g: _hide(t, w, e, h, h),
     "G divides the threshold, it does not multiply it": lambda t, w, e, h, g: _hide(t, w, e, h, g) * (h // g) ** 2,
     "half of an n x n block": lambda t, w, e, h, g: _hide(t, w, e, h, g) / 2,
-    r"off by 10\^-3. Diagnosis: units": lambda t, w, e, h, g: _hide(t, w, e, h, g) / 1e3,
+    r"Diagnosis: units(?s:.*)off by 10\^-3": lambda t, w, e, h, g: _hide(t, w, e, h, g) / 1e3,
     "must return one number": lambda t, w, e, h, g: [_hide(t, w, e, h, g)] * 2,
 }
 

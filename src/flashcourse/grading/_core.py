@@ -10,6 +10,7 @@ reference (``judge``, which runs in the grader's process and trusts nothing but 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import tracemalloc
@@ -28,6 +29,12 @@ Outputs = dict  # str -> np.ndarray: what the learner's functions returned on on
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/flashcourse
 _GRADING_DIR = Path(__file__).resolve().parent
+
+# What the stub of an exercise raises in place of the solution (written by ``release``). The name of the function
+# that holds the `# TODO` comes first, so a check can name that function even when a helper it calls raised, or a
+# Triton kernel raised inside the interpreter (which wraps the error in its own).
+STUB_MESSAGE = "{function}: fill in the TODO above"
+_STUB_FUNCTION = re.compile(r"(\w+): fill in the TODO above")
 
 
 class NotImplementedYet(AssertionError):
@@ -136,7 +143,7 @@ def compare(what: str, got: np.ndarray, expected: np.ndarray, *, dtype: str,
     if not bad.any():
         return
     idx = tuple(int(i) for i in np.argwhere(bad)[0])
-    message = (f"{what} differs at index {_fmt_index(idx)}: yours {got64[idx]:.6g}, expected {exp64[idx]:.6g} "
+    message = (f"{what} differs at index {_fmt_index(idx)}: yours {got64[idx]:.6g}, expected {exp64[idx]:.6g}\n"
                f"({int(bad.sum())} of {got.size} entries off; {tol})")
     for diagnosis, make in variants:
         with np.errstate(all="ignore"):
@@ -148,6 +155,26 @@ def compare(what: str, got: np.ndarray, expected: np.ndarray, *, dtype: str,
         message += (". An infinity usually means exp overflowed (subtract the row max first) or a mask was "
                     "applied where it should not be")
     raise AssertionError(message)
+
+
+def lay_out(label: str, message: str, where: str = "") -> str:
+    """A failing check's message in short lines, the diagnosis first (where the judge found one), then what
+    differs, then on which inputs::
+
+        ex03 (a) failed. Diagnosis: you forgot to rescale the running sum l by exp(m_old - m_new)
+          o differs at index [0, 1]: yours 0.3, expected 0.5
+          (3 of 12 entries off; tolerance for float64: rtol=1e-07, atol=1e-09)
+          case 2 of 5: q (2, 3), k (2, 3), v (2, 3), causal=False, scale=None
+
+    ``message``: the judge's, with its diagnosis after ". Diagnosis: " as every judge writes it.
+    """
+    detail, _, diagnosis = message.partition(". Diagnosis: ")
+    details = [line.strip() for line in detail.splitlines() if line.strip()]
+    if diagnosis:
+        head = f"{label} failed. Diagnosis: {diagnosis}"
+    else:
+        head, details = f"{label} failed: {details[0] if details else 'no message'}", details[1:]
+    return "\n".join([head, *(f"  {line}" for line in details), *([f"  {where}"] if where else [])])
 
 
 # --------------------------------------------------------------------------------------------- guarding
@@ -270,14 +297,16 @@ class CallGuard:
 
 
 # --------------------------------------------------------------------------------------------- running
-def _mentions_not_implemented(error: BaseException) -> bool:
-    """True when the error is (or wraps, as Triton's interpreter does) a NotImplementedError."""
+def _not_implemented(error: BaseException) -> tuple[bool, str | None]:
+    """Whether the error is (or wraps, as Triton's interpreter does) a NotImplementedError, and the function whose
+    stub raised it (None when the message is not a stub's)."""
     seen = 0
     while error is not None and seen < 10:
         if isinstance(error, NotImplementedError) or "NotImplementedError" in repr(error):
-            return True
+            stub = _STUB_FUNCTION.search(repr(error))
+            return True, stub.group(1) if stub else None
         error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
+    return False, None
 
 
 def call_learner(part: Part, functions: dict, case: Case) -> Outputs:
@@ -327,14 +356,17 @@ def raise_for_learner_error(part: Part) -> NoReturn:
     if isinstance(error, AssertionError):
         raise error
     if isinstance(error, iomodel.SramOverflowError):
-        raise AssertionError(
-            f"{part.label}: SRAM budget exceeded. {error} Diagnosis: keep only one block of Q, K, V and one "
+        raise AssertionError(lay_out(
+            part.label, f"SRAM budget exceeded: {error}. Diagnosis: keep only one block of Q, K, V and one "
             "block_q x block_k score tile in SRAM at a time, and free blocks when you are done with them; "
-            "never build the full N x N matrix") from None
-    if _mentions_not_implemented(error):
+            "never build the full N x N matrix")) from None
+    not_implemented, stub = _not_implemented(error)
+    if not_implemented:
+        where = (f"the function `{stub}`" if stub else
+                 f"the function that raised NotImplementedError ({', '.join(part.functions)} or one it calls)")
         raise NotImplementedYet(
-            f"{part.label} is not implemented yet: fill in the code under `# TODO` in the cell that defines "
-            f"{', '.join(part.functions)}, then run it and this check again") from None
+            f"{part.label} is not implemented yet.\n  Fill in the code under `# TODO` in {where}.\n"
+            "  Then run its cell, the cells after it, and this check again.") from None
     raise AssertionError(f"{part.label}: your function raised {type(error).__name__}: {error}") from error
 
 
@@ -386,8 +418,8 @@ def _run_cases(part: Part, functions: dict, *, hidden: bool, seed) -> None:
         try:
             part.judge(case, outputs)
         except AssertionError as error:
-            raise AssertionError(
-                f"{part.label}, case {number} of {len(cases)} ({describe_case(case)}): {error}") from None
+            raise AssertionError(lay_out(part.label, str(error),
+                                         f"case {number} of {len(cases)}: {describe_case(case)}")) from None
     which = "hidden tests" if hidden else "checks"
     print(f"{part.label} {part.title}: passed all {len(cases)} {which} ({part.points} points)")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import EXERCISES, _processes, parts
-from ._core import Case
+from ._core import Case, lay_out
 from .release import strip_solutions
 
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # the most the child's outputs file may hold
@@ -296,8 +296,8 @@ def _judge(exercise: str, cases: dict[str, list[Case]], outputs: dict, report: d
                     except KeyError as missing:
                         raise AssertionError(f"the output {missing} is missing") from None
                     except AssertionError as failure:
-                        raise AssertionError(f"graded case {number + 1} of {len(cases[part.grade_id])}: "
-                                             f"{failure}") from None
+                        raise AssertionError(lay_out(part.label, str(failure), f"graded case {number + 1} of "
+                                                     f"{len(cases[part.grade_id])}")) from None
             except AssertionError as failure:
                 message = str(failure)
             except Exception as failure:  # noqa: BLE001 - malformed outputs must not stop the grader

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._core import Part, call_learner, describe_case, make_rng
+from ._core import Part, call_learner, describe_case, lay_out, make_rng
 
 READY, GO = "cases written", "outputs written"
 MAX_SECONDS = 600  # the judge waits this long for the kernel to run the learner's functions
@@ -126,7 +126,7 @@ def judge_outputs(part: Part, cases: list[dict], outputs: list[dict]) -> str:
         except KeyError as missing:
             return f"{part.label}, hidden test {number} of {len(cases)}: the output {missing} is missing"
         except AssertionError as error:
-            return f"{part.label}, hidden test {number} of {len(cases)} ({describe_case(case)}): {error}"
+            return lay_out(part.label, str(error), f"hidden test {number} of {len(cases)}: {describe_case(case)}")
     return ""
 
 

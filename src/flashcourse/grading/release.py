@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from .._extras import missing
+from ._core import STUB_MESSAGE
 
 try:
     import nbformat
@@ -34,8 +35,8 @@ def _hint(previous_lines: list[str]) -> str:
     function = next((m.group(1) for line in reversed(previous_lines)
                      if (m := re.match(r"\s*def\s+(\w+)\s*\(", line))), None)
     size = next((m.group(1) for line in reversed(previous_lines) if (m := TODO.match(line)) and m.group(1)), None)
-    words = "fill in the TODO above" + (f" ({size})" if size else "")
-    return f"{function}: {words}" if function else words
+    words = STUB_MESSAGE.format(function=function) if function else "fill in the TODO above"
+    return words + (f" ({size})" if size else "")
 
 
 def strip_solutions(source: str, *, code: bool, where: str) -> str:
