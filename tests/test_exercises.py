@@ -108,6 +108,7 @@ def test_fresh_exercise_runs_and_every_check_says_not_implemented(name, tmp_path
     fresh = tmp_path / name
     fresh.write_text(release.render(release.release_notebook(solution, name)))
     nb = _execute(fresh, allow_errors=True)
+    stubs = {fn for cell in nb.cells for fn in re.findall(r'NotImplementedError\("(\w+): fill in', cell.source)}
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -117,6 +118,10 @@ def test_fresh_exercise_runs_and_every_check_says_not_implemented(name, tmp_path
             assert len(errors) == 1, f"{grade_id}: expected the check to fail"
             assert errors[0].ename == "NotImplementedYet" and "not implemented yet" in errors[0].evalue, (
                 f"{grade_id}: expected the not-implemented message, got {errors[0].ename}: {errors[0].evalue}")
+            named = re.findall(r"`(\w+)`", errors[0].evalue)
+            assert named and set(named) <= stubs, (
+                f"{grade_id}: the message should name a function that holds a stub ({sorted(stubs)}): "
+                f"{errors[0].evalue}")
         else:
             assert not errors, f"{name} cell {grade_id} crashed: {errors[0].ename}: {errors[0].evalue}"
 
