@@ -1,4 +1,5 @@
-"""Compile every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``) for sm_90, no GPU needed.
+"""Compile every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``) for sm_90, no GPU
+needed.
 
 Each stage is compiled to a cubin with the installed Triton (ptxas ships inside its wheel) for
 ``GPUTarget("cuda", 90, 32)``, and the cubin's resource usage is read back with the wheel's ``cuobjdump``:
@@ -94,10 +95,10 @@ def resource_usage(cubin: bytes) -> dict:
 def _module(name: str):
     """The module of a stage: the forward's (v8*, fa3.py) or the backward's (b6*, fa3_backward.py)."""
     if name.startswith("b6"):
-        from flashcourse.kernels import fa3_backward
+        from flashcourse.kernels.hopper import fa3_backward
 
         return fa3_backward
-    from flashcourse.kernels import fa3
+    from flashcourse.kernels.hopper import fa3
 
     return fa3
 

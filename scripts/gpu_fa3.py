@@ -1,4 +1,4 @@
-"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``, v8a-v8e) checked and timed on
+"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8e) checked and timed on
 an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
@@ -88,7 +88,7 @@ _TRACEBACKS_SHOWN = []
 def check_case(stage, n, head_dim, dtype, causal) -> dict:
     import torch
 
-    from flashcourse.kernels import fa3
+    from flashcourse.kernels.hopper import fa3
     from flashcourse.tolerance import TOLERANCES
 
     batch, heads = (1, 2) if n >= 4096 else (2, 2)
@@ -143,7 +143,7 @@ def time_shapes(quick: bool):
 def run_child(stage: str, out: Path, quick: bool) -> None:
     """One stage: every check, then every timing (``checks_passed`` per row). Rows go to ``out`` one JSON line
     each, as soon as they exist."""
-    from flashcourse.kernels import fa3
+    from flashcourse.kernels.hopper import fa3
 
     failed = set()
     with out.open("a") as file:
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
     meta = environment_info()
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick)
     try:
-        from flashcourse.kernels import fa3
+        from flashcourse.kernels.hopper import fa3
 
         stages = args.stage or list(fa3.STAGES)
         meta.update(tested_triton=list(fa3.TESTED_TRITON),
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
         stages, import_error = args.stage or ["v8a", "v8b", "v8c", "v8d", "v8e"], _error_text(error)
-        log(f"flashcourse.kernels.fa3 does not import: {import_error}")
+        log(f"flashcourse.kernels.hopper.fa3 does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")
 
     rows: list[dict] = []

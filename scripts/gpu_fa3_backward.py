@@ -1,4 +1,4 @@
-"""Every stage of the Gluon FlashAttention-3 backward (``flashcourse.kernels.fa3_backward``, b6a-b6c) checked and
+"""Every stage of the Gluon FlashAttention-3 backward (``flashcourse.kernels.hopper.fa3_backward``, b6a-b6c) checked and
 timed on an H100 / H200, in one command. Nothing here had run on a GPU before this script's
 first run.
 
@@ -80,7 +80,7 @@ _TRACEBACKS_SHOWN = []
 def check_case(stage, n, head_dim, dtype, causal, block_m=None) -> dict:
     import torch
 
-    from flashcourse.kernels import fa3_backward
+    from flashcourse.kernels.hopper import fa3_backward
     from flashcourse.tolerance import TOLERANCES
 
     batch, heads = (1, 2) if n >= 4096 else (2, 2)
@@ -141,7 +141,7 @@ def _provider(stage, block_m=None):
 
 def ours(stage, block_m=None):
     def make(q, k, v, do, causal):
-        from flashcourse.kernels import fa3_backward
+        from flashcourse.kernels.hopper import fa3_backward
 
         o, lse = _forward(q, k, v, causal)
         return lambda: fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage,
@@ -182,7 +182,7 @@ def time_shapes(quick: bool):
 
 def run_child(stage: str, out: Path, quick: bool) -> None:
     """One stage: every check, then every timing. Rows go to ``out`` one JSON line each, as they come."""
-    from flashcourse.kernels import fa3_backward
+    from flashcourse.kernels.hopper import fa3_backward
 
     failed = set()
     with out.open("a") as file:
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
     meta = environment_info()
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick)
     try:
-        from flashcourse.kernels import fa3_backward
+        from flashcourse.kernels.hopper import fa3_backward
 
         stages = args.stage or list(fa3_backward.STAGES)
         meta.update(tested_triton=list(fa3_backward.TESTED_TRITON),
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
         stages, import_error = args.stage or ["b6a", "b6b", "b6c"], _error_text(error)
-        log(f"flashcourse.kernels.fa3_backward does not import: {import_error}")
+        log(f"flashcourse.kernels.hopper.fa3_backward does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")
 
     rows: list[dict] = []

@@ -1,4 +1,4 @@
-"""The FP8 Gluon forward (``flashcourse.kernels.fa3_fp8``, v8c_fp8, V transposed inside the kernel) checked and
+"""The FP8 Gluon forward (``flashcourse.kernels.hopper.fa3_fp8``, v8c_fp8, V transposed inside the kernel) checked and
 timed on an H100 / H200 in one command. It has never run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3_fp8.py --out benchmarks/results      # about 3-5 minutes
@@ -90,7 +90,7 @@ _TRACEBACK_SHOWN = []
 def check_case(n, head_dim, causal) -> dict:
     import torch
 
-    from flashcourse.kernels import fa3_fp8, fp8
+    from flashcourse.kernels.hopper import fa3_fp8, fp8
 
     batch, heads = (1, 2) if n >= 4096 else (2, 2)
     row = _row("check", STAGE, n, head_dim, causal, batch, heads, "as_given")
@@ -141,7 +141,7 @@ def time_case(provider, prepare, n, head_dim, causal, v_layout=None) -> dict:
 def _fa3_fp8_call(q, k, v, causal):
     import torch
 
-    from flashcourse.kernels import fa3_fp8, fp8
+    from flashcourse.kernels.hopper import fa3_fp8, fp8
 
     x = fp8.quantize_fp8(q, k, v)
     return lambda: fa3_fp8.fa3_fp8_forward(x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale, causal=causal,
@@ -175,7 +175,7 @@ def time_grid(quick: bool):
 
 def compiled_rows() -> list[dict]:
     """Registers, spills and shared memory of each compiled variant, from the driver (best effort)."""
-    from flashcourse.kernels import fa3_fp8
+    from flashcourse.kernels.hopper import fa3_fp8
 
     rows = []
     try:
@@ -290,14 +290,14 @@ def main(argv=None) -> int:
                        "and k, quantised by fp8.quantize_fp8 (not incoherent); cuDNN runs on the float16 inputs",
                 target="fa3_fp8 (V as given) >= 1.5x sdpa_cudnn_fp16 at D = 128, N >= 4096")
     try:
-        from flashcourse.kernels import fa3_fp8
+        from flashcourse.kernels.hopper import fa3_fp8
 
         meta.update(tested_triton=list(fa3_fp8.TESTED_TRITON), block_n=fa3_fp8.BLOCK_N, ring=fa3_fp8.RING,
                     producer_regs=fa3_fp8.PRODUCER_REGS, consumer_regs=fa3_fp8.CONSUMER_REGS)
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
         import_error = _error_text(error)
-        log(f"flashcourse.kernels.fa3_fp8 does not import: {import_error}")
+        log(f"flashcourse.kernels.hopper.fa3_fp8 does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
 
     rows: list[dict] = []

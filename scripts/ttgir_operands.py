@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashcourse.kernels import forward  # noqa: E402
+from flashcourse.kernels.teaching import forward  # noqa: E402  (v6, the step before v7)
 
 CONSTANTS = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "DOT_PRECISION": "tf32"}
 

@@ -58,8 +58,14 @@ def test_the_scan_sees_the_imports_it_judges():
     assert "kernels" in ours(MODULES["flashcourse.bench.decode"])
 
 
-def test_reference_imports_nothing_of_ours():
-    assert ours(MODULES["flashcourse.reference"]) == set()
+def test_validation_imports_nothing_of_ours():
+    """The one module that the reference and the kernels both import (the input rules they share)."""
+    assert ours(MODULES["flashcourse.validation"]) == set()
+    assert {d.split(".")[0] for d in MODULES["flashcourse.validation"]} <= set(sys.stdlib_module_names)
+
+
+def test_reference_imports_nothing_of_ours_but_validation():
+    assert ours(MODULES["flashcourse.reference"]) == {"validation"}
 
 
 @pytest.mark.parametrize("name", ["flashcourse.tiled", "flashcourse.iomodel", "flashcourse.precision"])
@@ -68,8 +74,26 @@ def test_numpy_algorithms_build_only_on_reference(name):
 
 
 def test_kernels_know_numpy_code_only_through_tests():
+    allowed = {"kernels", "device", "validation"}
     for name, deps in in_package("flashcourse.kernels").items():
-        assert ours(deps) <= {"kernels", "device"}, f"{name} imports {ours(deps) - {'kernels', 'device'}}"
+        assert ours(deps) <= allowed, f"{name} imports {ours(deps) - allowed}"
+
+
+def test_the_kernel_library_imports_no_hopper_module():
+    """Gluon's API moves between Triton releases: the library must import under a Triton without it."""
+    for name, deps in MODULES.items():
+        if name.startswith("flashcourse.kernels") and not name.startswith("flashcourse.kernels.hopper"):
+            hopper = {d for d in deps if d.startswith("flashcourse.kernels.hopper")}
+            assert not hopper, f"{name} imports {hopper}"
+
+
+def test_teaching_kernels_take_only_the_shared_pieces_of_the_library():
+    """forward.py and backward.py import the teaching versions for their registries, so a teaching module that
+    imported them (or anything that does) would make a cycle."""
+    for name, deps in in_package("flashcourse.kernels.teaching").items():
+        library = {d for d in deps if d.startswith("flashcourse.kernels.") and not d.startswith(name)}
+        allowed = {"flashcourse.kernels.common", "flashcourse.kernels.versions"}
+        assert {d for d in library if not any(d == a or d.startswith(a + ".") for a in allowed)} == set(), name
 
 
 @pytest.mark.parametrize("package", ["flashcourse.kernels", "flashcourse.bench", "flashcourse.distributed"])

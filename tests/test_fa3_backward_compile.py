@@ -1,4 +1,5 @@
-"""The Gluon FlashAttention-3 backward (``flashcourse.kernels.fa3_backward``, b6a-b6c) compiles for sm_90 on this CPU.
+"""The Gluon FlashAttention-3 backward (``flashcourse.kernels.hopper.fa3_backward``, b6a-b6c) compiles for sm_90 on
+this CPU.
 
 As tests/test_fa3_compile.py does for the forward: the stages are compiled ahead of time to cubins
 (``scripts/fa3_compile.py --backward``) and their resources checked (shared memory within sm_90's 227 KB, the
@@ -87,7 +88,7 @@ def test_every_backward_stage_compiles_for_sm90(tmp_path):
 
 def test_kernels_package_does_not_import_fa3_backward():
     """CI's Triton may lack what fa3_backward.py uses: ``import flashcourse.kernels`` must not load it."""
-    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.fa3_backward' in sys.modules)"
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_backward' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
@@ -98,7 +99,7 @@ def test_unsupported_inputs_say_what_to_use():
     import torch
 
     try:
-        from flashcourse.kernels import fa3_backward
+        from flashcourse.kernels.hopper import fa3_backward
     except (ImportError, AttributeError) as error:
         pytest.skip(f"fa3_backward.py does not import under this Triton: {error}")
 

@@ -1,4 +1,4 @@
-"""The Gluon FlashAttention-3 forward (``flashcourse.kernels.fa3``, v8a-v8e) compiles for sm_90 on this CPU.
+"""The Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8e) compiles for sm_90 on this CPU.
 
 Gluon has no interpreter, so on a CPU the kernels are compiled ahead of time (``scripts/fa3_compile.py``: to a
 cubin with the ptxas of the installed Triton's wheel) and their resources checked: no spills, shared memory
@@ -64,7 +64,7 @@ def test_every_stage_compiles_for_sm90(tmp_path):
 
 def test_kernels_package_does_not_import_fa3():
     """CI's Triton may lack what fa3.py uses: ``import flashcourse.kernels`` must not load it."""
-    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.fa3' in sys.modules)"
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
@@ -75,7 +75,7 @@ def test_unsupported_inputs_say_what_to_use():
     import torch
 
     try:
-        from flashcourse.kernels import fa3
+        from flashcourse.kernels.hopper import fa3
     except (ImportError, AttributeError) as error:
         pytest.skip(f"fa3.py does not import under this Triton: {error}")
 

@@ -1,4 +1,4 @@
-"""The FP8 Gluon forward (``flashcourse.kernels.fa3_fp8``, v8c_fp8, V transposed inside the kernel) on a CPU.
+"""The FP8 Gluon forward (``flashcourse.kernels.hopper.fa3_fp8``, v8c_fp8, V transposed inside the kernel) on a CPU.
 
 Gluon has no interpreter, so the kernel is compiled ahead of time for sm_90 (to a cubin, with the ptxas of the
 installed Triton's wheel, through ``scripts/fa3_compile.py``'s helpers) and its resources checked: no spills,
@@ -44,7 +44,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 try:
-    from flashcourse.kernels import fa3_fp8
+    from flashcourse.kernels.hopper import fa3_fp8
 except (ImportError, AttributeError) as error:
     print(f"skipped: fa3_fp8.py does not import under Triton {triton.__version__}: {error}"); sys.exit(0)
 records = []
@@ -95,7 +95,7 @@ def test_fp8_stage_compiles_for_sm90(tmp_path):
 
 
 def test_kernels_package_does_not_import_fa3_fp8():
-    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.fa3_fp8' in sys.modules)"
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_fp8' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
@@ -104,7 +104,7 @@ def test_kernels_package_does_not_import_fa3_fp8():
 def _fa3_fp8():
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     try:
-        from flashcourse.kernels import fa3_fp8
+        from flashcourse.kernels.hopper import fa3_fp8
     except (ImportError, AttributeError) as error:
         pytest.skip(f"fa3_fp8.py does not import under this Triton: {error}")
     return fa3_fp8
@@ -236,7 +236,7 @@ def _key_tiles(first_row, n_kv, causal, rows, block_n):
 
 def _emulate(q8, k8, v8, qd, kd, vd, causal, head_dim):
     """The kernel's arithmetic in float64 NumPy: returns (o, lse) as it would store them (before out_dtype)."""
-    from flashcourse.kernels import fa3_fp8
+    from flashcourse.kernels.hopper import fa3_fp8
 
     batch, heads, n_q, d = q8.shape
     n_kv = k8.shape[2]

@@ -1,8 +1,9 @@
-"""One window rule in two places: ``reference.validate_window`` (NumPy code) and ``kernels.rules.check_window``.
+"""One window rule, written once in ``flashcourse.validation``, used by ``reference.validate_window`` (NumPy code)
+and ``kernels.rules.check_window``.
 
-The layering keeps them apart (the reference imports nothing of ours, the kernels only themselves), so this
-table holds them together: every window is accepted by both, to the same value, or refused by both, with the
-same exception and the same message, alone and through each side's entry point under every causal alignment.
+Both names must stay that one function, and this table holds the rule itself: every window is accepted, to the
+value below, or refused, with the exception below and one message, through each name and through each side's
+entry point under every causal alignment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 
-from flashcourse import reference  # noqa: E402
+from flashcourse import reference, validation  # noqa: E402
 from flashcourse.kernels import rules  # noqa: E402
 
 ACCEPTED = {  # window -> the checked value
@@ -57,6 +58,11 @@ def outcome(check, window):
         return "ok", check(window)
     except (TypeError, ValueError) as error:
         return type(error), str(error)
+
+
+def test_one_function_serves_both_sides():
+    assert reference.validate_window is validation.check_window
+    assert rules.check_window is validation.check_window
 
 
 @pytest.mark.parametrize("window,expected", ACCEPTED.values(), ids=ACCEPTED.keys())

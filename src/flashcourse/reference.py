@@ -17,11 +17,13 @@ algorithms and the IO simulator use the same rule.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+# The window rule, written once for the reference and the kernels (validation.py imports nothing of ours).
+from .validation import check_window as validate_window
 
 __all__ = [
     "AttentionRule",
@@ -109,26 +111,6 @@ def validate_block(name: str, value) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return int(value)
-
-
-def validate_window(window) -> tuple[int, int] | None:
-    """``window`` as (left, right) Python ints, each >= -1 (-1 = unbounded on that side), or None for no window
-    (None, or (-1, -1)). TypeError unless a pair of ints (NumPy's too, never bools); ValueError below -1.
-
-    The kernels check the window by this same rule in ``kernels/rules.check_window``, with the same messages;
-    neither module may import the other, so tests/test_window_rule.py holds both to one table of windows.
-    """
-    if window is None:
-        return None
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"window is {window!r} ({type(window).__name__}): expected a (left, right) pair of ints, "
-                        "-1 for unbounded, e.g. window=(1024, 0) for 1024 keys back and none ahead")
-    left, right = int(window[0]), int(window[1])
-    if left < -1 or right < -1:
-        raise ValueError(f"window is {(left, right)}: each side must be >= -1 (-1 = unbounded on that side, 0 = no "
-                         "key past the query's own position on that side)")
-    return None if (left, right) == (-1, -1) else (left, right)
 
 
 def resolve_scale(scale, head_dim: int) -> float:

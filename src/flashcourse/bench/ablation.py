@@ -73,7 +73,7 @@ def _ablated_forward_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, ABLATE: tl.constexpr,
 ):
-    # The v6 kernel (kernels/forward.py) line for line, except that the loop is _ablated_tiles.
+    # The v6 kernel (kernels/teaching/forward.py) line for line, except that the loop is _ablated_tiles.
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m

@@ -19,9 +19,13 @@ The options (``rules.py`` says exactly what each means): ``causal`` False | True
 ``document_ids`` (B, N) integer; ``mask_mod`` a ``@triton.jit`` (b, h, q_idx, kv_idx) -> bool. All combine by
 AND. Documents and ``mask_mod`` need a block mask (which tiles are empty, partial or full): each call builds its
 own, or ``create_block_mask`` builds one ahead for every call of those shapes. Every numbered version stays
-runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the teaching versions v1-v6 and b1, b2, b4, b5 know only
-plain and top-left causal attention and refuse the rest by name. The version history with measurements is
+runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the versions without rules, v1-v6 and b1, b2, b4, b5, know
+only plain and top-left causal attention and refuse the rest by name. The version history with measurements is
 ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
+
+Layout: the modules of this package serve calls (v7 and b3, b1 for dense calls, decoding, FP8, block masks, the
+rules, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the dQ schemes b2, b4, b5);
+``hopper/`` holds the Gluon kernels for sm_90 (v8, b6), which this package neither imports nor dispatches.
 """
 
 from flashcourse import device as _device

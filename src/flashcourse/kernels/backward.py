@@ -24,8 +24,6 @@ Scores are kept in base 2 as in the forward: p = exp2(qk * scale*log2(e) - lse*l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -46,6 +44,8 @@ from .common import (
 )
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
+from .teaching import backward as teaching
+from .versions import DQ_KERNEL, DQ_RELAXED, DQ_TMA, BackwardVersion
 
 
 @triton.jit
@@ -64,13 +64,6 @@ def _bwd_preprocess(O, DO, DELTA, stride_ob, stride_oh, stride_on, stride_od,
                     + offs_d[None, :] * stride_dod, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
     tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
-
-
-# How the dK/dV kernel adds its share of dQ (a compile-time switch; BackwardVersion.dq_mode).
-DQ_KERNEL = tl.constexpr(0)  # not at all: a separate dQ kernel (b1)
-DQ_ATOMIC = tl.constexpr(1)  # fp32 atomic adds, acquire-release order (b2: Triton's default)
-DQ_RELAXED = tl.constexpr(2)  # fp32 atomic adds, relaxed order (b4)
-DQ_TMA = tl.constexpr(3)  # a TMA reduce-add of the tile through a tensor descriptor (b5)
 
 
 @triton.jit
@@ -543,46 +536,18 @@ def _bwd_dq_b3_kernel(
     tl.store(dq_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
-@dataclass(frozen=True)
-class BackwardVersion:
-    """One dQ scheme of the backward: what it changes and what we predicted."""
-
-    name: str
-    title: str
-    changes: str
-    prediction: str
-    dq_mode: int = DQ_KERNEL.value  # how dQ is summed: a dQ kernel, or added by the dK/dV kernel (DQ_* above)
-    takes_rules: bool = False  # GQA, both causal alignments, window, softcap, ALiBi, documents, mask_mod
-
-    @property
-    def atomic_dq(self) -> bool:
-        """Whether the dK/dV kernel adds dQ into an fp32 accumulator (5 matmuls) instead of a dQ kernel (7)."""
-        return self.dq_mode != DQ_KERNEL.value
-
-
 BACKWARD_VERSIONS: dict[str, BackwardVersion] = {
     v.name: v
-    for v in [
+    for v in sorted([
         BackwardVersion("b1", "separate dQ kernel", "Q-stationary dQ kernel after the K/V-stationary dK/dV one",
                         "7 matmuls instead of 5 (+40% FLOPs), but no atomics: about SDPA flash's speed"),
-        BackwardVersion("b2", "atomic dQ", "dQ added by the dK/dV kernel with fp32 atomics (FA2's scheme)",
-                        "5 matmuls, but N/BLOCK_N atomic passes over dQ through L2: slower at large N",
-                        dq_mode=DQ_ATOMIC.value),
         BackwardVersion("b3", "rules", "b1's two kernels with v7's rules as compile-time switches; GQA dK/dV "
                         "summed over the group inside one program (no atomics, no expanded K/V)",
                         "dense: same as b1; window and documents: time proportional to the visible tiles; "
                         "GQA: dK/dV programs read each K/V tile once per group",
                         takes_rules=True),
-        BackwardVersion("b4", "relaxed atomic dQ", "b2 with relaxed atomics: no acquire-release fence per add",
-                        "b2 + 10-30% (the fences serialise each program's adds); still below b1 if the L2 "
-                        "traffic of the adds, not their order, is what costs",
-                        dq_mode=DQ_RELAXED.value),
-        BackwardVersion("b5", "TMA reduce-add dQ", "b2 with each dQ tile added by the SM's Tensor Memory "
-                        "Accelerator (a TMA reduce-add through a tensor descriptor), as FlashAttention-3 does",
-                        "5 matmuls with the adds off the warps: 1.1-1.25x b1 at N >= 4096 on sm_90 if the "
-                        "reduce overlaps the next tile's matmuls; Hopper only (b4 runs elsewhere, the interpreter too)",
-                        dq_mode=DQ_TMA.value),
-    ]
+        *teaching.VERSIONS,
+    ], key=lambda v: v.name)
 }
 DEFAULT_BACKWARD = "b3"  # supports every option
 DENSE_BACKWARD = "b1"  # what the default runs when the call needs none of b3's rules (faster, measured)

@@ -26,12 +26,13 @@ without looking at them (:meth:`Rules.key_bounds`); documents and ``mask_mod`` n
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from triton.runtime.jit import KernelInterface
+
+from ..validation import check_window  # the reference's window rule, written once
 
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
 
@@ -105,25 +106,6 @@ def causal_alignment(causal) -> str | None:
         return "bottom_right"
     raise ValueError(f"causal is {causal!r}: expected one of {CAUSAL_VALUES} "
                      "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
-
-
-def check_window(window) -> tuple[int, int] | None:
-    """``window`` as (left, right) Python ints, each >= -1, or None for no window (None, or (-1, -1)).
-
-    The rule of ``reference.validate_window``, messages included: kernels may not import the reference, so
-    tests/test_window_rule.py holds the two to one table of windows.
-    """
-    if window is None:
-        return None
-    if (not isinstance(window, (tuple, list)) or len(window) != 2
-            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
-        raise TypeError(f"window is {window!r} ({type(window).__name__}): expected a (left, right) pair of ints, "
-                        "-1 for unbounded, e.g. window=(1024, 0) for 1024 keys back and none ahead")
-    left, right = int(window[0]), int(window[1])
-    if left < -1 or right < -1:
-        raise ValueError(f"window is {(left, right)}: each side must be >= -1 (-1 = unbounded on that side, 0 = no "
-                         "key past the query's own position on that side)")
-    return None if (left, right) == (-1, -1) else (left, right)
 
 
 def check_softcap(softcap) -> float | None:

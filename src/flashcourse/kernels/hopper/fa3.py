@@ -25,9 +25,9 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       each other's softmax only by chance (the warp schedulers interleave them freely).
 - v8d (OVERLAP): intra-warpgroup overlap: tile j's QK^T and tile j-1's PV are issued together, and tile j's
       softmax runs while PV(j-1) is on the tensor cores (P of the previous tile kept in registers, the output
-      rescaled after the PV lands). Expected: +5-10% over v8c (FA3's ablation, Shah et al. 2024 section 4.2, BF16,
-      D = 128, N = 8K on the H100: 661 TFLOP/s, 582 without this two-stage pipelining, 570 without warp
-      specialization).
+      rescaled after the PV lands). Expected: +5-10% over v8c (FA3's ablation, Shah et al. 2024 section 4.2,
+      non-causal FP16, D = 128, sequence length 8448 on the H100: 661 TFLOP/s, 582 without this two-stage
+      pipelining, 570 without warp specialization).
 - v8e (PINGPONG): ping-pong of the two consumer warpgroups: mbarriers hand the tensor cores from one
       warpgroup to the other, so warpgroup 0 issues its GEMMs while warpgroup 1 does its softmax and the other
       way round. Expected: +3-8% over v8d, FA3's full schedule; the target is >= 1.0x cuDNN.

@@ -508,8 +508,8 @@ def fa3_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Ten
     ``block_m`` (32 or 64; default ``BLOCK_M[D]``) overrides the query rows of a tile, for measuring."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward import _bwd_preprocess
-    from .common import strides
+    from ..backward import _bwd_preprocess
+    from ..common import strides
 
     if stage not in STAGES:
         raise ValueError(f"stage {stage!r}: expected one of {sorted(STAGES)}")

@@ -1,0 +1,27 @@
+"""Input rules that the NumPy reference and the Triton kernels share, written once.
+
+The layering keeps the reference and the kernels apart (the reference imports nothing of ours, the kernels only
+themselves and ``device``); this module is the one exception both may import, so it imports nothing of ours and
+nothing outside the standard library. ``reference.validate_window`` and ``kernels.rules.check_window`` are the
+function below, so a window means the same, and is refused with the same message, on both sides.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+
+def check_window(window) -> tuple[int, int] | None:
+    """``window`` as (left, right) Python ints, each >= -1 (-1 = unbounded on that side), or None for no window
+    (None, or (-1, -1)). TypeError unless a pair of ints (NumPy's too, never bools); ValueError below -1."""
+    if window is None:
+        return None
+    if (not isinstance(window, (tuple, list)) or len(window) != 2
+            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window)):
+        raise TypeError(f"window is {window!r} ({type(window).__name__}): expected a (left, right) pair of ints, "
+                        "-1 for unbounded, e.g. window=(1024, 0) for 1024 keys back and none ahead")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window is {(left, right)}: each side must be >= -1 (-1 = unbounded on that side, 0 = no "
+                         "key past the query's own position on that side)")
+    return None if (left, right) == (-1, -1) else (left, right)
