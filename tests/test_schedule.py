@@ -28,12 +28,26 @@ def test_one_warpgroup_in_sequence_by_hand():
 
 
 def test_pingpong_by_hand():
+    # warpgroup 1 starts under warpgroup 0's first softmax; from then on each issues its GEMM1 and next GEMM0 when
+    # its softmax ends, the tensor cores take them in that order, and the other's softmax runs under them
     timeline = schedule.simulate(schedule.pingpong(2), UNIT)
     assert spans(timeline) == {
-        (0, "gemm0", 0): (0, 1), (1, "gemm0", 0): (1, 2), (0, "softmax", 0): (1, 2), (1, "softmax", 0): (2, 3),
-        (0, "gemm1", 0): (2, 3), (0, "gemm0", 1): (3, 4), (1, "gemm1", 0): (4, 5), (1, "gemm0", 1): (5, 6),
-        (0, "softmax", 1): (4, 5), (1, "softmax", 1): (6, 7), (0, "gemm1", 1): (6, 7), (1, "gemm1", 1): (7, 8)}
-    assert timeline.utilisation == 1.0  # each warpgroup's softmax runs under the other's GEMMs
+        (0, "gemm0", 0): (0, 1), (0, "softmax", 0): (1, 2), (1, "gemm0", 0): (1, 2), (0, "gemm1", 0): (2, 3),
+        (1, "softmax", 0): (2, 3), (0, "gemm0", 1): (3, 4), (1, "gemm1", 0): (4, 5), (0, "softmax", 1): (4, 5),
+        (1, "gemm0", 1): (5, 6), (1, "softmax", 1): (6, 7), (0, "gemm1", 1): (6, 7), (1, "gemm1", 1): (7, 8)}
+    assert timeline.utilisation == 1.0  # the tensor cores never wait
+    assert not any(span.shared for span in timeline.spans)  # nothing issued at the same moment
+
+
+def test_lock_step_shares_every_unit_and_gains_nothing_by_hand():
+    # both GEMM0s at once: each at half speed, both end at 2; then both softmaxes together, while nothing else runs
+    timeline = schedule.simulate(schedule.lock_step(2), UNIT)
+    at = spans(timeline)
+    assert at[(0, "gemm0", 0)] == at[(1, "gemm0", 0)] == (0, 2)
+    assert at[(0, "softmax", 0)] == at[(1, "softmax", 0)] == (2, 4)
+    assert at[(0, "gemm1", 0)] == at[(1, "gemm1", 0)] == (4, 6)  # then GEMM1 0 and GEMM0 1 of each, shared
+    assert at[(0, "gemm0", 1)] == at[(1, "gemm0", 1)] == (6, 8)
+    assert timeline.makespan == 12 and timeline.utilisation == pytest.approx(8 / 12)
 
 
 def test_intra_warpgroup_overlap_by_hand():
@@ -61,19 +75,39 @@ def test_the_three_schedules_at_hopper_rates():
     assert results["sequential"].utilisation < results["overlapped"].utilisation < results["pingpong"].utilisation
 
 
-def test_a_longer_softmax_separates_pingpong_from_lock_step():
-    lock_step = [Op(w, kind, j) for j in range(8) for kind in schedule.KINDS for w in (0, 1)]
-    slow_exp = Latencies(1, 1.5, 1)  # the softmax outlasts one GEMM (D = 64, or FP8 GEMMs)
-    assert schedule.simulate(lock_step, slow_exp).utilisation == pytest.approx(0.8)
-    assert schedule.simulate(schedule.pingpong(8), slow_exp).utilisation > 0.96
+def test_lock_step_scores_below_pingpong_at_every_head_dim():
+    # lock step is the FA2 order twice over: the softmaxes of both warpgroups leave the tensor cores idle together
+    for latencies in (Latencies.hopper(), Latencies.hopper(head_dim=64), Latencies.hopper(matmul_tflops=1979.0)):
+        lock = schedule.simulate(schedule.lock_step(8), latencies).utilisation
+        assert lock == pytest.approx(schedule.simulate(schedule.sequential(8), latencies).utilisation)
+        assert lock < 0.7 < 0.9 < schedule.simulate(schedule.pingpong(8), latencies).utilisation
 
 
-def test_units_never_run_two_operations_at_once_and_dependencies_hold():
-    for build in (schedule.sequential, schedule.pingpong, schedule.overlapped):
+def test_fa3_schedule_covers_a_softmax_twice_a_gemm():
+    # D = 64 (or FP8 GEMMs): one warpgroup's own overlap falls to about two thirds; the two warpgroups together
+    # keep the tensor cores busy, ping-pong alone as well as with the overlap, since the exp units are then full
+    slow_exp = Latencies(1, 2, 1)
+    alone = schedule.simulate(schedule.overlapped(16), slow_exp).utilisation
+    both = schedule.simulate(schedule.pingpong_overlapped(16), slow_exp)
+    assert alone < 0.7 < 0.95 < both.utilisation
+    # past the first tile (where warpgroup 1's first softmax starts under warpgroup 0's) the softmaxes take turns
+    assert not any(s.shared for s in both.spans if s.unit == schedule.EXP and s.tile > 0)
+    assert both.busy(schedule.EXP) / both.makespan > 0.95
+
+
+def test_units_do_their_work_and_dependencies_hold():
+    for build in (schedule.sequential, schedule.pingpong, schedule.overlapped, schedule.lock_step,
+                  schedule.pingpong_overlapped):
         timeline = schedule.simulate(build(5), Latencies(0.7, 1.3, 1.1, load=0.9))
-        for unit in (schedule.TENSOR, schedule.EXP, schedule.TMA):
-            ordered = sorted((s.start, s.end) for s in timeline.spans if s.unit == unit)
+        for unit in (schedule.TENSOR, schedule.EXP):  # shared or not, a unit's busy time is exactly its work
+            work = sum(s.work for s in timeline.spans if s.unit == unit)
+            assert timeline.busy(unit) == pytest.approx(work)
+        for w in range(timeline.warpgroups):  # one warpgroup's GEMMs run one after the other
+            ordered = sorted((s.start, s.end) for s in timeline.spans if s.unit == schedule.TENSOR
+                             and s.warpgroup == w)
             assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ordered, ordered[1:], strict=False))
+        loads = sorted((s.start, s.end) for s in timeline.spans if s.unit == schedule.TMA)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(loads, loads[1:], strict=False))
         at = spans(timeline)
         for (w, kind, j), (start, _) in at.items():
             if kind == "softmax":
@@ -171,6 +205,11 @@ def test_pictures_are_figures():
     fig = schedule.draw_timeline(schedule.simulate(schedule.pingpong(3), Latencies(1, 1, 1, load=0.5)))
     assert isinstance(fig, Figure) and "busy" in fig.axes[0].get_title()
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()][-2:] == [schedule.TENSOR, schedule.TMA]
+    def legend(figure):
+        return " | ".join(t.get_text() for t in figure.axes[0].get_legend().get_texts())
+
+    assert "pale" in legend(fig) and "hatched" not in legend(fig)  # every colour named; nothing shared here
+    assert "hatched" in legend(schedule.draw_timeline(schedule.simulate(schedule.lock_step(2), UNIT)))
     assert isinstance(schedule.draw_ring(3, 7), Figure)
 
 

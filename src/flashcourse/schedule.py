@@ -1,25 +1,34 @@
 """A warp-schedule simulator for FlashAttention-3's ideas (Shah et al. 2024, sections 3.1-3.2), on the CPU.
 
-One CTA (thread block) on one SM. Its consumer warpgroups each loop over the K/V tiles doing three operations per
-tile j: GEMM0 (S = Q K_j^T, on the tensor cores), the softmax of S (exponentials on the special-function units,
-MUFU, plus the running max and sum) and GEMM1 (O += P V_j, tensor cores again). Two units do the work:
+One CTA (thread block) on one SM. Its consumer warpgroups (FA3: two, 64 query rows each of a 128-row tile) each
+loop over the K/V tiles doing three operations per tile j: GEMM0 (S = Q K_j^T, on the tensor cores), the softmax
+of S (exponentials on the special-function units, MUFU, plus the running max and sum) and GEMM1 (O += P V_j, tensor
+cores again). Two units do the work, and warpgroups that use one at the same time share it:
 
-- **the tensor cores**, one per SM sub-partition but used as one by a warpgroup's ``wgmma``: one GEMM at a time;
-- **the exp units** (MUFU): a warpgroup is four warps, one on each of the SM's four sub-partitions, so one
-  warpgroup's softmax already keeps every sub-partition's MUFU busy; two softmaxes at once would each run at half
-  speed. We model the exp units as one shared unit that runs one softmax at a time.
+- **the tensor cores**: a warpgroup is four warps, one on each of the SM's four sub-partitions, and its ``wgmma``
+  uses all four sub-partitions' tensor cores. They take GEMMs in the order they were issued, one at a time; but
+  GEMMs that two warpgroups issue at the same moment interleave their instructions and share them, each at half
+  speed, so both end as late as the later one would alone;
+- **the exp units** (MUFU): likewise, one warpgroup's softmax already keeps every sub-partition's MUFU busy, and two
+  softmaxes at the same time each run at half speed.
 
-A *schedule* is one list of operations ``(warpgroup, kind, tile)`` in the order they get their unit: the order in
-which the tensor cores take GEMMs, and the exp units softmaxes, and each warpgroup's program order (in a real
-kernel, barriers between the warpgroups enforce it). :func:`simulate` runs it:
+A *schedule* is one list of operations ``(warpgroup, kind, tile)`` in the order they are *issued*: each warpgroup's
+program order, and across warpgroups the order that barriers enforce in a real kernel (an operation is issued no
+earlier than the one listed before it). :func:`simulate` runs it:
 
-- a GEMM is asynchronous (``wgmma``): the warpgroup issues it and moves on; it runs when the tensor cores are free;
-- a softmax runs on the warpgroup's own threads: the warpgroup is busy until it ends, and it waits for its GEMM0;
-- GEMM1 of tile j waits for the softmax of tile j (it multiplies its P) and for GEMM1 of tile j-1 (between the two,
-  the online softmax rescales O by exp(m_{j-1} - m_j): the updates of O go tile by tile);
+- a GEMM is asynchronous (``wgmma``): the warpgroup issues it and moves on; it runs when the GEMMs issued before
+  it are done;
+- a softmax runs on the warpgroup's own threads: the warpgroup issues nothing else until it ends, and it starts
+  when its GEMM0 is done;
+- GEMM1 of tile j is issued after the softmax of tile j (it multiplies its P) and after GEMM1 of tile j-1 ended
+  (between the two, the online softmax rescales O by exp(m_{j-1} - m_j): the updates of O go tile by tile);
 - with a producer (``Latencies.load``), GEMM0 of tile j also waits for the TMA load of K/V tile j into a ring of
   ``stages`` shared-memory buffers, and load j waits until every warpgroup's GEMM1 of tile j - stages freed its
   buffer.
+
+Sharing is why the order matters: two warpgroups in lock step (the same operation at the same time) share each
+unit and leave the other idle, exactly as one warpgroup would; staggered (ping-pong), one's softmax runs while the
+other's GEMMs have the tensor cores to themselves.
 
 :func:`validate` refuses an order that breaks a dependency, naming it. Latencies default to an H100 SXM5's
 published rates (989 TFLOP/s dense FP16 matmul, 3.9 TFLOP/s of special functions, 132 SMs; FA3 section 3); an H200
@@ -81,10 +90,11 @@ class Latencies:
                 raise ValueError(f"latency {name}={value!r}: a positive number of nanoseconds is expected")
 
     @classmethod
-    def hopper(cls, block_q: int = 128, block_k: int = 128, head_dim: int = 128, *,
+    def hopper(cls, block_q: int = 64, block_k: int = 128, head_dim: int = 128, *,
                matmul_tflops: float = H100_MATMUL_TFLOPS, exp_tflops: float = H100_EXP_TFLOPS,
                sms: int = H100_SMS, load: float | None = None) -> Latencies:
-        """Per-SM times of one tile's operations from the chip's published rates (:func:`tile_times`)."""
+        """Per-SM times of one warpgroup's operations on one K/V tile from the chip's published rates
+        (:func:`tile_times`); ``block_q=64``: one consumer warpgroup's rows, as FA3 splits a 128-row tile."""
         times = tile_times(block_q, block_k, head_dim, matmul_tflops=matmul_tflops, exp_tflops=exp_tflops,
                            sms=sms)
         return cls(times["gemm_ns"], times["softmax_ns"], times["gemm_ns"], load)
@@ -120,8 +130,14 @@ def _describe(op: Op) -> str:
 def validate(order, *, live_scores: int = 1) -> list[Op]:
     """The order as a list of :class:`Op`, or ScheduleError naming the first problem: a malformed entry, an
     operation twice or missing, a dependency broken (an operation before one it needs), or more than
-    ``live_scores`` GEMM0 results waiting for their softmax in one warpgroup (they live in registers: a 128 x 128
-    fp32 S tile is 128 registers per thread of a warpgroup, O another 128 at D = 128, of at most 255)."""
+    ``live_scores`` GEMM0 results waiting for their softmax in one warpgroup.
+
+    Why one: the accumulators live in registers, spread over the warpgroup's 128 threads. FA3 at D = 128 gives a
+    consumer warpgroup 64 query rows and 176 keys (``hopper/tile_size.h``, kBlockM 128 over two warpgroups, kBlockN
+    176) and 240 registers a thread (``MmaRegisterRequirement``, ``hopper/flash_fwd_kernel_sm90.h``). A 64 x 176
+    fp32 S tile is 64 * 176 / 128 = 88 registers a thread, O (64 x 128 fp32) 64, P of the tile before (fp16, still
+    read by its GEMM1 under the overlap) 44: 196 of 240, before indices, the running max and sum. A second S tile
+    (88 more) does not fit."""
     if not isinstance(live_scores, int) or isinstance(live_scores, bool) or live_scores < 1:
         raise ValueError(f"live_scores={live_scores!r}: at least one S tile must fit in the registers")
     ops = []
@@ -200,6 +216,12 @@ class Span:
     unit: str  # TENSOR, EXP or TMA
     start: float
     end: float
+    work: float | None = None  # its time with the unit to itself; less than end - start when it shared the unit
+
+    @property
+    def shared(self) -> bool:
+        """Whether it shared its unit with another warpgroup's operation for part of its run (so it took longer)."""
+        return self.work is not None and self.end - self.start > self.work * (1 + 1e-9)
 
 
 @dataclass(frozen=True)
@@ -217,8 +239,14 @@ class Timeline:
         return max(span.end for span in self.spans)
 
     def busy(self, unit: str) -> float:
-        """Time the unit works (ns); no unit runs two operations at once, so its spans never overlap."""
-        return sum(span.end - span.start for span in self.spans if span.unit == unit)
+        """Time the unit works (ns): the length of the union of its spans (two warpgroups' operations that share
+        the unit overlap, and the unit is busy once, not twice)."""
+        total, reached = 0.0, float("-inf")
+        for start, stop in sorted((s.start, s.end) for s in self.spans if s.unit == unit):
+            if stop > reached:
+                total += stop - max(start, reached)
+                reached = stop
+        return total
 
     @property
     def utilisation(self) -> float:
@@ -243,9 +271,14 @@ class Timeline:
 def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live_scores: int = 1) -> Timeline:
     """Run a schedule (see the module's docstring) and return its :class:`Timeline`.
 
-    ``latencies``: a :class:`Latencies` (default ``Latencies.hopper()``: 128 x 128 tiles, D = 128, H100/H200);
-    ``stages``: the producer's ring of K/V buffers (used only when ``latencies.load`` is set); ``live_scores``: how
-    many S tiles a warpgroup's registers hold at once (:func:`validate`).
+    ``latencies``: a :class:`Latencies` (default ``Latencies.hopper()``: one consumer warpgroup's 64 query rows, 128
+    keys, D = 128, H100/H200); ``stages``: the producer's ring of K/V buffers (used only when ``latencies.load`` is
+    set); ``live_scores``: how many S tiles a warpgroup's registers hold at once (:func:`validate`).
+
+    The order is the order of *issue*: an operation is issued once the one listed before it has been (barriers
+    between the warpgroups), its warpgroup's threads are free (not in a softmax) and what it needs is done. The
+    tensor cores then run GEMMs in issue order, sharing them between GEMMs issued at the same moment; softmaxes
+    running at the same time share the exp units.
     """
     ops = validate(order, live_scores=live_scores)
     latencies = Latencies.hopper() if latencies is None else latencies
@@ -255,61 +288,83 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
         raise ValueError(f"stages={stages!r}: the ring needs at least one buffer")
     warpgroups = max(op.warpgroup for op in ops) + 1
     tiles = max(op.tile for op in ops) + 1
-    position = {op: i for i, op in enumerate(ops)}
     end: dict[tuple[int, str, int], float] = {}
-    spans: dict[tuple[int, str, int], Span] = {}
-    clock = [0.0] * warpgroups  # when each warpgroup's threads reach their next operation
-    free = {TENSOR: 0.0, EXP: 0.0, TMA: 0.0}
+    begin: dict[tuple[int, str, int], float] = {}
+    gemms: list[list[list]] = [[] for _ in range(warpgroups)]  # per warpgroup, GEMMs issued and not done, in order
+    softmax: dict[int, list] = {}  # warpgroup -> [op, work left] while its softmax runs
+    loading: list | None = None  # [tile, end] while the producer's TMA load runs
+    next_load, issued, now = 0, 0, 0.0
 
-    def load(j: int) -> float:
-        """End of K/V tile j's load: in tile order, one at a time, into a buffer the consumers have freed."""
-        if (-1, "load", j) not in end:
-            previous = load(j - 1) if j > 0 else 0.0
-            start = max(previous, free[TMA])
-            if j >= stages:  # the buffer of tile j - stages: every warpgroup's GEMM1 of that tile must be done
-                start = max(start, *(end[(w, "gemm1", j - stages)] for w in range(warpgroups)))
-            spans[(-1, "load", j)] = Span(-1, "load", j, TMA, start, start + latencies.load)
-            end[(-1, "load", j)] = free[TMA] = start + latencies.load
-        return end[(-1, "load", j)]
+    def can_issue(op: Op) -> bool:
+        w, j = op.warpgroup, op.tile
+        if w in softmax:  # the warpgroup's threads compute a softmax
+            return False
+        if op.kind == "softmax":  # it reads S: GEMM0 must be done
+            return (w, "gemm0", j) in end
+        if op.kind == "gemm1":  # O is rescaled after GEMM1 of tile j-1 lands, then GEMM1 of tile j is issued
+            return j == 0 or (w, "gemm1", j - 1) in end
+        return latencies.load is None or (-1, "load", j) in end  # GEMM0 waits for its K/V tile
 
-    def waits_of(op: Op) -> list[tuple[int, str, int]] | None:
-        """What op waits on, or None while something it needs has not run yet (its warpgroup's earlier ops,
-        or, with a producer, the GEMM1s that free its tile's ring buffer)."""
-        if any(other.warpgroup == op.warpgroup for other in pending[:pending.index(op)]):
-            return None
-        keys = {"gemm0": [], "softmax": [(op.warpgroup, "gemm0", op.tile)],
-                "gemm1": [(op.warpgroup, "softmax", op.tile)] + ([(op.warpgroup, "gemm1", op.tile - 1)]
-                                                                  if op.tile > 0 else [])}[op.kind]
-        if op.kind == "gemm0" and latencies.load is not None and op.tile >= stages:
-            keys += [(w, "gemm1", op.tile - stages) for w in range(warpgroups)]
-        return keys if all(key in end for key in keys) else None
-
-    pending = list(ops)
-    while pending:
-        # The first op in the list whose waits are known runs next. Without a producer that is always the first
-        # op (validate put everything it needs before it); with one, GEMM0 of tile j waits for load j, whose
-        # buffer GEMM1s later in the list may have to free first (the ring is full), and the ops after it go on.
-        op = next((op for op in pending if waits_of(op) is not None), None)
-        if op is None:
-            stuck = pending[0]
+    while True:
+        changed = True
+        while changed:  # everything that can start now starts: the producer's next load, then issues in order
+            changed = False
+            if (latencies.load is not None and loading is None and next_load < tiles
+                    and all((w, "gemm1", next_load - stages) in end for w in range(warpgroups)
+                            if next_load >= stages)):
+                loading = [next_load, now + latencies.load]
+                begin[(-1, "load", next_load)] = now
+                next_load += 1
+                changed = True
+            if issued < len(ops) and can_issue(ops[issued]):
+                op = ops[issued]
+                if op.kind == "softmax":
+                    softmax[op.warpgroup] = [op, latencies.softmax]
+                    begin[op] = now
+                else:
+                    gemms[op.warpgroup].append([op, getattr(latencies, op.kind), now])
+                issued += 1
+                changed = True
+        # The tensor cores take GEMMs in the order issued; the first GEMMs of two warpgroups issued at the same
+        # moment interleave and share them. The exp units split evenly between the softmaxes running.
+        heads = [queue[0] for queue in gemms if queue]
+        first = min((head[2] for head in heads), default=now)
+        on_tensor = [head for head in heads if head[2] == first]
+        for head in on_tensor:
+            begin.setdefault(head[0], now)
+        on_exp = list(softmax.values())
+        events = [now + item[1] * len(running) for running in (on_tensor, on_exp) for item in running]
+        if loading is not None:
+            events.append(loading[1])
+        if not events:
+            if issued == len(ops):
+                break
+            stuck = ops[issued]
             raise ScheduleError(
                 f"deadlock: {_describe(stuck)} cannot run: K/V tile {stuck.tile}'s ring buffer (of {stages}) is "
                 f"freed only by GEMM1 of tile {stuck.tile - stages}, which waits behind it: use more stages or "
-                "move that GEMM1 earlier", "deadlock", position[stuck])
-        waits = [end[key] for key in waits_of(op)]
-        if op.kind == "gemm0" and latencies.load is not None:
-            waits.append(load(op.tile))
-        pending.remove(op)
-        ready = max([clock[op.warpgroup], *waits])
+                "move that GEMM1 earlier", "deadlock", issued)
+        later = min(events)
+        for running in (on_tensor, on_exp):
+            for item in running:
+                item[1] -= (later - now) / len(running)
+        now = later
+        for queue in gemms:
+            if queue and queue[0][1] <= 1e-9 * latencies.gemm0:
+                end[queue.pop(0)[0]] = now
+        for w, (op, left) in list(softmax.items()):
+            if left <= 1e-9 * latencies.softmax:
+                end[op] = now
+                del softmax[w]
+        if loading is not None and loading[1] <= now:
+            end[(-1, "load", loading[0])] = now
+            loading = None
+    spans = [Span(-1, "load", j, TMA, begin[(-1, "load", j)], end[(-1, "load", j)])
+             for j in range(tiles) if (-1, "load", j) in end]
+    for op in ops:
         unit = EXP if op.kind == "softmax" else TENSOR
-        duration = getattr(latencies, op.kind)
-        start = max(ready, free[unit])
-        free[unit] = end[op] = start + duration
-        spans[op] = Span(op.warpgroup, op.kind, op.tile, unit, start, start + duration)
-        # a GEMM is issued and runs on its own (wgmma is asynchronous); a softmax keeps the threads busy
-        clock[op.warpgroup] = ready if unit == TENSOR else start + duration
-    loads = [spans[(-1, "load", j)] for j in range(tiles) if (-1, "load", j) in spans]
-    return Timeline(tuple(loads + [spans[op] for op in ops]), warpgroups, tiles, latencies, stages)
+        spans.append(Span(op.warpgroup, op.kind, op.tile, unit, begin[op], end[op], getattr(latencies, op.kind)))
+    return Timeline(tuple(spans), warpgroups, tiles, latencies, stages)
 
 
 # --------------------------------------------------------------------------------------------- three schedules
@@ -325,18 +380,28 @@ def sequential(tiles: int) -> list[Op]:
 
 
 def pingpong(tiles: int) -> list[Op]:
-    """Two warpgroups taking turns on the tensor cores (FA3 section 3.1): while one runs its softmax, the other's
-    GEMM1 of the previous tile and GEMM0 of the next run."""
+    """Two warpgroups taking turns on the tensor cores (FA3 section 3.1): warpgroup 1 issues its first GEMM0 when
+    warpgroup 0 starts its first softmax, and from then on each issues its GEMM1 of tile j and GEMM0 of tile j+1
+    while the other runs a softmax (in a kernel, named barriers hand the turn over)."""
     _check_tiles(tiles)
-    order = [Op(0, "gemm0", 0), Op(1, "gemm0", 0)]
+    order = [Op(0, "gemm0", 0), Op(0, "softmax", 0), Op(1, "gemm0", 0)]
     for j in range(tiles):
-        for w in (0, 1):
-            order.append(Op(w, "softmax", j))
         for w in (0, 1):
             order.append(Op(w, "gemm1", j))
             if j + 1 < tiles:
                 order.append(Op(w, "gemm0", j + 1))
+            # the other warpgroup's next softmax runs under these GEMMs
+            other, tile = (1, j) if w == 0 else (0, j + 1)
+            if tile < tiles:
+                order.append(Op(other, "softmax", tile))
     return order
+
+
+def lock_step(tiles: int) -> list[Op]:
+    """Two warpgroups running the same loop side by side with nothing to stagger them (our v7's warps, the v8c
+    stage): both GEMM0s, both softmaxes, both GEMM1s, so they share each unit and both wait together."""
+    _check_tiles(tiles)
+    return [Op(w, kind, j) for j in range(tiles) for kind in KINDS for w in (0, 1)]
 
 
 def overlapped(tiles: int) -> list[Op]:
@@ -347,6 +412,21 @@ def overlapped(tiles: int) -> list[Op]:
     for j in range(1, tiles):
         order += [Op(0, "gemm0", j), Op(0, "gemm1", j - 1), Op(0, "softmax", j)]
     return order + [Op(0, "gemm1", tiles - 1)]
+
+
+def pingpong_overlapped(tiles: int) -> list[Op]:
+    """FA3's schedule (sections 3.1 and 3.2 together): each warpgroup overlaps itself (GEMM0 of tile j and GEMM1
+    of tile j-1 issued before the softmax of tile j), and the two take turns: a warpgroup issues its pair of GEMMs
+    when the other starts its softmax."""
+    _check_tiles(tiles)
+    order = []
+    for j in range(tiles):
+        for w in (0, 1):
+            order.append(Op(w, "gemm0", j))
+            if j > 0:
+                order.append(Op(w, "gemm1", j - 1))
+            order.append(Op(w, "softmax", j))
+    return order + [Op(0, "gemm1", tiles - 1), Op(1, "gemm1", tiles - 1)]
 
 
 # --------------------------------------------------------------------------------------------- pictures
@@ -366,33 +446,36 @@ def _matplotlib():
 def draw_timeline(timeline: Timeline, *, title: str | None = None):
     """A Gantt chart of a :class:`Timeline`: one row per warpgroup (its softmaxes solid, the GEMMs it has on the
     tensor cores as thin pale bars below), one for the tensor cores (the utilisation in the title), one for the
-    producer if any."""
+    producer if any. A hatched bar shared its unit with another warpgroup's operation, at part speed. The legend
+    names every colour and mark."""
     Figure, Patch = _matplotlib()
     rows = [f"warpgroup {w}" for w in range(timeline.warpgroups)] + [TENSOR]
     if any(s.unit == TMA for s in timeline.spans):
         rows.append(TMA)
-    fig = Figure(figsize=(9.0, 0.7 * len(rows) + 1.4), layout="constrained")
+    fig = Figure(figsize=(9.0, 0.7 * len(rows) + 1.7), layout="constrained")
     ax = fig.add_subplot()
     scale = max(timeline.makespan, 1e-12)
+    lanes = timeline.warpgroups  # the tensor-core row has a lane per warpgroup, so shared GEMMs show side by side
     for span in timeline.spans:
         width = span.end - span.start
         colour = _COLOURS[span.kind]
+        hatch = "////" if span.shared else None
         if span.unit == TMA:
-            places = [(rows.index(TMA), 1.0)]
+            places = [(rows.index(TMA), 0.0, 0.7, 1.0)]
         elif span.unit == TENSOR:  # on the tensor cores, and as a thin pale bar under its warpgroup's row
-            places = [(rows.index(TENSOR), 1.0), (span.warpgroup, 0.4)]
-        else:
-            places = [(span.warpgroup, 1.0)]
-        for row, alpha in places:
-            thin = alpha < 1.0
-            own_row = span.unit == EXP  # a warpgroup's row: softmax above, its GEMMs in flight below
-            middle = row + 0.27 if thin else row - 0.1 if own_row else row
-            ax.barh(middle, width, left=span.start, height=0.16 if thin else 0.5 if own_row else 0.7,
-                    color=colour, alpha=alpha, edgecolor="white")
-            if not thin and width / scale > 0.035:
-                who = "" if span.unit != TENSOR or timeline.warpgroups == 1 else f"w{span.warpgroup} "
+            lane = 0.7 / lanes
+            places = [(rows.index(TENSOR), -0.35 + lane * (span.warpgroup + 0.5), lane, 1.0),
+                      (span.warpgroup, 0.27, 0.16, 0.4)]
+        else:  # a warpgroup's row: softmax above, its GEMMs in flight below
+            places = [(span.warpgroup, -0.1, 0.5, 1.0)]
+        for row, shift, height, alpha in places:
+            middle = row + shift
+            ax.barh(middle, width, left=span.start, height=height, color=colour, alpha=alpha, edgecolor="white",
+                    hatch=hatch)
+            if alpha == 1.0 and width / scale > 0.035:
+                who = "" if span.unit != TENSOR or lanes == 1 else f"w{span.warpgroup} "
                 ax.text(span.start + width / 2, middle, f"{who}{_LABELS[span.kind]} {span.tile}", ha="center",
-                        va="center", fontsize=7, color="white")
+                        va="center", fontsize=7 if lanes == 1 or span.unit != TENSOR else 6, color="white")
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_xlabel("time (ns)")
@@ -402,8 +485,13 @@ def draw_timeline(timeline: Timeline, *, title: str | None = None):
     kinds = [k for k in ("gemm0", "softmax", "gemm1", "load") if any(s.kind == k for s in timeline.spans)]
     names = {"gemm0": "GEMM0: S = QK^T", "softmax": "softmax (exp)", "gemm1": "GEMM1: O += PV",
              "load": "TMA load of K/V"}
-    ax.legend(handles=[Patch(color=_COLOURS[k], label=names[k]) for k in kinds], loc="upper center",
-              bbox_to_anchor=(0.5, -0.28), ncol=len(kinds), fontsize=8, frameon=False)
+    handles = [Patch(color=_COLOURS[k], label=names[k]) for k in kinds]
+    handles.append(Patch(facecolor="0.55", alpha=0.4, label="pale, thin: the warpgroup's GEMM in flight"))
+    if any(s.shared for s in timeline.spans):
+        handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="////",
+                             label="hatched: unit shared, half speed"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8,
+              frameon=False)
     return fig
 
 
