@@ -21,7 +21,7 @@ test -x $(PY) || $(PYTHON) -m venv $(VENV); \
 $(PY) -m pip install -q --upgrade pip && \
 $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && \
 $(PY) -m pip install -q -e ".[$(1)]" && \
-$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (flashcourse)" >/dev/null && \
+$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null && \
 touch $@ && echo "[make] set-up ($(1)) took $$(( $$(date +%s) - t0 )) s"
 endef
 

@@ -9,6 +9,7 @@ also says about how many lines are needed); the code between ``### BEGIN HIDDEN 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,6 +25,9 @@ BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 TODO = re.compile(r"^\s*# TODO(?:\s*\(([^)]*)\))?")
 TEXT_STUB = "YOUR ANSWER HERE"
+# Notebook metadata that opening and saving a notebook rewrites from the running kernel, though nobody edited it
+# (JupyterLab's save, nbgrader's Validate): ``--check`` does not count it as a difference.
+SAVE_REWRITES = ("kernelspec", "language_info")
 
 
 class ReleaseError(ValueError):
@@ -88,15 +92,28 @@ def render(notebook: nbformat.NotebookNode) -> str:
     return nbformat.writes(notebook, version=4) + "\n"
 
 
+def _content(text: str) -> dict | None:
+    """A notebook's JSON without the metadata a save rewrites (None if the text is not JSON)."""
+    try:
+        notebook = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(notebook, dict) and isinstance(notebook.get("metadata"), dict):
+        for key in SAVE_REWRITES:
+            notebook["metadata"].pop(key, None)
+    return notebook
+
+
 def release(solutions: Path, exercises: Path, *, check: bool = False) -> list[str]:
     """Write exercises/exNN_*.ipynb for every solutions/exNN_*.ipynb; return the names written (or, with
-    ``check``, the names whose committed exercise differs from a fresh release, writing nothing)."""
+    ``check``, the names whose committed exercise differs from a fresh release, writing nothing; the kernel
+    metadata a save rewrites, :data:`SAVE_REWRITES`, is not a difference)."""
     names = []
     for path in sorted(Path(solutions).glob("ex*.ipynb")):
         text = render(release_notebook(nbformat.read(path, as_version=4), path.name))
         target = Path(exercises) / path.name
         if check:
-            if not target.exists() or target.read_text() != text:
+            if not target.exists() or _content(target.read_text()) != _content(text):
                 names.append(path.name)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
