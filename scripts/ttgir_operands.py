@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashcourse.kernels.teaching import forward  # noqa: E402  (v6, the step before v7)
+from flashcourse.kernels.teaching import forward as teaching  # noqa: E402  (v6, the step before v7)
 
 CONSTANTS = {"CAUSAL": False, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 128, "DOT_PRECISION": "tf32"}
 
@@ -35,7 +35,7 @@ def signature() -> dict[str, str]:
 
 
 def main() -> None:
-    kernel = forward._fwd_v6_kernel
+    kernel = teaching._fwd_v6_kernel
     constexprs = {(kernel.arg_names.index(name),): value for name, value in CONSTANTS.items()}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature(), constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})

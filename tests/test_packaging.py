@@ -190,3 +190,16 @@ def test_only_resources_counts_parent_folders():
                 if re.search(r"\.parents\[|\.parent\.parent", path.read_text(encoding="utf-8"))}
     assert counting - set(allowed) == set(), (
         f"{sorted(counting - set(allowed))} count parent folders: find course files with flashcourse.resources")
+
+
+def test_every_source_folder_is_a_package_the_wheel_ships():
+    """pyproject.toml finds packages by their __init__.py (``[tool.setuptools.packages.find]``): a folder of
+    modules without one (kernels/teaching/, kernels/hopper/ ...) would be left out of the wheel without a word."""
+    setuptools = pytest.importorskip("setuptools")
+    where = _pyproject()["tool"]["setuptools"]["packages"]["find"]["where"]
+    assert where == ["src"]
+    found = set(setuptools.find_packages(str(ROOT / "src")))
+    folders = {".".join(p.parent.relative_to(ROOT / "src").parts) for p in (ROOT / "src").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders - found == set(), f"these folders have modules but no __init__.py: {sorted(folders - found)}"
+    assert {"flashcourse.kernels.teaching", "flashcourse.kernels.hopper"} <= found
