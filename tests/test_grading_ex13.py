@@ -18,13 +18,29 @@ def _times(bq, bk, d, matmul, exp, sms, *, flops_per_term=2, per_sm=True, exps_p
             exps_per_score * bq * bk / (exp * 1e12 / share) * to_ns)
 
 
-def _pingpong(tiles):
+def _pingpong(tiles):  # warpgroup 1 starts under warpgroup 0's first softmax; then each one's GEMMs under the other's
+    order = [(0, "gemm0", 0), (0, "softmax", 0), (1, "gemm0", 0)]
+    for j in range(tiles):
+        order += [(0, "gemm1", j)] + ([(0, "gemm0", j + 1)] if j + 1 < tiles else []) + [(1, "softmax", j)]
+        order += [(1, "gemm1", j)] + ([(1, "gemm0", j + 1), (0, "softmax", j + 1)] if j + 1 < tiles else [])
+    return order
+
+
+def _together_from_the_start(tiles):  # the same turns, but both warpgroups begin at once
     order = [(0, "gemm0", 0), (1, "gemm0", 0)]
     for j in range(tiles):
         order += [(0, "softmax", j), (1, "softmax", j)]
         for w in (0, 1):
             order += [(w, "gemm1", j)] + ([(w, "gemm0", j + 1)] if j + 1 < tiles else [])
     return order
+
+
+def _fa3(tiles):  # each warpgroup's loop is section 3.2's; it issues its GEMMs as the other's softmax starts
+    order = []
+    for j in range(tiles):
+        for w in (0, 1):
+            order += [(w, "gemm0", j)] + ([(w, "gemm1", j - 1)] if j else []) + [(w, "softmax", j)]
+    return order + [(0, "gemm1", tiles - 1), (1, "gemm1", tiles - 1)]
 
 
 def _overlap(tiles):
@@ -38,6 +54,7 @@ def test_correct_answers_pass_the_hidden_tests():
     grading.check_tile_latencies(_times, hidden=True)
     grading.check_pingpong_order(_pingpong, hidden=True)
     grading.check_overlap_order(_overlap, hidden=True)
+    grading.check_fa3_order(_fa3, hidden=True)
 
 
 def test_another_order_that_keeps_the_tensor_cores_as_busy_passes():
@@ -95,7 +112,8 @@ def _softmaxes_backwards(tiles):
 
 
 PINGPONG_MISTAKES = {
-    "lock step": _lock_step,
+    "lock step: both warpgroups run the same operation at the same moment": _lock_step,
+    "issue GEMM0 of tile 0 at the same moment": _together_from_the_start,
     "no overlap: one warpgroup runs all its tiles": _one_after_the_other,
     "GEMM1 before its softmax": _gemm1_first,
     "the rescale order": _gemm1s_swapped,
@@ -153,7 +171,39 @@ def test_each_overlap_mistake_is_named(diagnosis):
         grading.check_overlap_order(OVERLAP_MISTAKES[diagnosis])
 
 
+def _fa3_lock_step(tiles):  # both overlap themselves, but issue everything at the same moments
+    order = [(w, "gemm0", 0) for w in (0, 1)] + [(w, "softmax", 0) for w in (0, 1)]
+    for j in range(1, tiles):
+        for kind, tile in (("gemm0", j), ("gemm1", j - 1), ("softmax", j)):
+            order += [(w, kind, tile) for w in (0, 1)]
+    return order + [(w, "gemm1", tiles - 1) for w in (0, 1)]
+
+
+FA3_MISTAKES = {
+    "lock step": _fa3_lock_step,
+    "that is ping-pong without the overlap": _pingpong,
+    "1 warpgroup": _overlap,
+    "too many S tiles in flight": lambda tiles: [(w, "gemm0", j) for w in (0, 1) for j in range(tiles)]
+    + [(w, kind, j) for w in (0, 1) for j in range(tiles) for kind in ("softmax", "gemm1")],
+}
+
+
+@pytest.mark.parametrize("diagnosis", FA3_MISTAKES)
+def test_each_fa3_mistake_is_named(diagnosis):
+    with pytest.raises(AssertionError, match=diagnosis):
+        grading.check_fa3_order(FA3_MISTAKES[diagnosis])
+
+
+def test_lock_step_scores_below_pingpong_at_d128():
+    # the trap the lesson warns about: at D = 128 the simulator once gave lock step ping-pong's 100%
+    latencies = schedule.Latencies.hopper()
+    lock = schedule.simulate(_lock_step(8), latencies).utilisation
+    assert lock < 0.7 < 0.99 < schedule.simulate(_pingpong(8), latencies).utilisation
+
+
 def test_the_librarys_own_answers_earn_nothing():
+    with pytest.raises(AssertionError, match="schedule.pingpong_overlapped"):
+        grading.check_fa3_order(schedule.pingpong_overlapped)
     with pytest.raises(AssertionError, match="schedule.pingpong"):
         grading.check_pingpong_order(schedule.pingpong)
     with pytest.raises(AssertionError, match="schedule.overlapped"):
@@ -169,12 +219,14 @@ def test_a_stub_says_not_implemented():
     def stub(*args):
         raise NotImplementedError("fill in the TODO")
 
-    for check in (grading.check_tile_latencies, grading.check_pingpong_order, grading.check_overlap_order):
+    for check in (grading.check_tile_latencies, grading.check_pingpong_order, grading.check_overlap_order,
+                  grading.check_fa3_order):
         with pytest.raises(NotImplementedYet, match="not implemented yet"):
             check(stub)
 
 
 def test_the_parts_and_their_points():
-    assert [part.grade_id for part in grading.parts("ex13_warp_schedule")] == ["ex13_a", "ex13_b", "ex13_c"]
-    assert sum(part.points for part in grading.parts("ex13")) == 9
+    assert [part.grade_id for part in grading.parts("ex13_warp_schedule")] == ["ex13_a", "ex13_b", "ex13_c",
+                                                                               "ex13_d"]
+    assert sum(part.points for part in grading.parts("ex13")) == 12
     assert ex13.PARTS[1].title == "pingpong_order"

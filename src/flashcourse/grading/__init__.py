@@ -53,6 +53,7 @@ _CHECKS = {
     "check_ring_hide_positions": "ex11",
     "check_softmax_online_from_memory": "ex12", "check_flash_forward_from_memory": "ex12", "start_clock": "ex12",
     "check_tile_latencies": "ex13", "check_pingpong_order": "ex13", "check_overlap_order": "ex13",
+    "check_fa3_order": "ex13",
     "check_mha_forward": "ex14", "check_gqa_forward": "ex14", "check_rope": "ex14", "check_mla_decode": "ex14",
     "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
 }

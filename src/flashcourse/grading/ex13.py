@@ -1,6 +1,6 @@
 """Exercise 13, FlashAttention-3's schedules on ``flashcourse.schedule``'s simulator (Shah et al. 2024, sections
 3.1-3.2): how long one tile's GEMMs and softmax take on an SM from the chip's rates, the ping-pong order of two
-consumer warpgroups, and one warpgroup overlapping its own softmax with its GEMMs.
+consumer warpgroups, one warpgroup overlapping its own softmax with its GEMMs, and both together (FA3's schedule).
 
 The learner's orders are lists of ``(warpgroup, kind, tile)``; ``run`` turns them into an integer array (one row
 per operation: warpgroup, kind's index in ``schedule.KINDS``, tile) and the judge, which trusts nothing else,
@@ -18,7 +18,8 @@ from ._core import Part, compare, run_check
 
 # The library functions that compute the answers: a learner's function that calls them earns nothing.
 _ANSWERS = {schedule.tile_times.__code__: "tile_times", schedule.pingpong.__code__: "pingpong",
-            schedule.overlapped.__code__: "overlapped", schedule.Latencies.hopper.__func__.__code__: "Latencies.hopper"}
+            schedule.overlapped.__code__: "overlapped", schedule.Latencies.hopper.__func__.__code__: "Latencies.hopper",
+            schedule.pingpong_overlapped.__code__: "pingpong_overlapped"}
 
 
 def _call_watched(fn, *args):
@@ -116,8 +117,9 @@ def check_tile_latencies(tile_latencies, *, hidden=False, seed=None):
 
 
 def _order_cases(rng, hidden):
-    # (tiles, GEMM ns, softmax ns): H100/H200 fp16 at D = 128 (softmax about one GEMM), D = 64 or FP8 (about two)
-    cases = [(1, 559.8, 554.5), (2, 559.8, 554.5), (5, 559.8, 554.5), (4, 279.9, 554.5), (6, 300.0, 450.0)]
+    # (tiles, GEMM ns, softmax ns): H100/H200 fp16 at D = 128 (softmax about one GEMM), D = 64 or FP8 (about two).
+    # One tile comes last: there lock step and a ping-pong that starts both warpgroups at once are the same order.
+    cases = [(2, 559.8, 554.5), (5, 559.8, 554.5), (4, 279.9, 554.5), (6, 300.0, 450.0), (1, 559.8, 554.5)]
     if hidden:
         for _ in range(4):
             gemm = float(rng.uniform(200, 700))
@@ -167,7 +169,7 @@ _DIAGNOSES = {
 }
 
 
-def _judge_order(case, out, *, warpgroups: int, reference, name: str, mistakes) -> None:
+def _judge_order(case, out, *, warpgroups: int, reference, name: str, mistakes, shape=None) -> None:
     rows = np.asarray(out["order"], dtype=np.int64).reshape(-1, 3)
     if rows.size and (rows[:, 1].min() < 0 or rows[:, 1].max() >= len(schedule.KINDS)):
         raise AssertionError("an entry's kind is not one of gemm0, softmax, gemm1")
@@ -184,6 +186,8 @@ def _judge_order(case, out, *, warpgroups: int, reference, name: str, mistakes) 
         raise AssertionError(f"your order uses {used_warpgroups} warpgroup(s), this part has {warpgroups}")
     if used_tiles != tiles:
         raise AssertionError(f"your order covers {used_tiles} tiles, expected {tiles} (tiles 0..{tiles - 1})")
+    if shape is not None:  # what the part asks for besides the utilisation
+        shape(order)
     latencies = schedule.Latencies(case["gemm_ns"], case["softmax_ns"], case["gemm_ns"])
     got = schedule.simulate(order, latencies)
     expected = schedule.simulate(reference(tiles), latencies)
@@ -226,15 +230,33 @@ def _lock_step(tiles):
     return [schedule.Op(w, kind, j) for j in range(tiles) for kind in schedule.KINDS for w in (0, 1)]
 
 
+def _together_from_the_start(tiles):
+    """Ping-pong's loop, but both warpgroups issue GEMM0 of tile 0 at once: they never come apart."""
+    order = [schedule.Op(0, "gemm0", 0), schedule.Op(1, "gemm0", 0)]
+    for j in range(tiles):
+        order += [schedule.Op(0, "softmax", j), schedule.Op(1, "softmax", j)]
+        for w in (0, 1):
+            order.append(schedule.Op(w, "gemm1", j))
+            if j + 1 < tiles:
+                order.append(schedule.Op(w, "gemm0", j + 1))
+    return order
+
+
+_LOCK_STEP = ("lock step: both warpgroups run the same operation at the same moment, so they share the tensor "
+              "cores (each GEMM at half speed), then share the exp units, and each unit idles while the other "
+              "works: no better than one warpgroup. Stagger them: one warpgroup's GEMMs must be issued while the "
+              "other computes its softmax")
+
+
 def _pingpong_mistakes(tiles):
     return [
         ("no overlap: one warpgroup runs all its tiles, then the other; the tensor cores wait during every softmax, "
          "as with one warpgroup. Interleave the two so one's softmax runs under the other's GEMMs",
          _one_after_the_other(tiles)),
-        ("lock step: both warpgroups run the same phase together (both GEMM0s, both softmaxes, both GEMM1s), so a "
-         "warpgroup's next GEMM0 waits behind the other's GEMM1 and the softmaxes bunch up. In ping-pong a "
-         "warpgroup issues its GEMM1 of tile j and GEMM0 of tile j+1 back to back, and the other warpgroup's "
-         "softmax runs under them", _lock_step(tiles)),
+        (_LOCK_STEP, _lock_step(tiles)),
+        ("both warpgroups issue GEMM0 of tile 0 at the same moment: they share the tensor cores, finish together, "
+         "start their softmaxes together and stay in lock step for good. Let one warpgroup start alone, and the "
+         "other issue its first GEMM0 once the first one's softmax has begun", _together_from_the_start(tiles)),
     ]
 
 
@@ -249,7 +271,7 @@ PINGPONG = Part("ex13_b", 4, "pingpong_order", ("pingpong_order",), _order_cases
 
 def check_pingpong_order(pingpong_order, *, hidden=False, seed=None):
     """Check ``pingpong_order(tiles) -> [(warpgroup, kind, tile), ...]``: two warpgroups taking turns on the tensor
-    cores, simulated at several GEMM and softmax latencies."""
+    cores, simulated at several GEMM and softmax latencies; lock step is named when it is what came."""
     __tracebackhide__ = True
     run_check(PINGPONG, {"pingpong_order": pingpong_order}, hidden=hidden, seed=seed)
 
@@ -293,4 +315,65 @@ def check_overlap_order(overlap_order, *, hidden=False, seed=None):
     run_check(OVERLAP, {"overlap_order": overlap_order}, hidden=hidden, seed=seed)
 
 
-PARTS = [TIMES, PINGPONG, OVERLAP]
+# ------------------------------------------------------------------------------------------ (d) FA3's schedule
+
+
+def _fa3_cases(rng, hidden):
+    # per warpgroup (64 query rows, 128 keys) on an H100/H200: D = 64 in FP16, D = 128 with FP8 GEMMs (both a
+    # softmax about twice a GEMM), D = 128 in FP16 (about one GEMM)
+    settings = [schedule.Latencies.hopper(head_dim=64), schedule.Latencies.hopper(matmul_tflops=1979.0),
+                schedule.Latencies.hopper()]
+    cases = [(tiles, lat.gemm0, lat.softmax) for lat in settings for tiles in (3, 6, 1)]
+    if hidden:
+        for _ in range(3):
+            gemm = float(rng.uniform(100, 400))
+            cases.append((int(rng.integers(2, 11)), gemm, gemm * float(rng.uniform(1.0, 2.2))))
+    return [{"tiles": n, "gemm_ns": g, "softmax_ns": s} for n, g, s in cases]
+
+
+def _each_overlaps_itself(order) -> None:
+    """Each warpgroup issues GEMM0 of tile j, then GEMM1 of tile j-1, then its softmax of tile j (section 3.2), so
+    that the softmax, which waits only for GEMM0, runs under GEMM1; or AssertionError saying which is out of place."""
+    at = {op: i for i, op in enumerate(order)}
+    for op in order:
+        if op.kind == "softmax" and op.tile > 0:
+            w, j = op.warpgroup, op.tile
+            gemm0, gemm1 = at[schedule.Op(w, "gemm0", j)], at[schedule.Op(w, "gemm1", j - 1)]
+            if not gemm0 < gemm1 < at[op]:
+                raise AssertionError(
+                    f"warpgroup {w} does not overlap itself at tile {j}: its softmax of tile {j} must run under its "
+                    f"own GEMM1 of tile {j - 1}, so it issues GEMM0 of tile {j}, then GEMM1 of tile {j - 1}, then "
+                    "the softmax (the tensor cores take one warpgroup's GEMMs in the order issued). Two warpgroups "
+                    "taking turns without that is ping-pong without the overlap")
+
+
+def _lock_step_overlapped(tiles):
+    """Both warpgroups overlapping themselves, each operation issued by both at the same moment."""
+    order = [schedule.Op(w, "gemm0", 0) for w in (0, 1)] + [schedule.Op(w, "softmax", 0) for w in (0, 1)]
+    for j in range(1, tiles):
+        for kind, tile in (("gemm0", j), ("gemm1", j - 1), ("softmax", j)):
+            order += [schedule.Op(w, kind, tile) for w in (0, 1)]
+    return order + [schedule.Op(w, "gemm1", tiles - 1) for w in (0, 1)]
+
+
+def _fa3_mistakes(tiles):
+    return [(_LOCK_STEP + " (each overlapping itself does not change that)", _lock_step_overlapped(tiles))]
+
+
+def _fa3_judge(case, out):
+    _judge_order(case, out, warpgroups=2, reference=schedule.pingpong_overlapped, name="FA3 schedule",
+                 mistakes=_fa3_mistakes, shape=_each_overlaps_itself)
+
+
+FA3 = Part("ex13_d", 3, "fa3_order", ("fa3_order",), _fa3_cases, _orders_run("fa3_order"), _fa3_judge)
+
+
+def check_fa3_order(fa3_order, *, hidden=False, seed=None):
+    """Check ``fa3_order(tiles) -> [(warpgroup, kind, tile), ...]``: two warpgroups in ping-pong, each overlapping
+    its softmax with its own GEMM1 of the tile before, simulated at D = 64 and with FP8 GEMMs (a softmax about twice
+    a GEMM) and at D = 128."""
+    __tracebackhide__ = True
+    run_check(FA3, {"fa3_order": fa3_order}, hidden=hidden, seed=seed)
+
+
+PARTS = [TIMES, PINGPONG, OVERLAP, FA3]
