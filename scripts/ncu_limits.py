@@ -1,0 +1,716 @@
+"""What limits each kernel, in Nsight Compute's counters: the backward at D = 128 (b1, the Gluon b6a and b6c, cuDNN's),
+decoding from an FP8 KV cache against an fp16 one, and a prefix-LM ``mask_mod`` forward and backward against
+compiled FlexAttention. One GPU call, under 9 minutes:
+
+    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --out /tmp/ncu        # every case under ncu, one JSON
+    PYTHONPATH=src python scripts/ncu_limits.py --list                          # the cases
+    PYTHONPATH=src python scripts/ncu_limits.py --dry                           # each case once, no ncu: kernels
+    PYTHONPATH=src python scripts/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
+
+A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
+calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
+range named after the case. ``--run-ncu`` runs ``ncu --profile-from-start off`` over each case in a process of
+its own, so ncu replays only that last call, every kernel of it once (``--clock-control none``: the clocks the
+benchmarks run at; ncu flushes the caches before each replay pass, so the decode cache is read from HBM). A case
+that fails or outlives its time limit is recorded and the next one runs; the whole run stops starting cases when
+``--budget`` seconds are spent, and the JSON is rewritten after every case.
+
+Collected: the sections SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, MemoryWorkloadAnalysis,
+ComputeWorkloadAnalysis and SchedulerStats, plus the metrics of :data:`EXTRA_METRICS` and
+:data:`EXTRA_METRIC_FAMILIES` that this GPU's ncu lists (``ncu --query-metrics``; a metric it does not know would
+stop the run): DRAM bytes, local-memory traffic (spills), global atomics, shared-memory wavefronts, each tensor
+pipe's utilisation, every stall reason. Each report is exported twice, ``--page details`` (the sections as
+printed) and ``--page raw`` (every metric by name), both kept as CSV under ``<out>/ncu-limits/``; the counters
+that answer "what limits this kernel" (:data:`COUNTERS`) go to ``<out>/<date>-<device>-ncu-limits.json``, one row
+per (case, kernel launch), with ``meta.cases``: each case's shape, status, seconds and kernel count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve()
+sys.path.insert(0, str(ROOT / "src"))
+
+NCU = "/usr/local/cuda/bin/ncu"
+WARMUP_CALLS = 2  # the first compiles (and tunes); the second runs what a training step runs
+BUDGET_S = 480.0  # the whole --run-ncu, JSON included: under 8.5 minutes with the start and the exports
+CASE_TIMEOUT_S = 150.0  # one case under ncu: start, compile, two warm-up calls, the profiled call's replays
+MIN_CASE_S = 30.0  # a case is not started with less time than this left
+RESERVE_S = 10.0  # kept at the end of the budget for the last exports and the JSON
+EXPORT_TIMEOUT_S = 45.0
+
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "MemoryWorkloadAnalysis",
+            "ComputeWorkloadAnalysis", "SchedulerStats")
+# Metrics beyond the sections, each asked for only where ``ncu --query-metrics`` lists its base name.
+EXTRA_METRICS = (
+    "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+    "l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_local_op_st.sum",
+    "smsp__sass_inst_executed_op_local_ld.sum", "smsp__sass_inst_executed_op_local_st.sum",
+    "smsp__sass_inst_executed_op_global_red.sum", "smsp__sass_inst_executed_op_global_atom.sum",
+    "smsp__inst_executed.sum",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
+    ".pct_of_peak_sustained_elapsed", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
+)
+# Families whose members differ between GPUs (Hopper's wgmma pipe, new stall reasons): (base-name pattern, suffix).
+EXTRA_METRIC_FAMILIES = (
+    (r"sm__pipe_tensor\w*_cycles_active", ".avg.pct_of_peak_sustained_active"),
+    (r"smsp__average_warps_issue_stalled_\w+_per_issue_active", ".ratio"),
+)
+TENSOR_PIPE = re.compile(r"^(sm__pipe_tensor\w*_cycles_active)\.avg\.pct_of_peak_sustained_active$")
+STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
+TOP_STALLS = 5
+
+SOL, LAUNCH, OCC = "GPU Speed Of Light Throughput", "Launch Statistics", "Occupancy"
+WSS, MWA, CWA, SCHED = ("Warp State Statistics", "Memory Workload Analysis", "Compute Workload Analysis",
+                        "Scheduler Statistics")
+# Each JSON counter and where it is read, first found wins: ("raw", metric name) from the raw page, or
+# (section, metric) as the details page prints them.
+COUNTERS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("duration_us", (("raw", "gpu__time_duration.sum"), (SOL, "Duration"))),
+    ("sm_throughput_pct", (("raw", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                           (SOL, "Compute (SM) Throughput"))),
+    ("memory_throughput_pct", (("raw", "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"),
+                               (SOL, "Memory Throughput"))),
+    ("dram_throughput_pct", (("raw", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+                             ("raw", "dram__throughput.avg.pct_of_peak_sustained_elapsed"), (SOL, "DRAM Throughput"))),
+    ("dram_read_bytes", (("raw", "dram__bytes_read.sum"),)),
+    ("dram_write_bytes", (("raw", "dram__bytes_write.sum"),)),
+    ("dram_bytes", (("raw", "dram__bytes.sum"),)),
+    ("l2_throughput_pct", (("raw", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+                           (SOL, "L2 Cache Throughput"))),
+    ("l2_hit_rate_pct", (("raw", "lts__t_sector_hit_rate.pct"), (MWA, "L2 Hit Rate"))),
+    ("l1_shared_throughput_pct", (("raw", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+                                  (SOL, "L1/TEX Cache Throughput"))),
+    ("shared_lsu_wavefronts_pct", (("raw", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"
+                                           ".pct_of_peak_sustained_elapsed"),)),
+    ("shared_lsu_wavefronts", (("raw", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"),)),
+    ("shared_bank_conflicts", (("raw", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum"),)),
+    ("mem_busy_pct", ((MWA, "Mem Busy"),)),
+    ("mem_pipes_busy_pct", ((MWA, "Mem Pipes Busy"),)),
+    ("achieved_occupancy_pct", (("raw", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+                                (OCC, "Achieved Occupancy"))),
+    ("theoretical_occupancy_pct", ((OCC, "Theoretical Occupancy"), ("raw", "sm__maximum_warps_per_active_cycle_pct"))),
+    ("block_limit_registers", ((OCC, "Block Limit Registers"),)),
+    ("block_limit_shared_mem", ((OCC, "Block Limit Shared Mem"),)),
+    ("registers_per_thread", (("raw", "launch__registers_per_thread"), (LAUNCH, "Registers Per Thread"))),
+    ("dynamic_shared_bytes", (("raw", "launch__shared_mem_per_block_dynamic"),
+                              (LAUNCH, "Dynamic Shared Memory Per Block"))),
+    ("static_shared_bytes", (("raw", "launch__shared_mem_per_block_static"),
+                             (LAUNCH, "Static Shared Memory Per Block"))),
+    ("waves_per_sm", (("raw", "launch__waves_per_multiprocessor"), (LAUNCH, "Waves Per SM"))),
+    ("local_load_bytes", (("raw", "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"),)),
+    ("local_store_bytes", (("raw", "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"),)),
+    ("local_load_inst", (("raw", "smsp__sass_inst_executed_op_local_ld.sum"),)),
+    ("local_store_inst", (("raw", "smsp__sass_inst_executed_op_local_st.sum"),)),
+    ("global_red_inst", (("raw", "smsp__sass_inst_executed_op_global_red.sum"),)),
+    ("global_atom_inst", (("raw", "smsp__sass_inst_executed_op_global_atom.sum"),)),
+    ("inst_executed", (("raw", "smsp__inst_executed.sum"),)),
+    ("issue_slots_busy_pct", (("raw", "sm__inst_issued.avg.pct_of_peak_sustained_active"), (CWA, "Issue Slots Busy"))),
+    ("sm_busy_pct", ((CWA, "SM Busy"),)),
+    ("executed_ipc_active", ((CWA, "Executed Ipc Active"),)),
+    ("issue_active_pct", (("raw", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+                          (SCHED, "One or More Eligible"))),
+    ("no_eligible_pct", ((SCHED, "No Eligible"),)),
+    ("active_warps_per_scheduler", ((SCHED, "Active Warps Per Scheduler"),)),
+    ("eligible_warps_per_scheduler", ((SCHED, "Eligible Warps Per Scheduler"),)),
+    ("warp_cycles_per_issued", (("raw", "smsp__average_warp_latency_per_inst_issued.ratio"),
+                                (WSS, "Warp Cycles Per Issued Instruction"))),
+)
+# Units ncu prints, to the JSON's: time in microseconds, sizes in bytes, frequencies in hertz.
+UNIT_SCALE = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6,
+              "s": 1e6, "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12, "hz": 1.0,
+              "khz": 1e3, "mhz": 1e6, "ghz": 1e9}
+
+
+# --- the cases -----------------------------------------------------------------------------------------------
+
+BWD = {"batch": 4, "heads": 16, "n": 8192, "head_dim": 128, "dtype": "float16", "causal": False}
+DECODE = {"batch": 1, "heads": 32, "heads_kv": 8, "head_dim": 128, "n": 32768, "layout": "contiguous"}
+MASK = {"batch": 4, "heads": 16, "n": 8192, "head_dim": 128, "dtype": "float16", "rule": "prefix-LM",
+        "prefix_keys": 1024}
+PREFIX_KEYS = MASK["prefix_keys"]
+
+
+@triton.jit
+def prefix_lm(b, h, q_idx, kv_idx):
+    """The first 1024 keys (a prompt) are seen by every query, the rest causally (PREFIX_KEYS)."""
+    return (kv_idx <= q_idx) | (kv_idx < 1024)
+
+
+def flex_prefix_lm(b, h, q_idx, kv_idx):
+    """The same rule as FlexAttention's ``mask_mod``."""
+    return (kv_idx <= q_idx) | (kv_idx < PREFIX_KEYS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured call: ``build()`` makes its inputs and returns the call that ncu profiles."""
+
+    name: str
+    group: str
+    provider: str
+    what: str
+    shape: dict
+    build: Callable[[], Callable[[], object]] = field(repr=False, compare=False)
+
+
+def _inputs(shape: dict, count: int, seed: int = 0):
+    import torch
+
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    size = (shape["batch"], shape["heads"], shape["n"], shape["head_dim"])
+    return [torch.randn(size, device="cuda", dtype=getattr(torch, shape["dtype"]), generator=generator)
+            for _ in range(count)]
+
+
+def _backward_b1():
+    from flashcourse import kernels
+
+    q, k, v, do = _inputs(BWD, 4)
+    o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
+    return lambda: kernels.flash_attention_backward(q, k, v, o, lse, do, causal=False, version="b1")
+
+
+def _backward_b6(stage: str):
+    def build():
+        from flashcourse import kernels
+        from flashcourse.kernels.hopper import fa3_backward
+
+        q, k, v, do = _inputs(BWD, 4)
+        o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
+        return lambda: fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=False, stage=stage)
+    return build
+
+
+def _autograd_backward(forward, q, k, v, do):
+    """The backward alone: ``autograd.grad`` of one kept output (retain_graph, so every call redoes it)."""
+    import torch
+
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = forward(q, k, v)
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+
+def _backward_cudnn():
+    from flashcourse.bench.providers import sdpa
+
+    q, k, v, do = _inputs(BWD, 4)
+    attend = sdpa("sdpa_cudnn")  # F.scaled_dot_product_attention inside sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+    return _autograd_backward(lambda q, k, v: attend(q, k, v, False), q, k, v, do)
+
+
+def _decode(kv_dtype: str):
+    def build():
+        import torch
+
+        from flashcourse import kernels
+        from flashcourse.bench.decode import make_cache
+
+        torch.manual_seed(0)
+        q, k, v = make_cache(DECODE["batch"], DECODE["heads"], DECODE["heads_kv"], DECODE["head_dim"], DECODE["n"])
+        if kv_dtype == "float16":
+            return lambda: kernels.flash_decode(q, k, v)
+        k8, v8, k_scale, v_scale = kernels.quantize_kv_cache(k, v)
+        return lambda: kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale)
+    return build
+
+
+def _ours_prefix_lm(q, k, v):
+    from flashcourse import kernels
+
+    return kernels.flash_attention(q, k, v, mask_mod=prefix_lm)  # the per-call path: tile lists built each call
+
+
+def _flex_prefix_lm():
+    """Compiled flex_attention with its block mask built once, as ``bench variants`` times it."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch._functorch.config.donated_buffer = False  # the backward replays one kept graph (retain_graph=True)
+    block_mask = create_block_mask(flex_prefix_lm, None, None, MASK["n"], MASK["n"], device="cuda")
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+
+def _mask_case(provider: str, mode: str):
+    def build():
+        import torch
+
+        attend = _ours_prefix_lm if provider == "flashcourse" else _flex_prefix_lm()
+        q, k, v, do = _inputs(MASK, 4)
+        if mode == "bwd":
+            return _autograd_backward(attend, q, k, v, do)
+
+        def forward():
+            with torch.no_grad():
+                return attend(q, k, v)
+        return forward
+    return build
+
+
+CASES = (
+    Case("bwd-b1", "backward", "b1", "b1's dK/dV and dQ kernels (Triton) and their preprocess", BWD, _backward_b1),
+    Case("bwd-cudnn", "backward", "sdpa_cudnn", "cuDNN's backward through SDPA (autograd.grad)", BWD,
+         _backward_cudnn),
+    Case("bwd-b6a", "backward", "fa3-b6a", "Gluon b6a: one warpgroup, TMA and wgmma, dQ by atomics", BWD,
+         _backward_b6("b6a")),
+    Case("bwd-b6c", "backward", "fa3-b6c", "Gluon b6c: producer warp and two consumer warpgroups", BWD,
+         _backward_b6("b6c")),
+    Case("decode-fp16", "decode", "flashcourse", "flash_decode, float16 cache",
+         {**DECODE, "kv_dtype": "float16"}, _decode("float16")),
+    Case("decode-fp8", "decode", "flashcourse", "flash_decode, float8_e4m3fn cache with k_scale / v_scale",
+         {**DECODE, "kv_dtype": "float8_e4m3fn"}, _decode("float8_e4m3fn")),
+    Case("prefix-lm-fwd-ours", "mask rule", "flashcourse", "forward, mask_mod per call (tile lists built in the call)",
+         {**MASK, "mode": "fwd"}, _mask_case("flashcourse", "fwd")),
+    Case("prefix-lm-bwd-ours", "mask rule", "flashcourse", "backward, mask_mod per call (autograd.grad)",
+         {**MASK, "mode": "bwd"}, _mask_case("flashcourse", "bwd")),
+    Case("prefix-lm-fwd-flex", "mask rule", "flex", "compiled flex_attention forward, block mask built once",
+         {**MASK, "mode": "fwd"}, _mask_case("flex", "fwd")),
+    Case("prefix-lm-bwd-flex", "mask rule", "flex", "compiled flex_attention backward (autograd.grad)",
+         {**MASK, "mode": "bwd"}, _mask_case("flex", "bwd")),
+)
+CASES_BY_NAME = {case.name: case for case in CASES}
+
+
+def select_cases(names: list[str] | None) -> list[Case]:
+    """The named cases in the order given (each once), or every case in :data:`CASES`'s order."""
+    if not names:
+        return list(CASES)
+    unknown = [n for n in names if n not in CASES_BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown case {', '.join(map(repr, unknown))}: expected one of {', '.join(CASES_BY_NAME)} "
+                         "(--list shows them)")
+    return [CASES_BY_NAME[n] for n in dict.fromkeys(names)]
+
+
+def run_case(case: Case, *, list_kernels: bool = False) -> None:
+    """Build, warm up, then one call between cudaProfilerStart and Stop (what ncu profiles). ``list_kernels``:
+    the call runs under torch.profiler instead, and its kernels are printed in launch order (no ncu then: two
+    profilers cannot share the GPU's counters)."""
+    import torch
+
+    call = case.build()
+    for _ in range(WARMUP_CALLS):
+        call()
+    torch.cuda.synchronize()
+    if list_kernels:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        launched = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                          key=lambda e: e.time_range.start)
+        print(f"{case.name}: {len(launched)} kernels, "
+              f"{sum(e.time_range.elapsed_us() for e in launched) / 1e3:.2f} ms on the GPU")
+        for e in launched:
+            print(f"  {e.time_range.elapsed_us():10.1f} us  {e.name}")
+        return
+    torch.cuda.profiler.start()
+    with torch.cuda.nvtx.range(case.name):
+        call()
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"{case.name}: profiled call done")
+
+
+# --- ncu: command lines, metrics, CSV parsing ---------------------------------------------------------------
+
+def available_metrics(query_output: str) -> set[str]:
+    """Base metric names in the output of ``ncu --query-metrics`` (one a line, first column)."""
+    found = set()
+    for line in query_output.splitlines():
+        match = re.match(r"^([a-z0-9]+__[a-z0-9_]+)\s", line + " ")
+        if match:
+            found.add(match.group(1))
+    return found
+
+
+def extra_metrics(available: set[str] | None) -> list[str]:
+    """The metrics to ask for beyond the sections: those of EXTRA_METRICS and EXTRA_METRIC_FAMILIES whose base
+    name this ncu lists (none when the list could not be read: the sections alone, rather than an unknown
+    metric that stops every case)."""
+    if not available:
+        return []
+    chosen = [m for m in EXTRA_METRICS if m.split(".")[0] in available]
+    for pattern, suffix in EXTRA_METRIC_FAMILIES:
+        chosen += [name + suffix for name in sorted(available) if re.fullmatch(pattern, name)]
+    return list(dict.fromkeys(chosen))
+
+
+def ncu_command(ncu: str, case: str, report: Path, metrics: list[str]) -> list[str]:
+    """ncu over one case's process: only the call between cudaProfilerStart and Stop is profiled."""
+    command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes",
+               "application-only", "--force-overwrite", "--export", str(report)]
+    for section in SECTIONS:
+        command += ["--section", section]
+    if metrics:
+        command += ["--metrics", ",".join(metrics)]
+    return command + [sys.executable, str(SCRIPT), "--case", case]
+
+
+def export_command(ncu: str, report: Path, page: str) -> list[str]:
+    return [ncu, "--import", str(report), "--csv", "--page", page]
+
+
+def _csv_rows(text: str) -> list[dict]:
+    """The CSV that ncu prints, without the ==PROF== / ==WARNING== lines before its header."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    return list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+
+
+def to_number(text: str | None) -> float | None:
+    """A value as ncu prints it ("3,708,256", "12.50", "n/a") as a float, or None."""
+    if text is None:
+        return None
+    try:
+        return float(text.replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def in_json_units(value: float | None, unit: str | None) -> float | None:
+    """Times to microseconds, sizes to bytes, frequencies to hertz; other units as they are."""
+    if value is None:
+        return None
+    base = (unit or "").strip().lower().split("/")[0]  # "byte/block" is bytes a block
+    return value * UNIT_SCALE.get(base, 1.0)
+
+
+def _launch(entries: dict, row: dict) -> dict:
+    return entries.setdefault(row["ID"], {"kernel": row.get("Kernel Name", ""), "block": row.get("Block Size", ""),
+                                          "grid": row.get("Grid Size", ""), "metrics": {}})
+
+
+def parse_details(text: str) -> dict[str, dict]:
+    """``--page details`` CSV: {launch ID: {kernel, block, grid, metrics: {(section, name): value}}}, values in
+    the JSON's units; the rules' advice rows (no metric name) are skipped."""
+    launches: dict[str, dict] = {}
+    for row in _csv_rows(text):
+        entry = _launch(launches, row)
+        if row.get("Metric Name"):
+            value = in_json_units(to_number(row.get("Metric Value")), row.get("Metric Unit"))
+            entry["metrics"][(row.get("Section Name", ""), row["Metric Name"])] = value
+    return launches
+
+
+RAW_NAME_COLUMNS = ("ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+                    "Grid Size", "Device", "CC")
+
+
+def parse_raw(text: str) -> dict[str, dict]:
+    """``--page raw`` CSV (a column per metric, a row of units under the header): {launch ID: {kernel, block,
+    grid, metrics: {metric name: value}}}, values in the JSON's units."""
+    rows = _csv_rows(text)
+    units = {}
+    if rows and not rows[0].get("ID"):  # the units row
+        units, rows = rows[0], rows[1:]
+    launches: dict[str, dict] = {}
+    for row in rows:
+        entry = _launch(launches, row)
+        for name, value in row.items():
+            if name and name not in RAW_NAME_COLUMNS:
+                entry["metrics"][name] = in_json_units(to_number(value), units.get(name))
+    return launches
+
+
+def _details_value(metrics: dict, section: str, name: str) -> float | None:
+    """(section, name), or the name alone where only one section prints it (a section's title may differ
+    between ncu versions)."""
+    if (section, name) in metrics:
+        return metrics[(section, name)]
+    found = [value for (_, metric), value in metrics.items() if metric == name]
+    return found[0] if len(found) == 1 else None
+
+
+def kernel_counters(details: dict | None, raw: dict | None) -> dict:
+    """The JSON counters of one launch from its details and raw entries (either may be missing)."""
+    raw_metrics = raw["metrics"] if raw else {}
+    details_metrics = details["metrics"] if details else {}
+    out: dict = {}
+    for key, sources in COUNTERS:
+        value = None
+        for where, name in sources:
+            value = raw_metrics.get(name) if where == "raw" else _details_value(details_metrics, where, name)
+            if value is not None:
+                break
+        out[key] = value
+    if out["dram_bytes"] is None and out["dram_read_bytes"] is not None and out["dram_write_bytes"] is not None:
+        out["dram_bytes"] = out["dram_read_bytes"] + out["dram_write_bytes"]
+    for end, op in (("load", "ld"), ("store", "st")):  # spills: bytes, else 32-byte sectors
+        sectors = raw_metrics.get(f"l1tex__t_sectors_pipe_lsu_mem_local_op_{op}.sum")
+        if out[f"local_{end}_bytes"] is None and sectors is not None:
+            out[f"local_{end}_bytes"] = 32 * sectors
+    atomics = [out[k] for k in ("global_red_inst", "global_atom_inst") if out[k] is not None]
+    out["atomic_inst_share"] = (sum(atomics) / out["inst_executed"]
+                                if atomics and out["inst_executed"] else None)
+    pipes = {m.group(1): v for name, v in raw_metrics.items() if (m := TENSOR_PIPE.match(name)) and v is not None}
+    out["tensor_pipes_pct"] = pipes
+    out["tensor_pipe_pct"] = max(pipes.values()) if pipes else None
+    stalls = {m.group(1): v for name, v in raw_metrics.items() if (m := STALL.match(name)) and v is not None}
+    out["stalls"] = stalls  # warp cycles stalled for this reason per issued instruction
+    out["top_stalls"] = sorted(([r, v] for r, v in stalls.items() if r != "selected"), key=lambda rv: -rv[1])[
+        :TOP_STALLS]  # "selected" is the issue itself, not a stall
+    return out
+
+
+def case_rows(case: Case, details_text: str, raw_text: str) -> list[dict]:
+    """One JSON row per kernel launch of a case's report, in launch order."""
+    details, raw = parse_details(details_text), parse_raw(raw_text)
+    rows = []
+    for order, launch in enumerate(sorted(set(details) | set(raw), key=lambda i: int(i))):
+        entry = details.get(launch) or raw.get(launch)
+        rows.append({"case": case.name, "group": case.group, "provider": case.provider, "launch": order,
+                     "kernel": entry["kernel"], "grid": entry["grid"], "block": entry["block"],
+                     **kernel_counters(details.get(launch), raw.get(launch))})
+    return rows
+
+
+# --- ncu: running the cases -------------------------------------------------------------------------------------
+
+def case_time_limit(remaining: float, case_timeout: float) -> float | None:
+    """Seconds for the next case: its own limit, or what the budget has left after the reserve; None when
+    that is too little to start one."""
+    limit = min(case_timeout, remaining - RESERVE_S)
+    return limit if limit >= MIN_CASE_S else None
+
+
+def run_process(command: list[str], timeout: float, log_path: Path) -> int | None:
+    """Exit code, or None when it outlived ``timeout`` (then its whole process group, ncu and the case, is
+    killed: a hung kernel must not hold the GPU for the next case)."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:  # also when this script is stopped (SIGTERM from `timeout`, Ctrl-C): no ncu left behind
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def export_page(ncu: str, report: Path, page: str) -> str:
+    done = subprocess.run(export_command(ncu, report, page), capture_output=True, text=True,
+                          timeout=EXPORT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"ncu --import --page {page} exited {done.returncode}: {_last_line(done.stderr)}")
+    return done.stdout
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "ERROR" in line or "Error" in line]
+    return (errors or lines or [""])[-1].strip()[:300]
+
+
+def case_status(code: int | None, timeout: float, kernels: int, log_text: str) -> str:
+    if code is None:
+        return f"timed out after {timeout:.0f} s"
+    if code != 0:
+        return f"exit {code}" + (f" after {kernels} kernels" if kernels else "") + f": {_last_line(log_text)}"
+    return "ok" if kernels else f"no kernel profiled: {_last_line(log_text)}"
+
+
+def ncu_version(ncu: str) -> str:
+    try:
+        done = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=30)
+        return _last_line(done.stdout) or f"exit {done.returncode}"
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"unknown ({type(error).__name__})"
+
+
+def query_metrics(ncu: str) -> set[str] | None:
+    try:
+        done = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return available_metrics(done.stdout) if done.returncode == 0 else None
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list[str], budget: float = BUDGET_S,
+            case_timeout: float = CASE_TIMEOUT_S, keep_reports: bool = False, runner=run_process,
+            exporter=export_page, clock=time.monotonic) -> Path:
+    """Every case under ncu, one after another, within ``budget`` seconds; the JSON after each case."""
+    from flashcourse.bench import save_results
+
+    raw_dir = out / "ncu-limits"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    start = clock()
+    rows: list[dict] = []
+    statuses = {c.name: {"status": "not run: the run's budget is spent", "seconds": 0.0, "kernels": 0}
+                for c in cases}
+    meta = {**meta, "kind": "ncu-limits", "sections": list(SECTIONS), "metrics": metrics, "budget_s": budget,
+            "cases": {c.name: {"group": c.group, "provider": c.provider, "what": c.what, "shape": c.shape,
+                               **statuses[c.name]} for c in cases}}
+
+    def save(complete: bool) -> Path:
+        meta.update(seconds=round(clock() - start, 1), complete=complete)
+        for name, status in statuses.items():
+            meta["cases"][name].update(status)
+        return save_results("ncu-limits", rows, directory=out, meta=meta)
+
+    for case in cases:
+        limit = case_time_limit(budget - (clock() - start), case_timeout)
+        if limit is None:
+            log(f"{case.name}: not started, {budget - (clock() - start):.0f} s of the budget left")
+            continue
+        t0 = clock()
+        report = raw_dir / f"{case.name}.ncu-rep"
+        report.unlink(missing_ok=True)
+        log_path = raw_dir / f"{case.name}.log"
+        try:
+            code = runner(ncu_command(ncu, case.name, report.with_suffix(""), metrics), limit, log_path)
+        except OSError as error:  # ncu did not start: recorded, like any failure
+            code = -1
+            log_path.write_text(f"ERROR: {ncu} did not start: {error}\n")
+        found: list[dict] = []
+        export_error = ""
+        if report.exists():
+            try:
+                pages = {page: exporter(ncu, report, page) for page in ("details", "raw")}
+                for page, text in pages.items():
+                    (raw_dir / f"{case.name}-{page}.csv").write_text(text)
+                found = case_rows(case, pages["details"], pages["raw"])
+            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                export_error = f"; export failed: {error}"
+            if not keep_reports:
+                report.unlink()
+        log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        statuses[case.name] = {"status": case_status(code, limit, len(found), log_text) + export_error,
+                               "seconds": round(clock() - t0, 1), "kernels": len(found), "time_limit_s": limit,
+                               "kernel_us_total": round(sum(r["duration_us"] or 0 for r in found), 1)}
+        rows.extend(found)
+        path = save(complete=False)
+        log(f"{case.name}: {statuses[case.name]['status']}, {len(found)} kernels, "
+            f"{statuses[case.name]['seconds']:.0f} s (run {clock() - start:.0f} s of {budget:.0f})")
+    path = save(complete=True)
+    log(f"wrote {path}")
+    return path
+
+
+def _fmt(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per kernel: what a reader checks first."""
+    lines = [f"{'case':20} {'kernel':44} {'us':>9} {'SM%':>5} {'TC%':>5} {'DRAM%':>5} {'L2%':>5} {'occ%':>5} "
+             f"{'regs':>4} {'issue%':>6}  top stalls"]
+    for r in rows:
+        stalls = ", ".join(f"{reason} {value:.1f}" for reason, value in r["top_stalls"][:3])
+        lines.append(f"{r['case']:20} {r['kernel'][:44]:44} {_fmt(r['duration_us'], '9.1f')} "
+                     f"{_fmt(r['sm_throughput_pct'], '5.0f')} {_fmt(r['tensor_pipe_pct'], '5.0f')} "
+                     f"{_fmt(r['dram_throughput_pct'], '5.0f')} {_fmt(r['l2_throughput_pct'], '5.0f')} "
+                     f"{_fmt(r['achieved_occupancy_pct'], '5.1f')} {_fmt(r['registers_per_thread'], '4.0f')} "
+                     f"{_fmt(r['issue_slots_busy_pct'], '6.1f')}  {stalls}")
+    return "\n".join(lines)
+
+
+def dry_run(cases: list[Case], case_timeout: float) -> int:
+    """Each case in a process of its own, no ncu: the kernels its profiled call launches, and the seconds."""
+    failed = 0
+    for case in cases:
+        t0 = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, str(SCRIPT), "--case", case.name, "--kernels"],
+                                  capture_output=True, text=True, timeout=case_timeout)
+            code, text = done.returncode, done.stdout + (done.stderr[-3000:] if done.returncode else "")
+        except subprocess.TimeoutExpired:
+            code, text = None, ""
+        failed += code != 0
+        status = "ok" if code == 0 else ("timed out" if code is None else f"exit {code}")
+        log(f"{case.name}: {status} in {time.monotonic() - t0:.0f} s")
+        print(text, flush=True)
+    return 1 if failed else 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--list", action="store_true", help="print the cases and exit")
+    mode.add_argument("--run-ncu", action="store_true", help="run ncu over each case; needs --out")
+    mode.add_argument("--dry", action="store_true", help="run each case once without ncu and print its kernels")
+    mode.add_argument("--case", help="run one case as ncu profiles it (its process, under ncu)")
+    parser.add_argument("--only", action="append", metavar="CASE",
+                        help="with --run-ncu or --dry: this case only (repeat); default every case")
+    parser.add_argument("--kernels", action="store_true", help="with --case: print the kernels (torch.profiler)")
+    parser.add_argument("--out", type=Path, help="folder for the JSON and <out>/ncu-limits/ (CSV, logs)")
+    parser.add_argument("--ncu", default=NCU, help=f"the ncu binary (default {NCU}, else ncu on PATH)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole --run-ncu")
+    parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds for one case")
+    parser.add_argument("--keep-reports", action="store_true", help="keep the .ncu-rep files beside the CSVs")
+    args = parser.parse_args(argv)
+    if args.run_ncu and args.out is None:
+        parser.error("--run-ncu needs --out DIR")
+    if args.case is not None:
+        select_cases([args.case])
+    select_cases(args.only)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for case in CASES:
+            print(f"{case.name:20} {case.group:10} {case.what}")
+        return 0
+    if args.case:
+        run_case(CASES_BY_NAME[args.case], list_kernels=args.kernels)
+        return 0
+    cases = select_cases(args.only)
+    if args.dry:
+        return dry_run(cases, args.case_timeout)
+    ncu = args.ncu if Path(args.ncu).exists() else shutil.which("ncu")
+    if ncu is None:
+        print(f"no ncu at {args.ncu} nor on PATH")
+        return 2
+    from flashcourse.bench import environment_info
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_process, which kills its case
+    start = time.monotonic()
+    available = query_metrics(ncu)
+    metrics = extra_metrics(available)
+    meta = environment_info()
+    meta.update(ncu=ncu_version(ncu), ncu_path=ncu, metrics_listed=available is not None,
+                command=" ".join(sys.argv))
+    log(f"{meta.get('device')}, torch {meta.get('torch')}, triton {meta.get('triton')}, {meta['ncu']}; "
+        f"{len(metrics)} metrics beyond the sections; cases {[c.name for c in cases]}")
+    path = run_ncu(cases, args.out, ncu=ncu, meta=meta, metrics=metrics,
+                   budget=args.budget - (time.monotonic() - start), case_timeout=args.case_timeout,
+                   keep_reports=args.keep_reports)
+    data = json.loads(path.read_text())
+    print(summary(data["rows"]))
+    for name, case in data["meta"]["cases"].items():
+        print(f"{name:20} {case['status'][:100]:100} {case['seconds']:6.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""scripts/ncu_limits.py without a GPU: its command line, which cases it runs and for how long, the ncu command it
+builds, how it reads ncu's CSV pages (a small recorded sample written here), and that one failed or hung case
+leaves the others' rows in the JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "ncu_limits.py"
+
+
+@pytest.fixture(scope="module")
+def limits():
+    spec = importlib.util.spec_from_file_location("ncu_limits", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+IDENTITY = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC"]
+
+
+def launch(launch_id: int, kernel: str, grid: str) -> list[str]:
+    return [str(launch_id), "834", "python3.12", "127.0.0.1", kernel, "1", "7", "(256, 1, 1)", grid, "0", "9.0"]
+
+
+def csv_lines(rows: list[list[str]], trailing: str = "") -> str:
+    return "".join(",".join(f'"{value}"' for value in row) + trailing + "\n" for row in rows)
+
+
+DKDV, DQ = launch(0, "_bwd_dkdv_kernel", "(64, 64, 1)"), launch(1, "_bwd_dq_kernel", "(128, 64, 1)")
+# Two launches as `ncu --import R --csv --page details` prints them (the layout of a real H200 export, shortened):
+# a banner line, thousands separators, rows ending in a comma (no rule), a rule's advice row with no metric name.
+DETAILS = "==PROF== Connected to process 834 (/usr/bin/python3.12)\n" + csv_lines([
+    IDENTITY + ["Section Name", "Metric Name", "Metric Unit", "Metric Value", "Rule Name", "Rule Type",
+                "Rule Description", "Estimated Speedup Type", "Estimated Speedup"]]) + csv_lines([
+    DKDV + ["GPU Speed Of Light Throughput", "Duration", "ns", "8,231,296"],
+    DKDV + ["GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "55.11"],
+    DKDV + ["GPU Speed Of Light Throughput", "DRAM Throughput", "%", "3.20"],
+    DKDV + ["Launch Statistics", "Registers Per Thread", "register/thread", "255"],
+    DKDV + ["Launch Statistics", "Dynamic Shared Memory Per Block", "Kbyte/block", "131.58"],
+    DKDV + ["Occupancy", "Achieved Occupancy", "%", "12.49"]], trailing=",") + csv_lines([
+    DKDV + ["Occupancy", "", "", "", "TheoreticalOccupancy", "OPT", "2 warps per scheduler, below 16.", "local",
+            "87.5"]]) + csv_lines([
+    DKDV + ["Scheduler Statistics", "No Eligible", "%", "61.30"],
+    DQ + ["GPU Speed Of Light Throughput", "Duration", "ms", "5.09"],
+    DQ + ["Compute Workload Analysis", "Issue Slots Busy", "%", "40.25"],
+    DQ + ["Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", "5.32"]], trailing=",")
+
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+TENSOR = "sm__pipe_tensor_op_{}_cycles_active.avg.pct_of_peak_sustained_active"
+RAW_METRICS = [  # (name, unit, the dK/dV launch's value)
+    ("gpu__time_duration.sum", "usecond", "8,231.30"), ("launch__registers_per_thread", "register/thread", "255"),
+    ("dram__bytes_read.sum", "Mbyte", "402.5"), ("dram__bytes_write.sum", "byte", "1,048,576"),
+    ("l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum", "sector", "10"),
+    ("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum", "byte", "64"),
+    ("smsp__sass_inst_executed_op_global_red.sum", "inst", "0"), ("smsp__inst_executed.sum", "inst", "1,000,000"),
+    (TENSOR.format("hmma"), "%", "1.5"), (TENSOR.format("gmma"), "%", "47.25"),
+    (STALL.format("long_scoreboard"), "inst", "0.40"), (STALL.format("barrier"), "inst", "2.10"),
+    (STALL.format("selected"), "inst", "1.00"), (STALL.format("math_pipe_throttle"), "inst", "3.30"),
+    (STALL.format("wait"), "inst", "0.90"), (STALL.format("mio_throttle"), "inst", "0.20"),
+    (STALL.format("short_scoreboard"), "inst", "1.70")]
+# `--page raw` of the same report: a column per metric, a units row, then one row per launch; the dQ launch has
+# no raw row here, so its counters come from the details page alone.
+RAW = csv_lines([IDENTITY + [name for name, _, _ in RAW_METRICS], [""] * len(IDENTITY) + [u for _, u, _ in RAW_METRICS],
+                 DKDV + [value for _, _, value in RAW_METRICS]])
+
+
+def test_list_prints_every_case_in_order(limits, capsys):
+    assert limits.main(["--list"]) == 0
+    shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert shown == [case.name for case in limits.CASES]
+    assert {"bwd-b1", "bwd-b6a", "bwd-b6c", "bwd-cudnn", "decode-fp16", "decode-fp8", "prefix-lm-fwd-ours",
+            "prefix-lm-bwd-ours", "prefix-lm-fwd-flex", "prefix-lm-bwd-flex"} == set(shown)
+
+
+def test_arguments_are_checked_before_anything_runs(limits, capsys):
+    with pytest.raises(SystemExit):
+        limits.parse_args(["--run-ncu"])  # no --out
+    assert "--out" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="unknown case 'bwd-b7'.*bwd-b1"):
+        limits.parse_args(["--case", "bwd-b7"])
+    with pytest.raises(SystemExit, match="unknown case 'nope'"):
+        limits.parse_args(["--dry", "--only", "bwd-b1", "--only", "nope"])
+    with pytest.raises(SystemExit):
+        limits.parse_args(["--list", "--dry"])  # one mode at a time
+    args = limits.parse_args(["--run-ncu", "--out", "/tmp/x", "--only", "decode-fp8", "--budget", "100"])
+    assert args.run_ncu and args.out == Path("/tmp/x") and args.budget == 100.0
+    assert args.ncu == "/usr/local/cuda/bin/ncu"
+
+
+def test_selection_keeps_the_given_order_once_each(limits):
+    assert [c.name for c in limits.select_cases(None)] == [c.name for c in limits.CASES]
+    picked = limits.select_cases(["decode-fp8", "bwd-b1", "decode-fp8"])
+    assert [c.name for c in picked] == ["decode-fp8", "bwd-b1"]
+
+
+def test_case_time_limit_stops_starting_cases_when_the_budget_is_spent(limits):
+    assert limits.case_time_limit(400.0, 150.0) == 150.0
+    assert limits.case_time_limit(100.0, 150.0) == 100.0 - limits.RESERVE_S
+    assert limits.case_time_limit(limits.MIN_CASE_S + limits.RESERVE_S, 150.0) == limits.MIN_CASE_S
+    assert limits.case_time_limit(limits.MIN_CASE_S + limits.RESERVE_S - 1, 150.0) is None
+    assert limits.case_time_limit(-5.0, 150.0) is None
+
+
+QUERY = """Device NVIDIA H200 (GH100)
+------------------------------------------------ ------------------------------
+Metric Name                                      Metric Description
+dram__bytes_read                                 # of bytes read from DRAM
+smsp__inst_executed                              # of warp instructions executed
+sm__pipe_tensor_op_gmma_cycles_active            # of cycles where the GMMA pipe was active
+sm__pipe_tensor_op_hmma_cycles_active            # of cycles where the HMMA pipe was active
+sm__pipe_alu_cycles_active                       # of cycles where the ALU pipe was active
+smsp__average_warps_issue_stalled_barrier_per_issue_active  average # of warps resident per issue cycle
+"""
+
+
+def test_extra_metrics_are_only_those_this_ncu_lists(limits):
+    available = limits.available_metrics(QUERY)
+    assert {"dram__bytes_read", "sm__pipe_tensor_op_gmma_cycles_active", "sm__pipe_alu_cycles_active"} <= available
+    assert "Metric" not in available and "Device" not in available
+    chosen = limits.extra_metrics(available)
+    assert chosen == ["dram__bytes_read.sum", "smsp__inst_executed.sum",
+                      "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+                      "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                      "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"]
+    assert limits.extra_metrics(None) == [] and limits.extra_metrics(set()) == []
+
+
+def test_ncu_command_profiles_only_the_marked_call_of_one_case(limits):
+    command = limits.ncu_command("/usr/local/cuda/bin/ncu", "bwd-b1", Path("/out/bwd-b1"), ["a.sum", "b.ratio"])
+    joined = " ".join(command)
+    assert command[0] == "/usr/local/cuda/bin/ncu"
+    for flag in ("--clock-control none", "--profile-from-start off", "--export /out/bwd-b1", "--metrics a.sum,b.ratio"):
+        assert flag in joined
+    assert [command[i + 1] for i, word in enumerate(command) if word == "--section"] == list(limits.SECTIONS)
+    assert command[-3:] == [str(limits.SCRIPT), "--case", "bwd-b1"]
+    assert "--metrics" not in limits.ncu_command("ncu", "bwd-b1", Path("r"), [])
+    assert limits.export_command("ncu", Path("r.ncu-rep"), "raw") == [
+        "ncu", "--import", "r.ncu-rep", "--csv", "--page", "raw"]
+
+
+def test_units_and_numbers_as_ncu_prints_them(limits):
+    assert limits.to_number("8,231,296") == 8231296.0
+    assert limits.to_number("n/a") is None and limits.to_number(None) is None
+    assert limits.in_json_units(8231296.0, "ns") == pytest.approx(8231.296)
+    assert limits.in_json_units(5.09, "msecond") == pytest.approx(5090.0)
+    assert limits.in_json_units(131.58, "Kbyte/block") == pytest.approx(131580.0)
+    assert limits.in_json_units(55.11, "%") == 55.11
+    assert limits.in_json_units(None, "ns") is None
+
+
+def test_rows_from_the_details_and_raw_pages(limits):
+    case = limits.CASES_BY_NAME["bwd-b1"]
+    dkdv, dq = limits.case_rows(case, DETAILS, RAW)
+    assert (dkdv["case"], dkdv["launch"], dkdv["kernel"], dkdv["grid"]) == ("bwd-b1", 0, "_bwd_dkdv_kernel",
+                                                                           "(64, 64, 1)")
+    assert dkdv["duration_us"] == pytest.approx(8231.3)  # the raw page first (usecond)
+    assert dkdv["sm_throughput_pct"] == 55.11 and dkdv["dram_throughput_pct"] == 3.2  # details only
+    assert dkdv["registers_per_thread"] == 255 and dkdv["achieved_occupancy_pct"] == 12.49
+    assert dkdv["dynamic_shared_bytes"] == pytest.approx(131580.0)
+    assert dkdv["dram_bytes"] == pytest.approx(402.5e6 + 1048576)  # read + write, each in bytes
+    assert dkdv["local_load_bytes"] == 320 and dkdv["local_store_bytes"] == 64  # sectors of 32 bytes; bytes
+    assert dkdv["global_red_inst"] == 0 and dkdv["atomic_inst_share"] == 0.0
+    assert dkdv["tensor_pipes_pct"] == {"sm__pipe_tensor_op_hmma_cycles_active": 1.5,
+                                        "sm__pipe_tensor_op_gmma_cycles_active": 47.25}
+    assert dkdv["tensor_pipe_pct"] == 47.25
+    assert dkdv["no_eligible_pct"] == 61.3
+    assert dkdv["stalls"]["selected"] == 1.0
+    assert dkdv["top_stalls"] == [["math_pipe_throttle", 3.3], ["barrier", 2.1], ["short_scoreboard", 1.7],
+                                  ["wait", 0.9], ["long_scoreboard", 0.4]]  # largest first; "selected" is no stall
+    assert dq["kernel"] == "_bwd_dq_kernel" and dq["launch"] == 1
+    assert dq["duration_us"] == pytest.approx(5090.0)  # details in ms
+    assert dq["issue_slots_busy_pct"] == 40.25 and dq["warp_cycles_per_issued"] == 5.32
+    assert dq["registers_per_thread"] is None and dq["tensor_pipe_pct"] is None and dq["top_stalls"] == []
+
+
+def test_rows_read_a_details_page_alone(limits):
+    rows = limits.case_rows(limits.CASES_BY_NAME["bwd-b1"], DETAILS, "")
+    assert [r["kernel"] for r in rows] == ["_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+    assert rows[0]["duration_us"] == pytest.approx(8231.296)
+    assert limits.case_rows(limits.CASES_BY_NAME["bwd-b1"], "==ERROR== nothing\n", "") == []
+
+
+def test_a_failed_or_hung_case_keeps_the_others(limits, tmp_path):
+    """bwd-b1 profiles, bwd-cudnn outlives its limit, bwd-b6a's ncu does not start, decode-fp16 exits with an
+    error and no report; the clock then has no budget left for decode-fp8."""
+    now = [0.0]
+    calls = []
+
+    def runner(command, timeout, log_path):
+        case = command[-1]
+        calls.append((case, timeout))
+        now[0] += 40.0
+        if case == "bwd-b1":
+            Path(command[command.index("--export") + 1] + ".ncu-rep").write_text("report")
+            log_path.write_text("==PROF== Disconnected\n")
+            return 0
+        if case == "bwd-cudnn":
+            return None
+        if case == "bwd-b6a":
+            raise OSError("no such file")
+        log_path.write_text("Traceback ...\nRuntimeError: mbarrier wait failed\n")
+        now[0] += 200.0
+        return 1
+
+    def exporter(ncu, report, page):
+        return DETAILS if page == "details" else RAW
+
+    cases = limits.select_cases(["bwd-b1", "bwd-cudnn", "bwd-b6a", "decode-fp16", "decode-fp8"])
+    meta = {"date": "2026-12-02", "device": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0"}
+    path = limits.run_ncu(cases, tmp_path, ncu="ncu", meta=meta, metrics=["a.sum"], budget=250.0,
+                          case_timeout=150.0, runner=runner, exporter=exporter, clock=lambda: now[0])
+    assert path == tmp_path / "2026-12-02-nvidia-h200-ncu-limits.json"
+    data = json.loads(path.read_text())
+    assert [c for c, _ in calls] == ["bwd-b1", "bwd-cudnn", "bwd-b6a", "decode-fp16"]
+    assert [t for _, t in calls] == [150.0, 150.0, 150.0, 250.0 - 120.0 - limits.RESERVE_S]
+    assert [(r["case"], r["kernel"]) for r in data["rows"]] == [("bwd-b1", "_bwd_dkdv_kernel"),
+                                                                ("bwd-b1", "_bwd_dq_kernel")]
+    cases_meta = data["meta"]["cases"]
+    assert cases_meta["bwd-b1"]["status"] == "ok" and cases_meta["bwd-b1"]["kernels"] == 2
+    assert cases_meta["bwd-b1"]["kernel_us_total"] == pytest.approx(8231.3 + 5090.0)
+    assert cases_meta["bwd-cudnn"]["status"] == "timed out after 150 s"
+    assert cases_meta["bwd-b6a"]["status"].startswith("exit -1") and "did not start" in cases_meta["bwd-b6a"]["status"]
+    assert cases_meta["decode-fp16"]["status"] == "exit 1: RuntimeError: mbarrier wait failed"
+    assert cases_meta["decode-fp8"]["status"].startswith("not run")
+    assert cases_meta["bwd-b1"]["shape"]["n"] == 8192
+    assert cases_meta["decode-fp8"]["shape"]["kv_dtype"] == "float8_e4m3fn"
+    assert data["meta"]["kind"] == "ncu-limits" and data["meta"]["complete"] is True
+    assert data["meta"]["sections"] == list(limits.SECTIONS) and data["meta"]["metrics"] == ["a.sum"]
+    kept = tmp_path / "ncu-limits"
+    assert (kept / "bwd-b1-details.csv").read_text() == DETAILS and (kept / "bwd-b1-raw.csv").read_text() == RAW
+    assert not (kept / "bwd-b1.ncu-rep").exists()  # exported, then removed (--keep-reports keeps it)
+    assert "bwd-b1" in limits.summary(data["rows"]) and "math_pipe_throttle 3.3" in limits.summary(data["rows"])
+
+
+def test_the_cases_measure_the_shapes_the_benchmarks_use(limits):
+    from flashcourse.bench.decode import DECODE_SHAPES
+
+    d = limits.DECODE
+    assert (d["batch"], d["heads"], d["heads_kv"], d["head_dim"], d["n"]) == DECODE_SHAPES[0]
+    assert f"kv_idx < {limits.PREFIX_KEYS})" in inspect.getsource(limits.prefix_lm.fn)  # ours and Flex's rule agree
+    b = limits.BWD
+    assert (b["batch"], b["heads"], b["n"], b["head_dim"], b["dtype"], b["causal"]) == (4, 16, 8192, 128, "float16",
+                                                                                       False)
+
+
+def test_a_real_details_export_reads_as_the_docs_table_shows_it(limits):
+    """The H200 export that docs/KERNELS.md's counter table comes from (ncu's own output, banner included)."""
+    text = (ROOT / "benchmarks" / "results" / "2026-11-30-nvidia-h200-ncu.csv").read_text()
+    rows = limits.case_rows(limits.CASES_BY_NAME["bwd-b1"], text, "")
+    assert [r["kernel"] for r in rows] == ["_fwd_v7_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel"]
+    assert [r["registers_per_thread"] for r in rows] == [194, 255, 255, 255]
+    assert rows[0]["duration_us"] == pytest.approx(3708.256)
+    assert rows[1]["achieved_occupancy_pct"] == 12.49 and rows[1]["sm_throughput_pct"] == 55.11
+    assert rows[2]["warp_cycles_per_issued"] == 5.32
+    assert rows[1]["dynamic_shared_bytes"] == 131584 and rows[1]["block_limit_registers"] == 1
+
+
+FAKE_NCU = '''#!{python}
+"""A stand-in for ncu: answers --version and --query-metrics, writes a report where a profile run would, and
+prints the recorded pages on --import."""
+import sys
+from pathlib import Path
+
+here = Path(__file__).parent
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\\nVersion 2099.1.0.0 (build 1) (public-release)")
+elif args == ["--query-metrics"]:
+    print((here / "query.txt").read_text())
+elif "--import" in args:
+    print((here / (args[args.index("--page") + 1] + ".csv")).read_text(), end="")
+else:
+    (here / "calls.txt").open("a").write(" ".join(args) + "\\n")
+    Path(args[args.index("--export") + 1] + ".ncu-rep").write_text("report")
+'''
+
+
+def test_run_ncu_drives_an_ncu_binary_end_to_end(limits, tmp_path, monkeypatch, capsys):
+    """main --run-ncu through real processes, with a stand-in ncu: the metrics it lists are asked for, each page
+    is exported and read, the JSON and the CSVs land in --out."""
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "query.txt").write_text(QUERY)
+    (tool / "details.csv").write_text(DETAILS)
+    (tool / "raw.csv").write_text(RAW)
+    ncu = tool / "ncu"
+    ncu.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    ncu.chmod(0o755)
+    monkeypatch.setattr(limits.signal, "signal", lambda *args: None)  # main's SIGTERM handler stays out of pytest
+    out = tmp_path / "out"
+    assert limits.main(["--run-ncu", "--out", str(out), "--ncu", str(ncu), "--only", "decode-fp8"]) == 0
+    (path,) = out.glob("*-ncu-limits.json")
+    data = json.loads(path.read_text())
+    assert data["meta"]["ncu"] == "Version 2099.1.0.0 (build 1) (public-release)" and data["meta"]["metrics_listed"]
+    assert data["meta"]["cases"]["decode-fp8"]["status"] == "ok"
+    assert [r["case"] for r in data["rows"]] == ["decode-fp8", "decode-fp8"]
+    (call,) = (tool / "calls.txt").read_text().splitlines()
+    assert "--metrics dram__bytes_read.sum,smsp__inst_executed.sum," in call and call.endswith("--case decode-fp8")
+    assert (out / "ncu-limits" / "decode-fp8-raw.csv").read_text() == RAW
+    assert "decode-fp8" in capsys.readouterr().out
