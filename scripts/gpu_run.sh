@@ -7,6 +7,8 @@
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
 #   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
 #   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
+#   scripts/gpu_run.sh limits     Nsight Compute over the backward (b1, b6a, b6c, cuDNN), FP8 vs fp16 decode and a
+#                                 prefix-LM mask_mod (ours, Flex): scripts/ncu_limits.py, one JSON within 480 s
 #   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
 #   scripts/gpu_run.sh grids      the attention grid in four parts (dtype x head dim); merge them with
 #                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
@@ -110,6 +112,9 @@ fa3)
     ;;
 fa3_backward)
     stage fa3_backward 560 $py scripts/gpu_fa3_backward.py --budget 450 --out "$OUT"
+    ;;
+limits)
+    stage limits 570 $py scripts/ncu_limits.py --run-ncu --budget 480 --out "$OUT"
     ;;
 fa3_fp8)
     stage fa3_fp8 400 $py scripts/gpu_fa3_fp8.py --out "$OUT"
