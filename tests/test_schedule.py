@@ -218,3 +218,14 @@ def test_recorded_stages_reads_the_newest_run(tmp_path):
     for date in ("2026-12-01", "2026-12-03"):
         (tmp_path / f"{date}-h200-fa3-stages.json").write_text(json.dumps({"meta": {"date": date}, "rows": []}))
     assert schedule.recorded_stages(tmp_path)["meta"]["date"] == "2026-12-03"
+
+
+def test_stage_rates_reads_the_committed_h200_run():
+    run = schedule.recorded_stages()
+    assert run is not None and run["meta"]["device"] == "NVIDIA H200"
+    rates = schedule.stage_rates(run, n=16384)
+    assert {provider for provider, _, _ in rates} >= {"fa3-v8a", "fa3-v8e", "v7", "sdpa_cudnn"}
+    assert all(100 < value < 990 for value in rates.values())  # TFLOP/s, below the dense FP16 peak
+    assert set(schedule.STAGE_ORDERS) == {s for s in run["meta"]["stages"]}
+    lock = schedule.simulate(schedule.STAGE_ORDERS["v8d"](8)).utilisation
+    assert schedule.simulate(schedule.STAGE_ORDERS["v8c"](8)).utilisation < lock < 1.0

@@ -397,11 +397,12 @@ def pingpong(tiles: int) -> list[Op]:
     return order
 
 
-def lock_step(tiles: int) -> list[Op]:
-    """Two warpgroups running the same loop side by side with nothing to stagger them (our v7's warps, the v8c
-    stage): both GEMM0s, both softmaxes, both GEMM1s, so they share each unit and both wait together."""
-    _check_tiles(tiles)
-    return [Op(w, kind, j) for j in range(tiles) for kind in KINDS for w in (0, 1)]
+def lock_step(tiles: int, *, overlap: bool = False) -> list[Op]:
+    """Two warpgroups running the same loop side by side with nothing to stagger them (the v8c stage; v8d with
+    ``overlap=True``, each warpgroup running :func:`overlapped`'s loop): every operation issued by both at the same
+    moment, so they share each unit and wait together."""
+    one = overlapped(tiles) if overlap else sequential(tiles)
+    return [Op(w, op.kind, op.tile) for op in one for w in (0, 1)]
 
 
 def overlapped(tiles: int) -> list[Op]:
@@ -535,6 +536,19 @@ def _rectangle(x: float, y: float, colour: str):
 
 
 # --------------------------------------------------------------------------------------------- recorded runs
+STAGE_ORDERS = {"v8a": sequential, "v8b": sequential, "v8c": lock_step,
+                "v8d": lambda tiles: lock_step(tiles, overlap=True), "v8e": pingpong_overlapped}
+"""The order each Gluon stage runs, as this simulator sees it (v8b adds only the producer; v8c's two warpgroups run
+one loop with nothing to stagger them)."""
+
+
+def stage_rates(run: dict, *, n: int, causal: bool = False) -> dict[tuple[str, str, int], float]:
+    """{(provider, dtype, head_dim): TFLOP/s} of a recorded stages run's timings at sequence length ``n``."""
+    return {(row["provider"], row["dtype"], row["head_dim"]): row["tflops"] for row in run["rows"]
+            if row.get("kind") == "time" and row.get("status") == "ok" and row.get("n") == n
+            and row.get("causal") == causal and row.get("tflops")}
+
+
 def recorded_stages(directory: Path | None = None) -> dict | None:
     """The newest ``benchmarks/results/*-fa3-stages.json`` (the Gluon kernel's stages measured on a GPU) as
     {"meta", "rows", "path"}, or None when no such run is recorded."""
