@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import triton
+import triton.language as tl  # noqa: F401 - Triton's interpreter looks for it among prefix_lm's globals
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
@@ -75,6 +76,7 @@ EXTRA_METRIC_FAMILIES = (
     (r"smsp__average_warps_issue_stalled_\w+_per_issue_active", ".ratio"),
 )
 TENSOR_PIPE = re.compile(r"^(sm__pipe_tensor\w*_cycles_active)\.avg\.pct_of_peak_sustained_active$")
+METRIC_ERROR = re.compile(r"==ERROR==.*metric", re.IGNORECASE)  # how ncu refuses a metric it cannot collect
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 TOP_STALLS = 5
 
@@ -576,12 +578,8 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
             meta["cases"][name].update(status)
         return save_results("ncu-limits", rows, directory=out, meta=meta)
 
-    for case in cases:
-        limit = case_time_limit(budget - (clock() - start), case_timeout)
-        if limit is None:
-            log(f"{case.name}: not started, {budget - (clock() - start):.0f} s of the budget left")
-            continue
-        t0 = clock()
+    def profile(case: Case, limit: float) -> tuple[int | None, list[dict], str, str]:
+        """(exit code or None, rows, a note on the export, the log) of one ncu run over ``case``."""
         report = raw_dir / f"{case.name}.ncu-rep"
         report.unlink(missing_ok=True)
         log_path = raw_dir / f"{case.name}.log"
@@ -591,7 +589,7 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
             code = -1
             log_path.write_text(f"ERROR: {ncu} did not start: {error}\n")
         found: list[dict] = []
-        export_error = ""
+        note = ""
         if report.exists():
             try:
                 pages = {page: exporter(ncu, report, page) for page in ("details", "raw")}
@@ -599,15 +597,32 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
                     (raw_dir / f"{case.name}-{page}.csv").write_text(text)
                 found = case_rows(case, pages["details"], pages["raw"])
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-                export_error = f"; export failed: {error}"
+                note = f"; export failed: {error}"
             if not keep_reports:
                 report.unlink()
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
-        statuses[case.name] = {"status": case_status(code, limit, len(found), log_text) + export_error,
+        return code, found, note, log_text
+
+    for case in cases:
+        limit = case_time_limit(budget - (clock() - start), case_timeout)
+        if limit is None:
+            log(f"{case.name}: not started, {budget - (clock() - start):.0f} s of the budget left")
+            continue
+        t0 = clock()
+        code, found, note, log_text = profile(case, limit)
+        if not found and metrics and METRIC_ERROR.search(log_text):
+            # A metric this ncu lists but will not collect would fail every case: the sections alone from here on.
+            meta.update(metrics=[], metrics_dropped=_last_line(log_text))
+            metrics = []
+            log(f"{case.name}: ncu refused the extra metrics ({meta['metrics_dropped']}); again with the sections")
+            limit = case_time_limit(budget - (clock() - start), case_timeout)
+            if limit is not None:
+                code, found, note, log_text = profile(case, limit)
+        statuses[case.name] = {"status": case_status(code, limit or 0.0, len(found), log_text) + note,
                                "seconds": round(clock() - t0, 1), "kernels": len(found), "time_limit_s": limit,
                                "kernel_us_total": round(sum(r["duration_us"] or 0 for r in found), 1)}
         rows.extend(found)
-        path = save(complete=False)
+        save(complete=False)
         log(f"{case.name}: {statuses[case.name]['status']}, {len(found)} kernels, "
             f"{statuses[case.name]['seconds']:.0f} s (run {clock() - start:.0f} s of {budget:.0f})")
     path = save(complete=True)
@@ -633,11 +648,17 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def dry_run(cases: list[Case], case_timeout: float) -> int:
-    """Each case in a process of its own, no ncu: the kernels its profiled call launches, and the seconds."""
+def dry_run(cases: list[Case], case_timeout: float, budget: float) -> int:
+    """Each case in a process of its own, no ncu: the kernels its profiled call launches, and the seconds; no
+    case starts after ``budget`` seconds."""
     failed = 0
+    start = time.monotonic()
     for case in cases:
         t0 = time.monotonic()
+        if t0 - start > budget:
+            log(f"{case.name}: not started, the budget is spent")
+            failed += 1
+            continue
         try:
             done = subprocess.run([sys.executable, str(SCRIPT), "--case", case.name, "--kernels"],
                                   capture_output=True, text=True, timeout=case_timeout)
@@ -663,7 +684,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--kernels", action="store_true", help="with --case: print the kernels (torch.profiler)")
     parser.add_argument("--out", type=Path, help="folder for the JSON and <out>/ncu-limits/ (CSV, logs)")
     parser.add_argument("--ncu", default=NCU, help=f"the ncu binary (default {NCU}, else ncu on PATH)")
-    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole --run-ncu")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole --run-ncu or --dry")
     parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds for one case")
     parser.add_argument("--keep-reports", action="store_true", help="keep the .ncu-rep files beside the CSVs")
     args = parser.parse_args(argv)
@@ -686,7 +707,7 @@ def main(argv=None) -> int:
         return 0
     cases = select_cases(args.only)
     if args.dry:
-        return dry_run(cases, args.case_timeout)
+        return dry_run(cases, args.case_timeout, args.budget)
     ncu = args.ncu if Path(args.ncu).exists() else shutil.which("ncu")
     if ncu is None:
         print(f"no ncu at {args.ncu} nor on PATH")

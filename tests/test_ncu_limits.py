@@ -310,3 +310,27 @@ def test_run_ncu_drives_an_ncu_binary_end_to_end(limits, tmp_path, monkeypatch, 
     assert "--metrics dram__bytes_read.sum,smsp__inst_executed.sum," in call and call.endswith("--case decode-fp8")
     assert (out / "ncu-limits" / "decode-fp8-raw.csv").read_text() == RAW
     assert "decode-fp8" in capsys.readouterr().out
+
+
+def test_a_refused_metric_is_dropped_and_the_case_run_again(limits, tmp_path):
+    """ncu that lists a metric but will not collect it stops every case: the run drops the extra metrics once and
+    goes on with the sections alone."""
+    commands = []
+
+    def runner(command, timeout, log_path):
+        commands.append(command)
+        if "--metrics" in command:
+            log_path.write_text("==ERROR== Failed to find metric sm__pipe_tensor_op_gmma_cycles_active\n")
+            return 1
+        Path(command[command.index("--export") + 1] + ".ncu-rep").write_text("report")
+        return 0
+
+    path = limits.run_ncu(limits.select_cases(["bwd-b1", "decode-fp16"]), tmp_path, ncu="ncu",
+                          meta={"date": "2026-12-02", "device": "NVIDIA H200"}, metrics=["a.sum"],
+                          runner=runner, exporter=lambda ncu, report, page: DETAILS if page == "details" else RAW)
+    data = json.loads(path.read_text())
+    assert [c[-1] for c in commands] == ["bwd-b1", "bwd-b1", "decode-fp16"]
+    assert ["--metrics" in c for c in commands] == [True, False, False]
+    assert data["meta"]["metrics"] == [] and "Failed to find metric" in data["meta"]["metrics_dropped"]
+    assert {name: c["status"] for name, c in data["meta"]["cases"].items()} == {"bwd-b1": "ok", "decode-fp16": "ok"}
+    assert len(data["rows"]) == 4
