@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import zlib
 
 import numpy as np
@@ -9,8 +10,11 @@ import pytest
 
 from flashcourse import device
 
-# Before any test module imports triton (directly, or through torch): the interpreter is chosen at import.
-device.setup()
+# Before any test module imports triton (directly, or through torch): the interpreter is chosen at import. Its
+# notice (a warning a learner should see) would be repeated in every worker's summary; tests/test_device.py checks it.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", device.InterpreterNotice)
+    device.setup()
 
 
 @pytest.fixture

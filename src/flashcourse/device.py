@@ -1,7 +1,14 @@
 """Where the course's kernels run: a CUDA GPU if there is one, else the Triton interpreter on the CPU.
 
-Call :func:`setup` before any Triton kernel is defined (``flashcourse.kernels`` does so on import): Triton reads
-``TRITON_INTERPRET`` when a kernel is decorated, so switching it on later has no effect.
+Call :func:`setup` before any Triton kernel is defined (``flashcourse.kernels`` does so on import). Without a GPU it
+sets ``TRITON_INTERPRET=1`` in ``os.environ``, for the whole process and the processes it starts: that variable is
+the only switch Triton offers, and Triton reads it when a kernel is decorated and when ``triton.language`` is first
+imported, so it cannot be scoped to one call or switched on later. Set ``TRITON_INTERPRET`` yourself before importing
+the course to choose otherwise.
+
+Nothing is printed: the choice is announced once as an :class:`InterpreterNotice` warning (on stderr, and below the
+cell in a notebook), and :func:`setup` returns it (``"cuda"`` or ``"cpu"``) for a lesson to show.
+Silence it with ``warnings.simplefilter("ignore", flashcourse.device.InterpreterNotice)``.
 """
 
 from __future__ import annotations
@@ -12,11 +19,15 @@ import os
 import sys
 import warnings
 
-__all__ = ["has_gpu", "require_triton", "setup", "triton_available", "TritonUnavailableError"]
+__all__ = ["has_gpu", "InterpreterNotice", "require_triton", "setup", "triton_available", "TritonUnavailableError"]
 
 
 class TritonUnavailableError(ImportError):
     """Triton is not installed here (it ships Linux wheels only)."""
+
+
+class InterpreterNotice(UserWarning):
+    """The kernels run in Triton's CPU interpreter: exact but slow, so keep sizes small."""
 
 
 def triton_available() -> bool:
@@ -48,10 +59,10 @@ def has_gpu() -> bool:
 
 @functools.cache
 def setup() -> str:
-    """Choose where kernels run and return ``"cuda"`` or ``"cpu"``; says once when it falls back to the CPU.
+    """Choose where kernels run and return ``"cuda"`` or ``"cpu"``; on the CPU, say so once (a warning).
 
-    Without a GPU it sets ``TRITON_INTERPRET=1`` (unless you set it yourself), so Triton kernels run in its
-    interpreter on CPU tensors: slow but exact, good for learning and testing at small sizes.
+    Without a GPU it sets ``TRITON_INTERPRET=1`` for the process (unless you set it yourself), so Triton kernels run
+    in its interpreter on CPU tensors: slow but exact, good for learning and testing at small sizes.
     """
     if has_gpu() and os.environ.get("TRITON_INTERPRET", "0") != "1":
         return "cuda"
@@ -67,7 +78,8 @@ def setup() -> str:
                 stacklevel=2,
             )
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        print("flashcourse: no CUDA GPU found, so Triton kernels run in its CPU interpreter (slow: keep sizes small).")
-        return "cpu"
-    print("flashcourse: TRITON_INTERPRET=1 is set, so Triton kernels run in the CPU interpreter on CPU tensors.")
+        why = "no CUDA GPU found, so Triton kernels run in its CPU interpreter (slow: keep sizes small)"
+    else:
+        why = "TRITON_INTERPRET=1 is set, so Triton kernels run in the CPU interpreter on CPU tensors"
+    warnings.warn(f"flashcourse: {why}.", InterpreterNotice, stacklevel=2)
     return "cpu"
