@@ -190,6 +190,22 @@ def test_validator_rejects_a_quote_missing_from_one_language():
     assert problems == ["entry why-fast (zh): evidence quotes 5.6 but the zh answer never states it"]
 
 
+def test_validator_wants_three_to_five_bilingual_points():
+    entry = _entry()
+    assert 3 <= len(entry["points"]) <= 5
+    entry["points"] = entry["points"][:2]
+    assert "points must list the 3 to 5 points" in "\n".join(interview.validate(_bank_with(entry)))
+    entry = _entry()
+    del entry["points"]
+    assert "points must list" in "\n".join(interview.validate(_bank_with(entry)))
+    entry = _entry()
+    entry["points"][1] = {"en": "Tiles in SRAM.", "zh": "Tiles in SRAM."}
+    entry["points"][2]["en"] += " It saves 42% of the traffic."
+    problems = "\n".join(interview.validate(_bank_with(entry)))
+    assert "points[1]: the zh text is the en text" in problems
+    assert "states 42 but no evidence of the entry quotes it" in problems  # points state numbers like answers
+
+
 def test_validator_rejects_missing_or_copied_translations():
     entry = _entry()
     entry["short"]["zh"] = entry["short"]["en"]

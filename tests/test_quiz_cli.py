@@ -350,6 +350,155 @@ def test_an_unknown_section_is_refused_with_the_known_ones(tmp_path):
     assert result.returncode == 2 and "myths" in result.stderr and "serving" in result.stderr
 
 
+# ------------------------------------------------------------------------------------------- drill v4
+POINTS = [{"en": "It is the unit.", "zh": "它是单位。"}, {"en": "It comes first.", "zh": "它排第一。"},
+          {"en": "It is odd.", "zh": "它是奇数。"}]
+
+
+@pytest.fixture
+def points_bank(tmp_path) -> Path:
+    data = json.loads(json.dumps(SMALL_BANK))
+    data["entries"][0]["points"] = POINTS
+    path = tmp_path / "points.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("command", [["quiz"], ["interview", "quiz"]])
+def test_both_spellings_offer_count_and_due(command):
+    result = subprocess.run([sys.executable, "-m", "flashcourse", *command, "--help"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "--count" in result.stdout and "--due" in result.stdout
+
+
+def test_count_stops_after_n_questions(tmp_path, small_bank):
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--count", "1", "--short-only", "--seed", "0")
+    child.expect("Question 1 of 1")  # three entries in the bank, one asked
+    child.sendline("q")
+    _end(child)
+    result = subprocess.run([sys.executable, "-m", "flashcourse", "quiz", "--count", "0"], capture_output=True,
+                            text=True, env=dict(os.environ, XDG_DATA_HOME=str(tmp_path)))
+    assert result.returncode == 2 and "1 or more" in result.stderr
+
+
+def test_the_points_show_after_the_answer_and_the_ticks_are_the_score(tmp_path, points_bank):
+    child = _spawn(tmp_path, "--bank", str(points_bank), "--section", "alpha", "--short-only")
+    child.expect("Question 1 of 1")
+    child.send("the unit\r")
+    child.expect("30-second answer")
+    child.expect("A good answer makes these points")
+    child.expect_exact("1. It is the unit.")
+    child.expect_exact("3. It is odd.")
+    child.expect_exact("Which points did you make?")
+    child.sendline("4")  # no such point: asked again
+    child.expect_exact("Please type point numbers from 1 to 3")
+    child.sendline("1 3")
+    child.expect_exact("2 of 3 points: 0.67")
+    child.expect("Follow-up 1")
+    child.sendline("q")
+    _end(child)
+    item = _scores(tmp_path)["entries"]["one"]
+    assert item["last"] == 0.67 and item["box"] == 1  # below 3/4 of the points: "partly", stays in box 1
+
+
+def test_parse_ticks():
+    from flashcourse.interview.terminal import parse_ticks
+
+    assert parse_ticks("1 3", 3) == {0, 2} and parse_ticks("2,1", 3) == {0, 1} and parse_ticks("", 4) == set()
+    assert parse_ticks("a", 3) == {0, 1, 2} and parse_ticks("1、2", 3) == {0, 1}
+    assert parse_ticks("0", 3) is None and parse_ticks("4", 3) is None and parse_ticks("one", 3) is None
+
+
+def test_leitner_boxes_move_with_the_score_and_set_the_due_date(tmp_path):
+    from datetime import date
+
+    store = ScoreStore(tmp_path / "scores.json")
+    day = date(2026, 12, 1)
+    store.record("a", 1.0, today=day)  # got it: box 1 -> 2, back in 2 days
+    assert store.entries["a"]["box"] == 2 and store.entries["a"]["due"] == "2026-12-03"
+    store.record("a", 1.0, today=date(2026, 12, 3))
+    assert store.entries["a"]["box"] == 3 and store.entries["a"]["due"] == "2026-12-07"
+    store.record("a", 0.5, today=date(2026, 12, 7))  # partly: down one box
+    assert store.entries["a"]["box"] == 2 and store.entries["a"]["due"] == "2026-12-09"
+    store.record("a", 0.0, today=date(2026, 12, 9))  # missed: back to box 1, tomorrow
+    assert store.entries["a"]["box"] == 1 and store.entries["a"]["due"] == "2026-12-10"
+    for _ in range(9):
+        store.record("b", 1.0, today=day)
+    assert store.entries["b"]["box"] == 5 and store.entries["b"]["due"] == "2026-12-17"  # the top box: 16 days
+    assert store.due(date(2026, 12, 10)) == {"a"} and store.due(date(2026, 12, 17)) == {"a", "b"}
+    assert store.due(date(2026, 12, 9)) == set() and store.next_due() == "2026-12-10"
+    assert store.boxes() == {1: 1, 2: 0, 3: 0, 4: 0, 5: 1}
+    store.save()
+    assert ScoreStore.open(store.path).entries["b"]["box"] == 5
+
+
+def test_due_asks_only_what_is_due_and_stats_show_the_boxes(tmp_path, small_bank):
+    store = tmp_path / "data" / "flashcourse" / "quiz_scores.json"
+    store.parent.mkdir(parents=True)
+    entries = {"one": {"asked": 1, "best": 1.0, "last": 1.0, "follow_ups": {}, "box": 2, "due": "2026-01-01"},
+               "two": {"asked": 1, "best": 1.0, "last": 1.0, "follow_ups": {}, "box": 4, "due": "2999-01-01"}}
+    store.write_text(json.dumps({"version": 2, "entries": entries, "sessions": []}), encoding="utf-8")
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--due", "--short-only")
+    child.expect("Due today: 1")
+    child.expect("Question 1 of 1")
+    child.expect_exact("What is one?")
+    child.send("\r")
+    child.expect_exact("[g] got it")
+    child.sendline("g")
+    child.expect("Follow-up 1")
+    child.sendline("q")
+    _end(child)
+    assert _scores(tmp_path)["entries"]["one"]["box"] == 3
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--due")
+    child.expect(r"Nothing is due today\. 1 questions never asked; next review: \d{4}-\d\d-\d\d")
+    _end(child)
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="200")
+    for command in (["interview", "stats"], ["quiz", "--stats"]):
+        result = subprocess.run([sys.executable, "-m", "flashcourse", *command, "--bank", str(small_bank)],
+                                capture_output=True, text=True, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "Leitner boxes" in result.stdout and "due today" in result.stdout
+
+
+# rich made unimportable, as on an install without the interview extra.
+_NO_RICH = """
+import importlib.abc, runpy, sys
+class NoRich(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "rich":
+            raise ImportError("No module named 'rich' (blocked)", name=name)
+sys.meta_path.insert(0, NoRich())
+sys.argv = ["flashcourse", *sys.argv[1:]]
+runpy.run_module("flashcourse", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_quiz_runs_in_plain_text_without_rich(tmp_path, points_bank, lang):
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="60")
+    answers = "one\n\na\nq\n"  # answer, no longer answer, all points ticked, quit at the first follow-up
+    result = subprocess.run([sys.executable, "-c", _NO_RICH, "quiz", "--bank", str(points_bank), "--section",
+                             "alpha", "--lang", lang], input=answers, capture_output=True, text=True, env=env,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "\x1b[" not in out and "│" not in out  # no colours, no boxes
+    expected = {"en": ["Question 1 of 1", "One is the first number.", "1. It is the unit.", "3 of 3 points: 1",
+                       "This session"],
+                "zh": ["问题 1/1", "标准实现先把分数矩阵", "1. 它是单位。", "讲到 3/3 点：1", "本次练习"]}[lang]
+    positions = [out.find(text) for text in expected]
+    assert -1 not in positions and positions == sorted(positions), out
+    from flashcourse.interview._plaintext import cell_len as plain_cells
+
+    # Lines of text (not panel titles, tables or paths) fit the terminal, Chinese wrapped per character.
+    text_lines = [line for line in out.splitlines() if not {"─", "|", "+", "/"} & set(line)]
+    assert max(plain_cells(line) for line in text_lines) <= 60
+    assert _scores(tmp_path)["entries"]["one"]["last"] == 1.0
+    result = subprocess.run([sys.executable, "-c", _NO_RICH, "interview", "stats"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0 and "Leitner boxes" in result.stdout, result.stderr
+
+
 # ------------------------------------------------------------------------------------------- export
 @pytest.mark.parametrize("lang", interview.LANGUAGES)
 def test_the_markdown_in_docs_is_the_bank_as_generated_now(lang):

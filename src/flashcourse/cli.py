@@ -2,11 +2,13 @@
 
 - ``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades notebooks in batch (docs/GRADING.md). Grading runs
   student code: run it in a container or a dedicated grading account.
-- ``flashcourse quiz [--lang zh|en] [--mode answer|spot-the-error] [--timer SECONDS] [--section S] [--tag TAG]...
-  [--short-only] [--retry-missed] [--seed N] [--stats]`` drills the interview questions in a terminal, answer first
-  and against a clock (:mod:`flashcourse.interview.terminal`).
+- ``flashcourse interview quiz [--lang zh|en] [--mode answer|spot-the-error] [--count N] [--due] [--timer SECONDS]
+  [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N]`` drills the interview questions in a
+  terminal, answer first and against a clock, with spaced repetition (:mod:`flashcourse.interview.terminal`).
+- ``flashcourse interview stats [--lang zh|en]`` shows the scores per section, the sessions and the review boxes.
 - ``flashcourse interview export --format md|anki --lang zh|en [--out PATH]`` writes the questions as Markdown or
   an Anki deck (:mod:`flashcourse.interview.export`).
+- ``flashcourse quiz ...`` (with ``--stats`` for the statistics) is the older spelling of ``interview quiz``, kept.
 """
 
 from __future__ import annotations
@@ -38,16 +40,71 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
 
     quiz = commands.add_parser(
-        "quiz", help="drill the interview questions in a terminal",
-        description="Ask the interview questions in a random order, as an interviewer would: you answer first "
-                    "(type it, or say it aloud and press Enter) while a clock runs, then the 30-second answer is "
-                    "shown, the longer one and its evidence on request, and you score yourself; each follow-up "
-                    "the same way, and it counts in the session's score. --mode spot-the-error shows the bank's "
-                    "wrong answers for you to correct. Scores are kept in $XDG_DATA_HOME/flashcourse/ (default "
-                    "~/.local/share/flashcourse/); --stats shows them per section, with the history.")
+        "quiz", help="drill the interview questions in a terminal (the same as: flashcourse interview quiz)",
+        description=QUIZ_DESCRIPTION)
+    _add_quiz_options(quiz)
+    quiz.add_argument("--stats", action="store_true",
+                      help="show the results per section, the history of sessions and the review boxes, then stop "
+                           "(the same as: flashcourse interview stats)")
+
+    interview = commands.add_parser("interview", help="the interview question bank: quiz, stats, export")
+    interview_commands = interview.add_subparsers(dest="interview_command", required=True)
+    _add_quiz_options(interview_commands.add_parser("quiz", help="drill the interview questions in a terminal",
+                                                    description=QUIZ_DESCRIPTION))
+    stats = interview_commands.add_parser(
+        "stats", help="show the quiz's scores per section, the sessions and the review boxes",
+        description="Show the last score of each question per section, the latest sessions, how many questions "
+                    "each Leitner box holds and how many are due today.")
+    stats.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    stats.add_argument("--bank", type=Path, default=None, metavar="FILE",
+                       help="a question bank of your own, in the format of the course's questions.yaml")
+    export = interview_commands.add_parser(
+        "export", help="write the questions as Markdown or an Anki deck",
+        description="Markdown goes to --out or to standard output; an Anki deck (needs genanki: "
+                    'pip install "flashcourse[anki]") goes to --out or ./flashcourse-interview-LANG.apkg.')
+    export.add_argument("--format", choices=("md", "anki"), required=True)
+    export.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
+    export.add_argument("--out", type=Path, default=None, help="output file")
+
+    args = parser.parse_args(argv)
+    if args.command == "quiz":
+        return _quiz(parser, args)
+    if args.command == "interview" and args.interview_command == "export":
+        return _export(args)
+    if args.command == "interview":
+        args.stats = args.interview_command == "stats"
+        return _quiz(parser, args)
+    from .grading.batch import DuplicateSubmissionError, grade_all
+
+    try:
+        results = grade_all(args.submissions, args.out, seed=args.seed, timeout=args.timeout,
+                            exercise=args.exercise, solutions=args.solutions, jobs=args.jobs)
+    except DuplicateSubmissionError as error:
+        print(f"flashcourse grade: nothing graded: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'grades.json'} and {len(results)} feedback file(s) in "
+          f"{args.out / 'feedback'}")
+    return 0
+
+
+QUIZ_DESCRIPTION = (
+    "Ask the interview questions in a random order, as an interviewer would: you answer first (type it, or say it "
+    "aloud and press Enter) while a clock runs, then the 30-second answer is shown with the points a good answer "
+    "makes, the longer one and its evidence on request, and you tick the points you made; each follow-up the same "
+    "way (scored got it / partly / missed), and it counts in the session's score. --mode spot-the-error shows the "
+    "bank's wrong answers for you to correct. Scores are kept in $XDG_DATA_HOME/flashcourse/ (default "
+    "~/.local/share/flashcourse/), with a Leitner box per question: one well answered comes back after 2, 4, 8, 16 "
+    "days, one missed the next day; --due asks what is due today. Runs in plain text where rich is not installed.")
+
+
+def _add_quiz_options(quiz: argparse.ArgumentParser) -> None:
     quiz.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
     quiz.add_argument("--mode", choices=("answer", "spot-the-error"), default="answer",
                       help="answer the questions (default), or spot the error in the bank's wrong answers")
+    quiz.add_argument("--count", type=_count, default=None, metavar="N",
+                      help="stop after N questions (wrong claims in spot-the-error mode); default: all")
+    quiz.add_argument("--due", action="store_true",
+                      help="only the questions due for review today (spaced repetition: Leitner boxes)")
     quiz.add_argument("--timer", type=_seconds, default=None, metavar="SECONDS",
                       help="seconds per answer: the clock counts down and says when the time is up "
                            "(default: it counts up)")
@@ -60,37 +117,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="only what was last scored partly or missed (a question or one of its follow-ups; in "
                            "spot-the-error mode, a wrong claim)")
     quiz.add_argument("--seed", type=int, default=None, help="seed of the order (default: a new order each time)")
-    quiz.add_argument("--stats", action="store_true",
-                      help="show the results per section and the history of sessions, then stop")
     quiz.add_argument("--bank", type=Path, default=None, metavar="FILE",
                       help="a question bank of your own, in the format of the course's questions.yaml")
 
-    interview = commands.add_parser("interview", help="the interview question bank")
-    interview_commands = interview.add_subparsers(dest="interview_command", required=True)
-    export = interview_commands.add_parser(
-        "export", help="write the questions as Markdown or an Anki deck",
-        description="Markdown goes to --out or to standard output; an Anki deck (needs genanki: "
-                    'pip install "flashcourse[anki]") goes to --out or ./flashcourse-interview-LANG.apkg.')
-    export.add_argument("--format", choices=("md", "anki"), required=True)
-    export.add_argument("--lang", choices=("en", "zh"), default="en", help="language (default en)")
-    export.add_argument("--out", type=Path, default=None, help="output file")
 
-    args = parser.parse_args(argv)
-    if args.command == "quiz":
-        return _quiz(parser, args)
-    if args.command == "interview":
-        return _export(args)
-    from .grading.batch import DuplicateSubmissionError, grade_all
-
-    try:
-        results = grade_all(args.submissions, args.out, seed=args.seed, timeout=args.timeout,
-                            exercise=args.exercise, solutions=args.solutions, jobs=args.jobs)
-    except DuplicateSubmissionError as error:
-        print(f"flashcourse grade: nothing graded: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'grades.json'} and {len(results)} feedback file(s) in "
-          f"{args.out / 'feedback'}")
-    return 0
+def _count(value: str) -> int:
+    count = int(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of questions of 1 or more, got {value!r}")
+    return count
 
 
 def _seconds(value: str) -> float:
@@ -112,16 +147,16 @@ def _quiz(parser: argparse.ArgumentParser, args) -> int:
         question_bank = bank.load(args.bank)
     except (ValueError, KeyError, TypeError, yaml.YAMLError) as error:
         parser.error(f"--bank {args.bank}: not a question bank ({error})")
-    if args.section is not None and args.section not in question_bank.sections:
+    if getattr(args, "section", None) is not None and args.section not in question_bank.sections:
         parser.error(f"--section {args.section!r}: expected one of {', '.join(question_bank.sections)}")
-    for tag in args.tag or []:
+    for tag in getattr(args, "tag", None) or []:
         if tag not in TAG_VOCABULARY:
             parser.error(f"--tag {tag!r}: expected one of {', '.join(TAG_VOCABULARY)}")
     if args.stats:
         return show_stats(lang=args.lang, question_bank=question_bank)
     return run_quiz(lang=args.lang, mode=args.mode, section=args.section, tags=args.tag,
                     short_only=args.short_only, retry_missed=args.retry_missed, seed=args.seed, timer=args.timer,
-                    question_bank=question_bank)
+                    count=args.count, due=args.due, question_bank=question_bank)
 
 
 def _export(args) -> int:

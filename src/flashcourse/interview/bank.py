@@ -2,8 +2,10 @@
 
 The bank is data (``questions.yaml``, shipped in this package). Each entry has an ``id``, a ``section``, and
 these text fields, every one a mapping ``{en: ..., zh: ...}``: ``question``, ``short`` (the 30-second answer),
-``long``; plus ``follow_ups`` (each a ``question`` and an ``answer``), ``wrong_answers`` (each a ``claim`` and
-its ``correction``) and ``evidence`` (see :mod:`flashcourse.interview.evidence`). An entry may carry ``tags``, a
+``long``; plus ``points`` (the 3 to 5 points a good answer makes, each ``{en: ..., zh: ...}``: shown after the
+candidate answers and ticked for the score), ``follow_ups`` (each a ``question`` and an ``answer``),
+``wrong_answers`` (each a ``claim`` and its ``correction``) and ``evidence`` (see
+:mod:`flashcourse.interview.evidence`). An entry may carry ``tags``, a
 list from the fixed vocabulary :data:`TAGS`: how often interviewers ask it (``freq:common``, ``freq:occasional``,
 ``freq:rare``) and how deep it goes (``level:basic``, ``level:intermediate``, ``level:advanced``), one of each;
 :func:`tags_of` reads them and :meth:`Bank.with_tags` filters by them.
@@ -59,6 +61,7 @@ __all__ = [
 
 LANGUAGES = ("en", "zh")
 TEXT_FIELDS = ("question", "short", "long")
+POINTS_PER_ENTRY = (3, 5)  # the fewest and the most points an entry lists
 CJK = re.compile(r"[\u4e00-\u9fff]")
 ID_FORMAT = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 # The tag vocabulary: each kind (the part before the colon) with its values. A tagged entry has one of each kind.
@@ -66,13 +69,14 @@ TAG_KINDS = {"freq": ("common", "occasional", "rare"), "level": ("basic", "inter
 TAGS = tuple(f"{kind}:{value}" for kind, values in TAG_KINDS.items() for value in values)
 LABELS = {
     "en": {"show": "Show the answer", "show_follow_up": "answer", "claim": "Wrong answer", "correction": "Correction",
-           "short": "30-second answer", "long": "Longer answer", "follow_ups": "Follow-up questions",
+           "short": "30-second answer", "long": "Longer answer", "points": "Points to make",
+           "follow_ups": "Follow-up questions",
            "wrong": "Common wrong answers", "evidence": "Evidence", "wrong_prefix": "Wrong:",
            "right_prefix": "Correction:", "cell": "cell", "heading": "section",
            "end": ".", "gap": " ", "results": "results", "computed": "computed by",
            "table": "| question | number | value held by the evidence | evidence |"},
     "zh": {"show": "显示答案", "show_follow_up": "答案", "claim": "错误说法", "correction": "纠正",
-           "short": "30 秒回答", "long": "详细回答", "follow_ups": "追问", "wrong": "常见错误回答",
+           "short": "30 秒回答", "long": "详细回答", "points": "要点", "follow_ups": "追问", "wrong": "常见错误回答",
            "evidence": "证据", "wrong_prefix": "错误说法：", "right_prefix": "纠正：", "cell": "单元格",
            "heading": "小节", "end": "：", "gap": "",
            "results": "结果", "computed": "计算函数", "table": "| 问题 | 数字 | 证据中的值 | 证据 |"},
@@ -192,7 +196,7 @@ def numbers_in(passage: str) -> list[str]:
 
 def _answer_passages(entry: dict, lang: str) -> list[str]:
     """Every passage of an entry that states facts: answers, follow-up answers, corrections (not the myths)."""
-    passages = [entry["short"][lang], entry["long"][lang]]
+    passages = [entry["short"][lang], entry["long"][lang]] + [p[lang] for p in entry.get("points", [])]
     passages += [f["answer"][lang] for f in entry.get("follow_ups", [])]
     passages += [w["correction"][lang] for w in entry.get("wrong_answers", [])]
     return passages
@@ -230,6 +234,17 @@ def _check_tags(problems: list[str], where: str, entry: dict) -> None:
         if count != 1:
             problems.append(f"{where}: has {count} {kind}: tags; a tagged entry has exactly one "
                             f"({', '.join(t for t in TAGS if t.startswith(kind))})")
+
+
+def _check_points(problems: list[str], where: str, entry: dict) -> None:
+    points = entry.get("points")
+    low, high = POINTS_PER_ENTRY
+    if not isinstance(points, list) or not low <= len(points) <= high:
+        problems.append(f"{where}: points must list the {low} to {high} points a good answer makes, "
+                        f"each {{en: ..., zh: ...}}; got {points!r:.80}")
+        return
+    for i, point in enumerate(points):
+        _check_text(problems, f"{where} points[{i}]", point)
 
 
 def evidence_value(item: dict, *, root: Path | None = None):
@@ -332,6 +347,7 @@ def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]
         for i, wrong in enumerate(entry["wrong_answers"]):
             for part in ("claim", "correction"):
                 _check_text(problems, f"{where} wrong_answers[{i}].{part}", wrong.get(part))
+        _check_points(problems, where, entry)
         if any(p.startswith(where) and "expected a mapping" in p for p in problems):
             continue
         quotes = _check_evidence(problems, entry, root)
@@ -382,11 +398,13 @@ def render_evidence(entry: dict, lang: str = "en") -> str:
 
 
 def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> str:
-    """One entry as Markdown: question, 30-second answer, longer answer, follow-ups, wrong answers, evidence."""
+    """One entry as Markdown: question, 30-second answer, points to make, longer answer, follow-ups, wrong answers,
+    evidence."""
     labels = LABELS[lang]
     hashes = "#" * heading_level
     end = labels["end"]
     lines = [f"{hashes} {entry['question'][lang]}", "", f"{run_in(labels['short'] + end, lang)}{entry['short'][lang]}",
+             "", f"**{labels['points']}**", "", *(f"- {p[lang]}" for p in entry.get("points", [])),
              "", f"{run_in(labels['long'] + end, lang)}{entry['long'][lang].strip()}", "",
              f"**{labels['follow_ups']}**", ""]
     for follow in entry["follow_ups"]:
@@ -402,21 +420,23 @@ def render_entry(entry: dict, lang: str = "en", *, heading_level: int = 3) -> st
 
 def render_entry_html(entry: dict, lang: str = "en") -> str:
     """One entry as HTML for lesson 10: the question, then the answer hidden in a ``<details>`` until opened (the
-    30-second answer, the longer answer, then the evidence behind them), each follow-up with its answer hidden,
-    and the wrong answers beside their corrections in a two-column table. CSS classes: ``fc-entry``,
-    ``fc-answer``, ``fc-evidence``, ``fc-follow-up``, ``fc-wrong``."""
+    30-second answer, the points to make, the longer answer, then the evidence behind them), each follow-up with
+    its answer hidden, and the wrong answers beside their corrections in a two-column table. CSS classes:
+    ``fc-entry``, ``fc-answer``, ``fc-points``, ``fc-evidence``, ``fc-follow-up``, ``fc-wrong``."""
     labels = LABELS[lang]
     html_of = markdown_to_html
     end = labels["end"]
     follow_ups = "".join(
         f'<li class="fc-follow-up">{html_of(f["question"][lang])}<details><summary>{labels["show_follow_up"]}'
         f"</summary>{html_of(f['answer'][lang])}</details></li>" for f in entry["follow_ups"])
+    points = "\n".join(f"- {p[lang]}" for p in entry.get("points", []))
     wrong_rows = "".join(f"<tr><td>{html_of(w['claim'][lang])}</td><td>{html_of(w['correction'][lang])}</td></tr>"
                          for w in entry["wrong_answers"])
     return (
         f'<div class="fc-entry" id="fc-{entry["id"]}"><h3>{html.escape(entry["question"][lang])}</h3>'
         f'<details class="fc-answer"><summary>{labels["show"]}</summary>'
         f"<p><strong>{labels['short']}{end}</strong>{labels['gap']}</p>{html_of(entry['short'][lang])}"
+        f'<div class="fc-points"><p><strong>{labels["points"]}</strong></p>{html_of(points)}</div>'
         f"<p><strong>{labels['long']}{end}</strong></p>{html_of(entry['long'][lang])}"
         f'<div class="fc-evidence">{html_of(render_evidence(entry, lang))}</div></details>'
         f"<p><strong>{labels['follow_ups']}</strong></p><ul>{follow_ups}</ul>"

@@ -1,23 +1,31 @@
-"""The interview drill in a terminal: ``flashcourse quiz [--lang zh|en] [--mode answer|spot-the-error]
-[--timer SECONDS] [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N] [--stats]``.
+"""The interview drill in a terminal: ``flashcourse interview quiz [--lang zh|en] [--mode answer|spot-the-error]
+[--count N] [--due] [--timer SECONDS] [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N]``
+(``flashcourse quiz`` is the same command) and ``flashcourse interview stats``.
 
-As in an interview, you answer first: type your answer, or say it aloud, and press Enter, while a clock runs
-beside the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Then the
-30-second answer is shown beside yours, the longer answer and its evidence on request, and you score yourself.
-Each follow-up is asked the same way and counts in the session's score.
+As in an interview, you answer first: type your answer, or say it aloud, and press Enter, while a clock runs beside
+the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Then the 30-second
+answer is shown beside yours, with the points a good answer makes (the entry's ``points``), the longer answer and
+its evidence on request, and you tick the points you made: the share ticked is the score. Each follow-up is asked
+the same way, scored got it / partly / missed, and counts in the session's score.
 
-``--mode spot-the-error`` drills the bank's wrong answers: a wrong claim is shown, you say what is wrong and
-correct it, then the correction is shown and you score yourself.
+``--mode spot-the-error`` drills the bank's wrong answers: a wrong claim is shown, you say what is wrong and correct
+it, then the correction is shown and you score yourself.
 
 Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.json`` (default
 ``~/.local/share/flashcourse/``; files of the first format, without modes or times, are read as they are);
 ``--retry-missed`` asks only what was last scored "partly" or "missed"; ``--stats`` shows the results per section
-and the history of sessions. ``--tag`` keeps the entries that carry the tag (``freq:common``, ``level:basic``, ...);
-several tags of one kind (``freq:``) are alternatives, tags of different kinds must all hold.
+and the history of sessions. ``--count N`` stops after N questions.
 
-Rendering is rich's, except for wrapping: rich breaks lines only at spaces, which leaves Chinese lines half
-empty, so text is wrapped here (:func:`wrap`), between any two Chinese characters and at spaces, never before
-closing punctuation.
+Spaced repetition (Leitner boxes, kept in the same score file): a question starts in box 1; scored "got it" (3/4 of
+its points or more) it moves up a box, "partly" down one, "missed" back to box 1; it is due again after
+:data:`BOX_DAYS` days for its box (1, 2, 4, 8, 16). ``--due`` asks only the questions due today. ``--tag`` keeps the
+entries that carry the tag (``freq:common``, ``level:basic``, ...); several tags of one kind (``freq:``) are
+alternatives, tags of different kinds must all hold.
+
+Rendering is rich's where rich is installed (the ``interview`` extra); without it, or with ``FLASHCOURSE_PLAIN=1``,
+the same drill prints plain text (:mod:`._plaintext`). Either way text is wrapped by :func:`wrap`, between any two
+Chinese characters and at spaces, never before closing punctuation (rich breaks lines only at spaces, which leaves
+Chinese lines half empty).
 """
 
 from __future__ import annotations
@@ -32,27 +40,34 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
-from .._extras import missing
+from . import bank as bank_module  # needs pyyaml: its message names the extra that installs it
 
 try:
+    if os.environ.get("FLASHCOURSE_PLAIN") == "1":
+        raise ImportError("plain text asked for")
     from rich.cells import cell_len
     from rich.console import Console
     from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
-except ImportError as error:  # not in the core install
-    raise missing("interview", "rich", __name__) from error
 
-from . import bank as bank_module
+    PLAIN = False
+except ImportError:  # rich is only in the interview extra: the drill runs in plain text without it
+    from ._plaintext import Console, Panel, Table, Text, cell_len, escape
 
-__all__ = ["MODES", "POINTS", "TAG_VOCABULARY", "ScoreStore", "data_dir", "evidence_labels", "filter_by_tags",
-           "markdown_text", "run_quiz", "show_stats", "wrap"]
+    PLAIN = True
+
+__all__ = ["BOX_DAYS", "MODES", "PLAIN", "POINTS", "TAG_VOCABULARY", "ScoreStore", "data_dir", "evidence_labels",
+           "filter_by_tags", "markdown_text", "parse_ticks", "run_quiz", "show_stats", "wrap"]
 
 POINTS = {"g": 1.0, "p": 0.5, "m": 0.0}
+# Leitner boxes 1..5: days until a question is due again, by the box it is in after its score.
+BOX_DAYS = (1, 2, 4, 8, 16)
+GOT_IT = 0.75  # the share of an entry's points that counts as "got it" for its box
 MODES = ("answer", "spot-the-error")
 TAG_VOCABULARY = tuple(getattr(bank_module, "TAGS", ("freq:common", "freq:occasional", "freq:rare", "level:basic",
                                                       "level:intermediate", "level:advanced")))
@@ -67,6 +82,12 @@ UI = {
            "short": "30-second answer", "long": "Longer answer", "evidence": "Evidence", "correction": "Correction",
            "follow_answer": "Answer",
            "more": "[l] longer answer and evidence, [Enter] go on",
+           "points_title": "A good answer makes these points",
+           "tick": "Which points did you make? Their numbers (e.g. 1 3), [a] all, [Enter] none",
+           "tick_again": "Please type point numbers from 1 to {n}, a, or Enter",
+           "ticked": "{k} of {n} points: {score}", "due_none": "Nothing is due today. {new} questions never asked; "
+           "next review: {next}.", "due_count": "Due today: {n}", "never": "none scheduled",
+           "boxes": "Leitner boxes (questions per box; box 5 = known well)", "box": "box", "due": "due today",
            "score": "Score yourself: [g] got it, [p] partly, [m] missed",
            "again": "Please type one of: {choices}", "enter": "Enter", "list": ", ",
            "nothing": "Nothing to retry: no question was scored partly or missed.",
@@ -96,6 +117,12 @@ UI = {
            "short": "30 秒回答", "long": "详细回答", "evidence": "证据", "correction": "纠正",
            "follow_answer": "答案",
            "more": "l 看详细回答和证据，回车继续",
+           "points_title": "好的回答要讲到这几点",
+           "tick": "你讲到了哪几点？输入编号（如 1 3），a 全部，回车表示都没讲到",
+           "tick_again": "请输入 1 到 {n} 的编号、a 或回车",
+           "ticked": "讲到 {k}/{n} 点：{score}", "due_none": "今天没有到期的题。从没练过的题：{new} 道；"
+           "下次复习：{next}。", "due_count": "今天到期：{n} 道", "never": "没有安排",
+           "boxes": "Leitner 盒子（每个盒子的题数；5 号盒 = 已经很熟）", "box": "盒子", "due": "今天到期",
            "score": "给自己打分：g 答对了，p 部分答对，m 没答出",
            "again": "请输入其中之一：{choices}", "enter": "回车", "list": "、",
            "nothing": "没有需要重做的题：没有题目被评为“部分答对”或“没答出”。",
@@ -162,13 +189,42 @@ class ScoreStore:
         item.setdefault("follow_ups", {})
         return item
 
-    def record(self, entry_id: str, points: float, seconds: float | None = None) -> None:
+    def record(self, entry_id: str, points: float, seconds: float | None = None, *, today: date | None = None) -> None:
+        """A question's score (0 to 1); it also moves the question between Leitner boxes and sets when it is
+        due again (``today``, default the local date, counts from)."""
         item = self._item(entry_id)
         item["asked"] = item.get("asked", 0) + 1
         item["last"] = points
         item["best"] = max(item.get("best", 0.0), points)
         if seconds is not None:
             item["seconds"] = round(seconds, 1)
+        box = item.get("box", 1)  # a question never scheduled (new, or from an older score file) is in box 1
+        if points >= GOT_IT:
+            box = min(box + 1, len(BOX_DAYS))
+        elif points > 0:
+            box = max(box - 1, 1)
+        else:
+            box = 1
+        item["box"] = box
+        item["due"] = ((today or date.today()) + timedelta(days=BOX_DAYS[box - 1])).isoformat()
+
+    def due(self, today: date | None = None) -> set[str]:
+        """Questions whose review date has come (scheduled on an earlier day, due on or before ``today``)."""
+        today_text = (today or date.today()).isoformat()
+        return {entry_id for entry_id, item in self.entries.items() if item.get("due", "9999") <= today_text}
+
+    def next_due(self) -> str | None:
+        """The earliest review date scheduled, or None."""
+        dates = [item["due"] for item in self.entries.values() if "due" in item]
+        return min(dates) if dates else None
+
+    def boxes(self) -> dict[int, int]:
+        """How many questions each Leitner box holds (1 to 5)."""
+        counts = dict.fromkeys(range(1, len(BOX_DAYS) + 1), 0)
+        for item in self.entries.values():
+            if item.get("box"):
+                counts[item["box"]] += 1
+        return counts
 
     def record_follow_up(self, entry_id: str, index: int, points: float) -> None:
         self._item(entry_id)["follow_ups"][str(index)] = points
@@ -390,11 +446,27 @@ class _Clock:
         return self.ui["clock_over"].format(time=_clock(elapsed - self.limit))
 
 
+def parse_ticks(typed: str, count: int) -> set[int] | None:
+    """The points ticked (0-based) from what was typed: "1 3" or "1,3", "a" for all, "" for none; None when it
+    is not that (a number out of 1..count, a word)."""
+    typed = typed.strip().lower()
+    if typed == "a":
+        return set(range(count))
+    ticks = set()
+    for part in re.split(r"[\s,，、]+", typed):
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= count:
+            return None
+        ticks.add(int(part) - 1)
+    return ticks
+
+
 class _Session:
     def __init__(self, console: Console, lang: str, store: ScoreStore, question_bank, *, timer: float | None,
-                 short_only: bool):
+                 short_only: bool, today: date | None = None):
         self.console, self.lang, self.store, self.ui = console, lang, store, UI[lang]
-        self.bank, self.timer, self.short_only = question_bank, timer, short_only
+        self.bank, self.timer, self.short_only, self.today = question_bank, timer, short_only, today
         self.asked = {"questions": 0, "follow_ups": 0, "claims": 0}
         self.points = 0.0
         self.seconds = 0.0
@@ -524,6 +596,31 @@ class _Session:
     def score(self) -> float:
         return POINTS[self.ask(self.ui["score"], tuple(POINTS))]
 
+    def tick(self, points: list[dict]) -> float:
+        """Ask which of the entry's points the answer made; the share ticked, rounded to a hundredth."""
+        ui = self.ui
+        while True:
+            self.say(ui["tick"], style="bold cyan")
+            try:
+                typed = self.console.input("> ")
+            except (EOFError, KeyboardInterrupt):
+                raise _Quit from None
+            if not sys.stdin.isatty():
+                self.console.print()
+            if typed.strip().lower() == "q":
+                raise _Quit
+            ticks = parse_ticks(typed, len(points))
+            if ticks is not None:
+                break
+            self.say(ui["tick_again"].format(n=len(points)))
+        score = round(len(ticks) / len(points), 2)
+        self.say(ui["ticked"].format(k=len(ticks), n=len(points), score=f"{score:g}"), style="blue")
+        return score
+
+    def show_points(self, points: list[dict]) -> None:
+        body = Text("\n").join(Text(f"{i + 1}. ") + _inline(p[self.lang]) for i, p in enumerate(points))
+        self.show(self.ui["points_title"], body, style="yellow")
+
     # ------------------------------------------------------------------ one item
     def _count(self, entry: dict, kind: str, points: float, seconds: float) -> None:
         self.asked[kind] += 1
@@ -548,12 +645,15 @@ class _Session:
             return
         self._reveal_yours(typed, seconds)
         self.show(ui["short"], entry["short"][lang])
+        checklist = entry.get("points") or []
+        if checklist:
+            self.show_points(checklist)
         if not self.short_only and self.ask(ui["more"], ("", "l")) == "l":
             self.show(ui["long"], entry["long"][lang].strip())
             self.show(ui["evidence"], Text("\n").join(Text("• " + line) for line in evidence_labels(entry, lang)),
                       style="yellow")
-        points = self.score()
-        self.store.record(entry["id"], points, seconds)
+        points = self.tick(checklist) if checklist else self.score()
+        self.store.record(entry["id"], points, seconds, today=self.today)
         self._count(entry, "questions", points, seconds)
         missed = points < 1.0
         for index, follow in enumerate(entry.get("follow_ups", [])):
@@ -609,9 +709,9 @@ class _Session:
 
 # ------------------------------------------------------------------------------------------- statistics
 def show_stats(*, lang: str = "en", console: Console | None = None, store: ScoreStore | None = None,
-               question_bank: bank_module.Bank | None = None, history: int = 10) -> int:
+               question_bank: bank_module.Bank | None = None, history: int = 10, today: date | None = None) -> int:
     """Per section: questions seen of those in the bank, the mean last score of questions, follow-ups and wrong
-    claims; then the latest sessions. Returns the exit status (0)."""
+    claims; then the latest sessions; then the Leitner boxes and what is due today. Returns the exit status (0)."""
     ui = UI[lang]
     question_bank = question_bank or bank_module.load()
     console = console or Console()
@@ -664,6 +764,14 @@ def show_stats(*, lang: str = "en", console: Console | None = None, store: Score
                       f"{100 * points / asked:.0f}%" if asked else "-",
                       duration(session["seconds"], lang) if "seconds" in session else "-")
     console.print(table)
+    boxes = store.boxes()
+    if any(boxes.values()):
+        table = Table(title=ui["boxes"])
+        for box in boxes:
+            table.add_column(f"{ui['box']} {box}")
+        table.add_column(ui["due"])
+        table.add_row(*(str(n) for n in boxes.values()), str(len(store.due(today) & set(section_of))))
+        console.print(table)
     missed = len(store.missed()) + len(store.missed_claims())
     if missed:
         console.print(ui["to_retry"].format(n=missed))
@@ -673,9 +781,12 @@ def show_stats(*, lang: str = "en", console: Console | None = None, store: Score
 # ------------------------------------------------------------------------------------------- the drill
 def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = None, tags: list[str] | None = None,
              short_only: bool = False, retry_missed: bool = False, seed: int | None = None,
-             timer: float | None = None, console: Console | None = None, store: ScoreStore | None = None,
+             timer: float | None = None, count: int | None = None, due: bool = False, today: date | None = None,
+             console: Console | None = None, store: ScoreStore | None = None,
              question_bank: bank_module.Bank | None = None) -> int:
-    """Drill the bank in the terminal; returns the exit status (0)."""
+    """Drill the bank in the terminal; returns the exit status (0). ``count`` stops after that many questions
+    (wrong claims in spot-the-error mode); ``due`` asks only the questions due for review on ``today`` (default
+    the local date)."""
     if lang not in UI:
         raise ValueError(f"lang must be one of {sorted(UI)}, got {lang!r}")
     if mode not in MODES:
@@ -695,6 +806,14 @@ def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = No
         if retry_missed:
             missed = store.missed()
             items = [e for e in entries if e["id"] in missed]
+        if due:
+            due_now = store.due(today)
+            items = [e for e in items if e["id"] in due_now]
+            if not items:
+                new = sum(e["id"] not in store.entries for e in entries)
+                console.print(ui["due_none"].format(new=new, next=store.next_due() or ui["never"]))
+                return 0
+            console.print(ui["due_count"].format(n=len(items)))
     else:
         items = [(e, i) for e in entries for i in range(len(e.get("wrong_answers", [])))]
         if retry_missed:
@@ -704,7 +823,9 @@ def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = No
         console.print(ui["nothing"])
         return 0
     random.Random(seed).shuffle(items)
-    session = _Session(console, lang, store, question_bank, timer=timer, short_only=short_only)
+    if count is not None:
+        items = items[:count]
+    session = _Session(console, lang, store, question_bank, timer=timer, short_only=short_only, today=today)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         for number, item in enumerate(items, start=1):
@@ -717,7 +838,8 @@ def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = No
     store.sessions.append({"version": 2, "started": started, "lang": lang, "mode": mode, "section": section,
                            "tags": list(tags or []), "asked": session.scored, "points": session.points,
                            "counts": dict(session.asked), "by_section": session.by_section,
-                           "seconds": round(session.seconds, 1), "timer": timer, "retry_missed": retry_missed})
+                           "seconds": round(session.seconds, 1), "timer": timer, "retry_missed": retry_missed,
+                           "count": count, "due": due})
     store.save()
     session.summary()
     return 0
