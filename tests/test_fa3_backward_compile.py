@@ -18,7 +18,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -178,11 +177,11 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
     (one ``ready`` barrier a slot for both copies; ``empty`` counts ``consumers`` arrivals); each consumer
     warpgroup waits ``ready``, reads the slot during its step and frees it."""
     fwd = _forward_test()
-    cv = threading.Condition()
+    world = fwd._World()
     rng = random.Random(seed)
-    kv_bar = fwd._MBarrier(1, cv)
-    ready = [fwd._MBarrier(1, cv) for _ in range(stages)]
-    empty = [fwd._MBarrier(consumers, cv) for _ in range(stages)]
+    kv_bar = fwd._MBarrier(1, world)
+    ready = [fwd._MBarrier(1, world) for _ in range(stages)]
+    empty = [fwd._MBarrier(consumers, world) for _ in range(stages)]
     slots = [None] * stages
     kv = [None]
     errors = []
@@ -192,7 +191,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
             fwd._jitter(random.Random(key))
             write()
             barrier.arrive()
-        threading.Thread(target=land, daemon=True).start()
+        world.start(land)
 
     def producer():
         tma(lambda: kv.__setitem__(0, "KV"), kv_bar, -1)
@@ -218,13 +217,10 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
 
-    threads = [threading.Thread(target=guarded, args=(producer,), daemon=True)]
-    threads += [threading.Thread(target=guarded, args=(consumer, wg), daemon=True) for wg in range(consumers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=4 * fwd._DEADLOCK_SECONDS)
-    assert not any(t.is_alive() for t in threads), "a partition never finished"
+    world.start(guarded, producer)
+    for wg in range(consumers):
+        world.start(guarded, consumer, wg)
+    world.join()  # a deadlock ends every thread with fwd.Deadlock, found without a clock
     assert not errors, errors[0]
 
 

@@ -107,32 +107,93 @@ def test_unsupported_inputs_say_what_to_use():
 # a wait for parity P returns once the phase of parity P has completed, i.e. while the current phase's parity
 # differs from P), with TMA copies that land after a random delay. Every read of a ring slot must find the tile
 # it expects, still there when the warpgroup frees the slot; nothing may deadlock; under ping-pong the two
-# warpgroups must issue their GEMMs in turns.
+# warpgroups must issue their GEMMs in turns. A deadlock is found without a clock: when every thread of the run
+# waits on a barrier and no wait is satisfied, nothing can ever arrive. The random delays only vary the
+# interleaving; no outcome depends on how long anything takes.
 import random  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-_DEADLOCK_SECONDS = 5.0
+
+class Deadlock(Exception):
+    """Every thread of a protocol run waits on a barrier, and none of the waits can return."""
+
+
+class _World(threading.Condition):
+    """The threads of one protocol run and the one lock and condition their barriers share.
+
+    ``running`` counts the threads started here that are not waiting on a barrier (one sleeping in a random delay
+    runs). A waiter that finds none running and no wait satisfied has found a deadlock: it says so, and wakes the
+    others, which say so too, so every thread ends and :meth:`join` returns.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.running = 0
+        self.waits: list = []  # the conditions the waiting threads wait for
+        self.deadlocked = False
+        self.threads: list[threading.Thread] = []
+
+    def start(self, fn, *args) -> threading.Thread:
+        """Run ``fn(*args)`` on a thread of this run (counted as running from now)."""
+
+        def body():
+            try:
+                fn(*args)
+            finally:
+                with self:
+                    self.running -= 1
+                    self.notify_all()  # the waiters look again: this may have been the last thread running
+
+        with self:
+            self.running += 1
+        thread = threading.Thread(target=body, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+    def wait_until(self, done, what: str) -> None:
+        """Block (the lock held) until ``done()``; raise Deadlock when no thread of the run can make it true."""
+        if done():
+            return
+        self.waits.append(done)
+        self.running -= 1
+        try:
+            while not done():
+                if self.deadlocked or (self.running == 0 and not any(wait() for wait in self.waits)):
+                    self.deadlocked = True
+                    self.notify_all()
+                    raise Deadlock(f"deadlock: every thread waits, one of them for {what}")
+                self.wait()
+        finally:
+            self.waits.remove(done)
+            self.running += 1
+
+    def join(self) -> None:
+        """Wait for every thread of the run, those started meanwhile too."""
+        index = 0
+        while index < len(self.threads):
+            self.threads[index].join()
+            index += 1
 
 
 class _MBarrier:
-    def __init__(self, count: int, cv: threading.Condition):
-        self.count, self.pending, self.phase, self.cv = count, count, 0, cv
+    def __init__(self, count: int, world: _World):
+        self.count, self.pending, self.phase, self.world = count, count, 0, world
 
     def arrive(self):
-        with self.cv:
+        with self.world:
             self.pending -= 1
             if self.pending == 0:
                 self.phase ^= 1
                 self.pending = self.count
-                self.cv.notify_all()
+                self.world.notify_all()
 
     def wait(self, parity: int, pred: bool = True):
         if not pred:
             return
-        with self.cv:
-            if not self.cv.wait_for(lambda: self.phase != parity, timeout=_DEADLOCK_SECONDS):
-                raise TimeoutError(f"deadlock: waiting for parity {parity}")
+        with self.world:
+            self.world.wait_until(lambda: self.phase != parity, f"parity {parity}")
 
 
 def _jitter(rng: random.Random):
@@ -140,14 +201,14 @@ def _jitter(rng: random.Random):
 
 
 def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, pingpong: bool, seed: int):
-    cv = threading.Condition()
+    world = _World()
     rng = random.Random(seed)
     k_slot, v_slot = [None] * stages, [None] * stages
-    k_ready = [_MBarrier(1, cv) for _ in range(stages)]
-    v_ready = [_MBarrier(1, cv) for _ in range(stages)]
-    k_empty = [_MBarrier(consumers, cv) for _ in range(stages)]
-    v_empty = [_MBarrier(consumers, cv) for _ in range(stages)]
-    turns = [_MBarrier(1, cv) for _ in range(2)]
+    k_ready = [_MBarrier(1, world) for _ in range(stages)]
+    v_ready = [_MBarrier(1, world) for _ in range(stages)]
+    k_empty = [_MBarrier(consumers, world) for _ in range(stages)]
+    v_empty = [_MBarrier(consumers, world) for _ in range(stages)]
+    turns = [_MBarrier(1, world) for _ in range(2)]
     issued, errors = [], []
 
     def tma(slots, slot, value, barrier):
@@ -155,7 +216,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
             _jitter(random.Random(value[1] * 7 + slot))
             slots[slot] = value
             barrier.arrive()
-        threading.Thread(target=land, daemon=True).start()
+        world.start(land)
 
     def producer():
         for j in range(n_tiles):
@@ -197,7 +258,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
                     turns[0].wait((turn - 1) & 1, pred=turn > 0)
                 else:
                     turns[1].wait(turn & 1)
-            with cv:
+            with world:
                 issued.append((wg, turn))
             read(k_slot, slot, ("K", j))
             read(v_slot, prev, ("V", j - 1))
@@ -220,13 +281,10 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
 
-    threads = [threading.Thread(target=guarded, args=(producer,), daemon=True)]
-    threads += [threading.Thread(target=guarded, args=(consumer, wg), daemon=True) for wg in range(consumers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=4 * _DEADLOCK_SECONDS)
-    assert not any(t.is_alive() for t in threads), "a partition never finished"
+    world.start(guarded, producer)
+    for wg in range(consumers):
+        world.start(guarded, consumer, wg)
+    world.join()
     assert not errors, errors[0]
     if pingpong and consumers == 2:
         assert issued == [(wg, t) for t in range(n_tiles - 1) for wg in (0, 1)], issued
@@ -244,14 +302,40 @@ def test_ring_protocol_of_each_stage(stage, n_tiles):
 
 
 def test_the_protocol_model_catches_a_wrong_phase():
-    """The model is not vacuous: a producer that waits on the wrong parity of a fresh empty barrier hangs."""
-    cv = threading.Condition()
-    barrier = _MBarrier(1, cv)
-    barrier.wait(1)  # a fresh barrier: phase 0 running, so "parity 1 completed" holds at once
-    with pytest.raises(TimeoutError):
-        global _DEADLOCK_SECONDS
-        saved, _DEADLOCK_SECONDS = _DEADLOCK_SECONDS, 0.05
+    """The model is not vacuous: a producer that waits on the wrong parity of a fresh empty barrier is a deadlock,
+    found at once; the right parity returns."""
+    world = _World()
+    barrier = _MBarrier(1, world)
+    errors = []
+
+    def producer(parity):
         try:
-            barrier.wait(0)  # nobody arrives: phase 0 never completes
-        finally:
-            _DEADLOCK_SECONDS = saved
+            barrier.wait(parity)
+        except Deadlock as error:
+            errors.append(error)
+
+    world.start(producer, 1)  # a fresh barrier: phase 0 running, so "parity 1 completed" holds at once
+    world.join()
+    assert errors == []
+    world.start(producer, 0)  # nobody arrives: phase 0 never completes
+    world.join()
+    assert len(errors) == 1 and "parity 0" in str(errors[0])
+
+
+def test_a_deadlock_of_two_waiting_threads_is_found_and_ends_both():
+    """Two partitions each waiting for the other's arrival (a swapped pair of waits): both are told, none hangs."""
+    world = _World()
+    a_done, b_done = _MBarrier(1, world), _MBarrier(1, world)
+    errors = []
+
+    def partition(wait_for, then_arrive):
+        try:
+            wait_for.wait(0)
+            then_arrive.arrive()
+        except Deadlock as error:
+            errors.append(error)
+
+    world.start(partition, b_done, a_done)
+    world.start(partition, a_done, b_done)
+    world.join()
+    assert len(errors) == 2, errors

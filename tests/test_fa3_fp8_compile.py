@@ -19,7 +19,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -148,11 +147,11 @@ def _run_fp8_protocol(n_tiles: int, ring: int, seed: int) -> None:
     then transposes V(j-1) once it landed and its V^T slot is free; two consumers read K(j), then V^T(j), and
     must find tile j in both, still there when they free the slot."""
     model = _forward_test()
-    cv = threading.Condition()
+    world = model._World()
     rng = random.Random(seed)
     bar = model._MBarrier
-    k_ready, v_landed, vt_ready = ([bar(1, cv) for _ in range(ring)] for _ in range(3))
-    k_empty, vt_empty = ([bar(2, cv) for _ in range(ring)] for _ in range(2))
+    k_ready, v_landed, vt_ready = ([bar(1, world) for _ in range(ring)] for _ in range(3))
+    k_empty, vt_empty = ([bar(2, world) for _ in range(ring)] for _ in range(2))
     k_slots, stage, vt_slots = [None] * ring, [None] * ring, [None] * ring
     errors = []
 
@@ -161,7 +160,7 @@ def _run_fp8_protocol(n_tiles: int, ring: int, seed: int) -> None:
             model._jitter(rng)
             slots[slot] = tile
             barrier.arrive()
-        threading.Thread(target=land).start()
+        world.start(land)
 
     def transpose(j):
         slot, phase = j % ring, (j // ring) & 1
@@ -204,14 +203,11 @@ def _run_fp8_protocol(n_tiles: int, ring: int, seed: int) -> None:
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
 
-    threads = [threading.Thread(target=guarded, args=(producer,))]
-    threads += [threading.Thread(target=guarded, args=(consumer, wg)) for wg in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    world.start(guarded, producer)
+    for wg in (0, 1):
+        world.start(guarded, consumer, wg)
+    world.join()  # a deadlock ends every thread with model.Deadlock, found without a clock
     assert not errors, errors[0]
-    assert not any(thread.is_alive() for thread in threads), "a partition never finished"
 
 
 @pytest.mark.parametrize("n_tiles", [1, 2, 3, 7])
