@@ -56,7 +56,8 @@ lint: setup
 # Two pytest stages: the second builds the website from the lessons the first executed (build/executed/).
 test: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
-	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu" --ignore=tests/browser --ignore=tests/test_site.py)
+	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu and not full" --ignore=tests/browser \
+		--ignore=tests/test_site.py)
 	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
 
 # `make test-fast`: ruff and the unit tests, in about a minute. Left to `make test`: whatever executes notebooks (the

@@ -4,10 +4,13 @@ machine's Triton, then a results JSON.
 Runs on a CUDA machine whose Python already has torch and triton (nothing is installed; from a checkout with
 ``PYTHONPATH=src``):
 
-- ``pytest -m "gpu and not sweep"`` on several workers (compiling dominates; the GPU has room for all of them).
-  The exhaustive launch sweeps are ``-m sweep``; the two-GPU tests skip themselves, with the reason, on one GPU;
+- ``pytest -m "(gpu and not sweep) or full"`` on several workers (compiling dominates; the GPU has room for all of
+  them). The exhaustive launch sweeps are ``-m sweep``; the two-GPU tests skip themselves, with the reason, on one
+  GPU. ``full`` marks the CPU compile checks that ``make test`` runs only in part (the Gluon stages but one): here
+  they run whole, under this machine's Triton;
 - ``scripts/launch_fit.py`` for every architecture the course supports, in parallel processes: the compiler of
-  this Triton must place every chosen launch within each GPU's shared memory too;
+  this Triton must place every chosen launch within each GPU's shared memory too (``make test`` checks sm_75 and
+  sm_90 only; tests/test_launch_fit.py's ``full`` cases are these runs, so pytest leaves that file to them);
 - writes ``benchmarks/results/<date>-<device>-gpu-tests.json``: ``{"meta": {date, device, torch, triton},
   "summary": {passed, failed, skipped, seconds}, "launch_fit": {...}}``.
 
@@ -39,10 +42,16 @@ def _env() -> dict:
     return env
 
 
+MARKERS = "(gpu and not sweep) or full"
+LAUNCH_FIT_TESTS = "tests/test_launch_fit.py"  # its every architecture is start_launch_fit's runs below
+
+
 def gpu_test_files() -> list[str]:
-    """The test files that hold GPU tests: the others import notebook packages this machine need not have."""
+    """The test files that hold GPU tests or ``full`` compile checks: the others import notebook packages this
+    machine need not have."""
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
-                  if "pytest.mark.gpu" in p.read_text())
+                  if any(f"pytest.mark.{mark}" in p.read_text() for mark in ("gpu", "full"))
+                  and str(p.relative_to(ROOT)) != LAUNCH_FIT_TESTS)
 
 
 def start_launch_fit(folder: Path) -> list[tuple[str, subprocess.Popen, Path]]:
@@ -97,7 +106,7 @@ def main(argv=None) -> int:
         fits = [] if args.no_launch_fit else start_launch_fit(tmp)
         junit = tmp / "junit.xml"
         workers = ["-n", str(args.workers)] if args.workers > 1 else []
-        code = subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu and not sweep", "-q", "-p",
+        code = subprocess.call([sys.executable, "-m", "pytest", "-m", MARKERS, "-q", "-p",
                                 "no:cacheprovider", *workers, "--junitxml", str(junit), "--durations=15",
                                 *gpu_test_files(), *args.pytest_args], cwd=ROOT, env=_env())
         suite = ET.parse(junit).getroot()
