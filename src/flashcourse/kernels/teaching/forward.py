@@ -2,7 +2,8 @@
 
 No call of the public API runs them (it runs v7, ``forward.py``); they stay runnable by name through
 ``forward.FORWARD_VERSIONS`` and ``forward.run_forward`` so that the lesson and the benchmarks can measure each
-step. Each version is a whole kernel you can read alone, except v4, which is only a launch configuration:
+step. Each version is a kernel of its own name, whose docstring says what it changes in the one before; v4 is
+only a launch configuration:
 - v1  ``_fwd_v1_kernel``: the plain loop of lesson 03. One program per (query tile, batch*head); online softmax
       with ``exp``; the scale multiplied into every score; every key tile masked (bounds and causal); tiles wholly
       right of the diagonal skipped by the loop bound.
@@ -10,11 +11,15 @@ step. Each version is a whole kernel you can read alone, except v4, which is onl
       ``exp(x*s) = exp2(x * s*log2(e))``, so a score costs one FMA and one MUFU.EX2. The update becomes the
       shared helper ``common.online_softmax_update``.
 - v3  ``_fwd_v3_kernel``: causal split. The key tiles left of the diagonal (every key visible) run a loop with
-      no mask at all; only the diagonal and tail tiles pay for the masks.
+      no mask at all; only the diagonal and tail tiles pay for the masks. Both loops are one helper,
+      ``_attend_tiles``, with ``MASKED`` a compile-time constant (as Triton's tutorial 06 runs its two loop stages
+      through ``_attn_fwd_inner(..., STAGE)``); ``_causal_split`` says where one ends and the other starts. What a
+      program does for its query tile is ``_fwd_v3_program``; the kernel only says which tile that is.
 - v4  v3's kernel under a launch configuration chosen for the device (``configs.forward_config``) instead of the
       textbook 64x64 / 4 warps / 2 stages.
 - v5  ``_fwd_v5_kernel``: v3 with the causal query tiles launched heaviest first (bottom rows see the most keys),
-      so the last wave is made of short programs instead of long ones.
+      so the last wave is made of short programs instead of long ones. Two lines that reverse the tile index,
+      then v3's program.
 - v6  ``_fwd_v6_kernel``: v5 with Q, K, V moved through tensor descriptors (Hopper's Tensor Memory Accelerator,
       TMA) instead of pointer tiles; GPUs without TMA run v5 (Triton's interpreter emulates descriptors, so on a
       CPU v6 runs).
@@ -43,6 +48,7 @@ def _fwd_v1_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """v1: lesson 03's loop as a kernel. Program (i, bh) computes query tile i of (batch, head) bh."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)  # int64: b * stride can pass 2**31 on large batches
@@ -102,6 +108,7 @@ def _fwd_v2_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """v2 = v1 + exp2: the scale and log2(e) folded into qk_scale, the update in ``online_softmax_update``."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)  # int64: b * stride can pass 2**31 on large batches
@@ -167,7 +174,20 @@ def _attend_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride
 
 
 @triton.jit
-def _fwd_v3_kernel(
+def _causal_split(pid_m, N_KV, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Where v3-v6 cut query tile pid_m's keys: [0, full_end) are whole tiles every row of the tile sees (no mask),
+    [full_end, masked_end) the diagonal tiles (causal) and the tail tile past the last whole one (masked)."""
+    full_end = (N_KV // BLOCK_N) * BLOCK_N
+    masked_end = N_KV
+    if CAUSAL:
+        full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
+        masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
+    return full_end, masked_end
+
+
+@triton.jit
+def _fwd_v3_program(
+    pid_m,
     Q, K, V, O, LSE, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -177,7 +197,8 @@ def _fwd_v3_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    """What one program of v3 (and of v5) does: query tile pid_m of the (batch, head) program_id(1), its keys in
+    two loops through ``_attend_tiles``, unmasked then masked. The kernels choose pid_m."""
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
@@ -192,18 +213,11 @@ def _fwd_v3_kernel(
     m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    # Key tiles [0, full_end) are whole and (for causal) left of this query tile's diagonal: no masks.
-    full_end = (N_KV // BLOCK_N) * BLOCK_N
-    masked_end = N_KV
-    if CAUSAL:
-        full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
-        masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
+    full_end, masked_end = _causal_split(pid_m, N_KV, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
         stride_vd=stride_vd, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=False,
         CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
-    # The diagonal tiles (causal) and the tail tile past the last whole one: masked.
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
         stride_vd=stride_vd, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=True,
@@ -213,6 +227,30 @@ def _fwd_v3_kernel(
     store_output(
         O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
         stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
+
+
+@triton.jit
+def _fwd_v3_kernel(
+    Q, K, V, O, LSE, qk_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, N_Q, N_KV,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """v3 = v2 + the causal split: the key tiles every row sees run a loop with no mask code; only the
+    diagonal and tail tiles are masked. Program i takes query tile i (``_fwd_v3_program``)."""
+    pid_m = tl.program_id(0)
+    _fwd_v3_program(
+        pid_m, Q=Q, K=K, V=V, O=O, LSE=LSE, qk_scale=qk_scale,
+        stride_qb=stride_qb, stride_qh=stride_qh, stride_qn=stride_qn, stride_qd=stride_qd,
+        stride_kb=stride_kb, stride_kh=stride_kh, stride_kn=stride_kn, stride_kd=stride_kd,
+        stride_vb=stride_vb, stride_vh=stride_vh, stride_vn=stride_vn, stride_vd=stride_vd,
+        stride_ob=stride_ob, stride_oh=stride_oh, stride_on=stride_on, stride_od=stride_od,
+        H=H, N_Q=N_Q, N_KV=N_KV, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
 
 # ------------------------------------------------------------------------------------------ v5
@@ -227,44 +265,19 @@ def _fwd_v5_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """v5 = v3 + heavy tiles first: under causal, program i takes query tile (tiles - 1 - i), so the bottom
+    tiles, which see the most keys, start first. The program itself is v3's."""
     pid_m = tl.program_id(0)
     if CAUSAL:  # the bottom query tiles see the most keys: start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    # Key tiles [0, full_end) are whole and (for causal) left of this query tile's diagonal: no masks.
-    full_end = (N_KV // BLOCK_N) * BLOCK_N
-    masked_end = N_KV
-    if CAUSAL:
-        full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
-        masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
-        stride_vd=stride_vd, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=False,
-        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
-    # The diagonal tiles (causal) and the tail tile past the last whole one: masked.
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn,
-        stride_vd=stride_vd, offs_m=offs_m, lo=full_end, hi=masked_end, N_KV=N_KV, qk_scale=qk_scale, MASKED=True,
-        CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
-
-    o, lse = normalise_rows(acc, l_i, m_i)
-    store_output(
-        O, LSE, o, lse, pid_bh=pid_bh, offs_m=offs_m, offs_d=offs_d, o_base=b * stride_ob + h * stride_oh,
-        stride_on=stride_on, stride_od=stride_od, N_Q=N_Q, HEAD_DIM=HEAD_DIM)
+    _fwd_v3_program(
+        pid_m, Q=Q, K=K, V=V, O=O, LSE=LSE, qk_scale=qk_scale,
+        stride_qb=stride_qb, stride_qh=stride_qh, stride_qn=stride_qn, stride_qd=stride_qd,
+        stride_kb=stride_kb, stride_kh=stride_kh, stride_kn=stride_kn, stride_kd=stride_kd,
+        stride_vb=stride_vb, stride_vh=stride_vh, stride_vn=stride_vn, stride_vd=stride_vd,
+        stride_ob=stride_ob, stride_oh=stride_oh, stride_on=stride_on, stride_od=stride_od,
+        H=H, N_Q=N_Q, N_KV=N_KV, CAUSAL=CAUSAL, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
 
 
 # ------------------------------------------------------------------------------------------ v6 (Hopper)
@@ -299,6 +312,8 @@ def _fwd_v6_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """v6 = v5 + tensor descriptors: Q, K and V tiles come in by TMA (``_attend_tiles_desc`` for the keys), the
+    descriptors' bounds doing the row masks of the loads."""
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query tiles first, as v5
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -319,11 +334,7 @@ def _fwd_v6_kernel(
     m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full_end = (N_KV // BLOCK_N) * BLOCK_N
-    masked_end = N_KV
-    if CAUSAL:
-        full_end = tl.minimum(full_end, pid_m * BLOCK_M)  # a multiple of BLOCK_N: BLOCK_M % BLOCK_N == 0
-        masked_end = tl.minimum(N_KV, (pid_m + 1) * BLOCK_M)
+    full_end, masked_end = _causal_split(pid_m, N_KV, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
     acc, l_i, m_i = _attend_tiles_desc(
         acc, l_i, m_i, q, k_desc=k_desc, v_desc=v_desc, offs_m=offs_m, lo=0, hi=full_end, N_KV=N_KV, qk_scale=qk_scale,
         MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
