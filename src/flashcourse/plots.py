@@ -47,7 +47,9 @@ __all__ = [
 
 # One colour per tile kind, used by every tile figure so the lessons read alike.
 TILE_COLOURS = {"skipped": "#eeeeee", "full": "#9ecae1", "diagonal": "#fdd49e", "masked": "#fdae6b"}
-_CURRENT, _DONE = "#d62728", "#6baed6"
+# What an algorithm has done (dark purple: far in hue and lightness from every pale tile kind above) and what it
+# works on now (red); a row's values not read yet are light grey.
+_CURRENT, _DONE, _NOT_YET = "#d62728", "#54278f", "#dddddd"
 
 
 def _figure(width: float = 6.4, height: float = 4.0, ncols: int = 1) -> tuple[Figure, list]:
@@ -243,15 +245,18 @@ def online_softmax_state(x: np.ndarray, steps: Sequence, index: int, *,
     fig, (ax_row, ax_stats) = _figure(9.0, 3.6, ncols=2)
     step = steps[index]
     positions = np.arange(len(x))
-    colours = np.where(positions < step.start, _DONE, "#dddddd").astype(object)
+    colours = np.where(positions < step.start, _DONE, _NOT_YET).astype(object)
     colours[step.start:step.stop] = _CURRENT
     ax_row.bar(positions, x, color=list(colours), width=0.9)
-    ax_row.axhline(step.m, color="black", linestyle="--", linewidth=1, label=f"running max m = {step.m:.3g}")
+    line = ax_row.axhline(step.m, color="black", linestyle="--", linewidth=1, label=f"running max m = {step.m:.3g}")
     ax_row.set_xlabel("position in the row")
     ax_row.set_ylabel("score x (logit)")
     ax_row.set_title(f"step {step.index}: block x[{step.start}:{step.stop}] read")
     # Below the axes, so the legend never hides a bar whatever the row holds.
-    ax_row.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    bars = [Patch(facecolor=_DONE, label="read before"), Patch(facecolor=_CURRENT, label="read now"),
+            Patch(facecolor=_NOT_YET, label="not read yet")]
+    ax_row.legend(handles=[*bars, line], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22),
+                  frameon=False, ncols=2)
     seen = steps[:index + 1]
     blocks = [s.index for s in seen]
     ax_stats.plot(blocks, [s.m for s in seen], "o-", label="m (running max)")
@@ -302,7 +307,10 @@ def tile_map(tiles: Sequence, *, current=None, done: Sequence = (), sram_note: s
         ax.axhspan(current.q_start, current.q_stop, color=_CURRENT, alpha=0.08)
         ax.axvspan(current.k_start, current.k_stop, color=_CURRENT, alpha=0.08)
     handles = [Patch(facecolor=colour, label=kind) for kind, colour in TILE_COLOURS.items()]
-    handles += [Patch(facecolor=_DONE, label="done"), Patch(facecolor=_CURRENT, label="in SRAM now")]
+    handles += [Patch(facecolor=_DONE, label="done")]
+    if current is not None:
+        handles += [Patch(facecolor=_CURRENT, alpha=0.6, edgecolor=_CURRENT, label="in SRAM now"),
+                    Patch(facecolor=_CURRENT, alpha=0.08, label="its Q rows and K, V columns")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title if sram_note is None else f"{title}\n{sram_note}", fontsize=10)
     return fig
