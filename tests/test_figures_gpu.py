@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from matplotlib.figure import Figure
 
 from flashcourse import figures_gpu
@@ -68,3 +69,61 @@ def test_newest_per_shape_takes_each_shape_whole_from_the_newest_file(rng):
     assert by_shape["fp16 B4 H16 D128 N4096"] == {"v1": 2.0 * rates["v1"], "SDPA flash": 1.0}
     assert by_shape["fp16 B4 H16 D128 N1024"] == {"SDPA flash": 7.0}
     assert {r["source_file"] for r in merged if r["n"] == 4096} == {"rerun.json"}
+
+
+def test_our_default_kernel_is_drawn_when_the_rows_name_no_version(rng):
+    """The attention benchmark times the default kernel, whose rows carry no forward_version or backward_version:
+    they are ours, and the figures must show them beside SDPA's."""
+    rates = rng.uniform(100, 600, 3)
+    rows = [_row("flashcourse", rates[0]), _row("sdpa_flash", rates[1]), _row("sdpa_cudnn", rates[2]),
+            _row("flashcourse", rates[0] / 2, mode="bwd")]
+    forward = figures_gpu.version_rates(rows, mode="fwd")
+    assert forward == {"fp16 B4 H16 D128 N4096": {figures_gpu.DEFAULT_LABEL: rates[0], "SDPA flash": rates[1],
+                                                  "SDPA cuDNN": rates[2]}}
+    assert figures_gpu.version_rates(rows, mode="bwd") == {"fp16 B4 H16 D128 N4096": {figures_gpu.DEFAULT_LABEL:
+                                                                                       rates[0] / 2}}
+    speeds = figures_gpu.version_speeds(forward, title="attention")
+    assert [tick.get_text() for tick in speeds.axes[0].get_xticklabels()] == list(forward["fp16 B4 H16 D128 N4096"])
+
+
+def _grid_rows(rng, sizes=(1024, 2048, 4096, 8192, 16384), heads_dims=((16, 128), (32, 64))) -> list[dict]:
+    """The attention benchmark's grid: 5 lengths x 2 head shapes x causal or not = 20 shapes."""
+    rows = []
+    for n in sizes:
+        for heads, head_dim in heads_dims:
+            for causal in (False, True):
+                for provider in ("flashcourse", "sdpa_flash", "sdpa_cudnn"):
+                    rows.append({**_row(provider, float(rng.uniform(100, 600)), n=n, causal=causal),
+                                 "heads": heads, "head_dim": head_dim})
+    return rows
+
+
+def _legend_styles(fig: Figure) -> dict[str, tuple]:
+    legend = fig.axes[0].get_legend()
+    return {text.get_text(): (tuple(np.round(patch.get_facecolor(), 3)), patch.get_hatch())
+            for text, patch in zip(legend.get_texts(), legend.get_patches(), strict=True)}
+
+
+@pytest.mark.parametrize("lengths", [5, 12], ids=["20 shapes", "48 shapes"])
+def test_every_shape_has_a_bar_style_of_its_own(rng, lengths):
+    rates = figures_gpu.version_rates(_grid_rows(rng, sizes=[1024 * (i + 1) for i in range(lengths)]))
+    assert len(rates) == 4 * lengths
+    styles = _legend_styles(figures_gpu.version_speeds(rates, title="grid"))
+    assert sorted(styles) == sorted(rates)
+    assert len(set(styles.values())) == len(styles), "two shapes share a colour and hatch: the legend is ambiguous"
+    for shape, (colour, hatch) in styles.items():  # a causal shape is its non-causal twin, hatched
+        if shape.endswith(" causal"):
+            twin_colour, twin_hatch = styles[shape.removesuffix(" causal")]
+            assert colour == twin_colour and hatch != twin_hatch
+
+
+def test_the_attention_grid_gives_each_provider_its_own_colour_and_marker(rng):
+    rows = [{**row, "provider": provider} for row in _grid_rows(rng)
+            for provider in ("flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive")
+            if row["provider"] == "flashcourse"]
+    providers = ["flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "naive"]
+    fig = figures_gpu.attention_grid(rows, providers, title="grid")
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == providers
+    assert len({(line.get_color(), line.get_marker()) for line in lines}) == len(providers)
+    assert len({line.get_marker() for line in lines}) == len(providers)

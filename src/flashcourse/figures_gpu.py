@@ -20,10 +20,12 @@ try:
 except ImportError as error:  # not in the core install
     raise missing("course", "matplotlib", __name__) from error
 
-__all__ = ["attention_grid", "loss_curves", "newest_per_shape", "shape_label", "version_gains", "version_rates",
-           "version_speeds", "versions_markdown"]
+__all__ = ["attention_grid", "loss_curves", "newest_per_shape", "shape_label", "shape_styles", "version_gains",
+           "version_rates", "version_speeds", "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
+# Our kernel in a benchmark that times the default kernel (``bench attention``), whose rows name no version.
+DEFAULT_LABEL = "ours (default kernel)"
 
 
 def shape_label(row: Mapping) -> str:
@@ -57,18 +59,21 @@ def newest_per_shape(results: Sequence[Mapping]) -> list[dict]:
             if source_of[_shape_key(row)] == index]
 
 
-def version_rates(rows: Sequence[Mapping], mode: str = "fwd") -> dict[str, dict[str, float]]:
+def version_rates(rows: Sequence[Mapping], mode: str = "fwd", *,
+                  default_label: str = DEFAULT_LABEL) -> dict[str, dict[str, float]]:
     """TFLOP/s by shape, then by kernel: our versions (``v1``.., ``b1``..) and the SDPA baselines of the same run.
 
-    Rows that did not run (status other than "ok") are left out. The order of versions is the rows' order.
+    Rows of our kernel that name no version (the attention benchmark times the default kernel) are labelled
+    ``default_label``. Rows that did not run (status other than "ok") are left out. The order of versions is the
+    rows' order.
     """
     version_key = "forward_version" if mode == "fwd" else "backward_version"
     rates: dict[str, dict[str, float]] = {}
     for row in rows:
         if row.get("mode") != mode or row.get("status") != "ok":
             continue
-        if row["provider"] == "flashcourse" and row.get(version_key):
-            label = row[version_key]
+        if row["provider"] == "flashcourse":
+            label = row.get(version_key) or default_label
         elif row["provider"] in REFERENCES:
             label = REFERENCES[row["provider"]]
         else:
@@ -133,17 +138,37 @@ def versions_markdown(rates: Mapping[str, Mapping[str, float]], *, source: str) 
     return "\n".join(lines)
 
 
+def shape_styles(shapes: Sequence[str]) -> dict[str, dict]:
+    """A bar style per shape label that no other shape shares: a shape and its causal twin get the same colour,
+    the causal one hatched; colours come from a qualitative map of 10 or 20 colours (then hatches tell
+    further groups of 20 apart), so a legend of 20 shapes reads without a repeated entry."""
+    from matplotlib import colormaps
+
+    bases = list(dict.fromkeys(shape.removesuffix(" causal") for shape in shapes))
+    palette = colormaps["tab10" if len(bases) <= 10 else "tab20"]
+    extra_hatches = ["", "..", "xx", "oo", "**"]  # beyond 20 shapes without their causal twin
+    styles = {}
+    for shape in shapes:
+        index = bases.index(shape.removesuffix(" causal"))
+        hatch = extra_hatches[(index // palette.N) % len(extra_hatches)] + ("///" if shape.endswith(" causal") else "")
+        styles[shape] = {"color": palette(index % palette.N), "hatch": hatch or None, "edgecolor": "white"}
+    return styles
+
+
 def version_speeds(rates: Mapping[str, Mapping[str, float]], *, title: str) -> Figure:
-    """Grouped bars: one group per kernel (our versions, then SDPA's), one bar per shape, in TFLOP/s."""
+    """Grouped bars: one group per kernel (our versions, then SDPA's), one bar per shape, in TFLOP/s; each shape
+    its own colour and hatch (:func:`shape_styles`)."""
     shapes = list(rates)
     kernels = list(dict.fromkeys(k for by_kernel in rates.values() for k in by_kernel))
-    fig = Figure(figsize=(max(6.4, 0.9 * len(kernels) + 4), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(6.4, 0.9 * len(kernels) + 4), 4.2 + 0.12 * max(0, len(shapes) - 12)),
+                 layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / max(len(shapes), 1)
     x = np.arange(len(kernels))
+    styles = shape_styles(shapes)
     for i, shape in enumerate(shapes):
         heights = [rates[shape].get(k, np.nan) for k in kernels]
-        ax.bar(x + (i - (len(shapes) - 1) / 2) * width, heights, width, label=shape)
+        ax.bar(x + (i - (len(shapes) - 1) / 2) * width, heights, width, label=shape, **styles[shape])
     ax.set_xticks(x, kernels)
     for tick, kernel in zip(ax.get_xticklabels(), kernels, strict=True):
         if kernel in REFERENCES.values():
@@ -201,13 +226,15 @@ def attention_grid(rows: Sequence[Mapping], providers: Sequence[str], *, title: 
     nrows = max(1, -(-len(panels) // cols))
     fig = Figure(figsize=(4 * cols, 3.2 * nrows))
     axes = fig.subplots(nrows, cols, squeeze=False)
+    markers = "os^vDP*Xph"  # with the colour cycle's 10 colours: each provider its own colour and marker
     for ax, (heads, head_dim, mode, causal) in zip(axes.flat, panels, strict=False):
-        for provider in providers:
+        for index, provider in enumerate(providers):
             points = sorted((r["n"], r["tflops"]) for r in rows if r["provider"] == provider and r["heads"] == heads
                             and r["head_dim"] == head_dim and r["mode"] == mode and r["causal"] == causal
                             and r["status"] == "ok")
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=provider)
+                ax.plot(*zip(*points, strict=True), marker=markers[index % len(markers)], color=f"C{index % 10}",
+                        label=provider)
         ax.set_xscale("log", base=2)
         ax.set_title(f"H={heads} D={head_dim} {mode}{' causal' if causal else ''}")
         ax.set_xlabel("sequence length N")
