@@ -158,6 +158,106 @@ def test_bad_block_table_and_lengths(rng):
         kernels.flash_decode(q, k, v, block_table=torch.zeros(2, 3, dtype=torch.int64, device=DEVICE))
 
 
+@pytest.mark.parametrize("as_type", [list, tuple])
+def test_lengths_as_a_list_or_tuple(rng, as_type):
+    q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=as_type([40, 0, 17]), num_splits=2)
+    assert_close(o, expected(q, k, v, [40, 0, 17]), what=f"decode with lengths as a {as_type.__name__}")
+    with pytest.raises(TypeError, match="expected ints"):
+        kernels.flash_decode(q, k, v, cache_seqlens=[40, 0.5, 17])
+
+
+@pytest.mark.parametrize("lengths,bad", [([41, 3], r"cache_seqlens\[0\] = 41"), ([3, -1], r"cache_seqlens\[1\] = -1")])
+@pytest.mark.parametrize("as_tensor", [False, True])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_lengths_past_the_cache_are_refused(rng, lengths, bad, as_tensor, page_size):
+    """A contiguous cache holds N_max = 40 rows; a paged one max_blocks * page_size = 3 * 16 = 48."""
+    q, k, v = make(rng, 2, 4, 2, 40, 16, torch.float32)
+    cache = {"k_cache": k, "v_cache": v}
+    n_max = 40
+    if page_size is not None:
+        kp, vp, table = paged(k, v, page_size, rng)
+        cache = {"k_cache": kp, "v_cache": vp, "block_table": table}
+        n_max = 48
+        lengths = [n + 8 if n > 40 else n for n in lengths]  # 49: one row past the table's pages
+        bad = bad.replace("41", "49")
+    lens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE) if as_tensor else lengths
+    with pytest.raises(ValueError, match=rf"{bad}: expected a length from 0 to {n_max}"):
+        kernels.flash_decode(q, **cache, cache_seqlens=lens)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_the_kernel_clamps_lengths_it_was_not_checked_on(rng, monkeypatch, page_size, window):
+    """A call that reuses a kept plan does not read a GPU tensor's lengths again; the kernel clamps them to
+    0 .. N_max, so a length past the cache reads this sequence's rows alone: two splits of 32 keys cover 64
+    rows of a 40-row cache (48 in pages), and a window would start past the cache."""
+    from flashcourse.kernels import decode
+
+    monkeypatch.setattr(decode, "_check_lengths", lambda *args: None)  # as on a kept plan's later calls
+    q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
+    cache, n_max = {"k_cache": k, "v_cache": v}, 40
+    if page_size is not None:
+        kp, vp, table = paged(k, v, page_size, rng)
+        cache, n_max = {"k_cache": kp, "v_cache": vp, "block_table": table}, 48
+    options = {} if window is None else {"window": (window, 0)}
+    lens = torch.tensor([200, -5, 23], dtype=torch.int32, device=DEVICE)
+    o = kernels.flash_decode(q, **cache, cache_seqlens=lens, num_splits=2, **options)
+    k_rows, v_rows = (torch.cat([x, torch.zeros_like(x[:, :, : n_max - 40])], dim=2) for x in (k, v))
+    want = expected_variant(q, k_rows, v_rows, [n_max, 0, 23], window_left=window)
+    assert_close(o, want, what=f"decode with lengths clamped (pages {page_size}, window {window})")
+
+
+def test_a_kept_plan_checks_list_lengths_and_clamps_tensor_lengths(rng, monkeypatch):
+    """The GPU's path on the CPU: plans kept by key. The second call reuses the first's plan (no second
+    check of the inputs); a list's lengths are still checked; a tensor's, changed in place, are clamped."""
+    from flashcourse.kernels import decode
+
+    made = []
+    first_call = decode._first_call
+    monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout",))
+    monkeypatch.setattr(decode, "_first_call", lambda *args: made.append(1) or first_call(*args))
+    monkeypatch.setattr(decode, "_PLANS", {})
+    q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
+    lens = torch.tensor([32, 9], dtype=torch.int32, device=DEVICE)
+    kernels.flash_decode(q, k, v, cache_seqlens=lens)
+    lens[0] = 100  # in place, past the cache: not read on the host again
+    o = kernels.flash_decode(q, k, v, cache_seqlens=lens)
+    assert len(made) == 1, "the second call made a plan of its own"
+    assert_close(o, expected(q, k, v, [32, 9]), what="a kept plan's call with a length past the cache")
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 33"):
+        kernels.flash_decode(q, k, v, cache_seqlens=[32, 33])
+
+
+@pytest.mark.parametrize("num_splits,combines", [(1, 0), (3, 1)])
+def test_one_split_is_one_launch(rng, monkeypatch, num_splits, combines):
+    """One split writes o itself: no partials and no combine kernel (a launch less of host time)."""
+    from flashcourse.kernels import decode
+
+    launches = []
+    combine = decode._decode_combine_kernel
+
+    class Counted:
+        fn = combine.fn
+
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return combine[grid]
+
+    monkeypatch.setattr(decode, "_decode_combine_kernel", Counted())
+    q, k, v = make(rng, 2, 4, 2, 50, 32, torch.float16)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[50, 20], num_splits=num_splits)
+    assert len(launches) == combines
+    assert_close(o, expected(q, k, v, [50, 20]), what=f"decode in {num_splits} splits")
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf")])
+def test_scale_must_be_finite(rng, scale):
+    q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        kernels.flash_decode(q, k, v, scale=scale)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -426,6 +526,34 @@ def test_quantize_contiguous_cache_counts_only_rows_in_use(rng):
         quantize_kv_cache(k, v, cache_seqlens=lens[:1])
 
 
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_quantize_one_stale_row_rule_for_both_layouts(rng, page_size):
+    """Rows past a sequence's length set no scale, in a contiguous cache and on a paged sequence's last page
+    alike: the same cache, cut into pages, gets the same scales. Lengths 20 and 41 end inside a page."""
+    _, k, v = make(rng, 2, 2, 2, 64, 16, torch.float32)
+    lens = torch.tensor([20, 41], dtype=torch.int32, device=DEVICE)
+    for b, n in enumerate(lens.tolist()):
+        k[b, :, n:] = 1e4  # stale rows, huge
+    _, _, k_scale, v_scale = quantize_kv_cache(k, v, cache_seqlens=lens)
+    kp, vp, table = paged(k, v, page_size, rng)
+    k8, _, k_scale_p, v_scale_p = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens)
+    assert torch.equal(k_scale_p, k_scale) and torch.equal(v_scale_p, v_scale)
+    assert torch.all(k_scale < 10 / 448), "a stale row set a scale"
+    assert not torch.isnan(k8.float()).any()
+
+
+def test_quantize_shared_page_covers_every_sharers_rows(rng):
+    """Page 1 is sequence 0's last page (2 rows in use) and sequence 1's full middle page: its rows past
+    sequence 0's length are in use by sequence 1, so they set the scale both share."""
+    pool = torch.tensor(rng.standard_normal((3, 1, 16, 16)), dtype=torch.float32, device=DEVICE)
+    pool[1, :, 10] = 300.0  # a row sequence 0 does not use and sequence 1 does
+    table = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([18, 32], dtype=torch.int32, device=DEVICE)
+    k8, _, k_scale, _ = quantize_kv_cache(pool, pool, block_table=table, cache_seqlens=lens)
+    assert float(k_scale[0, 0]) == float(k_scale[1, 0]) == pytest.approx(300.0 / 448)
+    assert float(dequantised(k8[1:2], k_scale[:1])[0, 0, 10, 0]) == pytest.approx(300.0)
+
+
 def fp8_call(rng, **change):
     q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
     k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
@@ -531,14 +659,17 @@ from triton.compiler import ASTSource
 from flashcourse.kernels.decode import _decode_split_kernel as kernel
 
 names = kernel.arg_names
-unit_strides = ("stride_qd", "stride_kd", "stride_vd")  # what the launcher specialises: 1, or divisible by 16
+# what the launcher specialises: 1, or divisible by 16
+unit_strides = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
 shared = {}
 for page_size, kv in ((None, "fp16"), (16, "fp16"), (256, "fp16"), (None, "fp8e4nv"), (16, "fp8e4nv")):
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
-                "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32"}
+                "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
+                "OUT": "*fp16"}
     values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
                   PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
-                  HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", **dict.fromkeys(unit_strides, 1))
+                  HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", DIRECT=False,
+                  **dict.fromkeys(unit_strides, 1))
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}

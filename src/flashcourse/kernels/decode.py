@@ -24,7 +24,9 @@ in docs/KERNELS.md, paged decoding).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+import operator
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -77,8 +79,8 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, B
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, qk_scale,
-    stride_qb, stride_qh, stride_qd,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, qk_scale,
+    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_bt_b, stride_bt_p,
@@ -86,7 +88,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, DIRECT: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
@@ -95,8 +97,8 @@ def _decode_split_kernel(
     if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once
         qk_scale = qk_scale * tl.load(K_SCALE + pid_bh)
     seqlen = N_MAX
-    if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b)
+    if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     first = 0  # the new token sits at position seqlen - 1; a window reaches back WINDOW_LEFT keys from there
     if HAS_WINDOW:
         first = tl.maximum(seqlen - 1 - WINDOW_LEFT, 0)
@@ -160,9 +162,13 @@ def _decode_split_kernel(
     o, lse = normalise_rows(acc, l_i, m_i)
     if KV_FP8:  # true V = v8 * v_scale: o is a weighted mean of V's rows, so the factor applies once, here
         o = o * tl.load(V_SCALE + pid_bh)
-    row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
-    tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=offs_g[:, None] < GROUP)
-    tl.store(LSE_PART + row, lse, mask=offs_g < GROUP)
+    if DIRECT:  # one split: its output is the answer, written in q's dtype; no partials, no combine launch
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 o.to(OUT.dtype.element_ty), mask=q_mask)
+    else:
+        row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
+        tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=offs_g[:, None] < GROUP)
+        tl.store(LSE_PART + row, lse, mask=offs_g < GROUP)
 
 
 @triton.jit
@@ -268,7 +274,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
     second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
     token still spreads over every SM, where a FlashAttention forward would give it one program per
-    (batch, head).
+    (batch, head). A call that needs one split (a short cache, or many sequences and heads) writes its output
+    directly: one launch.
 
     Args:
         q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
@@ -277,12 +284,18 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
             be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
-        cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size) or a
-            (B,) int32 tensor, the keys in use per sequence. A sequence of length 0 gives o = 0.
+        cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size), or the
+            keys in use per sequence: a (B,) int32 tensor on q's device, or a list or tuple of B ints (copied
+            to q's device on each call). A sequence of length 0 gives o = 0. Each length must lie in
+            0 .. N_max (max_blocks * page_size for a paged cache), else a ValueError. Lengths given as a list
+            are checked on every call; a tensor's values are read once, when a call first meets its shapes and
+            options (reading a GPU tensor waits for the GPU, so not on every call), and on every call the
+            kernel clamps each length to 0 .. N_max: a length changed in place past the cache reads the whole
+            cache, never another sequence's rows.
         block_table: None (default: contiguous cache) or (B, max_blocks) int32, each sequence's pages in
             order. ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows); the table is
             read once per page, by tiles that never straddle a page edge.
-        scale: the factor on q.k; None (default) means 1/sqrt(D).
+        scale: the factor on q.k; None (default) means 1/sqrt(D); inf and NaN are refused.
         num_splits: pieces of the cache length; None (default) gives about one program per SM.
         k_scale, v_scale: None (default, a 16-bit cache) or, for a float8_e4m3fn cache, (B, H_kv) float32: the
             true K of sequence b, KV head h is ``k_cache * k_scale[b, h]`` (for a paged cache, on every page of
@@ -297,7 +310,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
 
-    No causal mask: the new token sees every cached key (the cache holds only the past).
+    No causal mask: the new token sees every cached key (the cache holds only the past). Under
+    ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
 
     Returns:
         o: (B, H_q, D), q's dtype.
@@ -311,98 +325,234 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
         o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
     """
+    host_lengths = None
+    if isinstance(cache_seqlens, (list, tuple)):  # known on the host: checked on every call, at no GPU cost
+        host_lengths = _host_lengths(cache_seqlens)
+        cache_seqlens = torch.tensor(host_lengths, dtype=torch.int32, device=getattr(q, "device", None))
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages)
+    if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
+        window_left, window_right = _window_pair(window)
+        return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
+                                            block_n, num_warps, num_stages)
+    return _decode(tensors, options, host_lengths)
+
+
+def _host_lengths(lengths) -> list[int]:
+    """A list or tuple of lengths as ints; floats and other types are refused (int32 would truncate them)."""
+    try:
+        return [operator.index(n) for n in lengths]
+    except TypeError:
+        raise TypeError(f"cache_seqlens is {lengths!r}: expected ints, one length per sequence (or a (B,) int32 "
+                        "tensor)") from None
+
+
+def _check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
+    """Every length in 0 .. n_max, the rows a sequence can reach."""
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= n_max:
+            where = ("max_blocks * page_size = block_table.shape[1] * k_cache.shape[2]" if paged
+                     else "N_max = k_cache.shape[2]")
+            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to {n_max} ({where}), the keys "
+                             "this sequence's cache holds")
+
+
+def _check_scale(scale, head_dim: int) -> float:
+    scale = default_scale(head_dim, scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}: None means 1/sqrt(D)")
+    return scale
+
+
+def _window_pair(window) -> tuple[int, int]:
+    """A checked window as the op's two ints, (-1, -1) for none."""
+    window = check_window(window)
+    return window if window is not None else (-1, -1)
+
+
+def _decode(tensors: tuple, options: tuple, host_lengths: list[int] | None = None) -> torch.Tensor:
+    """The eager call: look up the plan for these layouts and options (kept on a GPU), else check everything
+    and make one; then launch it."""
+    key = _launch_key(*tensors, options)
+    try:
+        plan = _PLANS.get(key) if key is not None else None
+    except TypeError:  # an unhashable option (a window given as a list): no plan kept for this call
+        key, plan = None, None
+    if plan is None:
+        return _first_call(key, tensors, options, host_lengths)
+    if host_lengths is not None:
+        _check_lengths(host_lengths, plan.n_max, plan.paged)
+    return plan.run(tensors)
+
+
+def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | None) -> torch.Tensor:
+    """Check a call's inputs, choose its launch and splits, launch it, and keep the plan under ``key``."""
+    q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+    scale, num_splits, window, softcap, block_n, num_warps, num_stages = options
     _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
     window = check_window(window)
     softcap = check_softcap(softcap)
-    alibi_slopes = check_alibi_slopes(alibi_slopes, q)
-    window_left = window[0] if window is not None and window[0] >= 0 else None
-    batch, h_q, head_dim = q.shape
-    scale = default_scale(head_dim, scale)
-    block_d = padded_head_dim(head_dim)
-    props = configs.device_props(q.device)
+    check_alibi_slopes(alibi_slopes, q)
+    head_dim = q.shape[2]
+    scale = _check_scale(scale, head_dim)
+    paged = block_table is not None
+    n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    if cache_seqlens is not None:  # the tensor's values: read here once, the kernel clamps them on every call
+        _check_lengths(host_lengths if host_lengths is not None else cache_seqlens.tolist(), n_max, paged)
     if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
-    candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=k_cache.dtype == FP8)
+    block_d = padded_head_dim(head_dim)
+    props = configs.device_props(q.device)
+    fp8_cache = k_cache.dtype == FP8
+    candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=fp8_cache)
     if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
         first = candidates[0]
         candidates = (configs.KernelConfig(first.block_m, block_n or first.block_n, num_warps or first.num_warps,
                                            num_stages or first.num_stages),)
-    o = torch.empty_like(q)
-    if batch * h_q == 0:
-        return o
-    scales = None if k_scale is None else (k_scale.contiguous(), v_scale.contiguous())  # indexed b * H_kv + h
-    return launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype), candidates,
-                          lambda cfg: _launch_decode(cfg, q, k_cache, v_cache, o, cache_seqlens, block_table, scale,
-                                                     num_splits, window_left, softcap, alibi_slopes, props, scales),
-                          f"flash_decode at head dim {head_dim}")
+    window_left = window[0] if window is not None and window[0] >= 0 else None
 
+    def make_and_run(cfg):
+        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key)
+        return plan, plan.run(tensors)
 
-def _launch_decode(cfg: configs.KernelConfig, q, k_cache, v_cache, o, cache_seqlens, block_table, scale: float,
-                   num_splits, window_left, softcap, alibi_slopes, props: configs.DeviceProps, scales):
-    """The split kernel then the combine kernel under one launch configuration; returns o."""
-    batch, h_q, head_dim = q.shape
-    h_kv = k_cache.shape[1]
-    block_d = padded_head_dim(head_dim)
-    block_n = cfg.block_n
-    paged = block_table is not None
-    page_size = k_cache.shape[2] if paged else 1
-    n_max = block_table.shape[1] * page_size if paged else k_cache.shape[2]
-    span = n_max  # keys the splits cover at most
-    if window_left is not None:  # the window's keys; paged tiles start on a BLOCK_N boundary up to block_n - 1 before
-        span = min(n_max, window_left + (block_n if paged else 1))
-    if num_splits is None:
-        num_splits = configs.decode_num_splits(props, batch * h_kv, span, block_n)
-    num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
-    split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
-    o_part = torch.empty((batch, h_q, num_splits, block_d), device=q.device, dtype=torch.float32)
-    lse_part = torch.empty((batch, h_q, num_splits), device=q.device, dtype=torch.float32)
-    # Unused pointers still need a tensor: q stands in for the absent block table / lengths.
-    table = block_table if paged else q
-    seqlens = cache_seqlens if cache_seqlens is not None else q
-    slopes = alibi_slopes if alibi_slopes is not None else q
-    k_scale, v_scale = scales if scales is not None else (q, q)
-    key = _launch_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, scale, window_left, softcap,
-                      num_splits, split_len, cfg)
-    tensors = (q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, o_part, lse_part, o)
-    if _LAUNCHES.run(key, tensors) and _LAUNCHES.run((key, "combine"), tensors):
-        return o
-    grid = (num_splits, batch * h_kv)
-    split = dict(
-        Q=q, K=k_cache, V=v_cache, BLOCK_TABLE=table, SEQLENS=seqlens, K_SCALE=k_scale, V_SCALE=v_scale,
-        O_PART=o_part, LSE_PART=lse_part,
-        qk_scale=scale * LOG2E,
-        **strides(q, "q", axes="bhd"), **strides(k_cache, "k"), **strides(v_cache, "v"),
-        stride_bt_b=table.stride(0) if paged else 0, stride_bt_p=table.stride(1) if paged else 0,
-        H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
-        softcap2=(softcap or 1.0) * LOG2E, ALIBI_SLOPES=slopes,
-        GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
-        BLOCK_D=block_d, BLOCK_N=block_n, PAGED=paged, PAGE_SIZE=page_size, HAS_SEQLENS=cache_seqlens is not None,
-        HAS_WINDOW=window_left is not None, HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
-        DOT_PRECISION=dot_precision(q.dtype), KV_FP8=scales is not None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    compiled = _decode_split_kernel[grid](**split)
-    _LAUNCHES.remember(key, _decode_split_kernel, compiled, grid, split, _NAMES)
-    combine = dict(O_PART=o_part, LSE_PART=lse_part, OUT=o, **strides(o, "o", axes="bhd"), H_Q=h_q,
-                   NUM_SPLITS=num_splits, HEAD_DIM=head_dim, BLOCK_D=block_d,
-                   BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
-    compiled = _decode_combine_kernel[(batch * h_q,)](**combine)
-    _LAUNCHES.remember((key, "combine"), _decode_combine_kernel, compiled, (batch * h_q,), combine, _NAMES)
+    plan, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype), candidates, make_and_run,
+                             f"flash_decode at head dim {head_dim}")
+    if key is not None:
+        if len(_PLANS) >= _PLAN_CAPACITY:
+            del _PLANS[next(iter(_PLANS))]
+        _PLANS[key] = plan
     return o
 
 
-# Both launches of a call by layout and options, for calls that repeat a shape (launch.py says why). _NAMES are
-# the per-call tensors' argument names, in the order flash_decode passes them.
+class _Plan:
+    """What a decode call's layouts and options decide, worked out once: the launch, the splits, the grids and
+    every kernel argument that is not one of the call's tensors. ``run`` then allocates the outputs and
+    launches: the split kernel alone when there is one split (it writes o), else the split kernel and the
+    combine kernel."""
+
+    __slots__ = ("key", "n_max", "paged", "empty", "num_splits", "part_shape", "split_grid", "split_args",
+                 "combine_grid", "combine_args")
+
+    def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
+                 window_left, softcap, props: configs.DeviceProps, key):
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
+        batch, h_q, head_dim = q.shape
+        h_kv = k_cache.shape[1]
+        block_d = padded_head_dim(head_dim)
+        block_n = cfg.block_n
+        self.key, self.n_max, self.paged = key, n_max, block_table is not None
+        self.empty = batch * h_q == 0
+        span = n_max  # keys the splits cover at most
+        if window_left is not None:  # the window's keys; paged tiles start on a BLOCK_N boundary, up to
+            span = min(n_max, window_left + (block_n if self.paged else 1))  # block_n - 1 keys before it
+        if num_splits is None:
+            num_splits = configs.decode_num_splits(props, batch * h_kv, span, block_n)
+        num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
+        split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
+        self.num_splits = num_splits
+        self.part_shape = (batch, h_q, num_splits, block_d)  # O_PART; LSE_PART is its first three dims
+        o = torch.empty_like(q)  # as run() allocates it: its strides are q's layout's
+        self.split_grid = (num_splits, batch * h_kv)
+        self.split_args = dict(
+            qk_scale=scale * LOG2E,
+            **strides(q, "q", axes="bhd"), **strides(o, "o", axes="bhd"), **strides(k_cache, "k"),
+            **strides(v_cache, "v"),
+            stride_bt_b=block_table.stride(0) if self.paged else 0,
+            stride_bt_p=block_table.stride(1) if self.paged else 0,
+            H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
+            softcap2=(softcap or 1.0) * LOG2E,
+            GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
+            BLOCK_D=block_d, BLOCK_N=block_n, PAGED=self.paged, PAGE_SIZE=k_cache.shape[2] if self.paged else 1,
+            HAS_SEQLENS=cache_seqlens is not None, HAS_WINDOW=window_left is not None,
+            HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
+            DOT_PRECISION=dot_precision(q.dtype), KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        self.combine_grid = (batch * h_q,)
+        self.combine_args = dict(**strides(o, "o", axes="bhd"), H_Q=h_q, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
+                                 BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+
+    def run(self, tensors: tuple) -> torch.Tensor:
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+        o = torch.empty_like(q)
+        if self.empty:
+            return o
+        direct = self.num_splits == 1
+        o_part = lse_part = o  # one split writes o itself: the partials' pointers are never read
+        if not direct:
+            o_part = q.new_empty(self.part_shape, dtype=torch.float32)
+            lse_part = q.new_empty(self.part_shape[:3], dtype=torch.float32)
+        if k_scale is not None:  # indexed b * H_kv + h in the kernel
+            k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
+        # In _NAMES' order; q stands in for an absent tensor (a pointer the kernel never reads).
+        launch = (q, k_cache, v_cache, q if block_table is None else block_table,
+                  q if cache_seqlens is None else cache_seqlens,
+                  q if alibi_slopes is None else alibi_slopes.contiguous(),
+                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
+        if not _LAUNCHES.run(self.key, launch):
+            self._launch(_decode_split_kernel, self.split_grid, self.split_args, _NAMES, launch, self.key)
+        if not direct and not _LAUNCHES.run((self.key, "combine"), launch):
+            self._launch(_decode_combine_kernel, self.combine_grid, self.combine_args, _COMBINE_NAMES, launch,
+                         (self.key, "combine"))
+        return o
+
+    @staticmethod
+    def _launch(kernel, grid, args: dict, names: tuple, launch: tuple, key) -> None:
+        """A full launch (Triton binds every argument), remembered for the next call when ``key`` is set."""
+        kwargs = dict(args, **{name: launch[_NAMES.index(name)] for name in names})
+        compiled = kernel[grid](**kwargs)
+        _LAUNCHES.remember(key, kernel, compiled, grid, kwargs, _NAMES)
+
+
+# Plans by key (a call's layouts and options), oldest dropped first; their launches, cached apart (launch.py says
+# why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them.
+_PLANS: dict = {}
+_PLAN_CAPACITY = 256
 _LAUNCHES = LaunchCache()
 _NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART",
           "OUT")
+_COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
-def _launch_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale, *options):
-    """The cache key of a decode call (None on the interpreter): every tensor's layout and every option."""
-    if q.device.type != "cuda":
+def _launch_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
+    """The plan's key (None on the interpreter, whose calls are not kept): every tensor's layout (shape, strides,
+    dtype, device, 16-byte alignment: what Triton specialises on), None for an absent one, and every option. An
+    argument that is not a tensor gives None too: the checks then say what was expected."""
+    if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
         return None
-    return layout_key(q, k_cache, v_cache, table, seqlens, slopes, k_scale, v_scale), options
+    try:
+        return (layout_key(q, k_cache, v_cache),
+                tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+                      for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)), options)
+    except AttributeError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------ torch.compile
+# ruff: noqa: UP045 (the op's schema is read from its annotations; typing.Optional is the spelling every torch
+# version's schema inference knows)
+@torch.library.custom_op("flashcourse::decode", mutates_args=())
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+               block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+               alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
+               window_left: int, window_right: int, softcap: Optional[float], block_n: Optional[int],
+               num_warps: Optional[int], num_stages: Optional[int]) -> torch.Tensor:
+    """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none."""
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    return _decode(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages))
+
+
+@_decode_op.register_fake
+def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale,
+                    num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages):
+    # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
+    # exist here; the kernel clamps them).
+    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    check_softcap(softcap)
+    check_alibi_slopes(alibi_slopes, q)
+    _check_scale(scale, q.shape[2])
+    return torch.empty_like(q)
 
 
 # ------------------------------------------------------------------------------------------ FP8 cache
@@ -427,26 +577,34 @@ def _to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    """Largest |x| per (sequence, KV head) over the pages its block-table row lists (B, H_kv), and per page
-    (num_pages, H_kv), made equal wherever a page is shared: a page has one scale, so every sequence that reads
-    it (a shared prompt prefix) must use the same one. Rows past a sequence's length on its last page count:
-    they are stored in the same bytes, so the scale must cover them."""
+    """Largest |x| per (sequence, KV head) over the rows in use on the pages its block-table row lists (B, H_kv),
+    and per page (num_pages, H_kv), made equal wherever a page is shared: a page has one scale, so every sequence
+    that reads it (a shared prompt prefix) must use the same one. Rows past a sequence's length count for no
+    one, on its last page as on a contiguous cache; a page no sequence lists keeps the amax of all its rows."""
     page_size = x.shape[2]
-    page_amax = x.float().abs().amax(dim=(2, 3))  # (num_pages, H_kv)
+    row_amax = x.float().abs().amax(dim=3)  # (num_pages, H_kv, page_size)
     batch, max_blocks = block_table.shape
-    used = torch.full((batch,), max_blocks, device=x.device)
+    lengths = torch.full((batch,), max_blocks * page_size, device=x.device)
     if cache_seqlens is not None:
-        used = ((cache_seqlens.long() + page_size - 1) // page_size).clamp(max=max_blocks)
+        lengths = cache_seqlens.to(x.device).long().clamp(0, max_blocks * page_size)
+    used = (lengths + page_size - 1) // page_size
     rows, cols = (torch.arange(max_blocks, device=x.device)[None, :] < used[:, None]).nonzero(as_tuple=True)
     pages = block_table[rows, cols].long()
+    rows_in_use = (lengths[rows] - cols * page_size).clamp(max=page_size)  # < page_size on a last page only
+    in_use = torch.arange(page_size, device=x.device)[None, None, :] < rows_in_use[:, None, None]
+    pair_amax = torch.where(in_use, row_amax[pages], 0.0).amax(dim=2)  # (listed pages, H_kv)
 
     def amax_into(dest, index, src):  # dest[index[i]] = max(dest[index[i]], src[i]) over every (i, KV head)
         return dest.scatter_reduce(0, index[:, None].expand_as(src), src, "amax")
 
-    seq = amax_into(page_amax.new_zeros(batch, page_amax.shape[1]), rows, page_amax[pages])
-    page = page_amax
+    listed = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    listed[pages] = True
+    own = torch.where(listed[:, None], amax_into(torch.zeros_like(row_amax[:, :, 0]), pages, pair_amax),
+                      row_amax.amax(dim=2))  # a listed page: its rows in use; any other: all its rows
+    seq = amax_into(own.new_zeros(batch, own.shape[1]), rows, pair_amax)
+    page = own
     for _ in range(batch):  # spread maxima across shared pages, one hop a step, until every sharing group agrees
-        page = amax_into(page_amax, pages, seq[rows])
+        page = amax_into(own, pages, seq[rows])
         spread = amax_into(seq, rows, page[pages])
         if torch.equal(spread, seq):
             break
@@ -473,9 +631,13 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
             (num_blocks, H_kv, page_size, D) pages with ``block_table``.
         block_table: None (contiguous) or (B, max_blocks) int32: sequence b's scale comes from the pages of its
             row (the first ceil(cache_seqlens[b] / page_size) of them); a page listed by several sequences gives
-            them all one scale, the largest their pages need. Pages no sequence lists keep a scale of their own.
+            them all one scale, the largest their rows in use need. Pages no sequence lists keep a scale of
+            their own.
         cache_seqlens: None (every row, or every listed page, in use) or (B,) int32, as :func:`flash_decode`
-            takes it: rows and pages past a sequence's length do not count towards its scale.
+            takes it. One rule for both layouts: rows past a sequence's length (stale or never written) do not
+            count towards its scale, whether they lie in a contiguous cache or on a paged sequence's last
+            page; they are quantised with the others, clamped to e4m3's range (never NaN), and the kernel
+            never reads them.
 
     Returns:
         :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
