@@ -200,17 +200,17 @@ def _fwd_v3_program(
     """What one program of v3 (and of v5) does: query tile pid_m of the (batch, head) program_id(1), its keys in
     two loops through ``_attend_tiles``, unmasked then masked. The kernels choose pid_m."""
     pid_bh = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
+    b = (pid_bh // H).to(tl.int64)  # int64: b * stride can pass 2**31 on large batches
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
 
     q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
+    q = load_tile(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)  # (BLOCK_M, BLOCK_D)
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)  # running row max, in base 2
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, masked_end = _causal_split(pid_m, N_KV, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
