@@ -21,3 +21,9 @@ with warnings.catch_warnings():
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test id: fresh inputs per test, the same ones on a re-run."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests first (marked slow or executing a notebook): on two workers a minute-long test that starts
+    last leaves one core idle while it ends. The order within each group stays the collection order."""
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("notebooks")))
