@@ -1,40 +1,78 @@
 """Launch-config sweep of the forward (v7) and of every backward dQ scheme (b1, b2, b4, b5), against cuDNN in
 the same run: the data behind the configs in kernels/configs.py and the backward versions' verdicts.
 
-    PYTHONPATH=src python scripts/sweep_kernels.py --out DIR        (a CUDA GPU; about 5 minutes on an H200)
+    PYTHONPATH=src python scripts/sweep_kernels.py --out DIR              (a CUDA GPU; about 8 minutes on an H200)
+    PYTHONPATH=src python scripts/sweep_kernels.py --kernels bwd --out DIR        (the backward only; about 5)
+
+Every backward scheme is timed at the same dK/dV launches (``DKDV_CONFIGS``: tile shape, warps, stages), so two
+schemes compare at equal launches, not one tuned against one not: b2, b4 and b5 add dQ inside the dK/dV kernel and
+use only that launch; b1 runs its dQ kernel at the mirror of it (the tile transposed, the same warps and stages),
+and once more at its default launch (the course's choice, and the reference for the gradients).
 
 Writes DIR/<date>-<device>-sweep.json: one row per (shape, kernel, version, config) with the median time of
 three repeats (`bench.time_repeats`), its min-max, TFLOP/s and the ratio to cuDNN's median on the same shape;
 backward rows also carry the largest difference of their gradients from b1's at its default launch (a wrong
-kernel shows there).
+kernel shows there), and b1's rows their dQ launch. ``--budget`` stops before a shape that would start past it;
+the meta then says which shapes ran (``complete`` false).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-import torch
-
-from flashcourse import kernels
-from flashcourse.bench import save_results, tflops, time_repeats
-from flashcourse.bench.attention import Shape, make_inputs
-from flashcourse.bench.providers import sdpa
-from flashcourse.kernels.backward import run_backward
+from flashcourse.bench.attention import Shape
 from flashcourse.kernels.configs import KernelConfig
-from flashcourse.kernels.forward import run_forward
 
 SHAPES = [Shape("float16", 4, 16, 128, n, c) for n in (4096, 16384) for c in (False, True)] + \
          [Shape("float16", 4, 32, 64, 8192, c) for c in (False, True)]
 FORWARD_CONFIGS = {128: [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 2),
                          KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3)],
                    64: [KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 4, 3)]}
-# dK/dV launches for the schemes that add dQ inside that kernel (b2, b4, b5): it now holds a dQ tile too.
+# The dK/dV launches every backward scheme is timed at. b2, b4 and b5 add dQ inside the dK/dV kernel, so it holds a
+# dQ tile too. Each BLOCK_N is a multiple of BLOCK_M, as the causal dK/dV kernel needs (and then the mirrored dQ
+# launch of b1 has BLOCK_M a multiple of BLOCK_N, as the causal dQ kernel needs).
 DKDV_CONFIGS = {128: [KernelConfig(64, 128, 8, 2), KernelConfig(32, 128, 8, 2), KernelConfig(32, 64, 4, 3),
                       KernelConfig(64, 64, 4, 2)],
                 64: [KernelConfig(32, 128, 4, 2), KernelConfig(64, 128, 8, 2), KernelConfig(32, 64, 4, 3),
                      KernelConfig(64, 64, 4, 3)]}
-def sweep_shape(shape: Shape, log) -> list[dict]:
+SCHEMES = ("b1", "b2", "b4", "b5")
+KERNELS = ("fwd", "bwd")
+
+
+def backward_launches(scheme: str, head_dim: int) -> list[tuple[KernelConfig, KernelConfig] | None]:
+    """The (dK/dV, dQ) launches a scheme is timed at: every one of ``DKDV_CONFIGS`` (the dQ launch mirrored for
+    b1, unused by the others), and for b1 also None, its default launch."""
+    pairs = [(cfg, KernelConfig(cfg.block_n, cfg.block_m, cfg.num_warps, cfg.num_stages))
+             for cfg in DKDV_CONFIGS[head_dim]]
+    return [None, *pairs] if scheme == "b1" else pairs
+
+
+def plan(kernels: tuple[str, ...], schemes: tuple[str, ...], quick: bool) -> list[tuple[Shape, str, str, object]]:
+    """Every timing the run makes, in order: (shape, kernel, version, launch), launch a KernelConfig for the
+    forward and a ``backward_launches`` entry for the backward. ``quick``: the first shape of each head dim."""
+    shapes = [s for i, s in enumerate(SHAPES) if not quick or s.head_dim not in {t.head_dim for t in SHAPES[:i]}]
+    jobs = []
+    for shape in shapes:
+        if "fwd" in kernels:
+            jobs += [(shape, "fwd", "v7", cfg) for cfg in FORWARD_CONFIGS[shape.head_dim]]
+        if "bwd" in kernels:
+            jobs += [(shape, "bwd", scheme, pair) for scheme in schemes
+                     for pair in backward_launches(scheme, shape.head_dim)]
+    return jobs
+
+
+def sweep_shape(shape: Shape, jobs: list, log) -> list[dict]:
+    import torch
+
+    from flashcourse import kernels
+    from flashcourse.bench import tflops, time_repeats
+    from flashcourse.bench.attention import make_inputs
+    from flashcourse.bench.providers import sdpa
+    from flashcourse.kernels.backward import run_backward
+    from flashcourse.kernels.forward import run_forward
+
     q, k, v, do = make_inputs(shape, requires_grad=False)
     base = {**shape.__dict__}
     rows = []
@@ -44,7 +82,7 @@ def sweep_shape(shape: Shape, log) -> list[dict]:
             timing = time_repeats(fn)
         except Exception as err:  # noqa: BLE001 - a launch that fails to compile is a result too
             rows.append({**base, "kernel": kernel, "version": version, "config": cfg and cfg.__dict__,
-                         "error": str(err)[:200]})
+                         "error": str(err)[:200], **extra})
             log(f"  {kernel} {version} {cfg}: {str(err)[:120]}")
             return
         row = {**base, "kernel": kernel, "version": version, "config": cfg and cfg.__dict__,
@@ -66,12 +104,16 @@ def sweep_shape(shape: Shape, log) -> list[dict]:
     log(f"{shape}: cuDNN fwd {rows[-2]['tflops']:.0f}, bwd {rows[-1]['tflops']:.0f} TFLOP/s")
 
     v7 = kernels.FORWARD_VERSIONS["v7"]
-    for cfg in FORWARD_CONFIGS[shape.head_dim]:
-        record("fwd", "v7", cfg, lambda cfg=cfg: run_forward(v7, q, k, v, causal=shape.causal, scale=None,
-                                                              config=cfg), "fwd", cudnn_fwd)
+    for _, kernel, _, cfg in jobs:
+        if kernel == "fwd":
+            record("fwd", "v7", cfg, lambda cfg=cfg: run_forward(v7, q, k, v, causal=shape.causal, scale=None,
+                                                                  config=cfg), "fwd", cudnn_fwd)
+    backward_jobs = [(version, pair) for _, kernel, version, pair in jobs if kernel == "bwd"]
+    if not backward_jobs:
+        return rows
     o, lse = run_forward(v7, q, k, v, causal=shape.causal, scale=None)
-    b1 = kernels.BACKWARD_VERSIONS["b1"]
-    reference = run_backward(b1, q, k, v, o, lse, do, causal=shape.causal, scale=None)
+    reference = run_backward(kernels.BACKWARD_VERSIONS["b1"], q, k, v, o, lse, do, causal=shape.causal,
+                             scale=None)
 
     def backward(version, pair):
         return lambda: run_backward(version, q, k, v, o, lse, do, causal=shape.causal, scale=None,
@@ -82,31 +124,65 @@ def sweep_shape(shape: Shape, log) -> list[dict]:
         return max(float((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6))
                    for g, r in zip(got, reference, strict=True))
 
-    record("bwd", "b1", None, backward(b1, None), "bwd", cudnn_bwd)
-    for name in ("b2", "b4", "b5"):
+    for name, pair in backward_jobs:
         version = kernels.BACKWARD_VERSIONS[name]
-        candidates = DKDV_CONFIGS[shape.head_dim][:1] if name == "b2" else DKDV_CONFIGS[shape.head_dim]
-        for cfg in candidates:
-            pair = (cfg, KernelConfig(cfg.block_n, cfg.block_m, 4, 1))  # the dQ launch is unused by these
-            try:
-                diff = difference(version, pair)
-            except Exception as err:  # noqa: BLE001 - recorded as the row's error below
-                rows.append({**base, "kernel": "bwd", "version": name, "config": cfg.__dict__,
-                             "error": str(err)[:200]})
-                log(f"  bwd {name} {cfg}: {str(err)[:120]}")
-                continue
-            record("bwd", name, cfg, backward(version, pair), "bwd", cudnn_bwd, max_rel_diff_vs_b1=diff)
+        cfg = pair and pair[0]
+        extra = {"dq_config": pair[1].__dict__} if name == "b1" and pair else {}
+        try:  # the first call compiles, and checks the gradients against b1's at its default launch
+            diff = difference(version, pair)
+        except Exception as err:  # noqa: BLE001 - recorded as the row's error
+            rows.append({**base, "kernel": "bwd", "version": name, "config": cfg and cfg.__dict__,
+                         "error": str(err)[:200], **extra})
+            log(f"  bwd {name} {cfg}: {str(err)[:120]}")
+            continue
+        record("bwd", name, cfg, backward(version, pair), "bwd", cudnn_bwd, max_rel_diff_vs_b1=diff, **extra)
     return rows
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
-    rows = []
-    for shape in SHAPES:
-        rows += sweep_shape(shape, print)
-    print(f"wrote {save_results('sweep', rows, directory=args.out)}")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
+    parser.add_argument("--kernels", default=",".join(KERNELS),
+                        help="comma-separated: fwd (v7's launches), bwd (the dQ schemes); default both")
+    parser.add_argument("--schemes", default=",".join(SCHEMES), help="backward schemes, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="one shape per head dim (a check that it runs)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no shape after this many (the JSON says which ran)")
+    parser.add_argument("--list", action="store_true", help="print every timing the run would make, run none")
+    args = parser.parse_args(argv)
+    args.kernels = tuple(dict.fromkeys(k.strip() for k in args.kernels.split(",") if k.strip()))
+    args.schemes = tuple(dict.fromkeys(s.strip() for s in args.schemes.split(",") if s.strip()))
+    for name, given, allowed in (("--kernels", args.kernels, KERNELS), ("--schemes", args.schemes, SCHEMES)):
+        wrong = [x for x in given if x not in allowed]
+        if wrong or not given:
+            parser.error(f"{name} {','.join(given) or '(empty)'}: expected a comma-separated subset of "
+                         f"{','.join(allowed)}")
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget {args.budget}: a positive number of seconds is expected")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    jobs = plan(args.kernels, args.schemes, args.quick)
+    if args.list:
+        for shape, kernel, version, launch in jobs:
+            print(f"{shape.head_dim} {shape.n} causal={shape.causal} {kernel} {version} {launch}")
+        return
+    from flashcourse.bench import environment_info, save_results
+
+    started, rows, done = time.monotonic(), [], []
+    shapes = list(dict.fromkeys(job[0] for job in jobs))
+    for shape in shapes:
+        if args.budget is not None and time.monotonic() - started > args.budget:
+            print(f"budget of {args.budget:.0f} s spent: {shape} and the rest not run")
+            break
+        rows += sweep_shape(shape, [job for job in jobs if job[0] == shape], print)
+        done.append(shape.__dict__)
+    meta = {**environment_info(), "kernels": list(args.kernels), "schemes": list(args.schemes),
+            "shapes_run": done, "complete": len(done) == len(shapes),
+            "seconds": round(time.monotonic() - started, 1)}
+    print(f"wrote {save_results('sweep', rows, directory=args.out, meta=meta)}")
 
 
 if __name__ == "__main__":

@@ -88,3 +88,38 @@ def test_the_judge_ignores_modules_in_the_notebooks_folder(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "passed all" in done.stdout, json.dumps(done.stdout)
+
+
+SWEEP = ROOT / "scripts" / "sweep_kernels.py"
+
+
+@pytest.fixture(scope="module")
+def sweep_kernels():
+    spec = importlib.util.spec_from_file_location("sweep_kernels", SWEEP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sweep_times_every_backward_scheme_at_the_same_launches(sweep_kernels):
+    jobs = sweep_kernels.plan(("bwd",), sweep_kernels.SCHEMES, quick=False)
+    for shape in sweep_kernels.SHAPES:
+        launches = {scheme: [pair[0] for s, kernel, v, pair in jobs if s == shape and v == scheme and pair]
+                    for scheme in sweep_kernels.SCHEMES}
+        assert all(found == sweep_kernels.DKDV_CONFIGS[shape.head_dim] for found in launches.values()), launches
+        assert sum(1 for s, _, v, pair in jobs if s == shape and v == "b1" and pair is None) == 1  # b1's default
+    for dkdv, dq in (pair for *_, pair in jobs if pair):  # b1's dQ launch mirrors the tile, keeps warps and stages
+        assert (dq.block_m, dq.block_n, dq.num_warps, dq.num_stages) == (dkdv.block_n, dkdv.block_m, dkdv.num_warps,
+                                                                          dkdv.num_stages)
+        assert dkdv.block_n % dkdv.block_m == 0 and dq.block_m % dq.block_n == 0  # what a causal launch needs
+
+
+def test_the_sweep_selects_kernels_schemes_and_shapes(sweep_kernels):
+    quick = sweep_kernels.plan(("fwd",), ("b1",), quick=True)
+    assert {s.head_dim for s, *_ in quick} == {64, 128} and len({s for s, *_ in quick}) == 2
+    assert {kernel for _, kernel, _, _ in quick} == {"fwd"}
+    args = sweep_kernels.parse_args(["--kernels", "bwd", "--schemes", "b1,b2", "--budget", "300"])
+    assert args.kernels == ("bwd",) and args.schemes == ("b1", "b2") and args.budget == 300
+    for wrong in (["--kernels", "bwd,xyz"], ["--schemes", "b3"], ["--schemes", ""], ["--budget", "0"]):
+        with pytest.raises(SystemExit):
+            sweep_kernels.parse_args(wrong)
