@@ -147,7 +147,11 @@ def _decode_split_kernel(
         v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         if KV_FP8:  # one byte per element read, then widened in registers: every e4m3 value is exact in 16 bits
             k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            # The where is an identity (masked rows are 0 already) that keeps V's widening before its layout
+            # change: without it Triton loads the FP8 tile straight into P V's transposed operand layout, one
+            # byte per shared-memory load (128 a thread per tile at D = 128) after 8-byte copies; widened first,
+            # V is copied in 16-byte pieces and transposed in 16 bits (ldmatrix.trans), as the float16 cache is.
+            v = tl.where(kv_mask, v.to(q.dtype), 0.0)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
         step_scale = qk_scale
         if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
