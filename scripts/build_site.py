@@ -43,12 +43,20 @@ PARTS = [
     ("Beyond FlashAttention-2, and the interview", 9, 10),
 ]
 
+README = ROOT / "README.md"
+# A row of the README's syllabus: | 10 | [lesson](notebooks/...) | ... | [ex12_from_memory](exercises/...), ... |
+SYLLABUS_ROW = re.compile(r"^\|\s*(\d+)\s*\|.*\|([^|]*)\|\s*$")
+EXERCISE_IN_ROW = re.compile(r"\(exercises/([\w-]+)\.ipynb\)")
+# Benchmarks drawn as kernel-speed figures: our kernel (by version, or the default one) beside SDPA's backends.
+FIGURE_KINDS = ("attention", "versions")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 IMAGE_MIME_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 # A relative link to a notebook inside a markdown cell: ](path.ipynb) or ](path.ipynb#anchor).
 NOTEBOOK_LINK = re.compile(r"(\]\((?![a-z][a-z0-9+.-]*:)[^)\s]*?)\.ipynb((?:#[^)\s]*)?\))")
 # The same in HTML outputs (lesson 10's answers cite lessons): href="path.ipynb" or href="path.ipynb#anchor".
 NOTEBOOK_HREF = re.compile(r'(href="(?![a-z][a-z0-9+.-]*:)[^"\s]*?)\.ipynb((?:#[^"\s]*)?")')
+HEADING = re.compile(r"^#{1,6} .*$", re.MULTILINE)
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
 
 
 def lesson_number(path: Path) -> int | None:
@@ -106,18 +114,27 @@ def widget_note(output: nbformat.NotebookNode) -> str:
     fallback = output.get("data", {}).get("text/plain", "")
     name = re.match(r"\w*", fallback).group(0) or "widget"
     return (f'<div class="fc-widget-note"><b>Interactive: {name}.</b> It needs a running Python kernel, so it '
-            "shows nothing on this page. Run this notebook in JupyterLab (<code>make lab</code>) or open it on "
-            "Binder or Colab (links at the top of the page) to use it.</div>")
+            "shows nothing on this page. Run this notebook in JupyterLab (<code>make lab</code> in a clone of the "
+            "repository) to use it.</div>")
+
+
+def code_in_headings(markdown: str) -> str:
+    """Inline code in headings as HTML: mkdocs-jupyter builds a page's table of contents from its Markdown with
+    every `code` span deleted ("Register reallocation ()"), but keeps HTML tags' text."""
+    def as_html(heading: re.Match) -> str:
+        return INLINE_CODE.sub(lambda code: f"<code>{html.escape(code.group(1))}</code>", heading.group(0))
+
+    return HEADING.sub(as_html, markdown)
 
 
 def prepare_for_site(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """A copy for the site: links to notebooks (in markdown cells and HTML outputs) point to their pages; widgets
-    become a note."""
+    become a note; inline code in headings survives into the table of contents."""
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     nb.metadata.pop("widgets", None)  # rendering saved widget state would load JavaScript from a CDN
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            cell.source = NOTEBOOK_LINK.sub(r"\1.html\2", cell.source)
+            cell.source = code_in_headings(NOTEBOOK_LINK.sub(r"\1.html\2", cell.source))
         for output in cell.get("outputs", []):
             if WIDGET_VIEW in output.get("data", {}):
                 output.data = nbformat.from_dict({"text/html": widget_note(output)})
@@ -139,16 +156,17 @@ def copy_mathjax(destination: Path) -> None:
         shutil.copytree(es5 / part, destination / part)
 
 
-def results_figures(results: list[Path], destination: Path) -> list[Path]:
-    """PNG figures of the kernel speeds by version, for each results file in the attention benchmark format
-    (rows with a provider), drawn by ``flashcourse.figures_gpu`` as lessons 07 and 08 draw them."""
-    from flashcourse import figures_gpu
+def results_figures(results: list[Path], destination: Path) -> list[dict]:
+    """PNG figures of the kernel speeds by version, for each results file of the attention and versions
+    benchmarks, drawn by ``flashcourse.figures_gpu`` as lessons 07 and 08 draw them; beside each PNG, a JSON of
+    what it draws (TFLOP/s by shape, then by kernel). Returns, per figure: its path, data path and kernels."""
+    from flashcourse import bench, figures_gpu
 
     figures = []
     for path in results:
         data = json.loads(path.read_text())
         rows, meta = data.get("rows", []), data.get("meta", {})
-        if not rows or "provider" not in rows[0]:
+        if not rows or bench.result_kind({**data, "meta": meta, "path": str(path)}) not in FIGURE_KINDS:
             continue
         for mode, what in (("fwd", "forward"), ("bwd", "backward")):
             rates = figures_gpu.version_rates(rows, mode)
@@ -156,19 +174,31 @@ def results_figures(results: list[Path], destination: Path) -> list[Path]:
                 title = f"{what}, {meta.get('device', '?')}, {meta.get('date', '?')}"
                 figure = destination / f"{path.stem}-{mode}.png"
                 figures_gpu.version_speeds(rates, title=title).savefig(figure, dpi=100)
-                figures.append(figure)
+                figure.with_suffix(".json").write_text(json.dumps({"source": path.name, "mode": mode,
+                                                                   "tflops": rates}, indent=1))
+                kernels = list(dict.fromkeys(kernel for by_kernel in rates.values() for kernel in by_kernel))
+                figures.append({"path": figure, "data": figure.with_suffix(".json"), "what": what,
+                                "kernels": kernels, "shapes": len(rates)})
     return figures
 
 
-def benchmarks_page(figures: list[Path], results: list[Path]) -> str:
-    """Markdown for the GPU benchmark figures, then every results file as a table that opens on a click."""
+def benchmarks_page(figures: list[Path], drawn: list[dict], results: list[Path]) -> str:
+    """Markdown for the GPU benchmark figures (copied ones, then those drawn from results files, each with what it
+    shows and its data), then every results file as a table that opens on a click."""
     lines = ["# GPU benchmarks", "",
              "Measured on a GPU with `python -m flashcourse.bench`; each file in `benchmarks/results/` records the "
              "device, the library versions and the date of its run.", ""]
-    if not figures and not results:
+    if not figures and not drawn and not results:
         lines += ["No GPU results are recorded yet.", ""]
     for figure in figures:
         lines += [f"![{figure.stem}](benchmarks/{figure.name})", ""]
+    for figure in drawn:
+        kernels = ", ".join(figure["kernels"])
+        lines += [f"![{figure['what']} TFLOP/s of {kernels}, {figure['shapes']} shapes]"
+                  f"(benchmarks/{figure['path'].name})", "",
+                  f"*{figure['path'].stem}*: {figure['what']} TFLOP/s of {kernels}; one bar per shape "
+                  f"({figure['shapes']}), a causal shape hatched in the colour of its non-causal twin "
+                  f"([data](benchmarks/{figure['data'].name})).", ""]
     if results:
         lines += ["## Recorded results", ""]
     for path in results:
@@ -193,20 +223,32 @@ def _table_cell(value) -> str:
     return str(value)
 
 
-def syllabus_table(lessons: list[tuple[Path, str]], exercises: dict[int, tuple[Path, str]]) -> str:
-    """Markdown table: lesson number, lesson page, exercise page."""
+def syllabus_exercises(readme: Path = README) -> dict[int, list[str]]:
+    """Lesson number -> the exercises the README's syllabus gives it (by notebook stem), in its order."""
+    exercises: dict[int, list[str]] = {}
+    section = readme.read_text().split("\n## Syllabus", 1)[-1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        if match := SYLLABUS_ROW.match(line):
+            exercises[int(match.group(1))] = EXERCISE_IN_ROW.findall(match.group(2))
+    return exercises
+
+
+def syllabus_table(lessons: list[tuple[Path, str]], exercises: list[tuple[Path, str]],
+                   by_lesson: dict[int, list[str]]) -> str:
+    """Markdown table: lesson number, lesson page, the exercise pages the README's syllabus gives that lesson."""
+    published = {path.stem: path for path, _ in exercises}
     rows = ["| # | Lesson | Exercise |", "|---|---|---|"]
     for path, title in lessons:
         number = lesson_number(path)
-        exercise = exercises.get(number)
-        exercise_link = f"[{exercise[0].stem}](exercises/{exercise[0].name})" if exercise else ""
+        links = [f"[{stem}](exercises/{published[stem].name})" for stem in by_lesson.get(number, [])
+                 if stem in published]
         rows.append(f"| {'' if number is None else f'{number:02d}'} | [{title}](notebooks/{path.name}) "
-                    f"| {exercise_link} |")
+                    f"| {', '.join(links)} |")
     return "\n".join(rows)
 
 
-def navigation(lessons: list[tuple[Path, str]], exercises: dict[int, tuple[Path, str]]) -> list:
-    """MkDocs nav: home, the lessons in their parts, the exercises, the benchmarks."""
+def navigation(lessons: list[tuple[Path, str]], exercises: list[tuple[Path, str]]) -> list:
+    """MkDocs nav: home, the lessons in their parts, every exercise, the benchmarks."""
     parts = {title: [] for title, _, _ in PARTS}
     for path, title in lessons:
         number = lesson_number(path)
@@ -216,7 +258,7 @@ def navigation(lessons: list[tuple[Path, str]], exercises: dict[int, tuple[Path,
     nav: list = [{"Home": "index.md"}]
     nav += [{part: pages} for part, pages in parts.items() if pages]
     if exercises:
-        nav.append({"Exercises": [{title: f"exercises/{path.name}"} for path, title in exercises.values()]})
+        nav.append({"Exercises": [{title: f"exercises/{path.name}"} for path, title in exercises]})
     nav.append({"GPU benchmarks": "benchmarks.md"})
     return nav
 
@@ -233,21 +275,22 @@ def stage() -> dict:
         reused, executed_now = reused + was_reused, executed_now + (not was_reused)
         nbformat.write(prepare_for_site(nb), STAGE / "notebooks" / path.name)
         lessons.append((path, notebook_title(nb, path.stem)))
-    exercises = {}
+    exercises = []
     for path in sorted(EXERCISES_DIR.glob("ex*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         nbformat.write(prepare_for_site(nb), STAGE / "exercises" / path.name)
-        exercises[lesson_number(path)] = (path, notebook_title(nb, path.stem))
+        exercises.append((path, notebook_title(nb, path.stem)))
 
     (STAGE / "benchmarks").mkdir()
     figures = [Path(shutil.copy2(figure, STAGE / "benchmarks" / figure.name))
                for figure in sorted(BENCHMARKS_DIR.glob("*.png"))]
     results = sorted((BENCHMARKS_DIR / "results").glob("*.json"))
-    figures += results_figures(results, STAGE / "benchmarks")
-    (STAGE / "benchmarks.md").write_text(benchmarks_page(figures, results))
+    drawn = results_figures(results, STAGE / "benchmarks")
+    (STAGE / "benchmarks.md").write_text(benchmarks_page(figures, drawn, results))
 
     index = (SITE_CONFIG_DIR / "index.md").read_text()
-    (STAGE / "index.md").write_text(index.replace("<!-- syllabus -->", syllabus_table(lessons, exercises)))
+    syllabus = syllabus_table(lessons, exercises, syllabus_exercises())
+    (STAGE / "index.md").write_text(index.replace("<!-- syllabus -->", syllabus))
     shutil.copytree(SITE_CONFIG_DIR / "javascripts", STAGE / "javascripts")
     shutil.copytree(SITE_CONFIG_DIR / "stylesheets", STAGE / "stylesheets")
     copy_mathjax(STAGE / "javascripts" / "mathjax")
@@ -255,12 +298,13 @@ def stage() -> dict:
     config = yaml.safe_load((SITE_CONFIG_DIR / "mkdocs.yml").read_text())
     config.update(docs_dir=str(STAGE), site_dir=str(SITE), nav=navigation(lessons, exercises))
     config["theme"]["custom_dir"] = str(SITE_CONFIG_DIR / "overrides")
+    config["hooks"] = [str(SITE_CONFIG_DIR / "hooks.py")]  # headings carry the ids the contents link to
     for plugin in config["plugins"]:
         if isinstance(plugin, dict) and "mkdocs-jupyter" in plugin:
             plugin["mkdocs-jupyter"]["cache_dir"] = str(BUILD / "mkdocs-jupyter-cache")
     (BUILD / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return {"lessons": len(lessons), "reused": reused, "executed": executed_now, "exercises": len(exercises),
-            "benchmark figures": len(figures), "results files": len(results)}
+            "benchmark figures": len(figures) + len(drawn), "results files": len(results)}
 
 
 def main() -> int:

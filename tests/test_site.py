@@ -8,6 +8,7 @@ xdist, or the build executes the missing lessons itself).
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -43,8 +44,13 @@ class PageParser(HTMLParser):
         self._table_depth = 0
         self.external_assets: list[str] = []  # scripts and stylesheets that would be fetched from the network
         self.nav_titles: list[str] = []
+        self.nav_links: list[tuple[str, str]] = []  # (href, text) of every navigation link, the page's contents too
+        self.ids: set[str] = set()
+        self.images: list[tuple[str, str]] = []  # (src, alt)
         self.text_parts: list[str] = []
         self._in_nav_link = False
+        self._nav_text: list[str] = []
+        self._nav_href = ""
 
     def handle_starttag(self, tag, attrs):
         attributes = dict(attrs)
@@ -61,18 +67,27 @@ class PageParser(HTMLParser):
         target = attributes.get("src") or attributes.get("href") or ""
         if is_asset and urlsplit(target).netloc:  # http://host/..., https://host/... or //host/...
             self.external_assets.append(target)
+        if attributes.get("id"):
+            self.ids.add(attributes["id"])
+        if tag == "img":
+            self.images.append((attributes.get("src") or "", attributes.get("alt") or ""))
         if tag == "a":
             self._in_nav_link = "md-nav__link" in classes
+            self._nav_text, self._nav_href = [], attributes.get("href") or ""
 
     def handle_endtag(self, tag):
         self._table_depth -= tag == "table"
         if tag == "a":
+            if self._in_nav_link and "".join(self._nav_text).strip():
+                self.nav_links.append((self._nav_href, " ".join("".join(self._nav_text).split())))
             self._in_nav_link = False
 
     def handle_data(self, data):
         self.text_parts.append(data)
-        if self._in_nav_link and data.strip():
-            self.nav_titles.append(data.strip())
+        if self._in_nav_link:
+            self._nav_text.append(data)
+            if data.strip():
+                self.nav_titles.append(data.strip())
 
     @property
     def text(self) -> str:
@@ -162,3 +177,72 @@ def test_links_resolve_and_nothing_loads_from_the_network(site):
     assert not broken, "links to files that the site lacks:\n" + "\n".join(broken)
     assert not external, "scripts or stylesheets fetched from the network (the site must work offline):\n" + \
         "\n".join(external)
+
+
+def test_the_syllabus_is_read_from_the_readme():
+    by_lesson = build_site.syllabus_exercises()
+    assert by_lesson[10] == ["ex12_from_memory", "ex14_interview_code"]
+    assert by_lesson[11] == ["ex10_mask_rules"]
+    assert set(by_lesson) == {build_site.lesson_number(lesson) for lesson in LESSONS}
+
+
+def test_inline_code_in_headings_becomes_html():
+    markdown = "## 7. Register reallocation (`setmaxnreg`)\nBody `x` stays.\n### `a<b`"
+    assert build_site.code_in_headings(markdown) == (
+        "## 7. Register reallocation (<code>setmaxnreg</code>)\nBody `x` stays.\n### <code>a&lt;b</code>")
+
+
+def test_every_exercise_is_in_the_navigation_and_the_readmes_in_the_syllabus(site):
+    home = parse(site / "index.html")
+    for exercise in EXERCISES:
+        title = build_site.notebook_title(nbformat.read(exercise, as_version=4), exercise.stem)
+        assert title in home.nav_titles, f"{exercise.name} ('{title}') is missing from the navigation"
+    linked = {link for link in home.table_links if link.startswith("exercises/")}
+    expected = {f"exercises/{stem}.html" for stems in build_site.syllabus_exercises().values() for stem in stems}
+    assert linked == expected, f"the syllabus links {sorted(linked)}, the README's gives {sorted(expected)}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_the_table_of_contents_keeps_inline_code_and_leads_to_its_headings(site, lesson):
+    page = parse(lesson_page(site, lesson))
+    contents = [(href, text) for href, text in page.nav_links if href.startswith("#")]
+    headings = [line.lstrip("#").strip() for cell in nbformat.read(lesson, as_version=4).cells
+                if cell.cell_type == "markdown" for line in cell.source.splitlines()
+                if re.match(r"##? ", line) and "`" in line]
+    for heading in headings:
+        shown = " ".join(heading.replace("`", "").split())
+        assert any(text == shown for _, text in contents), (
+            f"{lesson.name}: the heading '{heading}' is not in the table of contents as '{shown}': "
+            f"{[text for _, text in contents]}")
+    missing = [href for href, _ in contents if unquote(href[1:]) not in page.ids]
+    assert not missing, f"{lesson.name}: table-of-contents links to no heading: {missing}"
+
+
+def test_no_page_promises_links_it_does_not_have(site):
+    for page_path in sorted(site.rglob("*.html")):
+        page = parse(page_path)
+        for service, address in (("Binder", "mybinder.org"), ("Colab", "colab.research.google.com")):
+            if service in page.text:
+                assert any(address in link for link in page.links), (
+                    f"{page_path.relative_to(site)} mentions {service} but has no link to it")
+
+
+def test_every_kernel_speed_figure_draws_our_kernel(site):
+    """Each figure drawn from a results file that timed our kernel shows it, beside SDPA's backends."""
+    from flashcourse import figures_gpu
+
+    page = parse(site / "benchmarks.html")
+    data_links = [link for link in page.links if link.startswith("benchmarks/") and link.endswith(".json")]
+    assert data_links, "the benchmarks page links no figure data"
+    for link in data_links:
+        figure = json.loads((site / link).read_text())
+        rows = json.loads((ROOT / "benchmarks" / "results" / figure["source"]).read_text())["rows"]
+        ran = any(row.get("provider") == "flashcourse" and row.get("mode") == figure["mode"]
+                  and row.get("status") == "ok" for row in rows)
+        for shape, by_kernel in figure["tflops"].items():
+            ours = [kernel for kernel in by_kernel if kernel not in figures_gpu.REFERENCES.values()]
+            assert ours or not ran, f"{link}: {shape} shows only {list(by_kernel)}, not our kernel"
+        image = link.removesuffix(".json") + ".png"
+        alt = dict(page.images).get(image, "")
+        assert (site / image).exists() and all(kernel in alt for shape in figure["tflops"].values()
+                                               for kernel in shape), f"{image}: missing, or its text is {alt!r}"
