@@ -1,8 +1,12 @@
 """Launch-config sweep of the forward (v7) and of every backward dQ scheme (b1, b2, b4, b5), against cuDNN in
 the same run: the data behind the configs in kernels/configs.py and the backward versions' verdicts.
 
-    PYTHONPATH=src python scripts/sweep_kernels.py --out DIR              (a CUDA GPU; about 8 minutes on an H200)
-    PYTHONPATH=src python scripts/sweep_kernels.py --kernels bwd --out DIR        (the backward only; about 5)
+    PYTHONPATH=src python scripts/sweep_kernels.py --out DIR                            (a CUDA GPU)
+    PYTHONPATH=src python scripts/sweep_kernels.py --kernels bwd --budget 300 --out DIR    (the backward only)
+
+Time on an H200, estimated from the run of 2026-11-30 (about 5 minutes for 11 backward launches a shape, before
+b1 and b2 ran at every launch): about 8 minutes in all, 5-6 with ``--kernels bwd``; most of it is compiling, one
+kernel per (head dim, causal, launch).
 
 Every backward scheme is timed at the same dK/dV launches (``DKDV_CONFIGS``: tile shape, warps, stages), so two
 schemes compare at equal launches, not one tuned against one not: b2, b4 and b5 add dQ inside the dK/dV kernel and
