@@ -46,7 +46,16 @@ __all__ = [
     "backward_matmuls_over_forward",
     "causal_tile_fraction",
     "compute_time_us",
+    "bank_conflict_ways",
     "decode_benchmark_page_size",
+    "decode_compute_bound_batch",
+    "occupancy_percent",
+    "pipeline_bubble_percent",
+    "tile_intensity",
+    "training_memory_gb",
+    "warp_sectors",
+    "weight_read_ms",
+    "weights_gb",
     "decode_intensity",
     "cascade_read_ratio",
     "mla_absorbed_over_naive",
@@ -318,6 +327,72 @@ def causal_tile_fraction(n: int, block: int, kind: str = "computed", of: str = "
     return sum(t.kind in kinds for t in pool) / len(pool)
 
 
+def weights_gb(params_b: float, bits: int = 16) -> float:
+    """Bytes of a model's weights in GB (10^9): ``params_b`` billion parameters at ``bits`` bits each (16: bf16,
+    8: INT8 or FP8, 4: INT4), scales and zero points not counted."""
+    return params_b * bits / 8
+
+
+def weight_read_ms(params_b: float, tbs: float, bits: int = 16) -> float:
+    """Milliseconds to read every weight once at ``tbs`` TB/s: the floor of one decode step of a dense model at
+    batch 1, where every weight is read for one token."""
+    return weights_gb(params_b, bits) / (tbs * 1e3) * 1e3
+
+
+def decode_compute_bound_batch(tflops: float, tbs: float, bits: int = 16) -> float:
+    """Tokens per decode step at which a dense model's weight GEMMs stop being memory-bound: each weight (``bits``
+    / 8 bytes, read once per step) does 2 FLOPs per token, so the step's intensity is ``2 B / bytes`` FLOPs per
+    byte; it reaches the ridge point at ``B = ridge x bytes / 2``. The KV cache's reads are left out (they grow
+    with the batch too, and keep attention memory-bound)."""
+    return ridge_point(tflops, tbs) * (bits / 8) / 2
+
+
+def training_memory_gb(params_b: float, gpus: int = 1, zero_stage: int = 0) -> float:
+    """Model states per GPU in GB for mixed-precision Adam (ZeRO, Rajbhandari et al. 2020, Section 3.1): 2 bytes
+    of fp16/bf16 weights, 2 of gradients and 12 of fp32 optimizer states (master weights, momentum, variance) per
+    parameter, 16 in all; ZeRO stage 1 shards the optimizer states over ``gpus``, stage 2 the gradients too,
+    stage 3 the weights too. Activations, buffers and fragmentation not counted."""
+    weights, grads, optimizer = 2.0, 2.0, 12.0
+    if zero_stage >= 1:
+        optimizer /= gpus
+    if zero_stage >= 2:
+        grads /= gpus
+    if zero_stage >= 3:
+        weights /= gpus
+    return params_b * (weights + grads + optimizer)
+
+
+def pipeline_bubble_percent(stages: int, microbatches: int) -> float:
+    """Share of a GPipe / 1F1B schedule's time that pipeline stages idle: (p - 1) / (m + p - 1), in percent."""
+    return 100.0 * (stages - 1) / (microbatches + stages - 1)
+
+
+def occupancy_percent(registers_per_thread: int, registers_per_sm: int = 65536, max_warps_per_sm: int = 64) -> float:
+    """Warps an SM can hold when registers are the limit, as a percent of its maximum (64 warps on Hopper and
+    Ampere's A100): ``registers_per_sm / (32 x registers_per_thread)`` warps (allocation granularity ignored)."""
+    warps = registers_per_sm // (32 * registers_per_thread)
+    return 100.0 * min(warps, max_warps_per_sm) / max_warps_per_sm
+
+
+def bank_conflict_ways(stride_words: int, banks: int = 32) -> int:
+    """How many threads of a warp hit the same shared-memory bank when thread i reads 4-byte word ``i x stride``
+    (a column of a row-major tile whose rows are ``stride`` words): gcd(stride, 32). Stride 32 (a 32-float row)
+    gives 32 (fully serialised); padding the row to 33 gives 1."""
+    return math.gcd(stride_words, banks)
+
+
+def warp_sectors(stride_elements: int, bytes_per_element: int = 4, threads: int = 32) -> int:
+    """32-byte memory sectors one warp's load touches when thread i reads element ``i x stride``: 4 for 32
+    consecutive floats (coalesced), 32 once the stride reaches 8 floats (one sector per thread)."""
+    return len({(i * stride_elements * bytes_per_element) // 32 for i in range(threads)})
+
+
+def tile_intensity(block_m: int, block_n: int, bytes_per_element: int = 2) -> float:
+    """FLOPs per byte loaded of a GEMM tile of ``block_m x block_n`` outputs: each step of the K loop loads
+    ``(block_m + block_n) x block_k`` elements for ``2 x block_m x block_n x block_k`` FLOPs."""
+    return 2 * block_m * block_n / ((block_m + block_n) * bytes_per_element)
+
+
 def decode_benchmark_page_size() -> int:
     """The page size (rows) the decode benchmark's paged cache uses: ``PAGE_SIZE`` in
     :mod:`flashcourse.bench.decode`, read from its source so that torch is not imported."""
@@ -360,7 +435,9 @@ COMPUTE: dict[str, Callable[..., float]] = {
                backward_matmuls_over_forward, percent_more, attention_gflop, compute_time_us, transfer_time_us,
                ridge_point, kv_cache_gb, latent_cache_gb, decode_intensity, causal_tile_fraction,
                decode_benchmark_page_size, io_algorithm_ratio, mla_decode_intensity, mla_decode_over_ridge,
-               warpgroup_registers, spec_expected_tokens, mla_absorbed_over_naive, cascade_read_ratio)
+               warpgroup_registers, spec_expected_tokens, mla_absorbed_over_naive, cascade_read_ratio, weights_gb,
+               weight_read_ms, decode_compute_bound_batch, training_memory_gb, pipeline_bubble_percent,
+               occupancy_percent, bank_conflict_ways, warp_sectors, tile_intensity)
 }
 
 
