@@ -10,6 +10,9 @@ the dQ share, in 64-column pieces: dS K[:, c:c+64] with 64-row query tiles, dQ^T
 The dQ shares are summed in a float32 buffer (B*H, N_q rounded up to 64, D) by relaxed atomic adds (b4's way:
 Triton 3.6's Gluon has no TMA reduce-add; 3.9's ``tma.async_atomic_add`` would be b5's), and a small kernel
 scales it into dQ's dtype. FA3 (Shah et al. 2024; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``) is the design.
+What a step reads and writes in global memory for its (batch, head) travels as one ``_Head``, and b6b / b6c's
+(Q, dO) ring as one ``_Ring``: Gluon ``aggregate`` classes, named bundles that the compiler flattens back into
+the values they hold, so that no call passes two dozen arguments in an order that must be right.
 
 - b6a ``_b6a_kernel``: one consumer warpgroup (4 warps) owns 64 keys; no specialization. Q and dO tiles (64
       query rows at D = 64, 32 at D = 128: ``BLOCK_M``) come in by TMA into two buffers (tile i+1 is loaded
@@ -38,8 +41,8 @@ with for sm_90, ``scripts/fa3_compile.py --backward``; ``scripts/gpu_fa3_backwar
 ``flashcourse.kernels`` does not import this module.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Triton 3.6's ``aggregate`` checks each field against its annotation
+# as written, and a string annotation is no type.
 import math
 from dataclasses import dataclass
 
@@ -55,6 +58,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, tensor_descriptor_signature, triton_cdiv
 
+try:
+    from triton.experimental.gluon import aggregate
+except ImportError:  # Triton 3.6: the same decorator, under the name its own Gluon tutorials import
+    from triton.language.core import _aggregate as aggregate
+
 TESTED_TRITON = ("3.6",)  # compiled for sm_90 (scripts/fa3_compile.py --backward); run on a GPU: none yet
 
 ROWS = 64  # keys a consumer warpgroup owns (one wgmma M = 64 a warpgroup)
@@ -68,6 +76,52 @@ _LOG2E_C = gl.constexpr(_LOG2E)
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
+@aggregate
+class _Head:
+    """What a step reads and writes in global memory for one (batch, head), and the sizes it checks against:
+    lse and Delta from row ``stat_row`` of their (B*H, N_q) arrays, the float32 dQ buffer from row ``dq_row``,
+    N_Q and N_KV, and ``qk_scale`` (the softmax scale times log2(e))."""
+
+    LSE: gl.tensor
+    DELTA: gl.tensor
+    DQ_ACC: gl.tensor
+    stat_row: gl.tensor
+    dq_row: gl.tensor
+    N_Q: gl.tensor
+    N_KV: gl.tensor
+    qk_scale: gl.tensor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, LSE, DELTA, DQ_ACC, stat_row, dq_row, N_Q, N_KV, qk_scale):
+        self.LSE = LSE
+        self.DELTA = DELTA
+        self.DQ_ACC = DQ_ACC
+        self.stat_row = stat_row
+        self.dq_row = dq_row
+        self.N_Q = N_Q
+        self.N_KV = N_KV
+        self.qk_scale = qk_scale
+
+
+@aggregate
+class _Ring:
+    """b6b / b6c's ring of (Q, dO) tiles: slot i holds ``q_smem.index(i)`` and ``do_smem.index(i)``; the producer
+    arrives on ``ready.index(i)`` (by TMA byte count) once both landed, every consumer warpgroup on
+    ``empty.index(i)`` once it no longer reads them."""
+
+    q_smem: gl.shared_memory_descriptor
+    do_smem: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, q_smem, do_smem, ready, empty):
+        self.q_smem = q_smem
+        self.do_smem = do_smem
+        self.ready = ready
+        self.empty = empty
+
+
 @gluon.jit
 def _query_tiles(n0, N_Q, N_KV, CAUSAL: gl.constexpr, KEYS: gl.constexpr, BLOCK_M: gl.constexpr):
     """Query tiles of the keys [n0, n0 + KEYS): [m_lo, full_lo) and [full_hi, n_m) need masks (the causal
@@ -88,12 +142,12 @@ def _query_tiles(n0, N_Q, N_KV, CAUSAL: gl.constexpr, KEYS: gl.constexpr, BLOCK_
 
 
 @gluon.jit
-def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, LSE, DELTA, DQ_ACC, stat_row, dq_row, m0, keys,
-              N_Q, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr,
-              KV_LAYOUT: gl.constexpr):
+def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, head, m0, keys, MASKED: gl.constexpr,
+              CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """One (key tile, query tile) step of one warpgroup: the five products; dK, dV accumulate in registers,
-    the dQ share goes out by relaxed atomic adds. ``keys`` are the warpgroup's key indices (S^T's rows);
-    the caller has waited for q_tile and do_tile."""
+    the dQ share goes out by relaxed atomic adds into ``head``'s buffer (a ``_Head``). ``keys`` are the
+    warpgroup's key indices (S^T's rows), m0 the tile's first query row; the caller has waited for q_tile and
+    do_tile."""
     BLOCK_M: gl.constexpr = q_tile.shape[0]
     HEAD_DIM: gl.constexpr = q_tile.shape[1]
     KEYS: gl.constexpr = k_tile.shape[0]
@@ -102,17 +156,17 @@ def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, LSE, DELTA, DQ_A
     zero = gl.zeros([KEYS, BLOCK_M], gl.float32, S_LAYOUT)
     # lse and Delta first: their 16 addresses a thread are dead before S^T and dP^T take 64 registers.
     if MASKED:
-        lse2 = gl.load(LSE + stat_row + cols, mask=cols < N_Q, other=0.0) * _LOG2E_C
-        delta = gl.load(DELTA + stat_row + cols, mask=cols < N_Q, other=0.0)
+        lse2 = gl.load(head.LSE + head.stat_row + cols, mask=cols < head.N_Q, other=0.0) * _LOG2E_C
+        delta = gl.load(head.DELTA + head.stat_row + cols, mask=cols < head.N_Q, other=0.0)
     else:
-        lse2 = gl.load(LSE + stat_row + cols) * _LOG2E_C
-        delta = gl.load(DELTA + stat_row + cols)
+        lse2 = gl.load(head.LSE + head.stat_row + cols) * _LOG2E_C
+        delta = gl.load(head.DELTA + head.stat_row + cols)
     s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-    p = gl.exp2(s * qk_scale - lse2[None, :])
+    p = gl.exp2(s * head.qk_scale - lse2[None, :])
     if MASKED:  # after exp2: rows past N_Q (the next head's) and keys past N_KV give P = 0, hence dS = 0
-        ok = (cols[None, :] < N_Q) & (keys[:, None] < N_KV)
+        ok = (cols[None, :] < head.N_Q) & (keys[:, None] < head.N_KV)
         if CAUSAL:
             ok = ok & (keys[:, None] <= cols[None, :])
         p = gl.where(ok, p, 0.0)
@@ -130,23 +184,23 @@ def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, LSE, DELTA, DQ_A
     if BLOCK_M == 64:  # dQ[:, c:c+64] = dS K[:, c:c+64]
         DQ_LAYOUT: gl.constexpr = _mma_layout(DQ_COLS)
         zero_q = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, DQ_LAYOUT)
-        rows = dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))  # padded: no mask
+        rows = head.dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, DQ_LAYOUT))  # padded: no mask
         dcols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, DQ_LAYOUT))
         for c in gl.static_range(HEAD_DIM // DQ_COLS):
             dq = warpgroup_mma(ds_smem.permute((1, 0)), k_tile.slice(c * DQ_COLS, DQ_COLS, dim=1), zero_q,
                                use_acc=False, is_async=True)
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
-            gl.atomic_add(DQ_ACC + rows[:, None] * HEAD_DIM + (c * DQ_COLS + dcols)[None, :], dq, sem="relaxed")
+            gl.atomic_add(head.DQ_ACC + rows[:, None] * HEAD_DIM + (c * DQ_COLS + dcols)[None, :], dq, sem="relaxed")
     else:  # query tiles narrower than wgmma's 64 rows: dQ^T[c:c+64, :] = K[:, c:c+64]^T dS^T
         DQT_LAYOUT: gl.constexpr = _mma_layout(BLOCK_M)
         zero_q = gl.zeros([DQ_COLS, BLOCK_M], gl.float32, DQT_LAYOUT)
-        rows = dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, DQT_LAYOUT))
+        rows = head.dq_row + m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, DQT_LAYOUT))
         dcols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(1, DQT_LAYOUT))
         for c in gl.static_range(HEAD_DIM // DQ_COLS):
             dq = warpgroup_mma(k_tile.slice(c * DQ_COLS, DQ_COLS, dim=1).permute((1, 0)), ds_smem, zero_q,
                                use_acc=False, is_async=True)
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
-            gl.atomic_add(DQ_ACC + rows[None, :] * HEAD_DIM + (c * DQ_COLS + dcols)[:, None], dq, sem="relaxed")
+            gl.atomic_add(head.DQ_ACC + rows[None, :] * HEAD_DIM + (c * DQ_COLS + dcols)[:, None], dq, sem="relaxed")
     dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
     return dk, dv
 
@@ -166,9 +220,9 @@ def _store_dkdv(dk, dv, DK, DV, kv_row, n0, N_KV, scale, HEAD_DIM: gl.constexpr,
 
 # ------------------------------------------------------------------------------------------ b6a
 @gluon.jit
-def _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, LSE, DELTA, DQ_ACC,
-               q_row, stat_row, dq_row, keys, i_lo, i_hi, n_tiles, m_lo, N_Q, N_KV, qk_scale, MASKED: gl.constexpr,
-               CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+def _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, head, q_row, keys, i_lo,
+               i_hi, n_tiles, m_lo, MASKED: gl.constexpr, CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr,
+               KV_LAYOUT: gl.constexpr):
     """Steps [i_lo, i_hi) of b6a (step i is query tile m_lo + i): load step i+1's Q, dO into the other buffer,
     then compute step i."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -183,9 +237,9 @@ def _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, d
         _tma_load(do_desc, [q_row + (m_lo + nxt) * BLOCK_M, 0], bars.index(nxt % 2), do_smem.index(nxt % 2),
                   pred=more)
         mbarrier.wait(bars.index(slot), (i // 2) & 1)
-        dk, dv = _bwd_step(dk, dv, k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, LSE, DELTA,
-                           DQ_ACC, stat_row, dq_row, (m_lo + i) * BLOCK_M, keys, N_Q, N_KV, qk_scale,
-                           MASKED=MASKED, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+        dk, dv = _bwd_step(dk, dv, k_smem, v_smem, q_smem.index(slot), do_smem.index(slot), ds_smem, head,
+                           (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT,
+                           KV_LAYOUT=KV_LAYOUT)
     return dk, dv
 
 
@@ -229,19 +283,20 @@ def _b6a_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, qk_
     _tma_load(q_desc, [q_row + m_lo * BLOCK_M, 0], bars.index(0), q_smem.index(0), pred=first)
     _tma_load(do_desc, [q_row + m_lo * BLOCK_M, 0], bars.index(0), do_smem.index(0), pred=first)
 
+    head = _Head(LSE, DELTA, DQ_ACC, stat_row, dq_row, N_Q, N_KV, qk_scale)
     keys = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, S_LAYOUT))
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, KV_LAYOUT)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, KV_LAYOUT)
     mbarrier.wait(kv_bar, 0)
-    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, LSE, DELTA,
-                        DQ_ACC, q_row, stat_row, dq_row, keys, 0, full_lo - m_lo, n_tiles, m_lo, N_Q, N_KV,
-                        qk_scale, MASKED=True, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, LSE, DELTA,
-                        DQ_ACC, q_row, stat_row, dq_row, keys, full_lo - m_lo, full_hi - m_lo, n_tiles, m_lo, N_Q,
-                        N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, LSE, DELTA,
-                        DQ_ACC, q_row, stat_row, dq_row, keys, full_hi - m_lo, n_tiles, n_tiles, m_lo, N_Q, N_KV,
-                        qk_scale, MASKED=True, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, head, q_row, keys,
+                        0, full_lo - m_lo, n_tiles, m_lo, MASKED=True, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT,
+                        KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, head, q_row, keys,
+                        full_lo - m_lo, full_hi - m_lo, n_tiles, m_lo, MASKED=False, CAUSAL=CAUSAL,
+                        S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b6a_steps(dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc, do_desc, head, q_row, keys,
+                        full_hi - m_lo, n_tiles, n_tiles, m_lo, MASKED=True, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT,
+                        KV_LAYOUT=KV_LAYOUT)
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(2):
         mbarrier.invalidate(bars.index(i))
@@ -250,11 +305,11 @@ def _b6a_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, qk_
 
 # ------------------------------------------------------------------------------------------ b6b, b6c
 @gluon.jit
-def _b6_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty, q_row,
-                 kv_row, n0, m_lo, n_tiles, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: every consumer's K and V tile once, then (Q, dO) tile by tile into the ring. A slot
-    is refilled once every consumer arrived on its ``empty`` barrier (on the first pass the wait is for phase
-    1 of a fresh barrier, which counts as complete)."""
+def _b6_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, ring, q_row, kv_row, n0, m_lo, n_tiles,
+                 CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: every consumer's K and V tile once, then (Q, dO) tile by tile into the ring (a
+    ``_Ring``). A slot is refilled once every consumer arrived on its ``empty`` barrier (on the first pass the
+    wait is for phase 1 of a fresh barrier, which counts as complete)."""
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     mbarrier.expect(kv_bar, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
@@ -263,36 +318,35 @@ def _b6_producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_sme
         _tma_load(v_desc, [kv_row + n0 + w * KEYS, 0], kv_bar, v_smem.index(w))
     for i in range(n_tiles):
         slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        _tma_load(q_desc, [q_row + (m_lo + i) * BLOCK_M, 0], ready.index(slot), q_smem.index(slot))
-        _tma_load(do_desc, [q_row + (m_lo + i) * BLOCK_M, 0], ready.index(slot), do_smem.index(slot))
+        mbarrier.wait(ring.empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ring.ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _tma_load(q_desc, [q_row + (m_lo + i) * BLOCK_M, 0], ring.ready.index(slot), ring.q_smem.index(slot))
+        _tma_load(do_desc, [q_row + (m_lo + i) * BLOCK_M, 0], ring.ready.index(slot), ring.do_smem.index(slot))
 
 
 @gluon.jit
-def _b6_ws_steps(dk, dv, k_tile, v_tile, q_smem, do_smem, ds_tile, ready, empty, LSE, DELTA, DQ_ACC, stat_row,
-                 dq_row, keys, i_lo, i_hi, m_lo, N_Q, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                 STAGES: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+def _b6_ws_steps(dk, dv, k_tile, v_tile, ds_tile, ring, head, keys, i_lo, i_hi, m_lo, MASKED: gl.constexpr,
+                 CAUSAL: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Steps [i_lo, i_hi) of one consumer warpgroup: wait for the slot, compute, free the slot."""
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
     for i in range(i_lo, i_hi):
         slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        dk, dv = _bwd_step(dk, dv, k_tile, v_tile, q_smem.index(slot), do_smem.index(slot), ds_tile, LSE, DELTA,
-                           DQ_ACC, stat_row, dq_row, (m_lo + i) * BLOCK_M, keys, N_Q, N_KV, qk_scale,
-                           MASKED=MASKED, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-        mbarrier.arrive(empty.index(slot))  # every product of the step has landed: Q, dO no longer read
+        mbarrier.wait(ring.ready.index(slot), (i // STAGES) & 1)
+        dk, dv = _bwd_step(dk, dv, k_tile, v_tile, ring.q_smem.index(slot), ring.do_smem.index(slot), ds_tile, head,
+                           (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT,
+                           KV_LAYOUT=KV_LAYOUT)
+        mbarrier.arrive(ring.empty.index(slot))  # every product of the step has landed: Q, dO no longer read
     return dk, dv
 
 
 @gluon.jit
-def _b6_consumer(wg: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK,
-                 DV, LSE, DELTA, qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m, N_Q,
-                 N_KV, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program."""
+def _b6_consumer(wg: gl.constexpr, k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo,
+                 full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program (query
+    tiles [m_lo, n_m), those in [full_lo, full_hi) unmasked, as ``_query_tiles`` counts them)."""
     KEYS: gl.constexpr = k_smem.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
-    BLOCK_M: gl.constexpr = q_smem.shape[1]
+    BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
     S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_M)
     KV_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
     k_tile = k_smem.index(wg)
@@ -303,36 +357,29 @@ def _b6_consumer(wg: gl.constexpr, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, KV_LAYOUT)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, KV_LAYOUT)
     mbarrier.wait(kv_bar, 0)
-    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, q_smem, do_smem, ds_tile, ready, empty, LSE, DELTA, DQ_ACC,
-                          stat_row, dq_row, keys, 0, full_lo - m_lo, m_lo, N_Q, N_KV, qk_scale, MASKED=True,
+    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, ds_tile, ring, head, keys, 0, full_lo - m_lo, m_lo, MASKED=True,
                           CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, q_smem, do_smem, ds_tile, ready, empty, LSE, DELTA, DQ_ACC,
-                          stat_row, dq_row, keys, full_lo - m_lo, full_hi - m_lo, m_lo, N_Q, N_KV, qk_scale,
+    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, ds_tile, ring, head, keys, full_lo - m_lo, full_hi - m_lo, m_lo,
                           MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, q_smem, do_smem, ds_tile, ready, empty, LSE, DELTA, DQ_ACC,
-                          stat_row, dq_row, keys, full_hi - m_lo, n_m - m_lo, m_lo, N_Q, N_KV, qk_scale,
+    dk, dv = _b6_ws_steps(dk, dv, k_tile, v_tile, ds_tile, ring, head, keys, full_hi - m_lo, n_m - m_lo, m_lo,
                           MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    _store_dkdv(dk, dv, DK, DV, kv_row, first, N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=KEYS, KV_LAYOUT=KV_LAYOUT)
+    _store_dkdv(dk, dv, DK, DV, kv_row, first, head.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=KEYS, KV_LAYOUT=KV_LAYOUT)
 
 
 @gluon.jit
-def _b6_consumer0(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE, DELTA,
-                  qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m, N_Q, N_KV,
-                  CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _b6_consumer0(k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
-    _b6_consumer(0, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE, DELTA,
-                 qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m, N_Q, N_KV,
-                 CAUSAL=CAUSAL, STAGES=STAGES)
+    _b6_consumer(0, k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
 
 
 @gluon.jit
-def _b6_consumer1(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE, DELTA,
-                  qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m, N_Q, N_KV,
-                  CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _b6_consumer1(k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the program's next 64 keys."""
-    _b6_consumer(1, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE, DELTA,
-                 qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m, N_Q, N_KV,
-                 CAUSAL=CAUSAL, STAGES=STAGES)
+    _b6_consumer(1, k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
@@ -370,25 +417,24 @@ def _b6_ws_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, q
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer warpgroup frees the slot
 
+    ring = _Ring(q_smem, do_smem, ready, empty)
+    head = _Head(LSE, DELTA, DQ_ACC, stat_row, dq_row, N_Q, N_KV, qk_scale)
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_b6_consumer0, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE,
-                             DELTA, qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m,
-                             N_Q, N_KV, CAUSAL, STAGES)),
-            (_b6_consumer1, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE,
-                             DELTA, qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m,
-                             N_Q, N_KV, CAUSAL, STAGES)),
-            (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                            q_row, kv_row, n0, m_lo, n_m - m_lo, CONSUMERS, STAGES)),
+            (_b6_consumer0, (k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                             full_hi, n_m, CAUSAL, STAGES)),
+            (_b6_consumer1, (k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                             full_hi, n_m, CAUSAL, STAGES)),
+            (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, ring, q_row, kv_row, n0, m_lo,
+                            n_m - m_lo, CONSUMERS, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_b6_consumer0, (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty, DQ_ACC, DK, DV, LSE,
-                             DELTA, qk_scale, scale, stat_row, dq_row, kv_row, n0, m_lo, full_lo, full_hi, n_m,
-                             N_Q, N_KV, CAUSAL, STAGES)),
-            (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                            q_row, kv_row, n0, m_lo, n_m - m_lo, CONSUMERS, STAGES)),
+            (_b6_consumer0, (k_smem, v_smem, ds_smem, kv_bar, ring, head, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                             full_hi, n_m, CAUSAL, STAGES)),
+            (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, ring, q_row, kv_row, n0, m_lo,
+                            n_m - m_lo, CONSUMERS, STAGES)),
         ], [1], [PRODUCER_REGS])
 
 
