@@ -120,8 +120,8 @@ UI = {
            "points_title": "好的回答要讲到这几点",
            "tick": "你讲到了哪几点？输入编号（如 1 3），a 全部，回车表示都没讲到",
            "tick_again": "请输入 1 到 {n} 的编号、a 或回车",
-           "ticked": "讲到 {k}/{n} 点：{score}", "due_none": "今天没有到期的题。从没练过的题：{new} 道；"
-           "下次复习：{next}。", "due_count": "今天到期：{n} 道", "never": "没有安排",
+           "ticked": "讲到 {k}/{n} 点：{score}", "due_none": "今天没有到期的题。还有 {new} 道题从没练过，"
+           "下次复习在 {next}。", "due_count": "今天到期：{n} 道", "never": "没有安排",
            "boxes": "Leitner 盒子（每个盒子的题数；5 号盒 = 已经很熟）", "box": "盒子", "due": "今天到期",
            "score": "给自己打分：g 答对了，p 部分答对，m 没答出",
            "again": "请输入其中之一：{choices}", "enter": "回车", "list": "、",

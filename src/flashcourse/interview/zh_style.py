@@ -1,5 +1,7 @@
 """How the Chinese text of the bank and of lesson 10 is written: the terms Chinese engineers keep in English,
-one term per concept, and the punctuation they use. ``problems(text)`` lists every breach; tests run it on the
+one term per concept, the punctuation they use, and the phrasing they use where a translation reads stiff
+(访存瓶颈 rather than 受限于访存, "A vs B" rather than "A 对 B" between numbers, one full-width colon per
+sentence at most). ``problems(text)`` lists every breach; tests run it on the
 bank, the zh lesson, the glossary's chosen terms and docs/interview_zh.md. ``polarity(answer, lang)`` reads
 whether an answer opens with yes, no, "different" or "the same", so that a test can check that the English and
 the Chinese answers of a follow-up agree.
@@ -35,7 +37,6 @@ TERMS = [
     (r"(?<!投机)(?<!贪心)解码", "decode (投机解码 and 贪心解码 stay: they name decoding strategies)"),
     (r"提示词", "prompt (system prompt)"),
     (r"KV ?缓存|分页缓存", "KV cache (分页 KV cache)"),
-    (r"线程块", "thread block"),
     (r"(?<!关)键(?!盘)", "key (a query's key; 键 reads as a dictionary key)"),
     (r"(?:KV |query |个|的|按|注意力)头|头维度", "head, KV head, head dim"),
     (r"重新缩放", "重缩放"),
@@ -62,7 +63,15 @@ _RULES = [
     (re.compile(r'"[^"\n]*[\u4e00-\u9fff][^"\n]*"'), "ASCII quotation marks around Chinese: use “ ”"),
     (re.compile(r"[A-Za-z0-9][\u4e00-\u9fff]|[\u4e00-\u9fff][A-Za-z0-9]"), "no space between Chinese and a Latin word "
                                                                         "or a number"),
+    (re.compile(r"受限于(?:访存|带宽|计算)|(?:访存|带宽|计算)受限"),
+     "“受限于访存 / 计算受限” is translated rhythm: write 访存瓶颈, 带宽瓶颈, 计算瓶颈 (or memory-bound)"),
+    (re.compile(r"\d[\d.]*(?:\s*[A-Za-zµ/]+)?\s*对\s*\d"), "two numbers compared with “对”: write “A vs B”"),
+    (re.compile(r"[^。？！\n]*：[^。？！\n]*："), "two full-width colons in one sentence: keep one, make the other a "
+                                               "comma or a new sentence"),
 ]
+# Run-in headings ("<strong>30 秒回答：</strong>", "**追问：**") and the labels of a wrong answer and its
+# correction in the rendered bank end in a colon of their own: not part of a sentence.
+_RUN_IN = re.compile(r"<strong>[^<\n]*</strong>|\*\*[^*\n]*\*\*|(?:错误说法|纠正)：")
 
 
 def _without_code(text: str) -> str:
@@ -88,7 +97,7 @@ def problems(text: str, where: str = "text") -> list[str]:
             found.append(f"{where}: “**{match[1]}**” followed by text does not render in CommonMark: write "
                          f"<strong>{match[1]}</strong>")
     for pattern, rule in _RULES:
-        for match in pattern.finditer(prose):
+        for match in pattern.finditer(_RUN_IN.sub("", prose) if "colons" in rule else prose):
             start = max(0, match.start() - 12)
             found.append(f"{where}: {rule}: …{prose[start:match.end() + 12]}…")
     return found
