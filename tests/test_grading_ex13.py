@@ -230,3 +230,11 @@ def test_the_parts_and_their_points():
                                                                                "ex13_d"]
     assert sum(part.points for part in grading.parts("ex13")) == 12
     assert ex13.PARTS[1].title == "pingpong_order"
+
+
+def test_an_order_as_busy_as_a_mistake_is_told_so_not_called_that_mistake():
+    def turns_without_stagger(tiles):  # FA2's loop for each warpgroup in turn: as busy as one after the other
+        return [(w, kind, j) for j in range(tiles) for w in (0, 1) for kind in KINDS]
+
+    with pytest.raises(AssertionError, match="exactly as busy as a usual mistake, which may be why: no overlap"):
+        grading.check_pingpong_order(turns_without_stagger)

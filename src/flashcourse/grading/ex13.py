@@ -201,7 +201,8 @@ def _judge_order(case, out, *, warpgroups: int, reference, name: str, mistakes, 
             raise AssertionError(f"{message}. Diagnosis: {diagnosis}")
     for diagnosis, wrong in known:
         if np.isclose(got.utilisation, schedule.simulate(wrong, latencies).utilisation, rtol=1e-9):
-            raise AssertionError(f"{message}. Diagnosis: {diagnosis}")
+            raise AssertionError(f"{message}; {_first_idle(got)}. Your order keeps them exactly as busy as a usual "
+                                 f"mistake, which may be why: {diagnosis}")
     raise AssertionError(f"{message}; {_first_idle(got)}")
 
 
