@@ -44,7 +44,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 
 from flashcourse.bench import overhead  # noqa: E402
-from flashcourse.kernels import _checks, common, configs, decode, forward, launch, rules  # noqa: E402
+from flashcourse.kernels import _checks, common, configs, decode, forward, launch, plan, rules  # noqa: E402
 
 H200 = configs.KNOWN_DEVICES["H200"]
 LAUNCHES: collections.Counter = collections.Counter()  # ("full" | "cached", kernel name) -> launches
@@ -120,9 +120,13 @@ def gpu_launch_keys() -> None:
 
 
 def as_on_an_h200() -> None:
-    """Stub the launches, answer with the H200's properties, key the launch caches as on a GPU."""
+    """Stub the launches, answer with the H200's properties, key the launch caches and let plans repeat their
+    launches as on a GPU. The plans' routes are the H200's too: where a Gluon stage would serve a call, the
+    stand-in v7 launch takes its place (Gluon compiles nothing in the interpreter), at the same host path."""
     InterpretedFunction.__getitem__ = full_launch
     configs.device_props = lambda device: H200
+    plan.repeatable = lambda q: True
+    plan.gluon_stage = lambda *args, **kwargs: (None, "stubbed: the host profile times v7's launch")
     gpu_launch_keys()
 
 
@@ -174,6 +178,7 @@ def pieces() -> dict[str, float]:
         "check_qkv": lambda: _checks.check_qkv(x, x, x),
         "parse_rules (dense)": lambda: rules.parse_rules(x, x),
         "forward _launch_key (GPU key)": lambda: forward._launch_key(version, rules.DENSE, None, None, x, x, x),
+        "plan_for, a repeat call (parse options, key, look up)": lambda: plan.plan_for(x, x, x, causal=True),
         "layout_key of 3 tensors": lambda: launch.layout_key(x, x, x),
         "check_device": lambda: _checks.check_device(x, "q"),
         "x.device (a new torch.device each time)": lambda: x.device,

@@ -205,7 +205,7 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
                 continue
             RECORDER.case = f"{name} attention {label}" + (" GQA" if heads_q == 4 else "")
             q, k, v = _inputs(dtype, head_dim, heads_q, grad=True)
-            kernels.flash_attention(q, k, v, **options).sum().backward()
+            kernels.flash_attention(q, k, v, **options, enable_gqa=True).sum().backward()
     slopes = torch.full((4,), 0.25)
     q1 = torch.randn(2, 4, head_dim).to(dtype)
     for paged, kv in itertools.product((False, True), ("16-bit", "fp8")):

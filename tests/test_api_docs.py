@@ -14,7 +14,7 @@ PUBLIC = {
     "reference": ["attention", "attention_lse", "softmax_naive", "softmax_safe", "softmax_online", "merge",
                   "merge_partials"],
     "kernels": ["flash_attention", "flash_attention_forward", "flash_attention_backward", "flash_decode",
-                "create_block_mask", "quantize_kv_cache"],
+                "create_block_mask", "quantize_kv_cache", "explain"],
     "kernels.fp8": ["quantize_fp8"],
     "distributed": ["shard", "unshard", "ring_attention", "ulysses_attention"],
 }

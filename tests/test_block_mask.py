@@ -98,7 +98,7 @@ def spec(q, k, v, do, options):
 def step(q, k, v, do, **call):
     """One training step's attention: o and the gradients of (o * do).sum() in q, k, v."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    o = kernels.flash_attention(*leaves, **call)
+    o = kernels.flash_attention(*leaves, **call, enable_gqa=True)
     o.backward(do)
     return o.detach(), [t.grad for t in leaves]
 
@@ -126,7 +126,7 @@ def test_prebuilt_mask_gives_the_per_call_results_over_two_steps(rng, name):
             assert torch.equal(g, g_call), what
             norm = max(1.0, float(np.abs(g_ref).max()))
             assert_close(g.double().cpu() / norm, g_ref / norm, dtype="float32", what=f"{what}, {name}")
-        _, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm)
+        _, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm, enable_gqa=True)
         assert_close(lse, lse_ref, dtype="float32", what=f"lse with block_mask, {name}")
 
 
@@ -134,11 +134,11 @@ def test_forward_and_backward_functions_take_the_block_mask(rng):
     shape, options, batch_heads = CASES["mask_mod per head + causal"]
     bm = build(shape, options, batch_heads)
     q, k, v, do = make(rng, *shape)
-    o, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm)
-    o_call, lse_call = kernels.flash_attention_forward(q, k, v, **options)
+    o, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm, enable_gqa=True)
+    o_call, lse_call = kernels.flash_attention_forward(q, k, v, **options, enable_gqa=True)
     assert torch.equal(o, o_call) and torch.equal(lse, lse_call)
-    grads = kernels.flash_attention_backward(q, k, v, o, lse, do, block_mask=bm)
-    grads_call = kernels.flash_attention_backward(q, k, v, o, lse, do, **options)
+    grads = kernels.flash_attention_backward(q, k, v, o, lse, do, block_mask=bm, enable_gqa=True)
+    grads_call = kernels.flash_attention_backward(q, k, v, o, lse, do, **options, enable_gqa=True)
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_call, strict=True))
 
 
@@ -156,7 +156,7 @@ def test_the_lists_are_built_once(rng, monkeypatch):
     q, k, v, do = make(rng, *shape)
     for _ in range(2):
         step(q, k, v, do, block_mask=bm)
-        kernels.flash_attention(q, k, v, block_mask=bm)  # inference
+        kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True)  # inference
     assert calls == []
     step(q, k, v, do, **options)
     assert sorted(calls) == [(16, 32), (32, 16), (32, 16)]
@@ -169,8 +169,8 @@ def test_the_call_may_repeat_the_options(rng):
     bm = build(shape, options, batch_heads)
     q, k, v, _ = make(rng, *shape)
     same = {"document_ids": options["document_ids"].clone(), "causal": "top_left"}
-    assert torch.equal(kernels.flash_attention(q, k, v, block_mask=bm, **same),
-                       kernels.flash_attention(q, k, v, **options))
+    assert torch.equal(kernels.flash_attention(q, k, v, block_mask=bm, **same, enable_gqa=True),
+                       kernels.flash_attention(q, k, v, **options, enable_gqa=True))
 
 
 def test_a_launch_at_other_tiles_builds_its_lists_once(rng):
@@ -183,7 +183,7 @@ def test_a_launch_at_other_tiles_builds_its_lists_once(rng):
     o, _ = forward.run_forward(forward.FORWARD_VERSIONS["v7"], q, k, v, scale=None, rules=call_rules,
                                config=smaller, block_mask=bm)
     assert (16, 16, False) in bm.lists and "16x16 tiles per query tile (a step-down)" in repr(bm)
-    assert torch.allclose(o, kernels.flash_attention(q, k, v, **options), atol=1e-6)
+    assert torch.allclose(o, kernels.flash_attention(q, k, v, **options, enable_gqa=True), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -205,7 +205,7 @@ def test_wrong_shapes_raise(rng, documents_mask, change, words):
     batch, n = change.get("batch", batch), change.get("n", n)
     q, k, v, _ = make(rng, batch, heads, heads_kv, n, n, head_dim)
     with pytest.raises(ValueError, match=words):
-        kernels.flash_attention(q, k, v, block_mask=bm)
+        kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True)
 
 
 def test_the_heads_of_a_per_head_mask_must_match(rng):
@@ -213,7 +213,7 @@ def test_the_heads_of_a_per_head_mask_must_match(rng):
     bm = build(shape, options, batch_heads)
     q, k, v, _ = make(rng, 1, 2, 2, 50, 50, 16)
     with pytest.raises(ValueError, match="H = 2 where the block mask has 4"):
-        kernels.flash_attention_forward(q, k, v, block_mask=bm)
+        kernels.flash_attention_forward(q, k, v, block_mask=bm, enable_gqa=True)
 
 
 @pytest.mark.parametrize("given,words", [
@@ -228,10 +228,10 @@ def test_other_rules_raise(rng, documents_mask, given, words):
     if given.get("document_ids") == "other":
         given = {"document_ids": torch.zeros_like(options["document_ids"])}
     with pytest.raises(ValueError, match=words):
-        kernels.flash_attention(q, k, v, block_mask=bm, **given)
-    o, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm)
+        kernels.flash_attention(q, k, v, block_mask=bm, **given, enable_gqa=True)
+    o, lse = kernels.flash_attention_forward(q, k, v, block_mask=bm, enable_gqa=True)
     with pytest.raises(ValueError, match=words):
-        kernels.flash_attention_backward(q, k, v, o, lse, do, block_mask=bm, **given)
+        kernels.flash_attention_backward(q, k, v, o, lse, do, block_mask=bm, **given, enable_gqa=True)
 
 
 def test_a_mask_from_another_device_raises(rng, documents_mask):
@@ -240,7 +240,7 @@ def test_a_mask_from_another_device_raises(rng, documents_mask):
     object.__setattr__(elsewhere, "device", torch.device("meta"))  # as if built for another device
     q, k, v, _ = make(rng, *shape)
     with pytest.raises(ValueError, match=f"block_mask lives on meta, but q is on {DEVICE}.*device='{DEVICE}'"):
-        kernels.flash_attention(q, k, v, block_mask=elsewhere)
+        kernels.flash_attention(q, k, v, block_mask=elsewhere, enable_gqa=True)
 
 
 def test_tiles_the_mask_does_not_hold_raise(rng, documents_mask, monkeypatch):
@@ -250,14 +250,14 @@ def test_tiles_the_mask_does_not_hold_raise(rng, documents_mask, monkeypatch):
     monkeypatch.setattr(configs, "forward_candidates", lambda *a, **kw: (configs.KernelConfig(16, 16, 4, 1),))
     with pytest.raises(ValueError, match=r"built for head dim 16 in torch.float32, whose launches use other tiles "
                                          r"than this call's \(head dim 16 in torch.float32: forward 16x16\)"):
-        kernels.flash_attention(q, k, v, block_mask=bm)
+        kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True)
 
 
 def test_bad_arguments_raise(documents_mask):
     _, _, bm = documents_mask
     q = torch.zeros(2, 4, 70, 16, device=DEVICE)
     with pytest.raises(TypeError, match="expected a flashcourse.kernels.BlockMask from kernels.create_block_mask"):
-        kernels.flash_attention(q, q, q, block_mask={"kv_indices": None})
+        kernels.flash_attention(q, q, q, block_mask={"kv_indices": None}, enable_gqa=True)
     with pytest.raises(ValueError, match="a block mask is for document_ids and mask_mod"):
         kernels.create_block_mask(None, 1, 1, 64, 64, causal=True, head_dim=16, device=DEVICE)
     with pytest.raises(ValueError, match="N_q is 0: expected an int >= 1"):
@@ -306,10 +306,10 @@ def test_a_compiled_call_with_a_block_mask_breaks_the_graph_and_gives_the_eager_
     bm = build(shape, options, batch_heads)
     q, k, v, _ = make(rng, *shape)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k, v: kernels.flash_attention(q, k, v, block_mask=bm) * 2.0,
+    compiled = torch.compile(lambda q, k, v: kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True) * 2.0,
                              backend="aot_eager")
-    assert torch.equal(compiled(q, k, v), kernels.flash_attention(q, k, v, **options) * 2.0)
-    strict = torch.compile(lambda q, k, v: kernels.flash_attention(q, k, v, block_mask=bm), backend="aot_eager",
-                           fullgraph=True)
+    assert torch.equal(compiled(q, k, v), kernels.flash_attention(q, k, v, **options, enable_gqa=True) * 2.0)
+    strict = torch.compile(lambda q, k, v: kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True),
+                           backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception, match="disable"):
         strict(q, k, v)

@@ -119,7 +119,7 @@ CASES = {
     "softcap": ({"softcap": 2.0, "scale": 0.5}, {}),
     "alibi": ({"alibi_slopes": "slopes"}, {"heads": 4, "heads_kv": 4}),
     "documents": ({"document_ids": "documents"}, {}),
-    "GQA": ({"causal": True}, {"heads": 4, "heads_kv": 2}),
+    "GQA": ({"causal": True, "enable_gqa": True}, {"heads": 4, "heads_kv": 2}),
 }
 
 
@@ -176,7 +176,7 @@ def test_the_ops_pass_torch_library_checks(rng):
     """Schema, fake implementation against the real one, autograd registration (the ALiBi slopes saved)."""
     q, k, v = (torch.tensor(rng.standard_normal((1, 2, 18, 16)), dtype=torch.float32, device=DEVICE,
                             requires_grad=True) for _ in range(3))
-    args = (q, k, v, slopes(2), None, "bottom_right", 4, -1, 3.0, None, None, None)
+    args = (q, k, v, slopes(2), None, "bottom_right", 4, -1, 3.0, None, False, None, None)
     torch.library.opcheck(torch.ops.flashcourse.attention_forward.default, args,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
@@ -187,7 +187,7 @@ GPU_CASES = {
     "window + softcap": ({"window": (64, 0), "causal": True, "softcap": 20.0}, {}),
     "alibi": ({"alibi_slopes": "slopes"}, {"heads": 4, "heads_kv": 4}),
     "documents": ({"document_ids": "documents"}, {}),
-    "GQA": ({"causal": True}, {"heads": 8, "heads_kv": 2}),
+    "GQA": ({"causal": True, "enable_gqa": True}, {"heads": 8, "heads_kv": 2}),
 }
 
 

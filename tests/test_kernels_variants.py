@@ -103,7 +103,8 @@ def make(rng, batch, heads, heads_kv, n_q, n_kv, head_dim, dtype=torch.float32):
 def check_variant(rng, shape, options, *, dtype=torch.float32, grads=True):
     """Forward (o, lse) and gradients (dq, dk, dv) of the default kernels against the float64 reference."""
     q, k, v, do = make(rng, *shape, dtype=dtype)
-    o, lse = kernels.flash_attention_forward(q, k, v, **options)
+    gqa = {"enable_gqa": q.shape[1] != k.shape[1]}  # asked for, as SDPA requires
+    o, lse = kernels.flash_attention_forward(q, k, v, **options, **gqa)
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]  # float64 where q is (GPU: fast)
     o_ref, lse_ref = reference(*leaves, **options)
     what = f"{options} {shape}"
@@ -114,7 +115,7 @@ def check_variant(rng, shape, options, *, dtype=torch.float32, grads=True):
         return
     for t in (q, k, v):
         t.requires_grad_(True)
-    kernels.flash_attention(q, k, v, **options).backward(do)
+    kernels.flash_attention(q, k, v, **options, **gqa).backward(do)
     o_ref.backward(do.detach().double())
     for name, t, leaf in zip(("dq", "dk", "dv"), (q, k, v), leaves, strict=True):
         assert t.grad.shape == t.shape and t.grad.dtype == t.dtype
@@ -203,7 +204,7 @@ def test_window_never_loads_tiles_left_of_it(rng):
     k, v = poison(k, slice(0, 64)), poison(v, slice(0, 64))
     for t in (q, k, v):
         t.requires_grad_(True)
-    o = kernels.flash_attention(q, k, v, window=(16, 0))
+    o = kernels.flash_attention(q, k, v, window=(16, 0), enable_gqa=True)
     o.backward(do)
     clean = [t.detach().clone() for t in (q, k, v)]
     clean[1][:, :, :64] = 0.0
@@ -298,9 +299,9 @@ def test_bad_options_raise_clear_errors(rng, options, error, words):
     options = {name: value.to(DEVICE) if isinstance(value, torch.Tensor) else value
                for name, value in options.items()}
     with pytest.raises(error, match=words):
-        kernels.flash_attention_forward(q, k, v, **options)
+        kernels.flash_attention_forward(q, k, v, **options, enable_gqa=True)
     with pytest.raises(error, match=words):
-        kernels.flash_attention(q, k, v, **options)
+        kernels.flash_attention(q, k, v, **options, enable_gqa=True)
 
 
 def test_documents_need_as_many_queries_as_keys(rng):
@@ -334,7 +335,7 @@ def test_numbered_versions_refuse_what_they_lack(rng, options, missing):
 def test_numbered_versions_refuse_grouped_query_attention(rng):
     q, k, v, _ = make(rng, 1, 4, 2, 8, 8, 16)
     with pytest.raises(ValueError, match="v6 has no grouped-query attention"):
-        kernels.flash_attention_forward(q, k, v, version="v6")
+        kernels.flash_attention_forward(q, k, v, version="v6", enable_gqa=True)
 
 
 # ------------------------------------------------------------------------------------------ GPU
@@ -388,11 +389,9 @@ def test_cross_check_with_the_numpy_reference_when_it_has_the_options(rng):
 
 def test_the_default_backward_runs_b1_where_b1_can():
     """b3 measured slower than b1 on dense calls: the default keeps b1 unless the call needs b3's rules."""
-    from flashcourse.kernels.rules import parse_rules
-
     q = torch.zeros(1, 4, 8, 16, device=DEVICE)
     grouped = torch.zeros(1, 2, 8, 16, device=DEVICE)
-    assert kernels._backward_version(None, q, q, parse_rules(q, q, causal=True)).name == "b1"
-    assert kernels._backward_version(None, q, grouped, parse_rules(q, grouped)).name == "b3"
-    assert kernels._backward_version(None, q, q, parse_rules(q, q, window=(4, 0))).name == "b3"
-    assert kernels._backward_version("b3", q, q, parse_rules(q, q)).name == "b3"
+    assert kernels.explain(q, q, q, causal=True).backward == "b1"
+    assert kernels.explain(q, grouped, grouped, enable_gqa=True).backward == "b3"
+    assert kernels.explain(q, q, q, window=(4, 0)).backward == "b3"
+    assert kernels.explain(q, q, q, backward_version="b3").backward == "b3"

@@ -116,7 +116,7 @@ def measure_shape(shape: Shape, provider: str, modes=("fwd", "bwd"), memory: boo
             else:
                 o = fn(q, k, v, shape.causal)
                 timing = bench_timing(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-            return timing.fields(shape.flops(mode))
+            return {**timing.fields(shape.flops(mode)), **kernels_run(provider, q, k, v, shape, kernel_kwargs)}
 
         rows.append({**base, "mode": mode, **_guarded(measure)})
     if memory:
@@ -131,6 +131,17 @@ def measure_shape(shape: Shape, provider: str, modes=("fwd", "bwd"), memory: boo
 
         rows.append({**base, "mode": "fwd_bwd_memory", **_guarded(measure_memory)})
     return rows
+
+
+def kernels_run(provider: str, q, k, v, shape: Shape, kernel_kwargs: dict) -> dict:
+    """For our rows, which forward and backward kernels the call ran (``kernels.explain``: on Hopper, a Gluon
+    stage where it is the default), so that a row says what "flashcourse" measured."""
+    if provider != "flashcourse":
+        return {}
+    from flashcourse import kernels
+
+    route = kernels.explain(q, k, v, causal=shape.causal, **kernel_kwargs)
+    return {"forward_kernel": route.forward, "backward_kernel": route.backward}
 
 
 def validate_ours(shape: Shape, **kernel_kwargs) -> dict:

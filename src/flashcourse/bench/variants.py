@@ -175,7 +175,8 @@ def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False, prebuilt_
     from flashcourse import kernels
 
     options = {"causal": variant.causal, "softcap": variant.softcap, "document_ids": inputs.ids,
-               "window": None if variant.window_left is None else (variant.window_left, 0)}
+               "window": None if variant.window_left is None else (variant.window_left, 0),
+               "enable_gqa": variant.group > 1}
     if prebuilt_mask:
         mask_options = {name: options.pop(name) for name in ("causal", "document_ids", "window")}
         block_mask, timing = timed_build(lambda: kernels.create_block_mask(

@@ -1,10 +1,12 @@
 """The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
 
-Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, any
-strides; D in 16, 32, 64, 80, 96, 128, 256)::
+Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D), H_kv = H_q or, with
+``enable_gqa=True``, a divisor of it; any strides; D in 16, 32, 64, 80, 96, 128, 256)::
 
     flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
-                    document_ids=None, mask_mod=None) -> o                            # differentiable
+                    document_ids=None, mask_mod=None, block_mask=None, enable_gqa=False, is_causal=None,
+                    return_lse=False) -> o, or (o, lse)                       # differentiable; is_causal: SDPA's
+    explain(q, k, v, **<the same options>) -> Route        # which forward and backward kernels run, and why
     flash_attention_forward(q, k, v, *, <same options>) -> (o, lse)                # lse (B, H_q, N_q) float32
     flash_attention_forward(q8, k8, v8, *, q_descale=None, k_descale=None, v_descale=None,
                             out_dtype=torch.bfloat16, causal=False, scale=None) -> (o, lse)  # FP8, sm_90+
@@ -24,8 +26,10 @@ only plain and top-left causal attention and refuse the rest by name. The versio
 ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
 
 Layout: the modules of this package serve calls (v7 and b3, b1 for dense calls, decoding, FP8, block masks, the
-rules, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the dQ schemes b2, b4, b5);
-``hopper/`` holds the Gluon kernels for sm_90 (v8, b6), which this package neither imports nor dispatches.
+rules, the plan of a call, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the
+dQ schemes b2, b4, b5); ``hopper/`` holds the Gluon kernels for sm_90 (v8, b6). On Hopper with a tested Triton
+the default forward is a Gluon stage (v8d at D = 128, v8a at D = 64) where a call fits it, imported only then;
+``explain(q, k, v, **options)`` says which kernels a call runs and why (``plan.py``).
 """
 
 from flashcourse import device as _device
@@ -39,12 +43,23 @@ if _device.setup() == "cpu":
 
 import torch  # noqa: E402
 
-from . import backward, configs, forward, fp8, ops  # noqa: E402
-from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402
-from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward  # noqa: E402
+# Some names are here for other modules and lessons to import (kernels.run_forward, kernels.padded_head_dim...).
+from . import backward, configs, forward, fp8, ops  # noqa: E402, F401
+from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402, F401
+from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402, F401
 from .blockmask import BlockMask  # noqa: E402
 from .decode import flash_decode, quantize_kv_cache  # noqa: E402
-from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402
+from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402, F401
+from .plan import (  # noqa: E402
+    Plan,
+    Route,
+    check_gqa,
+    check_scale,
+    plan_for,
+    planned_tiles,
+    with_tensors,
+    without_tensors,
+)
 from .rules import Rules, parse_mask_rules, parse_rules  # noqa: E402
 
 __all__ = [
@@ -55,6 +70,7 @@ __all__ = [
     "FORWARD_VERSIONS",
     "configs",
     "create_block_mask",
+    "explain",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
@@ -65,35 +81,6 @@ __all__ = [
 
 
 _is_compiling = torch.compiler.is_compiling  # bound once: flash_attention asks on every call
-
-
-def _forward_version(version: str | None):
-    name = DEFAULT_FORWARD if version is None else version
-    if name not in FORWARD_VERSIONS:
-        raise ValueError(f"unknown forward version {name!r}: expected one of {sorted(FORWARD_VERSIONS)}")
-    return FORWARD_VERSIONS[name]
-
-
-def _backward_version(version: str | None, q=None, k=None, rules: Rules | None = None):
-    """The named backward version; by default b3, or b1 where b1 can run the call: on the H200, dense, b3 measured
-    3-9% slower than b1 (docs/KERNELS.md), so a call that needs none of b3's rules keeps b1's speed."""
-    name = DEFAULT_BACKWARD if version is None else version
-    if name not in BACKWARD_VERSIONS:
-        raise ValueError(f"unknown backward version {name!r}: expected one of {sorted(BACKWARD_VERSIONS)}")
-    if version is None and rules is not None and rules.missing_in_numbered_version(
-            k.shape[1] != q.shape[1], q.shape[2], k.shape[2]) is None:
-        return BACKWARD_VERSIONS[DENSE_BACKWARD]
-    return BACKWARD_VERSIONS[name]
-
-
-def _planned_tiles(props: configs.DeviceProps, head_dim: int, elem_bytes: int, rules: Rules) -> dict:
-    """The tiles of the launches the default kernels choose first for a call (v7, and b3's two kernels): what
-    a block mask must hold for that call."""
-    block_d = padded_head_dim(head_dim)
-    fwd = forward.launch_candidates(FORWARD_VERSIONS[DEFAULT_FORWARD], props, block_d, elem_bytes, rules)[0]
-    dkdv, dq = (candidates[0] for candidates in backward.launch_candidates(props, block_d, elem_bytes, rules))
-    return {"forward": (fwd.block_m, fwd.block_n, False), "dK/dV": (dkdv.block_m, dkdv.block_n, True),
-            "dQ": (dq.block_m, dq.block_n, False)}
 
 
 def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: int, *, document_ids=None,
@@ -165,7 +152,7 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     rules = parse_mask_rules(B, N_q, N_kv, device, causal=causal, window=window, document_ids=document_ids,
                              mask_mod=mask_mod)
     batch = rules.document_ids.shape[0] if rules.document_ids is not None else B
-    planned = _planned_tiles(configs.device_props(device), head_dim, dtype.itemsize, rules)
+    planned = planned_tiles(configs.device_props(device), head_dim, dtype.itemsize, rules)
     return BlockMask(rules=rules, batch=batch, heads=H, n_q=N_q, n_kv=N_kv, device=device, head_dim=head_dim,
                      dtype=dtype, planned=planned)
 
@@ -180,30 +167,25 @@ def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> t
     return options["causal"], options["window"], options["document_ids"], options["mask_mod"]
 
 
-def _check_block_mask(block_mask: BlockMask | None, q, k) -> None:
-    """Before the call's rules are parsed, so that a block mask of other shapes is named as the cause."""
-    if block_mask is not None:
-        props = configs.device_props(q.device)  # the block mask's rules are the call's mask rules: same tiles
-        block_mask.check_call(q, k, _planned_tiles(props, q.shape[3], q.element_size(), block_mask.rules))
-
-
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                             alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
-                            version: str | None = None, q_descale=None, k_descale=None, v_descale=None,
-                            out_dtype=torch.bfloat16):
+                            enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
+                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
         q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
             80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
-        k, v: (B, H_kv, N_k, D), q's dtype and device. H_q must be a multiple of H_kv: query head h reads K/V
-            head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is multi-query attention).
+        k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
+            of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
+            multi-query attention).
         causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i, as
             ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
             j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
             With N_q = N_k the two are the same mask.
-        scale: the factor on q.k before the softmax; None (default) means 1/sqrt(D).
+        scale: the factor on q.k before the softmax, a finite number > 0 (inf, nan, 0 or less raise a
+            ValueError, as the reference does); None (default) means 1/sqrt(D).
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
@@ -217,6 +199,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: its
             tile lists are read instead of rebuilt, and the call takes causal, window, document_ids and mask_mod
             from it (given again, they must be the same). A mismatch raises a ValueError saying what differs.
+        enable_gqa: False (default): k and v must have q's number of heads, else a ValueError says to pass
+            ``enable_gqa=True`` (as ``F.scaled_dot_product_attention`` and FlexAttention require); True allows
+            H_kv < H_q (grouped-query attention).
+        is_causal: None (default) or a bool, SDPA's spelling of ``causal`` (True is "top_left"); given with a
+            different ``causal``, a ValueError.
         version: a numbered forward kernel, "v1" ... "v7" (``FORWARD_VERSIONS``); None (default) is
             ``DEFAULT_FORWARD``, the one that supports every option. v1-v6 know only plain and top-left causal
             attention and refuse the other options by name.
@@ -252,6 +239,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
@@ -260,16 +249,15 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
         raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
                          f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
-    check_qkv(q, k, v)
-    _check_block_mask(block_mask, q, k)
-    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, mask_mod=mask_mod)
-    return run_forward(_forward_version(version), q, k, v, rules=rules, scale=scale, block_mask=block_mask)
+    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
+                           enable_gqa=enable_gqa, forward_version=version)
+    return plan.forward(q, k, v, rules, block_mask)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
-                             version: str | None = None):
+                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
     P is recomputed from (q, k, lse) tile by tile, so no N_q x N_k matrix is kept between the two passes; a
@@ -280,9 +268,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o: (B, H_q, N_q, D), the forward's output, q's dtype.
         lse: (B, H_q, N_q) float32, the forward's log-sum-exp.
         do: (B, H_q, N_q, D), the gradient of the loss with respect to o, q's dtype.
-        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: the forward's options, with the
-            same meanings and defaults (see :func:`flash_attention_forward`); they must be the forward's, or
-            the gradients belong to another attention.
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
+            forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
+            must be the forward's, or the gradients belong to another attention.
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
@@ -300,37 +288,57 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
-    check_qkv(q, k, v)
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
+                           enable_gqa=enable_gqa, backward_version=version)
     check_saved(q, o, lse, do)
-    _check_block_mask(block_mask, q, k)
-    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, mask_mod=mask_mod)
-    return run_backward(_backward_version(version, q, k, rules), q, k, v, o, lse, do, rules=rules, scale=scale,
-                        block_mask=block_mask)
+    return plan.backward(q, k, v, o, lse, do, rules, block_mask)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Saves (q, k, v, o, lse) in the forward; the backward recomputes P from them (no N x N matrix)."""
+    """Saves (q, k, v, o, lse) and the rules' tensors in the forward; the backward recomputes P from them (no N x N
+    matrix) through the forward's plan, which prepares its launches on first use."""
 
     @staticmethod
-    def forward(ctx, q, k, v, rules: Rules, scale, forward_version, backward_version, block_mask):
-        o, lse = run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale,
-                             block_mask=block_mask)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.rules, ctx.scale, ctx.backward_version, ctx.block_mask = rules, scale, backward_version, block_mask
-        return o
+    def forward(ctx, q, k, v, plan: Plan, rules: Rules, block_mask, alibi_slopes, document_ids, return_lse):
+        o, lse = plan.forward(q, k, v, with_tensors(rules, alibi_slopes, document_ids), block_mask)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
+        ctx.plan, ctx.rules, ctx.block_mask = plan, rules, block_mask  # rules without tensors (without_tensors)
+        if not return_lse:  # one output: the usual call pays for no second one
+            return o
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros allocated for lse's gradient, which is never used
+        return o, lse
 
     @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = run_backward(_backward_version(ctx.backward_version, q, k, ctx.rules), q, k, v, o, lse, do,
-                                  rules=ctx.rules, scale=ctx.scale, block_mask=ctx.block_mask)
-        return dq, dk, dv, None, None, None, None, None
+    def backward(ctx, do, *_dlse):
+        if do is None:  # o took no part in the loss (only lse was used, and it has no gradient)
+            return (None,) * 9
+        q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
+        dq, dk, dv = ctx.plan.backward(q, k, v, o, lse, do, with_tensors(ctx.rules, alibi_slopes, document_ids),
+                                       ctx.block_mask)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _sdpa_causal(causal, is_causal):
+    """``is_causal``, SDPA's spelling, as ``causal``; both given and different is an error."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal is {is_causal!r}: expected True or False, as in "
+                        "F.scaled_dot_product_attention (causal= also takes 'top_left' and 'bottom_right')")
+    if causal is False or causal is None:
+        return is_causal
+    if not (is_causal and (causal is True or causal == "top_left")):
+        raise ValueError(f"causal={causal!r} and is_causal={is_causal} disagree: is_causal is SDPA's spelling of "
+                         "causal (is_causal=True is causal='top_left'); pass one of them")
+    return causal
 
 
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
-                    alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
-                    forward_version: str | None = None, backward_version: str | None = None):
+                    alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
+                    is_causal: bool | None = None, return_lse: bool = False, forward_version: str | None = None,
+                    backward_version: str | None = None):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -341,13 +349,15 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
             80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
-        k, v: (B, H_kv, N_k, D), q's dtype and device. H_q must be a multiple of H_kv: query head h reads K/V
-            head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is multi-query attention).
+        k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
+            of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
+            multi-query attention).
         causal: False (default): no causal mask. True or "top_left": query i sees keys j <= i, as
             ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
             j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
             With N_q = N_k the two are the same mask.
-        scale: the factor on q.k before the softmax; None (default) means 1/sqrt(D).
+        scale: the factor on q.k before the softmax, a finite number > 0 (inf, nan, 0 or less raise a
+            ValueError, as the reference does); None (default) means 1/sqrt(D).
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
@@ -363,6 +373,13 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
             every step). The call takes causal, window, document_ids and mask_mod from it (given again, they
             must be the same); a mismatch of shapes, rules, device or tiles raises a ValueError saying what
             differs.
+        enable_gqa: False (default): k and v must have q's number of heads, else a ValueError says to pass
+            ``enable_gqa=True`` (as ``F.scaled_dot_product_attention`` and FlexAttention require); True allows
+            H_kv < H_q (grouped-query attention).
+        is_causal: None (default) or a bool, SDPA's spelling of ``causal`` (True is "top_left"), so a call
+            written for SDPA runs unchanged; given with a different ``causal``, a ValueError.
+        return_lse: False (default) returns o; True returns (o, lse), lse (B, H_q, N_q) float32, each row's
+            natural-log log-sum-exp (-inf for a row that sees no key), which carries no gradient.
 
     The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
     query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
@@ -370,10 +387,16 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     With N_q = N_k both give c = i. All masks combine by AND; a query row that sees no key gives o = 0 (and
     lse = -inf), never NaN.
 
+    Which kernels run: by default v7 and b3 (b1 when the call needs none of b3's options); on a Hopper GPU
+    with a tested Triton, the forward is the fastest Gluon stage for the head dim and dtype (v8d at D = 128, v8a
+    at D = 64, ``kernels/hopper/fa3.py``) wherever the call fits it (float16 / bfloat16, no GQA, plain or
+    top-left causal, no other option, contiguous inputs, N_k a multiple of its key tile). :func:`explain` says
+    which kernels a call runs and why. A repeat call (same shapes, strides, dtype, device and options) reuses
+    the plan its first call made (``plan.py``): no checks again, only the launches.
+
     Other keywords: ``forward_version`` ("v1" ... "v7") and ``backward_version`` ("b1" ... "b5") pick a numbered
-    kernel of the course (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``, docs/KERNELS.md); None (default) runs
-    the fastest version that supports the call. v1-v6 and b1, b2, b4, b5 know only plain and top-left causal
-    attention and refuse the other options by name.
+    kernel of the course (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``, docs/KERNELS.md). v1-v6 and b1, b2, b4,
+    b5 know only plain and top-left causal attention and refuse the other options by name.
 
     Under ``torch.compile``: the call is a ``torch.library`` op (``flashcourse::attention_forward`` and its
     backward), so ``torch.compile(model, fullgraph=True)`` keeps it in the graph with every option but two:
@@ -382,15 +405,17 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     through the op.
 
     Returns:
-        o: (B, H_q, N_q, D), q's dtype and device.
+        o: (B, H_q, N_q, D), q's dtype and device; with ``return_lse=True``, (o, lse).
 
     Example::
 
         q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.float16, requires_grad=True)
         k, v = (torch.randn(2, 2, 1024, 64, device="cuda", dtype=torch.float16) for _ in range(2))  # GQA
-        o = flash_attention(q, k, v, causal=True, window=(255, 0))  # causal, 256 keys back at most
+        o = flash_attention(q, k, v, causal=True, window=(255, 0), enable_gqa=True)  # 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
@@ -401,34 +426,74 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         # call that returns a flag (about 0.1 us).
         return _flash_attention_compiling(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                                          block_mask=block_mask, forward_version=forward_version,
-                                          backward_version=backward_version)
-    check_qkv(q, k, v)
-    _check_block_mask(block_mask, q, k)
-    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, mask_mod=mask_mod)
-    version = _forward_version(forward_version)
-    _backward_version(backward_version)
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return run_forward(version, q, k, v, rules=rules, scale=scale, block_mask=block_mask)[0]  # skip autograd
-    return FlashAttentionFunction.apply(q, k, v, rules, scale, forward_version, backward_version, block_mask)
+                                          block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
+                                          forward_version=forward_version, backward_version=backward_version)
+    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
+                           enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttentionFunction.apply(q, k, v, plan, without_tensors(rules), block_mask, rules.alibi_slopes,
+                                            rules.document_ids, return_lse)
+    o, lse = plan.forward(q, k, v, rules, block_mask)  # inference: no autograd node
+    return (o, lse) if return_lse else o
+
+
+def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None, alibi_slopes=None,
+            document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
+            is_causal: bool | None = None, forward_version: str | None = None,
+            backward_version: str | None = None) -> Route:
+    """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
+
+    The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
+    runs: on a Hopper GPU with a tested Triton, the fastest Gluon stage for the head dim and dtype (v8d at D = 128,
+    v8a at D = 64) where the call fits it, else v7; b1 for a backward that needs none of b3's options, else b3.
+    Nothing is launched.
+
+    Args:
+        q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
+        block_mask, enable_gqa, is_causal, forward_version, backward_version: as for :func:`flash_attention`,
+            checked as it checks them.
+
+    Returns:
+        A :class:`Route` (frozen dataclass): ``forward`` and ``backward`` (kernel names), ``forward_why`` and
+        ``backward_why``; ``print(route)`` shows both lines.
+
+    Example::
+
+        q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+        print(explain(q, q, q, causal=True))
+        # forward  v8d: the fastest Gluon stage at D = 128 in bfloat16 on the H200 (benchmarks/results/...)
+        # backward b1: the call needs none of b3's options, and b1 is faster
+    """
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
+    plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                       document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
+                       enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
+    return plan.route
 
 
 def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod,
-                               block_mask, forward_version, backward_version):
-    """``flash_attention`` as torch.compile traces it: the same checks (check_qkv inside the op's fake
-    implementation), then the ``torch.library`` op of ops.py."""
+                               block_mask, enable_gqa, return_lse, forward_version, backward_version):
+    """``flash_attention`` as torch.compile traces it: the options checked here, the inputs in the op's fake
+    implementation, then the ``torch.library`` op of ops.py."""
     if mask_mod is not None or block_mask is not None:  # a @triton.jit function or a BlockMask fits no op schema
         return _flash_attention_outside_graph(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                                               alibi_slopes=alibi_slopes, document_ids=document_ids,
-                                              mask_mod=mask_mod, block_mask=block_mask,
-                                              forward_version=forward_version, backward_version=backward_version)
+                                              mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+                                              return_lse=return_lse, forward_version=forward_version,
+                                              backward_version=backward_version)
     # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids)
-    _forward_version(forward_version)
-    _backward_version(backward_version)
-    return ops.attention_in_graph(q, k, v, rules, scale, forward_version, backward_version)
+    check_gqa(q, k, enable_gqa)
+    o, lse = ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, forward_version,
+                                    backward_version)
+    return (o, lse) if return_lse else o
 
 
 @torch.compiler.disable

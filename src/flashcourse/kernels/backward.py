@@ -42,6 +42,7 @@ from .common import (
     tma_scratch,
     visible,
 )
+from .launch import prepare_launch
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
 from .teaching import backward as teaching
@@ -574,12 +575,20 @@ def launch_candidates(props: configs.DeviceProps, block_d: int, elem_bytes: int,
     return configs.backward_candidates(props, block_d, elem_bytes, causal=masked)
 
 
+# The tensors that change from one call of a plan to the next, in the order a prepared launch takes them.
+PER_CALL_TENSORS = ("Q", "K", "V", "O", "DO", "LSE", "DELTA", "DK", "DV", "DQ")
+
+
 def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False, scale: float | None,
                  configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None,
-                 rules: Rules | None = None, block_mask: blockmask.BlockMask | None = None):
+                 rules: Rules | None = None, block_mask: blockmask.BlockMask | None = None,
+                 record: list | None = None):
     """dq, dk, dv from the forward's saved (o, lse), tensors like q, k, v. ``rules`` (from
     ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's. ``block_mask``
-    (checked against the call) gives b3 its tile lists instead of building them."""
+    (checked against the call) gives b3 its tile lists instead of building them. ``record``: a list that gets
+    the three launches (preprocess, dK/dV, dQ) prepared to repeat on other tensors of this layout
+    (``launch.prepare_launch``, on ``PER_CALL_TENSORS``), where the compiled kernels allow it; for b1 and b3 with
+    rules that hold no tensor (a plan keeps them: ``plan.py``)."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -603,20 +612,31 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     delta = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
+    if version.atomic_dq or rules.alibi_slopes is not None or rules.needs_block_mask:
+        record = None  # their dQ is post-processed, or a tensor of the rule would be pinned
+
+    def launch(kernel, grid, kwargs: dict) -> None:
+        compiled = kernel[grid](**kwargs)
+        if record is not None:
+            prepared = prepare_launch(kernel, compiled, grid, kwargs, PER_CALL_TENSORS)
+            if prepared is not None:
+                record.append(prepared)
+
     pre_block = 64
-    _bwd_preprocess[(triton.cdiv(n_q, pre_block), batch * heads)](
+    launch(_bwd_preprocess, (triton.cdiv(n_q, pre_block), batch * heads), dict(
         O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
-    )
+    ))
     key = (props, block_d, q.dtype, dkdv_candidates, dq_candidates)
     what = f"backward {version.name} at head dim {head_dim}"
     if version.takes_rules:
         shared = _b3_shared_args(q, k, v, do, lse, delta, rules, scale, block_d)
         launch_fitting(("dkdv b3", *key), dkdv_candidates,
-                       lambda cfg: _launch_b3_dkdv(cfg, q, k, dk, dv, rules, block_mask, shared),
+                       lambda cfg: launch(*_b3_dkdv_launch(cfg, q, k, dk, dv, rules, block_mask, shared)),
                        f"{what}, dK/dV kernel")
         launch_fitting(("dq b3", *key), dq_candidates,
-                       lambda cfg: _launch_b3_dq(cfg, q, k, dq_acc, rules, block_mask, shared), f"{what}, dQ kernel")
+                       lambda cfg: launch(*_b3_dq_launch(cfg, q, k, dq_acc, rules, block_mask, shared)),
+                       f"{what}, dQ kernel")
         return dq_acc, dk, dv
     dq_mode = version.dq_mode
     if dq_mode == DQ_TMA.value:  # needs Hopper's TMA; the interpreter (Triton 3.9) has no reduce-add either
@@ -627,7 +647,7 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
 
     def launch_dkdv(cfg: configs.KernelConfig) -> None:
         check_backward_launch(cfg, dq_candidates[0], causal=rules.causal is not None)  # b1/b2 split at tile edges
-        _bwd_dkdv_kernel[(triton.cdiv(n_kv, cfg.block_n), batch * heads)](
+        launch(_bwd_dkdv_kernel, (triton.cdiv(n_kv, cfg.block_n), batch * heads), dict(
             Q=q, K=k, V=v, DO=do, DK=dk, DV=dv, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale,
             qk_scale=scale * LOG2E, **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
             **strides(dk, "dk"), **strides(dv, "dv"), **strides(dq_acc, "dq"),
@@ -635,18 +655,18 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
             CAUSAL=rules.causal is not None, DQ_MODE=dq_mode, HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        ))
 
     def launch_dq(cfg: configs.KernelConfig) -> None:
         check_backward_launch(dkdv_candidates[0], cfg, causal=rules.causal is not None)
-        _bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+        launch(_bwd_dq_kernel, (triton.cdiv(n_q, cfg.block_m), batch * heads), dict(
             Q=q, K=k, V=v, DO=do, DQ=dq_acc, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
             **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"), **strides(dq_acc, "dq"),
             H=heads, N_Q=n_q, N_KV=n_kv,
             CAUSAL=rules.causal is not None, HEAD_DIM=head_dim, BLOCK_D=block_d,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DOT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        ))
 
     launch_fitting((f"dkdv {version.name}", *key), dkdv_candidates, launch_dkdv, f"{what}, dK/dV kernel")
     if version.atomic_dq:
@@ -663,20 +683,21 @@ def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d
                 HEAD_DIM=q.shape[3], BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
 
 
-def _launch_b3_dkdv(cfg: configs.KernelConfig, q, k, dk, dv, rules: Rules, block_mask, shared: dict) -> None:
-    """b3's dK/dV: one program per (key tile, K/V head), over the group's query heads (no atomics)."""
+def _b3_dkdv_launch(cfg: configs.KernelConfig, q, k, dk, dv, rules: Rules, block_mask, shared: dict) -> tuple:
+    """b3's dK/dV as (kernel, grid, arguments): one program per (key tile, K/V head), over the group's query heads
+    (no atomics)."""
     batch, h_kv, n_kv = k.shape[0], k.shape[1], k.shape[2]
-    _bwd_dkdv_b3_kernel[(triton.cdiv(n_kv, cfg.block_n), batch * h_kv)](
+    return _bwd_dkdv_b3_kernel, (triton.cdiv(n_kv, cfg.block_n), batch * h_kv), dict(
         DK=dk, DV=dv, **strides(dk, "dk"), **strides(dv, "dv"), H_KV=h_kv, **shared,
         **blockmask.call_lists(rules, block_mask, q, k, cfg.block_m, cfg.block_n, by_key=True),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def _launch_b3_dq(cfg: configs.KernelConfig, q, k, dq, rules: Rules, block_mask, shared: dict) -> None:
-    """b3's dQ: one program per (query tile, query head)."""
+def _b3_dq_launch(cfg: configs.KernelConfig, q, k, dq, rules: Rules, block_mask, shared: dict) -> tuple:
+    """b3's dQ as (kernel, grid, arguments): one program per (query tile, query head)."""
     batch, heads, n_q = q.shape[0], q.shape[1], q.shape[2]
-    _bwd_dq_b3_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+    return _bwd_dq_b3_kernel, (triton.cdiv(n_q, cfg.block_m), batch * heads), dict(
         DQ=dq, **strides(dq, "dq"), H=heads, **shared,
         **blockmask.call_lists(rules, block_mask, q, k, cfg.block_m, cfg.block_n, by_key=False),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,

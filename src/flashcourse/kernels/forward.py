@@ -35,7 +35,7 @@ from .common import (
     tma_scratch,
     visible,
 )
-from .launch import LaunchCache, layout_key
+from .launch import LaunchCache, layout_key, prepare_launch
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
 from .teaching import forward as teaching
@@ -220,10 +220,12 @@ def launch_candidates(version: ForwardVersion, props: configs.DeviceProps, block
 
 def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float | None,
                 config: configs.KernelConfig | None = None, rules: Rules | None = None,
-                block_mask: blockmask.BlockMask | None = None):
+                block_mask: blockmask.BlockMask | None = None, record: list | None = None):
     """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch;
     ``rules`` (from ``rules.parse_rules``), when given, replaces ``causal``; ``block_mask`` (checked against the
-    call) gives v7 its tile lists instead of building them."""
+    call) gives v7 its tile lists instead of building them. ``record``: a list that gets the launch prepared to
+    repeat on other tensors of this layout (``launch.prepare_launch``), where the compiled kernel allows it and
+    the rules hold no tensor (a plan keeps it: ``plan.py``)."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -234,7 +236,11 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     key = _launch_key(version, rules, scale, config, q, k, v)
     if version.needs_descriptors and key is not None:
         triton.set_allocator(tma_scratch(q.device))  # Triton's allocator is per thread: set it on every call
-    if _LAUNCHES.run(key, (q, k, v, o, lse)):
+    remembered = _LAUNCHES.get(key)
+    if remembered is not None:
+        remembered((q, k, v, o, lse))
+        if record is not None:
+            record.append(remembered)
         return o, lse
     if not version.takes_rules:
         refuse_missing("forward", version.name, DEFAULT_FORWARD, "version", rules, k.shape[1] != heads, n_q, n_kv)
@@ -266,7 +272,11 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
             scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
             launch.update(LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None)
         compiled = kernel[grid](**launch)
-        _LAUNCHES.remember(key, kernel, compiled, grid, launch, ("Q", "K", "V", "O", "LSE"))
+        _LAUNCHES.remember(key, kernel, compiled, grid, launch, PER_CALL_TENSORS)
+        if record is not None and rules.alibi_slopes is None and not rules.needs_block_mask:
+            prepared = prepare_launch(kernel, compiled, grid, launch, PER_CALL_TENSORS)
+            if prepared is not None:
+                record.append(prepared)
 
     launch_fitting(("forward", version.name, props, block_d, q.dtype, candidates), candidates, launch_with,
                    f"forward {version.name} at head dim {head_dim}")
@@ -275,6 +285,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
 
 # Forward launches by layout and options, for calls that repeat a shape (launch.py says why).
 _LAUNCHES = LaunchCache()
+PER_CALL_TENSORS = ("Q", "K", "V", "O", "LSE")  # what changes from call to call, in a prepared launch's order
 
 
 def _launch_key(version: ForwardVersion, rules: Rules, scale, config, q, k, v):

@@ -66,32 +66,45 @@ class LaunchCache:
         launch(tensors)
         return True
 
+    def get(self, key: Hashable | None) -> _Launch | None:
+        """The remembered launch for ``key`` (a plan keeps it and launches it without a key), or None."""
+        return self._launches.get(key) if key is not None else None
+
     def remember(self, key: Hashable | None, kernel, compiled, grid, kwargs: dict, names: Sequence[str]) -> None:
-        """Keep the launch ``kernel[grid](**kwargs)`` that returned ``compiled``. ``names`` are the arguments
-        that change from call to call, in the order :meth:`run` gets their tensors. Any other tensor argument
-        must be one of those same tensors standing in for an absent one (a pointer the kernel never reads);
-        a tensor of its own would pin a stale pointer, and is refused."""
+        """Keep the launch ``kernel[grid](**kwargs)`` that returned ``compiled`` (see :meth:`prepare`)."""
         if key is None or not self.enabled:
             return
-        params = inspect.signature(kernel.fn).parameters
-        if not cached_launch_supported(compiled, params):  # the interpreter's None, or another launcher convention
+        launch = prepare_launch(kernel, compiled, grid, kwargs, names)
+        if launch is None:
             return
-        args, slots = [], []
-        for position, (name, param) in enumerate(params.items()):
-            value = kwargs[name] if name in kwargs else param.default
-            if name in names:
-                slots.append((position, names.index(name)))
-            elif isinstance(value, torch.Tensor):
-                index = next((i for i, n in enumerate(names) if kwargs.get(n) is value), None)
-                if index is None:
-                    raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
-                                     "a cached launch would reuse a stale pointer")
-                slots.append((position, index))
-            args.append(None if slots and slots[-1][0] == position else value)  # keep no tensor alive
         if len(self._launches) >= self.capacity:
             del self._launches[next(iter(self._launches))]
-        grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launcher takes all three grid dims
-        self._launches[key] = _Launch(compiled, grid, tuple(args), tuple(slots))
+        self._launches[key] = launch
+
+
+def prepare_launch(kernel, compiled, grid, kwargs: dict, names: Sequence[str]) -> _Launch | None:
+    """The launch ``kernel[grid](**kwargs)`` that returned ``compiled``, to repeat on other tensors: ``names`` are
+    the arguments that change from call to call, in the order the launch gets their tensors. Any other tensor
+    argument must be one of those same tensors standing in for an absent one (a pointer the kernel never reads);
+    a tensor of its own would pin a stale pointer, and is refused. None where the compiled kernel does not show
+    the launcher convention this relies on (the interpreter's None, another Triton)."""
+    params = inspect.signature(kernel.fn).parameters
+    if not cached_launch_supported(compiled, params):
+        return None
+    args, slots = [], []
+    for position, (name, param) in enumerate(params.items()):
+        value = kwargs[name] if name in kwargs else param.default
+        if name in names:
+            slots.append((position, names.index(name)))
+        elif isinstance(value, torch.Tensor):
+            index = next((i for i, n in enumerate(names) if kwargs.get(n) is value), None)
+            if index is None:
+                raise ValueError(f"argument {name} is a tensor that is not among the per-call tensors: "
+                                 "a cached launch would reuse a stale pointer")
+            slots.append((position, index))
+        args.append(None if slots and slots[-1][0] == position else value)  # keep no tensor alive
+    grid = tuple(grid) + (1,) * (3 - len(grid))  # a compiled kernel's launcher takes all three grid dims
+    return _Launch(compiled, grid, tuple(args), tuple(slots))
 
 
 def cached_launch_supported(compiled, params) -> bool:

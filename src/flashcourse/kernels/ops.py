@@ -19,36 +19,36 @@ from typing import Optional
 import torch
 
 from ._checks import check_qkv
-from .backward import run_backward
-from .forward import run_forward
+from .plan import plan_for
 from .rules import Rules
 
 
-def _rules(causal: str, window_left: int, window_right: int, softcap: Optional[float],
-           alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor]) -> Rules:
-    """The op's flat arguments back into the (already checked) rules; causal "" and window (-1, -1) are None."""
+def _options(causal: str, window_left: int, window_right: int, softcap: Optional[float],
+             alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor]) -> dict:
+    """The op's flat arguments back into the call's options; causal "" and window (-1, -1) are none."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    return Rules(causal=causal or None, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                 document_ids=document_ids)
+    return dict(causal=causal or False, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                document_ids=document_ids)
 
 
 @torch.library.custom_op("flashcourse::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
                       document_ids: Optional[torch.Tensor], causal: str, window_left: int, window_right: int,
-                      softcap: Optional[float], scale: Optional[float], forward_version: Optional[str],
-                      backward_version: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    from . import _forward_version  # the package imports this module: look it up at call time
-
-    rules = _rules(causal, window_left, window_right, softcap, alibi_slopes, document_ids)
-    return run_forward(_forward_version(forward_version), q, k, v, rules=rules, scale=scale)
+                      softcap: Optional[float], scale: Optional[float], enable_gqa: bool,
+                      forward_version: Optional[str], backward_version: Optional[str]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
+                                               document_ids), scale=scale, enable_gqa=enable_gqa,
+                           forward_version=forward_version, backward_version=backward_version)
+    return plan.forward(q, k, v, rules, None)
 
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale,
-                            forward_version, backward_version):
+                            enable_gqa, forward_version, backward_version):
     check_qkv(q, k, v)  # while tracing: the compiled call refuses what the eager one does
     batch, heads, n_q, _ = q.shape
-    # As run_forward allocates them: o like q (strides too), lse (B, H_q, N_q) float32 contiguous.
+    # As the kernels allocate them: o like q (strides too), lse (B, H_q, N_q) float32 contiguous.
     return torch.empty_like(q), q.new_empty((batch, heads, n_q), dtype=torch.float32)
 
 
@@ -56,13 +56,12 @@ def _attention_forward_fake(q, k, v, alibi_slopes, document_ids, causal, window_
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor],
                        causal: str, window_left: int, window_right: int, softcap: Optional[float],
-                       scale: Optional[float], backward_version: Optional[str]
+                       scale: Optional[float], enable_gqa: bool, backward_version: Optional[str]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from . import _backward_version
-
-    rules = _rules(causal, window_left, window_right, softcap, alibi_slopes, document_ids)
-    dq, dk, dv = run_backward(_backward_version(backward_version, q, k, rules), q, k, v, o, lse, do, rules=rules,
-                              scale=scale)
+    plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
+                                               document_ids), scale=scale, enable_gqa=enable_gqa,
+                           backward_version=backward_version)
+    dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, None)
     # The fake promises q's, k's and v's strides (a compiler may check them); b2, b4 and b5 build dq contiguous.
     if dq.stride() != q.stride():
         dq = torch.empty_like(q).copy_(dq)
@@ -71,33 +70,38 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left, window_right,
-                             softcap, scale, backward_version):
+                             softcap, scale, enable_gqa, backward_version):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, _,
+    (q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, enable_gqa, _,
      backward_version) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
-    ctx.options = (causal, window_left, window_right, softcap, scale, backward_version)
+    ctx.options = (causal, window_left, window_right, softcap, scale, enable_gqa, backward_version)
+    ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
-    causal, window_left, window_right, softcap, scale, backward_version = ctx.options
+    causal, window_left, window_right, softcap, scale, enable_gqa, backward_version = ctx.options
     dq, dk, dv = attention_backward(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left,
-                                    window_right, softcap, scale, backward_version)
-    # lse is an output for the backward's sake only: flash_attention returns o, so no gradient reaches lse.
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+                                    window_right, softcap, scale, enable_gqa, backward_version)
+    # lse is returned for the caller's use (return_lse=True) and has no gradient.
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention_in_graph(q, k, v, rules: Rules, scale, forward_version, backward_version) -> torch.Tensor:
-    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op)."""
+def flat_rules(rules: Rules) -> tuple:
+    """The rules as the ops' flat arguments: (alibi_slopes, document_ids, causal, window_left, window_right,
+    softcap); causal None is "" and window None is (-1, -1)."""
     window_left, window_right = rules.window if rules.window is not None else (-1, -1)
-    o, _ = attention_forward(q, k, v, rules.alibi_slopes, rules.document_ids, rules.causal or "", window_left,
-                             window_right, rules.softcap, scale, forward_version, backward_version)
-    return o
+    return rules.alibi_slopes, rules.document_ids, rules.causal or "", window_left, window_right, rules.softcap
+
+
+def attention_in_graph(q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version):
+    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op); (o, lse)."""
+    return attention_forward(q, k, v, *flat_rules(rules), scale, enable_gqa, forward_version, backward_version)

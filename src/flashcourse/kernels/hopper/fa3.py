@@ -36,18 +36,25 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
 Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), contiguous, one dtype (float16 or bfloat16), D 64
-or 128, no GQA; o like q, lse (B, H, N_q) float32 natural log (as v7). ``causal=True`` is the top-left
-alignment (key j visible to query i when j <= i), as ``flash_attention``. The tensors are seen as 2-D
-(B*H*N, D) for TMA: a tile that runs past its head's last row reads the next head's rows, which the masks
-discard (their scores are -inf, so their P is exactly 0); past the last head TMA fills zeros.
+or 128, no GQA; o like q, lse (B, H, N_q) float32 natural log (as v7, so the backward b1 / b3 takes it as it
+is). ``causal=True`` is the top-left alignment (key j visible to query i when j <= i), as ``flash_attention``.
+The tensors are seen as 2-D (B*H*N, D) for TMA: a tile that runs past its head's last row reads the next head's
+rows. For queries that is harmless (those rows are computed and never stored); for keys the masks give those
+scores -inf and P exactly 0, but the PV product still multiplies that 0 by the next head's V, and 0 * inf is NaN:
+an inf anywhere in another head's V would turn this head's rows to NaN. Past the last head TMA fills zeros.
+So the library's default forward (``kernels/plan.py``) sends a call here only when N_kv is a multiple of the
+stage's key tile, where no key tile runs past its head; any other length takes v7.
 
-Not dispatched by default: nothing here has run on a GPU yet (``TESTED_TRITON`` lists the Triton versions it was
-compiled with for sm_90; ``scripts/gpu_fa3.py`` is the first GPU run). ``flashcourse.kernels`` does not import
-this module: Gluon's API moves between Triton releases.
+Dispatch: on Hopper with a Triton of ``TESTED_TRITON``, ``flash_attention`` runs v8d at D = 128 and v8a at D = 64
+(the fastest stages of the H200's 2026-12-01 run, ``benchmarks/results/*-fa3-stages.json``) wherever a call fits
+the contract above (``kernels.explain`` says which kernel a call runs and why). ``flashcourse.kernels`` imports
+this module only then, inside the plan: Gluon's API moves between Triton releases. :class:`ForwardPlan` is the
+host side the library keeps per layout; :func:`fa3_forward` runs any stage once (the GPU scripts use it).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -61,11 +68,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ..launch import prepare_launch  # the library's repeatable launch: one argument list, tensors swapped per call
+
 # TMA's global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, renamed ``async_load`` later (3.9
 # keeps the old name only to raise an error).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-TESTED_TRITON = ("3.6",)  # compiled for sm_90 with these (scripts/fa3_compile.py); run on a GPU: none yet
+TESTED_TRITON = ("3.6",)  # run on the H200 with these (scripts/gpu_fa3.py, 2026-12-01): 200 checks against float64
 
 _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
@@ -557,36 +566,82 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
                          "flashcourse.kernels.flash_attention (v7), which runs everywhere")
 
 
+class ForwardPlan:
+    """The host work of a stage's launch done once for a layout (what ``flash_attention``'s plan keeps on
+    Hopper): the stage, grid, scale, shared-memory layouts and one TensorDescriptor per input, validated once;
+    after the first call, the compiled kernel and its argument list. A call then makes three descriptors that
+    differ from the templates only in their base tensor and launches (``launch.prepare_launch``).
+
+    The tensors are seen as 2-D (B*H*N, D) arrays: a tile is addressed by its first row, bh * N + offset."""
+
+    def __init__(self, stage: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float | None):
+        self.spec = _stage(stage)
+        check_inputs(q, k, k)
+        batch, heads, n_q, head_dim = q.shape
+        n_kv = k.shape[2]
+        self.n_q, self.n_kv = n_q, n_kv
+        self.lse_shape = (batch, heads, n_q)
+        self.empty = n_q == 0 or batch * heads == 0 or n_kv == 0
+        scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+        self.arguments = dict(qk_scale=scale * _LOG2E, N_Q=n_q, N_KV=n_kv, **self.spec.constexprs(bool(causal)))
+        self.grid = (triton_cdiv(n_q, self.spec.block_m()), batch * heads)
+        block_n = self.spec.block_n[head_dim]
+        self.templates = None if self.empty else (
+            _descriptor(q, batch * heads * n_q, 64), _descriptor(k, batch * heads * n_kv, block_n),
+            _descriptor(k, batch * heads * n_kv, block_n))
+        self._launch = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o = torch.empty_like(q)
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32)
+        if self.empty:
+            if self.n_kv == 0:  # no key: every row sees nothing
+                o.zero_()
+                lse.fill_(float("-inf"))
+            return o, lse
+        q_desc, k_desc, v_desc = (_on(template, t) for template, t in zip(self.templates, (q, k, v), strict=True))
+        if self._launch is not None:
+            self._launch((q_desc, k_desc, v_desc, o, lse))
+            return o, lse
+        kwargs = dict(q_desc=q_desc, k_desc=k_desc, v_desc=v_desc, O=o, LSE=lse, **self.arguments)
+        compiled = self.spec.kernel[self.grid](**kwargs, **self.spec.options())
+        self._launch = prepare_launch(self.spec.kernel, compiled, self.grid, kwargs,
+                                      ("q_desc", "k_desc", "v_desc", "O", "LSE"))
+        return o, lse
+
+
+def _descriptor(t: torch.Tensor, rows: int, block_rows: int):
+    """A TMA descriptor of ``t`` seen as (rows, D), in tiles of ``block_rows`` rows (validated by Triton)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    head_dim = t.shape[-1]
+    flat = t.view(rows, head_dim)
+    return TensorDescriptor(flat, [rows, head_dim], [head_dim, 1], [block_rows, head_dim],
+                            _smem_layout(block_rows, head_dim, t.dtype))
+
+
+def _on(template, t: torch.Tensor):
+    """``template`` with base tensor ``t``, of the same shape, dtype and alignment: the launcher reads only the
+    base's address from it (shape and strides are the descriptor's), so Triton's checks need not run again."""
+    descriptor = copy.copy(template)  # a field-for-field copy: no __init__, no checks
+    descriptor.base = t
+    return descriptor
+
+
 def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                 scale: float | None = None, stage: str = "v8c") -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention with stage ``stage`` of v8 (see the module docstring); returns (o, lse), lse natural
-    log, float32. ``causal=True`` is top-left aligned. Hopper only; see ``check_inputs`` for what it takes."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    if stage not in STAGES:
-        raise ValueError(f"stage {stage!r}: expected one of {sorted(STAGES)}")
+    log, float32. ``causal=True`` is top-left aligned. Hopper only; see ``check_inputs`` for what it takes.
+    Each call prepares its launch anew; ``flash_attention`` keeps a :class:`ForwardPlan` per layout instead."""
+    _stage(stage)
     check_inputs(q, k, v)
-    spec = STAGES[stage]
-    batch, heads, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
-    if n_q == 0 or batch * heads == 0:
-        return o, lse
-    if n_kv == 0:
-        return o.zero_(), lse.fill_(float("-inf"))
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    rows, block_n = 64, spec.block_n[head_dim]
+    return ForwardPlan(stage, q, k, causal=bool(causal), scale=scale)(q, k, v)
 
-    def describe(t: torch.Tensor, n: int, block_rows: int):
-        flat = t.view(batch * heads * n, head_dim)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
-                                _smem_layout(block_rows, head_dim, q.dtype))
 
-    grid = (triton_cdiv(n_q, spec.block_m()), batch * heads)
-    spec.kernel[grid](describe(q, n_q, rows), describe(k, n_kv, block_n), describe(v, n_kv, block_n), o, lse,
-                      scale * _LOG2E, n_q, n_kv, **spec.constexprs(bool(causal)), **spec.options())
-    return o, lse
+def _stage(name: str) -> Stage:
+    if name not in STAGES:
+        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES)}")
+    return STAGES[name]
 
 
 def triton_cdiv(a: int, b: int) -> int:

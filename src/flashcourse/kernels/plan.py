@@ -1,0 +1,337 @@
+"""How a call runs: its route (which forward and backward kernels, and why) and its plan (the launches, prepared
+once for a layout and then only repeated).
+
+The route is decided in one place, :func:`choose_route`, which ``flash_attention``, ``flash_attention_forward``,
+``flash_attention_backward``, the ``torch.library`` ops and ``kernels.explain`` all ask:
+
+- forward: on a Hopper GPU (compute capability 9.0) with a Triton the Gluon kernels were tested with, the
+  Gluon stage of ``hopper/fa3.py`` that the committed H200 results show fastest for the call's head dim and dtype
+  (:data:`FA3_FASTEST`), wherever the call fits that stage's contract; v7 everywhere else;
+- backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense).
+
+A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
+their grids and argument lists. It is looked up by everything that determines it (shapes, strides, dtype,
+device, 16-byte alignment, options), so a repeat call checks nothing twice and only allocates its outputs and
+launches: FlashInfer's plan / run split and FlexAttention's block mask built once, for our calls. The autograd
+Function keeps the forward's plan for the backward, whose three launches it also prepares on first use.
+Calls whose rules bring tensors of their own (ALiBi slopes, document ids, ``mask_mod``'s tile lists, a block
+mask) get a plan for that call alone: their tensors change from call to call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from . import configs, launch
+from ._checks import check_qkv, padded_head_dim
+from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
+from .backward import launch_candidates as backward_candidates
+from .blockmask import BlockMask
+from .common import tma_scratch
+from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
+from .forward import launch_candidates as forward_candidates
+from .rules import Rules, parse_rules
+
+# The Gluon stage that serves the default forward on Hopper, per (head dim, dtype): the fastest stage over the
+# timed rows of the newest committed fa3-stages results (tests/test_plan.py reads that file and holds this table
+# to it). At D = 128 the intra-warpgroup overlap (v8d) wins; at D = 64 the plain one-warpgroup stage (v8a) does.
+FA3_RESULTS = "benchmarks/results/2026-12-01-nvidia-h200-fa3-stages.json"
+FA3_FASTEST = {
+    (64, torch.float16): "v8a",
+    (64, torch.bfloat16): "v8a",
+    (128, torch.float16): "v8d",
+    (128, torch.bfloat16): "v8d",
+}
+HOPPER = (9, 0)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Which forward and backward kernels a call runs, and why (what :func:`flashcourse.kernels.explain`
+    returns). ``forward`` is a version name of ``FORWARD_VERSIONS`` ("v7") or a Gluon stage ("v8a" ... "v8e");
+    ``backward`` a name of ``BACKWARD_VERSIONS``."""
+
+    forward: str
+    backward: str
+    forward_why: str
+    backward_why: str
+
+    @property
+    def gluon(self) -> bool:
+        """Whether the forward is a Gluon stage of ``hopper/fa3.py``."""
+        return self.forward.startswith("v8")
+
+    def __str__(self) -> str:
+        return f"forward  {self.forward}: {self.forward_why}\nbackward {self.backward}: {self.backward_why}"
+
+
+def _triton_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: configs.DeviceProps,
+                triton_version: str) -> tuple[str | None, str]:
+    """(stage, why) for the default forward: the Gluon stage that serves this call, or None and the reason v7
+    does. Checked inputs only (``check_qkv`` passed)."""
+    if props.interpreter or props.capability != HOPPER:
+        where = "the CPU interpreter" if props.interpreter else f"compute capability {props.capability}"
+        return None, f"the Gluon forward (v8) is for Hopper (compute capability 9.0); this is {where}"
+    batch, heads, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    stage = FA3_FASTEST.get((head_dim, q.dtype))
+    if stage is None:
+        return None, (f"v8 takes head dims 64 and 128 in float16 or bfloat16; this call is D = {head_dim}, "
+                      f"{str(q.dtype).replace('torch.', '')}")
+    if k.shape[1] != heads:
+        return None, f"v8 has no grouped-query attention (H_q = {heads}, H_kv = {k.shape[1]})"
+    if rules.causal == "bottom_right" and n_q != n_kv:
+        return None, "v8 knows only top-left causal attention (bottom-right with N_q != N_kv is another mask)"
+    for present, what in ((block_mask is not None, "block mask"), (rules.window is not None, "sliding window"),
+                          (rules.softcap is not None, "softcap"), (rules.alibi_slopes is not None, "ALiBi"),
+                          (rules.document_ids is not None, "document masking"),
+                          (rules.mask_mod is not None, "mask_mod")):
+        if present:
+            return None, f"v8 has no {what}"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            # A .contiguous() copy reads and writes q, k and v once more: about as much time as v8 saves over
+            # v7 at N = 4096, so v7, which takes any strides, serves such calls.
+            return None, (f"v8 reads contiguous, 16-byte aligned (B, H, N, D) tensors through TMA and {name} is "
+                          "not one (a transposed (B, N, H, D) view, say); v7 takes any strides")
+    if n_q == 0 or n_kv == 0 or batch * heads == 0:
+        return None, "an empty call"
+    try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
+        from .hopper import fa3
+    except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
+        return None, f"the Gluon kernels do not import under Triton {triton_version} ({type(error).__name__})"
+    if _triton_minor(triton_version) not in fa3.TESTED_TRITON:
+        return None, (f"the Gluon stages were tested with Triton {', '.join(fa3.TESTED_TRITON)}; this is Triton "
+                      f"{triton_version}")
+    block_n = fa3.STAGES[stage].block_n[head_dim]
+    if n_kv % block_n:
+        # hopper/fa3.py sees K and V as one (B*H*N, D) array: a key tile past a head's last row would read the
+        # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
+        return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
+                      "would read the next head's keys")
+    return stage, (f"the fastest Gluon stage at D = {head_dim} in {str(q.dtype).replace('torch.', '')} on the H200 "
+                   f"({FA3_RESULTS})")
+
+
+def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
+                 backward_version: str | None = None, props: configs.DeviceProps | None = None,
+                 triton_version: str | None = None) -> Route:
+    """The kernels a checked call runs, and why: the one decision every entry point asks. ``props`` and
+    ``triton_version`` default to q's device and the installed Triton (a test passes an H200's)."""
+    if forward_version is not None and forward_version not in FORWARD_VERSIONS:
+        raise ValueError(f"unknown forward version {forward_version!r}: expected one of {sorted(FORWARD_VERSIONS)}")
+    if backward_version is not None and backward_version not in BACKWARD_VERSIONS:
+        raise ValueError(f"unknown backward version {backward_version!r}: expected one of "
+                         f"{sorted(BACKWARD_VERSIONS)}")
+    props = configs.device_props(q.device) if props is None else props
+    if forward_version is not None:
+        forward, forward_why = forward_version, f"asked for (forward_version={forward_version!r})"
+    else:
+        stage, why = gluon_stage(q, k, v, rules, block_mask=block_mask, props=props,
+                                 triton_version=triton.__version__ if triton_version is None else triton_version)
+        forward, forward_why = (stage, why) if stage is not None else (DEFAULT_FORWARD, f"the default; {why}")
+    if backward_version is not None:
+        backward, backward_why = backward_version, f"asked for (backward_version={backward_version!r})"
+    else:
+        missing = rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
+        if missing is None and block_mask is None:
+            backward, backward_why = DENSE_BACKWARD, "the call needs none of b3's options, and b1 is faster"
+        else:
+            backward, backward_why = DEFAULT_BACKWARD, f"b3 runs every option ({missing or 'block mask'})"
+    return Route(forward, backward, forward_why, backward_why)
+
+
+def check_scale(scale) -> float | None:
+    """``scale`` as given (None: 1/sqrt(D)), or a ValueError: as the reference, no inf or nan, and > 0."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
+                        "for 1/sqrt(D)")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
+                         "pass None for 1/sqrt(D)")
+    return float(scale)
+
+
+def repeatable(q) -> bool:
+    """Whether launches on q's device can be prepared once and repeated: on a GPU, where Triton compiled them (the
+    interpreter compiles nothing). ``scripts/host_profile.py`` answers True on the CPU to time a GPU's path."""
+    return q.is_cuda
+
+
+class Plan:
+    """Everything a call's layout and options decide, prepared once: its route, the resolved scale and, after the
+    first call of each, the launches of the forward and of the backward, repeated on the next calls' tensors.
+
+    ``forward`` and ``backward`` take the call's rules (which may hold tensors, never kept here) and block mask.
+    """
+
+    def __init__(self, route: Route, q, k, v, *, scale: float | None, cacheable: bool):
+        self.route = route
+        self.scale = scale  # as given: run_forward and fa3 resolve None to 1/sqrt(D) the same way
+        self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
+        self._backward_version = BACKWARD_VERSIONS[route.backward]
+        self._lse_shape = tuple(q.shape[:3])
+        # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
+        self._repeat = cacheable and repeatable(q) and launch.LaunchCache().enabled
+        self._allocator = tma_scratch(q.device) if self._needs_scratch(q, k, v) else None
+        self._forward_launch = None
+        self._gluon = None  # hopper/fa3.py's ForwardPlan
+        self._backward_launches: dict = {}  # (do's strides, do aligned) -> (preprocess, dK/dV, dQ) launches
+
+    def _needs_scratch(self, q, k, v) -> bool:
+        """v7 builds TMA descriptors in a global scratch on Hopper: Triton's allocator (per thread) must be set."""
+        if self.route.gluon or not self._forward_version.needs_descriptors:
+            return False
+        return descriptors_usable(configs.device_props(q.device), q, k, v)
+
+    def forward(self, q, k, v, rules: Rules, block_mask: BlockMask | None):
+        """(o, lse) of this call."""
+        if self._allocator is not None:
+            triton.set_allocator(self._allocator)
+        if self._forward_launch is not None:
+            o = torch.empty_like(q)
+            lse = q.new_empty(self._lse_shape, dtype=torch.float32)
+            self._forward_launch((q, k, v, o, lse))
+            return o, lse
+        if self.route.gluon:
+            if self._gluon is None:
+                from .hopper import fa3  # only on Hopper, with a tested Triton (choose_route said so)
+
+                self._gluon = fa3.ForwardPlan(self.route.forward, q, k, causal=rules.causal is not None,
+                                              scale=self.scale)
+            return self._gluon(q, k, v)
+        record = [] if self._repeat else None
+        o, lse = run_forward(self._forward_version, q, k, v, rules=rules, scale=self.scale, block_mask=block_mask,
+                             record=record)
+        if record:
+            self._forward_launch = record[0]
+        return o, lse
+
+    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None):
+        """(dq, dk, dv) from the forward's (o, lse)."""
+        if self._repeat:
+            launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
+            if launches is not None:
+                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                delta = q.new_empty(self._lse_shape, dtype=torch.float32)
+                tensors = (q, k, v, o, do, lse, delta, dk, dv, dq)
+                for prepared in launches:
+                    prepared(tensors)
+                return dq, dk, dv
+        record = [] if self._repeat else None
+        grads = run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
+                             block_mask=block_mask, record=record)
+        if record and len(record) == 3:
+            self._backward_launches[do.stride(), do.data_ptr() % 16 == 0] = tuple(record)
+        return grads
+
+
+class PlanCache:
+    """Plans by key; the oldest is dropped past ``capacity`` (a key holds one layout)."""
+
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self.plans: dict = {}  # read directly on the hot path: a method call would cost more than the lookup
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+    def put(self, key, plan: Plan) -> None:
+        if len(self.plans) >= self.capacity:
+            del self.plans[next(iter(self.plans))]
+        self.plans[key] = plan
+
+
+PLANS = PlanCache()
+
+
+def layout_key(q, k, v) -> tuple:
+    """What Triton specialises the kernels on, for q, k and v: shapes, strides, dtypes, devices and whether each
+    address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is on every call)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+
+
+def check_gqa(q, k, enable_gqa) -> None:
+    """Fewer K/V heads than query heads only when asked for, as SDPA and FlexAttention require."""
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa is {enable_gqa!r}: expected True or False")
+    if not enable_gqa and q.shape[1] != k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads and k has {k.shape[1]}: grouped-query attention must be asked "
+                         "for, as in F.scaled_dot_product_attention: pass enable_gqa=True (query head h then reads "
+                         f"K/V head h // {q.shape[1] // max(k.shape[1], 1)})")
+
+
+def planned_tiles(props: configs.DeviceProps, head_dim: int, elem_bytes: int, rules: Rules) -> dict:
+    """The tiles of the launches the default kernels choose first for a call (v7, and b3's two kernels): what
+    a block mask must hold for that call (a call with a block mask never takes a Gluon stage)."""
+    block_d = padded_head_dim(head_dim)
+    fwd = forward_candidates(FORWARD_VERSIONS[DEFAULT_FORWARD], props, block_d, elem_bytes, rules)[0]
+    dkdv, dq = (candidates[0] for candidates in backward_candidates(props, block_d, elem_bytes, rules))
+    return {"forward": (fwd.block_m, fwd.block_n, False), "dK/dV": (dkdv.block_m, dkdv.block_n, True),
+            "dQ": (dq.block_m, dq.block_n, False)}
+
+
+def check_block_mask(block_mask: BlockMask | None, q, k) -> None:
+    """Before the call's rules are parsed, so that a block mask of other shapes is named as the cause."""
+    if block_mask is not None:
+        props = configs.device_props(q.device)  # the block mask's rules are the call's mask rules: same tiles
+        block_mask.check_call(q, k, planned_tiles(props, q.shape[3], q.element_size(), block_mask.rules))
+
+
+def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
+             mask_mod=None, block_mask=None, scale=None, enable_gqa=False, forward_version=None,
+             backward_version=None) -> tuple[Plan, Rules]:
+    """The plan and the checked rules of a call. A repeat call (same layout and options, rules without tensors)
+    gets its plan from :data:`PLANS` after parsing its options and building one key: its inputs were checked when
+    the plan was made, and everything they decide is in it. Any other call is checked in full."""
+    key = None
+    if alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None:
+        try:
+            rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap)
+            key = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
+                   forward_version, backward_version)
+            plan = PLANS.plans.get(key)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
+            key = None
+        else:
+            if plan is not None:
+                return plan, rules
+    check_qkv(q, k, v)
+    check_gqa(q, k, enable_gqa)
+    check_block_mask(block_mask, q, k)
+    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                        document_ids=document_ids, mask_mod=mask_mod)
+    route = choose_route(q, k, v, rules, block_mask=block_mask, forward_version=forward_version,
+                         backward_version=backward_version)
+    plan = Plan(route, q, k, v, scale=check_scale(scale), cacheable=key is not None)
+    if key is not None:
+        PLANS.put(key, plan)
+    return plan, rules
+
+
+def without_tensors(rules: Rules) -> Rules:
+    """The rules with their tensors taken out (the autograd Function saves those with ``save_for_backward``)."""
+    if rules.alibi_slopes is None and rules.document_ids is None:
+        return rules
+    return replace(rules, alibi_slopes=None, document_ids=None)
+
+
+def with_tensors(rules: Rules, alibi_slopes, document_ids) -> Rules:
+    """The rules with their saved tensors put back."""
+    if alibi_slopes is None and document_ids is None:
+        return rules
+    return replace(rules, alibi_slopes=alibi_slopes, document_ids=document_ids)

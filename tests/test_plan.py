@@ -1,0 +1,255 @@
+"""The call path: which kernels a call runs (``plan.choose_route``, ``kernels.explain``), the table of Gluon stages
+held to the committed H200 results, plans made once per layout, and the routes checked on a GPU against float64."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flashcourse import kernels, reference
+from flashcourse.kernels import configs, plan
+from flashcourse.kernels.rules import parse_rules
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+H200 = configs.KNOWN_DEVICES["H200"]
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def newest_stage_results() -> dict:
+    files = sorted(RESULTS.glob("*-fa3-stages.json"))
+    assert files, "no *-fa3-stages.json in benchmarks/results"
+    return json.loads(files[-1].read_text())
+
+
+def test_the_stage_table_names_the_fastest_stage_of_the_newest_results():
+    """Per (head dim, dtype): the stage with the highest geometric-mean TFLOP/s over its timed rows, and it beats
+    v7 there too, or the default would be slower than what it replaces."""
+    rows = [r for r in newest_stage_results()["rows"] if r["kind"] == "time" and r["status"] == "ok"]
+    rates = defaultdict(list)
+    for row in rows:
+        rates[row["head_dim"], row["dtype"], row["provider"]].append(row["tflops"])
+    cases = {(d, dtype) for d, dtype, _ in rates}
+    assert cases == {(d, name) for d, name in ((64, "float16"), (64, "bfloat16"), (128, "float16"),
+                                                (128, "bfloat16"))}
+    for head_dim, dtype in cases:
+        def mean(provider, head_dim=head_dim, dtype=dtype):
+            values = rates[head_dim, dtype, provider]
+            return math.exp(sum(map(math.log, values)) / len(values))
+
+        stages = {p.removeprefix("fa3-"): mean(p) for d, t, p in rates if (d, t) == (head_dim, dtype)
+                  and p.startswith("fa3-")}
+        fastest = max(stages, key=stages.get)
+        assert plan.FA3_FASTEST[head_dim, DTYPES[dtype]] == fastest, (head_dim, dtype, stages)
+        assert stages[fastest] > mean("v7"), (head_dim, dtype)
+    assert plan.FA3_RESULTS.endswith(sorted(RESULTS.glob("*-fa3-stages.json"))[-1].name)
+
+
+def t(*shape, dtype=torch.float16):
+    return torch.randn(shape, dtype=dtype)
+
+
+def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **options):
+    rules = parse_rules(q, k, **options)
+    return plan.choose_route(q, k, v, rules, block_mask=block_mask, props=props, triton_version=triton_version)
+
+
+@pytest.mark.parametrize(("head_dim", "stage"), [(128, "v8d"), (64, "v8a")])
+@pytest.mark.parametrize("causal", [False, True, "top_left", "bottom_right"])
+def test_on_an_h200_the_default_forward_is_the_fastest_gluon_stage(head_dim, stage, causal):
+    q = t(2, 4, 256, head_dim)
+    chosen = route(q, q, q, causal=causal)
+    assert chosen.forward == stage and chosen.gluon
+    assert "fastest Gluon stage" in chosen.forward_why and chosen.backward == "b1"
+
+
+@pytest.mark.parametrize(("why", "make"), [
+    ("compute capability", lambda: route(t(1, 2, 128, 64), t(1, 2, 128, 64), t(1, 2, 128, 64),
+                                         props=configs.KNOWN_DEVICES["A100"])),
+    ("CPU interpreter", lambda: route(t(1, 2, 128, 64), t(1, 2, 128, 64), t(1, 2, 128, 64),
+                                      props=configs.INTERPRETER)),
+    ("tested with Triton", lambda: route(t(1, 2, 128, 64), t(1, 2, 128, 64), t(1, 2, 128, 64),
+                                         triton_version="3.9.0")),
+    ("D = 96", lambda: route(t(1, 2, 128, 96), t(1, 2, 128, 96), t(1, 2, 128, 96))),
+    ("float32", lambda: route(*(t(1, 2, 128, 64, dtype=torch.float32),) * 3)),
+    ("grouped-query", lambda: route(t(1, 4, 128, 64), t(1, 2, 128, 64), t(1, 2, 128, 64))),
+    ("top-left", lambda: route(t(1, 2, 64, 64), t(1, 2, 128, 64), t(1, 2, 128, 64), causal="bottom_right")),
+    ("sliding window", lambda: route(*(t(1, 2, 128, 64),) * 3, causal=True, window=(63, 0))),
+    ("softcap", lambda: route(*(t(1, 2, 128, 64),) * 3, softcap=20.0)),
+    ("contiguous", lambda: route(*(t(1, 128, 2, 64).transpose(1, 2),) * 3)),
+    ("multiple of", lambda: route(*(t(1, 2, 200, 64),) * 3)),
+])
+def test_every_call_outside_the_gluon_contract_runs_v7_and_says_why(why, make):
+    chosen = make()
+    assert chosen.forward == "v7" and not chosen.gluon
+    assert why in chosen.forward_why
+
+
+def test_awkward_query_lengths_still_take_gluon_when_the_keys_fill_whole_tiles():
+    """Only the key tiles can read another head's rows (the query rows past N_q are never stored)."""
+    for n_q in (1, 17, 200):
+        assert route(t(1, 2, n_q, 128), t(1, 2, 256, 128), t(1, 2, 256, 128)).forward == "v8d"
+
+
+def test_the_backward_is_b3_where_the_call_needs_its_options():
+    q, k = t(1, 4, 128, 64), t(1, 2, 128, 64)
+    chosen = route(q, k, k)
+    assert chosen.backward == "b3" and "grouped-query" in chosen.backward_why
+
+
+def test_explain_is_what_the_call_runs_here(rng):
+    q = torch.randn(1, 2, 40, 16, dtype=torch.float16)
+    chosen = kernels.explain(q, q, q, is_causal=True)
+    assert (chosen.forward, chosen.backward) == ("v7", "b1")
+    assert str(chosen).splitlines()[0].startswith("forward  v7: the default;")
+    assert kernels.explain(q, q, q, forward_version="v3").forward_why == "asked for (forward_version='v3')"
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        kernels.explain(torch.randn(1, 4, 40, 16, dtype=torch.float16), q, q)
+
+
+def test_a_repeat_call_reuses_its_plan_and_other_options_get_another():
+    plan.PLANS.clear()
+    q = torch.randn(1, 2, 24, 16, dtype=torch.float16)
+    kernels.flash_attention(q, q, q, causal=True)
+    first = len(plan.PLANS)
+    kernels.flash_attention(q.clone(), q.clone(), q.clone(), causal=True)
+    assert len(plan.PLANS) == first == 1
+    kernels.flash_attention(q, q, q)
+    kernels.flash_attention(q, q, q, causal=True, scale=0.5)
+    assert len(plan.PLANS) == 3
+    kernels.flash_attention(q, q, q, alibi_slopes=torch.ones(2))  # a rule with a tensor: a plan of its own
+    assert len(plan.PLANS) == 3
+
+
+@pytest.mark.parametrize("scale", [math.inf, -math.inf, math.nan, 0.0, -0.5])
+def test_a_scale_that_is_not_a_finite_positive_number_is_refused(scale):
+    q = torch.randn(1, 1, 8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        kernels.flash_attention(q, q, q, scale=scale)
+    with pytest.raises(ValueError, match="finite number > 0"):
+        kernels.flash_attention_forward(q, q, q, scale=scale)
+
+
+def test_sdpa_spellings_is_causal_and_enable_gqa():
+    q = torch.randn(1, 4, 24, 16, dtype=torch.float16)
+    kv = torch.randn(1, 2, 24, 16, dtype=torch.float16)
+    expect = kernels.flash_attention(q, kv, kv, causal=True, enable_gqa=True)
+    assert torch.equal(kernels.flash_attention(q, kv, kv, is_causal=True, enable_gqa=True), expect)
+    assert torch.equal(kernels.flash_attention(q, kv, kv, causal="top_left", is_causal=True, enable_gqa=True),
+                       expect)
+    with pytest.raises(ValueError, match="disagree"):
+        kernels.flash_attention(q, kv, kv, causal="bottom_right", is_causal=True, enable_gqa=True)
+    with pytest.raises(ValueError, match="disagree"):
+        kernels.flash_attention(q, kv, kv, causal=True, is_causal=False, enable_gqa=True)
+    with pytest.raises(TypeError, match="is_causal"):
+        kernels.flash_attention(q, kv, kv, is_causal="yes", enable_gqa=True)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        kernels.flash_attention(q, kv, kv)
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        kernels.flash_attention_forward(q, kv, kv)
+
+
+def test_return_lse_gives_the_forwards_lse_without_a_gradient():
+    q = torch.randn(1, 2, 24, 16, dtype=torch.float16, requires_grad=True)
+    o, lse = kernels.flash_attention(q, q.detach(), q.detach(), return_lse=True)
+    o_fwd, lse_fwd = kernels.flash_attention_forward(q.detach(), q.detach(), q.detach())
+    assert torch.equal(o.detach(), o_fwd) and torch.equal(lse, lse_fwd)
+    assert lse.dtype == torch.float32 and not lse.requires_grad
+    o.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_alibi_slopes_and_document_ids_are_saved_for_backward_not_kept_on_ctx():
+    q = torch.randn(1, 2, 24, 16, dtype=torch.float16, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.25])
+    docs = torch.tensor([[0] * 10 + [1] * 14])
+    o = kernels.flash_attention(q, q, q, alibi_slopes=slopes, document_ids=docs)
+    node = o.grad_fn
+    assert node.rules.alibi_slopes is None and node.rules.document_ids is None
+    saved = node.saved_tensors
+    assert any(s is not None and torch.equal(s, slopes) for s in saved)
+    assert any(s is not None and torch.equal(s, docs.to(torch.int32)) for s in saved)
+
+
+# ------------------------------------------------------------------------------------------ on a GPU
+def _reference(q, k, v, causal, do):
+    """float64 o and gradients (autograd through the reference attention in PyTorch)."""
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    scores = q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_kv = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+    o = torch.softmax(scores, -1) @ v64
+    o.backward(do.double())
+    return o, q64.grad, k64.grad, v64.grad
+
+
+GPU_CASES = [  # (name, expected forward, n_q, n_kv, head_dim, dtype, heads_kv, layout)
+    ("v8d", "v8d", 200, 256, 128, torch.bfloat16, 2, "contiguous"),
+    ("v8d short queries", "v8d", 17, 128, 128, torch.float16, 2, "contiguous"),
+    ("v8a", "v8a", 1, 256, 64, torch.float16, 2, "contiguous"),
+    ("v8a", "v8a", 256, 256, 64, torch.bfloat16, 2, "contiguous"),
+    ("v7: awkward keys", "v7", 17, 200, 128, torch.float16, 2, "contiguous"),
+    ("v7: GQA", "v7", 200, 200, 64, torch.float16, 1, "contiguous"),
+    ("v7: D = 96", "v7", 128, 128, 96, torch.float16, 2, "contiguous"),
+    ("v7: float32", "v7", 128, 128, 64, torch.float32, 2, "contiguous"),
+    ("v7: (B, N, H, D) view", "v7", 256, 256, 128, torch.bfloat16, 2, "transposed"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("name", "forward", "n_q", "n_kv", "head_dim", "dtype", "heads_kv", "layout"), GPU_CASES)
+def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim, dtype, heads_kv, layout, causal):
+    if causal and n_q != n_kv:
+        n_q = n_kv  # top-left causal over unequal lengths is v7's alone: keep the case on its route
+    torch.manual_seed(0)
+
+    def make(n, heads):
+        if layout == "transposed":
+            return torch.randn(2, n, heads, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+        return torch.randn(2, heads, n, head_dim, device="cuda", dtype=dtype)
+
+    q, k, v = make(n_q, 2), make(n_kv, heads_kv), make(n_kv, heads_kv)
+    options = dict(causal=causal, enable_gqa=heads_kv != 2)
+    chosen = kernels.explain(q, k, v, **options)
+    expect_forward = forward
+    if torch.cuda.get_device_capability() != plan.HOPPER or "tested with Triton" in chosen.forward_why:
+        expect_forward = "v7"
+    assert chosen.forward == expect_forward, str(chosen)
+    do = torch.randn_like(q)
+    k_ref = k.repeat_interleave(q.shape[1] // heads_kv, 1)
+    v_ref = v.repeat_interleave(q.shape[1] // heads_kv, 1)
+    o_ref, dq_ref, dk_ref, dv_ref = _reference(q, k_ref, v_ref, causal, do)
+    dk_ref = dk_ref.unflatten(1, (heads_kv, -1)).sum(2)
+    dv_ref = dv_ref.unflatten(1, (heads_kv, -1)).sum(2)
+    tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 2e-3}[dtype]
+    for _ in range(2):  # the first call makes the plan, the second repeats its launches
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        o = kernels.flash_attention(qg, kg, vg, **options)
+        o.backward(do)
+        for got, want, what in ((o, o_ref, "o"), (qg.grad, dq_ref, "dq"), (kg.grad, dk_ref, "dk"),
+                                (vg.grad, dv_ref, "dv")):
+            error = (got.double() - want).abs().max().item()
+            scale = want.abs().max().item() + 1e-6
+            assert error <= tol * max(scale, 1.0), f"{name} causal={causal}: {what} off by {error}"
+    o_fwd, lse = kernels.flash_attention_forward(q, k, v, **options)
+    lse_ref = torch.logsumexp(
+        (q.double() @ k_ref.double().transpose(-1, -2) / math.sqrt(head_dim)).masked_fill(
+            torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device="cuda").triu(1) if causal else
+            torch.zeros(q.shape[2], k.shape[2], dtype=torch.bool, device="cuda"), -math.inf), -1)
+    assert (lse.double() - lse_ref).abs().max().item() < 2e-2
+    assert np.isfinite(o_fwd.float().cpu().numpy()).all()
+
+
+def test_reference_import_is_used():  # the float64 reference of the package agrees with this file's
+    q = np.random.default_rng(0).standard_normal((1, 1, 5, 16))
+    ref = reference.attention(q, q, q, causal=True)
+    mine = _reference(*(torch.from_numpy(q),) * 3, True, torch.zeros(1, 1, 5, 16, dtype=torch.float64))[0]
+    assert np.allclose(ref, mine.detach().numpy())
