@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -157,12 +158,26 @@ def _stop(server: LabServer, process: subprocess.Popen) -> None:
             process.wait()
 
 
+def install_make_lab_kernel(data_dir: Path) -> dict[str, str]:
+    """Install the kernel as the Makefile's `ipykernel install` line does (its --name and --display-name) into
+    ``data_dir``, which the server searches first (JUPYTER_PATH): it then offers exactly the
+    kernel `make lab` gives a learner, whatever an older set-up left in the venv. Returns its name and label."""
+    line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "ipykernel install" in line)
+    words = shlex.split(line.replace("$(PY)", "python").split(">", 1)[0])
+    kernel = {"name": words[words.index("--name") + 1], "display_name": words[words.index("--display-name") + 1]}
+    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", kernel["name"],
+                    "--display-name", kernel["display_name"]], check=True, capture_output=True,
+                   env=dict(os.environ, JUPYTER_DATA_DIR=str(data_dir)))
+    return kernel
+
+
 @pytest.fixture(scope="session")
 def lab_server(browser_context, tmp_path_factory):
     """`jupyter lab` on 127.0.0.1 (free port, random token) serving a copy of notebooks/ and exercises/, so
-    that running cells never writes outputs into the committed notebooks. Shut down at the end of the session,
-    whatever happened."""
+    that running cells never writes outputs into the committed notebooks, with the kernel `make lab` installs.
+    Shut down at the end of the session, whatever happened."""
     work = tmp_path_factory.mktemp("jupyterlab")
+    install_make_lab_kernel(work / "data")
     root = work / "course"
     for folder in ("notebooks", "exercises"):
         shutil.copytree(ROOT / folder, root / folder)
@@ -171,6 +186,7 @@ def lab_server(browser_context, tmp_path_factory):
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
         (settings / name).write_text(json.dumps(values))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(work / "config"), JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+               JUPYTER_PATH=str(work / "data"),  # searched first: the kernel installed above
                JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"),
                MPLBACKEND="module://matplotlib_inline.backend_inline")
     port, token = _free_port(), secrets.token_hex(16)

@@ -243,3 +243,22 @@ def test_exercise_02_check_gives_feedback(page, lab_server):
 NAIVE_SOFTMAX = """def softmax_safe(x):
     e = np.exp(x)
     return e / e.sum(axis=-1, keepdims=True)"""
+
+
+EXERCISE_LINKS_JS = """() => [...document.querySelectorAll(
+        '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-MarkdownCell a[href*="exercises/"]')].map(a => {
+    const inner = a.querySelector('code') || a;
+    return {text: a.textContent, link: getComputedStyle(a).color, shown: getComputedStyle(inner).color};
+})"""
+
+
+def test_lesson_03_links_its_exercise_in_the_link_colour(page, lab_server):
+    """JupyterLab draws code black, also inside a link: a link written as code reads as code, not as a link."""
+    lesson = "notebooks/03_flash_forward_numpy.ipynb"
+    require(lesson)
+    open_notebook(page, lab_server, lesson)
+    links = page.evaluate(EXERCISE_LINKS_JS)
+    assert links, f"{lesson} shows no link to an exercise"
+    for link in links:
+        assert link["shown"] == link["link"], (
+            f"the link '{link['text']}' is drawn in {link['shown']}, not in the link colour {link['link']}")
