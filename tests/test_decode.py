@@ -652,7 +652,7 @@ def test_decode_benchmark_rows_on_cpu(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the compiled pipeline
 SM90_SHARED_MEMORY = r"""
-import json, re, sys
+import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -661,7 +661,7 @@ from flashcourse.kernels.decode import _decode_split_kernel as kernel
 names = kernel.arg_names
 # what the launcher specialises: 1, or divisible by 16
 unit_strides = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
-shared, byte_loads, copies = {}, {}, {}
+shared = {}
 for page_size, kv in ((None, "fp16"), (16, "fp16"), (256, "fp16"), (None, "fp8e4nv"), (16, "fp8e4nv")):
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                 "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
@@ -678,10 +678,7 @@ for page_size, kv in ((None, "fp16"), (16, "fp16"), (256, "fp16"), (None, "fp8e4
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
     shared[f"{kv} {page_size}"] = compiled.metadata.shared
-    byte_loads[f"{kv} {page_size}"] = len(re.findall(r"ld\.shared\.[bu]8", compiled.asm["ptx"]))
-    copies[f"{kv} {page_size}"] = sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)",
-                                                    compiled.asm["ptx"])))
-json.dump({"shared": shared, "byte_loads": byte_loads, "copy_bytes": copies}, sys.stdout)
+json.dump(shared, sys.stdout)
 """
 
 
@@ -689,11 +686,8 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     """Compiled for an H100/H200 (sm_90, no GPU needed), the paged kernel holds as many K/V tiles in flight in
     shared memory as the contiguous one. A block-table load that feeds the K/V addresses in the same loop step
     (the old per-row lookup) made Triton's pipeliner prefetch one tile ahead instead of two: half the buffers,
-    0.66x the contiguous cache's bandwidth on the H200. The FP8 cache's kernel copies its tiles in 16-byte pieces
-    and never reads shared memory a byte at a time: loaded straight into P V's transposed operand layout, its V
-    tile took 128 one-byte loads a thread per tile after 8-byte copies (the FP8 cache streamed at 2.0-2.5 TB/s
-    on the H200, the float16 cache at 3.7-4.3). Its one-byte tiles plus a 16-bit copy of V for the transpose
-    stay within the float16 kernel's shared memory at equal stages."""
+    0.66x the contiguous cache's bandwidth on the H200. The FP8 cache's kernel stages one-byte tiles: about half
+    the float16 kernel's shared memory, contiguous and paged alike."""
     import json
     import os
     import subprocess
@@ -709,9 +703,6 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     if done.returncode != 0 and no_ptxas:
         pytest.skip("Triton's ptxas is missing here: cannot compile for sm_90")
     assert done.returncode == 0, f"the decode kernel does not compile for sm_90:\n{done.stderr[-3000:]}"
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    shared = found["shared"]
+    shared = json.loads(done.stdout.strip().splitlines()[-1])
     assert shared["fp16 16"] == shared["fp16 256"] == shared["fp16 None"], f"shared memory (bytes): {shared}"
-    assert shared["fp8e4nv 16"] == shared["fp8e4nv None"] <= shared["fp16 None"], shared
-    assert not any(found["byte_loads"].values()), f"one-byte shared-memory loads: {found['byte_loads']}"
-    assert all(sizes == ["0x10"] for sizes in found["copy_bytes"].values()), f"copy sizes: {found['copy_bytes']}"
+    assert shared["fp8e4nv 16"] == shared["fp8e4nv None"] <= 0.6 * shared["fp16 None"], shared

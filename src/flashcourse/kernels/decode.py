@@ -6,6 +6,12 @@ attends the query heads of h's group to keys [s * split_len, (s + 1) * split_len
 normalised over its own keys, with its logsumexp. A second kernel combines the splits of each row with the
 merge rule of lesson 02 (``reference.merge_partials``), applied to all splits at once:
     lse = log(sum_s exp(lse_s)),    o = sum_s exp(lse_s - lse) * o_s;   empty splits have lse_s = -inf.
+With one split there is nothing to merge: the split kernel writes o itself, and the call is one launch.
+
+The host path works out once what a call's layouts and options decide (a ``_Plan``: checks, launch, splits,
+the kernels' arguments) and keeps it by those layouts and options; a repeat call on a GPU only allocates its
+output and launches, as FlashInfer's ``plan`` / ``run`` split. Under ``torch.compile`` the call is one custom op,
+``flashcourse::decode``.
 
 Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
 tile is read from memory once for the whole group (the bytes that bound decoding). A sliding window reads
@@ -147,11 +153,7 @@ def _decode_split_kernel(
         v = tl.load(V + h_kv * stride_vh + v_off[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         if KV_FP8:  # one byte per element read, then widened in registers: every e4m3 value is exact in 16 bits
             k = k.to(q.dtype)
-            # The where is an identity (masked rows are 0 already) that keeps V's widening before its layout
-            # change: without it Triton loads the FP8 tile straight into P V's transposed operand layout, one
-            # byte per shared-memory load (128 a thread per tile at D = 128) after 8-byte copies; widened first,
-            # V is copied in 16-byte pieces and transposed in 16 bits (ldmatrix.trans), as the float16 cache is.
-            v = tl.where(kv_mask, v.to(q.dtype), 0.0)
+            v = v.to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_G, BLOCK_N)
         step_scale = qk_scale
         if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
@@ -361,6 +363,11 @@ def _check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
                              "this sequence's cache holds")
 
 
+def _capturing(q: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on q's device: its calls run later, so no value can be read now."""
+    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _check_scale(scale, head_dim: int) -> float:
     scale = default_scale(head_dim, scale)
     if not math.isfinite(scale):
@@ -401,8 +408,10 @@ def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | N
     scale = _check_scale(scale, head_dim)
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    if cache_seqlens is not None:  # the tensor's values: read here once, the kernel clamps them on every call
-        _check_lengths(host_lengths if host_lengths is not None else cache_seqlens.tolist(), n_max, paged)
+    if host_lengths is not None:
+        _check_lengths(host_lengths, n_max, paged)
+    elif cache_seqlens is not None and not _capturing(q):  # read once here; the kernel clamps on every call
+        _check_lengths(cache_seqlens.tolist(), n_max, paged)
     if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
     block_d = padded_head_dim(head_dim)
