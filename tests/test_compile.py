@@ -181,6 +181,53 @@ def test_the_ops_pass_torch_library_checks(rng):
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+def test_the_backward_op_passes_torch_library_checks(rng):
+    q, k, v, do = (torch.tensor(rng.standard_normal((1, 2, 18, 16)), dtype=torch.float32, device=DEVICE)
+                   for _ in range(4))
+    o, lse = kernels.flash_attention_forward(q, k, v, causal="bottom_right", window=(4, -1), softcap=3.0)
+    args = (q, k, v, o, lse, do, None, None, "bottom_right", 4, -1, 3.0, None, False, None)
+    torch.library.opcheck(torch.ops.flashcourse.attention_backward.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_forward_and_backward_entry_points_compile_with_fullgraph(rng):
+    """flash_attention_forward and flash_attention_backward (what ring attention calls) are the two ops in one
+    graph, and give the eager results; return_lse and is_causal compile too."""
+    q, k, v, do = (torch.tensor(rng.standard_normal((1, 4, 19, 16)), dtype=torch.float32, device=DEVICE)
+                   for _ in range(4))
+    k, v = k[:, :2], v[:, :2]  # grouped-query: asked for with enable_gqa
+
+    def attention_and_grads(q, k, v, do):
+        o, lse = kernels.flash_attention_forward(q, k, v, is_causal=True, enable_gqa=True, scale=0.3)
+        return (o, lse, *kernels.flash_attention_backward(q, k, v, o, lse, do, causal=True, enable_gqa=True,
+                                                          scale=0.3))
+
+    recorder = GraphRecorder("aot_eager")
+    compiled = torch.compile(attention_and_grads, backend=recorder, fullgraph=True)(q, k, v, do)
+    for got, want, what in zip(compiled, attention_and_grads(q, k, v, do), ("o", "lse", "dq", "dk", "dv"),
+                               strict=True):
+        assert torch.equal(got, want), what
+    assert len(recorder.targets) == 1
+    assert {ATTENTION_OP, torch.ops.flashcourse.attention_backward.default} <= recorder.targets[0]
+
+    def with_lse(q, k, v):
+        return kernels.flash_attention(q, k, v, is_causal=True, return_lse=True, enable_gqa=True)
+
+    o, lse = torch.compile(with_lse, backend="aot_eager", fullgraph=True)(q, k, v)
+    assert torch.equal(lse, kernels.flash_attention_forward(q, k, v, causal=True, enable_gqa=True)[1])
+
+
+def test_compiled_calls_refuse_what_eager_calls_refuse(rng):
+    q = torch.tensor(rng.standard_normal((1, 4, 8, 16)), dtype=torch.float32, device=DEVICE)
+    kv = q[:, :2]
+    with pytest.raises(Exception, match="enable_gqa=True"):
+        torch.compile(lambda q, k: kernels.flash_attention_forward(q, k, k), backend="aot_eager",
+                      fullgraph=True)(q, kv)
+    with pytest.raises(Exception, match="finite number > 0"):
+        torch.compile(lambda q: kernels.flash_attention(q, q, q, scale=float("inf")), backend="aot_eager",
+                      fullgraph=True)(q)
+
+
 GPU_CASES = {
     "dense": ({}, {}),
     "causal bottom-right": ({"causal": "bottom_right"}, {"n_q": 100, "n_k": 300}),

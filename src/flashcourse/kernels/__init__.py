@@ -228,7 +228,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     options raise a ValueError naming them.
 
     Not differentiable: use :func:`flash_attention` for gradients, or pass o and lse to
-    :func:`flash_attention_backward`.
+    :func:`flash_attention_backward`. Under ``torch.compile`` the call is the ``flashcourse::attention_forward``
+    op (and :func:`flash_attention_backward` the ``flashcourse::attention_backward`` op), so
+    ``fullgraph=True`` keeps both in the graph; ``mask_mod`` and ``block_mask`` run eagerly (a graph break).
 
     Example::
 
@@ -236,11 +238,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
@@ -249,6 +251,15 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
         raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
                          f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
+    if _is_compiling():
+        if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
+            return _outside_graph(flash_attention_forward, q, k, v, causal=causal, scale=scale, window=window,
+                                  softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                                  mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, version=version)
+        rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                            document_ids=document_ids)
+        check_gqa(q, k, enable_gqa)
+        return ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, version, None)
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                            enable_gqa=enable_gqa, forward_version=version)
@@ -285,11 +296,23 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
+    if _is_compiling():
+        if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
+            return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
+                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask,
+                                  enable_gqa=enable_gqa, version=version)
+        rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                            document_ids=document_ids)
+        check_gqa(q, k, enable_gqa)
+        check_saved(q, o, lse, do)
+        return ops.attention_backward(q, k, v, o, lse, do, *ops.flat_rules(rules), check_scale(scale), enable_gqa,
+                                      version)
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                            enable_gqa=enable_gqa, backward_version=version)
@@ -482,11 +505,10 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
     """``flash_attention`` as torch.compile traces it: the options checked here, the inputs in the op's fake
     implementation, then the ``torch.library`` op of ops.py."""
     if mask_mod is not None or block_mask is not None:  # a @triton.jit function or a BlockMask fits no op schema
-        return _flash_attention_outside_graph(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                              alibi_slopes=alibi_slopes, document_ids=document_ids,
-                                              mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
-                                              return_lse=return_lse, forward_version=forward_version,
-                                              backward_version=backward_version)
+        return _outside_graph(flash_attention, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                              block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
+                              forward_version=forward_version, backward_version=backward_version)
     # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                         document_ids=document_ids)
@@ -497,6 +519,7 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
 
 
 @torch.compiler.disable
-def _flash_attention_outside_graph(q, k, v, **options):
-    """Runs eagerly (a graph break): the path of a ``mask_mod`` or ``block_mask`` call under torch.compile."""
-    return flash_attention(q, k, v, **options)
+def _outside_graph(entry, *tensors, **options):
+    """``entry(*tensors, **options)`` run eagerly (a graph break): a ``mask_mod`` or ``block_mask`` call under
+    torch.compile."""
+    return entry(*tensors, **options)

@@ -4,11 +4,12 @@ Two custom ops, ``flashcourse::attention_forward`` (-> o, lse) and ``flashcourse
 (-> dq, dk, dv), each with a fake implementation (shapes and dtypes only, what the compiler traces with) and the
 forward with an autograd formula that calls the backward op. Every tensor the backward needs, the ALiBi slopes
 and document ids included, is saved with ``save_for_backward``; the rest of the rules are plain numbers and
-strings. ``kernels.flash_attention`` routes here only while compiling: eager calls keep
-``FlashAttentionFunction`` (the comment in ``flash_attention`` says why).
+strings. ``kernels.flash_attention``, ``flash_attention_forward`` and ``flash_attention_backward`` route here only
+while compiling: eager calls keep the plan (``plan.py``) and ``FlashAttentionFunction`` (the comment in
+``flash_attention`` says why). Both ops run through the same plans as eager calls, so they dispatch the same way.
 
 A ``mask_mod`` is a ``@triton.jit`` function and a ``block_mask`` a Python object holding tile lists, which an op's
-schema cannot carry: ``flash_attention`` runs such a call eagerly, outside the graph (a graph break).
+schema cannot carry: the entry points run such a call eagerly, outside the graph (a graph break).
 """
 
 # No `from __future__ import annotations`, and Optional rather than `X | None`: torch.library reads the op's schema
@@ -71,6 +72,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left, window_right,
                              softcap, scale, enable_gqa, backward_version):
+    check_qkv(q, k, v)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
