@@ -136,12 +136,16 @@ def test_decode_splits_fill_the_device():
 @pytest.mark.parametrize("gpu", ["L4", "H200"])
 @pytest.mark.parametrize("block_d", [64, 128, 256])
 def test_an_fp8_cache_keeps_twice_the_tiles_in_flight(gpu, block_d):
-    """One byte per staged element: the FP8 cache's first launch has the float16 launch's tiles and twice its
-    tiles in flight (stages - 1 each), the same bytes of shared memory for K and V."""
+    """One byte per staged element: the FP8 cache's first launch keeps the float16 launch's bytes of K and V in
+    flight (stages - 1 tiles each). On the H200 up to D = 128 it takes twice the keys per step over 8 warps (its
+    step is bound by instructions: widening, byte loads of V); elsewhere the float16 tiles, twice as many stages."""
     fp16 = configs.decode_config(DEVICES[gpu], block_d, 2)
     fp8 = configs.decode_config(DEVICES[gpu], block_d, 2, fp8_cache=True)
-    assert (fp8.block_m, fp8.block_n, fp8.num_warps) == (fp16.block_m, fp16.block_n, fp16.num_warps)
-    assert fp8.num_stages - 1 == 2 * (fp16.num_stages - 1)
+    assert (fp8.num_stages - 1) * fp8.block_n == 2 * (fp16.num_stages - 1) * fp16.block_n
+    if gpu == "H200" and block_d <= 128:
+        assert (fp8.block_n, fp8.num_warps, fp8.num_stages) == (2 * fp16.block_n, 8, fp16.num_stages)
+    else:
+        assert (fp8.block_m, fp8.block_n, fp8.num_warps) == (fp16.block_m, fp16.block_n, fp16.num_warps)
     assert configs.decode_config(configs.INTERPRETER, block_d, 2, fp8_cache=True) == \
         configs.decode_config(configs.INTERPRETER, block_d, 2)
 

@@ -271,9 +271,17 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_
     caller), block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay.
 
     ``elem_bytes`` is q's: the K/V tiles are widened to it in registers. ``fp8_cache``: the tiles are staged in
-    shared memory at one byte per element, so a stage costs half, and the first launch keeps twice the tiles in
-    flight (``2 * stages - 1`` stages, ``stages - 1`` tiles ahead each): the float16 launch's bytes in flight,
-    which is what keeps HBM busy. Not for widened rows past 512 bytes (float32 q at D = 256), whose conversion
+    shared memory at one byte per element, so a stage costs half. Sized by bytes, not rows: on sm_90 the first
+    launch takes twice the keys per step (the float16 launch's 32 KB of K and V a step at D = 128, and its
+    stages) over 8 warps. The FP8 step looks bound by instructions, not bytes (at 32K keys it took 33 us to the
+    float16 step's 36 with half the bytes): widening e4m3 in registers, and V
+    read from shared memory a byte at a time (Triton loads it straight into P V's transposed operand layout:
+    128 one-byte loads a thread per 128-key tile at 4 warps, compiled for sm_90); with 4 warps each scheduler of
+    an SM has one warp and nothing to hide a latency behind. 8 warps halve each thread's share and give every
+    scheduler two. The earlier launch (128 keys, 4 warps, ``2 * stages - 1`` stages: the float16 launch's bytes in
+    flight) streamed at 2.0-2.5 TB/s on the H200 against the float16 cache's 3.7-4.3 (2026-12-01 decode results)
+    and stays as the next candidate. Elsewhere the first launch keeps the float16 launch's bytes in flight with
+    ``2 * stages - 1`` stages; not for widened rows past 512 bytes (float32 q at D = 256), whose conversion
     scratch the compiler also puts in shared memory: 114,688 B at 3 stages on sm_89, past the L4's 99 KB. Not
     swept yet (``bench decode --tune`` sweeps the FP8 cache too)."""
     if props.interpreter:
@@ -288,7 +296,10 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_
     else:
         first = KernelConfig(16, 64 if row <= 256 else 32 if row <= 512 else 16, 4, 1)
     if fp8_cache and row <= 512:
-        first = replace(first, num_stages=2 * first.num_stages - 1)
+        deeper = replace(first, num_stages=2 * first.num_stages - 1)
+        if props.capability >= (9, 0) and row <= 256:
+            return tuple(dict.fromkeys((KernelConfig(16, 2 * first.block_n, 8, first.num_stages), deeper, *smaller)))
+        first = deeper
     return tuple(dict.fromkeys((first, *smaller)))
 
 
