@@ -260,9 +260,11 @@ PLANS = PlanCache()
 
 def layout_key(q, k, v) -> tuple:
     """What Triton specialises the kernels on, for q, k and v: shapes, strides, dtypes, devices and whether each
-    address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is on every call)."""
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+    address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is on every call; the
+    device as ``get_device()``, an int, -1 on the CPU, is cheaper to make and compare than a torch.device)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.get_device(), k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0,
+            v.data_ptr() % 16 == 0)
 
 
 def check_gqa(q, k, enable_gqa) -> None:
