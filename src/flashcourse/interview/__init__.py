@@ -3,7 +3,8 @@
 ``load()`` returns the bank shipped with the package (``questions.yaml``), ``validate()`` lists every problem
 in it (missing translations, evidence that does not resolve, quoted numbers that do not match),
 ``render_markdown(lang="zh")`` renders it as Markdown (docs/interview_*.md), ``render_html`` for lesson 10 (answers
-hidden until opened), ``flashcourse quiz`` drills it in a terminal (:mod:`.terminal`), and ``Quiz`` (in
+hidden until opened), ``flashcourse interview quiz`` drills it in a terminal with spaced repetition
+(:mod:`.terminal`), and ``Quiz`` (in
 :mod:`flashcourse.interview.quiz`,
 imported on demand because it needs ipywidgets) drills it.
 """
