@@ -44,7 +44,12 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 
 from flashcourse.bench import overhead  # noqa: E402
-from flashcourse.kernels import _checks, common, configs, decode, forward, launch, plan, rules  # noqa: E402
+from flashcourse.kernels import _checks, common, configs, decode, forward, launch, rules  # noqa: E402
+
+try:  # absent in checkouts before the plans (run there to time the path they replaced)
+    from flashcourse.kernels import plan  # noqa: E402
+except ImportError:
+    plan = None
 
 H200 = configs.KNOWN_DEVICES["H200"]
 LAUNCHES: collections.Counter = collections.Counter()  # ("full" | "cached", kernel name) -> launches
@@ -125,8 +130,9 @@ def as_on_an_h200() -> None:
     stand-in v7 launch takes its place (Gluon compiles nothing in the interpreter), at the same host path."""
     InterpretedFunction.__getitem__ = full_launch
     configs.device_props = lambda device: H200
-    plan.repeatable = lambda q: True
-    plan.gluon_stage = lambda *args, **kwargs: (None, "stubbed: the host profile times v7's launch")
+    if plan is not None:
+        plan.repeatable = lambda q: True
+        plan.gluon_stage = lambda *args, **kwargs: (None, "stubbed: the host profile times v7's launch")
     gpu_launch_keys()
 
 
@@ -178,7 +184,8 @@ def pieces() -> dict[str, float]:
         "check_qkv": lambda: _checks.check_qkv(x, x, x),
         "parse_rules (dense)": lambda: rules.parse_rules(x, x),
         "forward _launch_key (GPU key)": lambda: forward._launch_key(version, rules.DENSE, None, None, x, x, x),
-        "plan_for, a repeat call (parse options, key, look up)": lambda: plan.plan_for(x, x, x, causal=True),
+        **({} if plan is None else {
+            "plan_for, a repeat call (parse options, key, look up)": lambda: plan.plan_for(x, x, x, causal=True)}),
         "layout_key of 3 tensors": lambda: launch.layout_key(x, x, x),
         "check_device": lambda: _checks.check_device(x, "q"),
         "x.device (a new torch.device each time)": lambda: x.device,
@@ -207,16 +214,37 @@ def pieces() -> dict[str, float]:
     return {name: us_alone(fn) for name, fn in found.items()}
 
 
+def save(label: str, rows: list[dict]) -> str:
+    """Today's host-profile results file with ``rows`` in place of any earlier rows labelled ``label``."""
+    import json
+
+    from flashcourse import resources
+    from flashcourse.bench import environment_info, save_results
+
+    meta = environment_info()
+    meta["device"] = "cpu-launches-stubbed"  # the file's name: <date>-cpu-launches-stubbed-host-profile.json
+    path = resources.new_results_dir() / f"{meta['date']}-cpu-launches-stubbed-host-profile.json"
+    if path.exists():
+        rows = [r for r in json.loads(path.read_text())["rows"] if r["label"] != label] + rows
+    return str(save_results("host-profile", rows, kind="host-profile", meta=meta, extra={
+        "method": "scripts/host_profile.py: CPU tensors, every launch a stand-in, device properties of the H200; "
+                  "this thread's CPU time per call (time.thread_time), fastest and median of the repeats"}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per timing and per profile")
     parser.add_argument("--repeats", type=int, default=7, help="timings per call (the fastest is the least "
                         "disturbed by other work on the machine)")
     parser.add_argument("--lines", type=int, default=25, help="functions shown per cProfile view")
+    parser.add_argument("--json", metavar="LABEL", help="also save the per-call times as rows labelled LABEL (say, "
+                        "the commit) in benchmarks/results/<date>-cpu-launches-stubbed-host-profile.json (rows of "
+                        "another label already there are kept: run it before and after a change)")
     args = parser.parse_args()
     as_on_an_h200()
     print(f"torch {torch.__version__}, Triton {triton.__version__}, CPU tensors, launches stubbed, device "
           f"properties of the {H200.name}")
+    rows = []
     for name, (fn, grad) in cases().items():
         with torch.set_grad_enabled(grad):
             for _ in range(50):  # compile nothing, but fill the launch caches
@@ -231,12 +259,17 @@ def main() -> None:
             for _ in range(args.calls):
                 fn()
             profiler.disable()
+        rows.append({"label": args.json, "call": name, "us_min": min(times), "us_median": statistics.median(times),
+                     "us_max": max(times), "calls": args.calls, "repeats": args.repeats,
+                     "launches": {f"{how} {kernel}": n for (how, kernel), n in counts.items()}})
         print(f"\n=== {name}: {min(times):.1f} us per call at best, median {statistics.median(times):.1f} (repeats "
               f"up to {max(times):.1f}); launches per call {counts}; without Triton's binding of the full launches "
               f"{min(unbound):.1f} at best")
         stats = pstats.Stats(profiler)
         stats.sort_stats("tottime").print_stats(args.lines)
         stats.sort_stats("cumulative").print_stats("flashcourse|host_profile|torch", args.lines)
+    if args.json:
+        print(f"saved {save(args.json, rows)}")
     print("\n=== pieces timed alone (CPU us per call, fastest of 5)")
     for piece, us in pieces().items():
         print(f"{us:8.2f}  {piece}")
