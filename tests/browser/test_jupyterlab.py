@@ -225,7 +225,8 @@ def test_exercise_02_check_gives_feedback(page, lab_server):
     panel = open_notebook(page, lab_server, EXERCISE)
     run_all_cells(page, panel)  # stops at the first check: the stub is not filled in
     feedback = check_output(page, panel, check_index, "not implemented yet")
-    assert "fill in" in feedback, f"the stub's feedback does not say what to do: {feedback}"
+    assert "fill in" in feedback.lower() and f"`{function}`" in feedback, (
+        f"the stub's feedback does not say what to fill in: {feedback}")
     panel.locator(".jp-Cell").nth(check_index).scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "lab-ex02-stub-feedback.png"))
 
