@@ -176,6 +176,20 @@ def test_alibi_slopes_and_document_ids_are_saved_for_backward_not_kept_on_ctx():
     assert any(s is not None and torch.equal(s, docs.to(torch.int32)) for s in saved)
 
 
+def test_gluon_descriptor_templates_keep_no_tensor_and_take_each_calls():
+    try:
+        from flashcourse.kernels.hopper import fa3
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3.py does not import under this Triton: {error}")
+    x = torch.zeros(2, 3, 128, 64, dtype=torch.float16)
+    template = fa3._descriptor(x, 2 * 3 * 128, 64)
+    assert template.base is None  # a plan kept for later calls pins no tensor of its first call
+    y = torch.ones_like(x)
+    descriptor = fa3._on(template, y)
+    assert descriptor.base is y and template.base is None
+    assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == ([768, 64], [64, 1], [64, 64])
+
+
 # ------------------------------------------------------------------------------------------ on a GPU
 def _reference(q, k, v, causal, do):
     """float64 o and gradients (autograd through the reference attention in PyTorch)."""

@@ -611,13 +611,16 @@ class ForwardPlan:
 
 
 def _descriptor(t: torch.Tensor, rows: int, block_rows: int):
-    """A TMA descriptor of ``t`` seen as (rows, D), in tiles of ``block_rows`` rows (validated by Triton)."""
+    """A TMA descriptor of ``t`` seen as (rows, D), in tiles of ``block_rows`` rows, validated by Triton, then
+    with no base tensor: a template (:func:`_on` gives it each call's), which keeps no call's tensor alive."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     head_dim = t.shape[-1]
     flat = t.view(rows, head_dim)
-    return TensorDescriptor(flat, [rows, head_dim], [head_dim, 1], [block_rows, head_dim],
-                            _smem_layout(block_rows, head_dim, t.dtype))
+    template = TensorDescriptor(flat, [rows, head_dim], [head_dim, 1], [block_rows, head_dim],
+                                _smem_layout(block_rows, head_dim, t.dtype))
+    template.base = None
+    return template
 
 
 def _on(template, t: torch.Tensor):
