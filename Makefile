@@ -53,11 +53,13 @@ lab: setup-course
 lint: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
 
-# Two pytest stages: the second builds the website from the lessons the first executed (build/executed/).
+# Two pytest stages: the second builds the website from the lessons the first executed (build/executed/). The first
+# hands its tests to the two workers one at a time, longest first (tests/conftest.py orders them): by default each
+# worker takes a quarter of the suite at once, and one of them got every slow test.
 test: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
-	@$(call timed,pytest,$(PY) -m pytest -n 2 --durations=15 -m "not gpu and not full" --ignore=tests/browser \
-		--ignore=tests/test_site.py)
+	@$(call timed,pytest,$(PY) -m pytest -n 2 --maxschedchunk 1 --durations=15 -m "not gpu and not full" \
+		--ignore=tests/browser --ignore=tests/test_site.py)
 	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
 
 # `make test-fast`: ruff and the unit tests, in about a minute. Left to `make test`: whatever executes notebooks (the
