@@ -87,6 +87,7 @@ def test_train_step_row_on_a_tiny_shape_in_the_interpreter(monkeypatch):
     assert {k: row[k] for k in ("dtype", "batch", "heads", "n", "head_dim", "causal")} == \
         {"dtype": "float16", "batch": 1, "heads": 2, "n": 32, "head_dim": 16, "causal": True}
     assert row["status"] == row["sdpa_plain_status"] == row["sdpa_flash_status"] == "ok"
+    assert (row["forward_kernel"], row["backward_kernel"]) == ("v7", "b1")  # what "ours" ran (kernels.explain)
     assert (row["us"], row["us_min"], row["us_max"]) == pytest.approx((400, 300, 500))
     assert (row["sdpa_plain_us"], row["sdpa_plain_us_min"], row["sdpa_plain_us_max"]) == pytest.approx((200, 100, 250))
     assert row["ratio_vs_sdpa_plain"] == pytest.approx(400 / 200)

@@ -3,14 +3,17 @@ held to the committed H200 results, plans made once per layout, and the routes c
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from triton.runtime.interpreter import InterpretedFunction
 
 from flashcourse import kernels, reference
 from flashcourse.kernels import configs, plan
@@ -174,6 +177,62 @@ def test_alibi_slopes_and_document_ids_are_saved_for_backward_not_kept_on_ctx():
     saved = node.saved_tensors
     assert any(s is not None and torch.equal(s, slopes) for s in saved)
     assert any(s is not None and torch.equal(s, docs.to(torch.int32)) for s in saved)
+
+
+class Replayed:
+    """Stands in for the compiled kernel that ``kernel[grid](...)`` returns on a GPU: launching it runs the
+    interpreted kernel on the arguments it is given, so a prepared launch replays through the interpreter."""
+
+    packed_metadata = ()
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+        self.params = list(inspect.signature(kernel.fn).parameters)
+        self.src = SimpleNamespace(signature=dict.fromkeys(self.params))
+
+    def __getitem__(self, grid):
+        def run(*args):
+            self.launches.append(self.kernel.fn.__name__)
+            ORIGINAL_GETITEM(self.kernel, grid)(**dict(zip(self.params, args, strict=True)))
+
+        return run
+
+
+ORIGINAL_GETITEM = InterpretedFunction.__getitem__
+
+
+def test_a_plan_replays_its_prepared_launches_on_the_next_calls_tensors(monkeypatch):
+    """The path a repeat call takes on a GPU, through the interpreter: the first call prepares the forward's launch
+    and the backward's three, the second only swaps its own tensors in (a slot mixed up would show here)."""
+    replayed: list = []
+
+    def full_launch(kernel, grid):
+        def run(**kwargs):
+            ORIGINAL_GETITEM(kernel, grid)(**kwargs)
+            return Replayed(kernel, replayed)
+
+        return run
+
+    monkeypatch.setattr(InterpretedFunction, "__getitem__", full_launch)
+    monkeypatch.setattr(plan, "repeatable", lambda q: True)
+    plan.PLANS.clear()
+    rng = np.random.default_rng(5)
+    for step in range(2):
+        q, k, v, do = (torch.tensor(rng.standard_normal((1, 2, 40, 16)), dtype=torch.float32) for _ in range(4))
+        k = k[:, :1]  # grouped-query attention, strided views: every stride of the layout is kept
+        v = v[:, :1]
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = kernels.flash_attention(*leaves, causal=True, enable_gqa=True)
+        o.backward(do)
+        expect = _reference(q, k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1), True, do)
+        got = (o, leaves[0].grad, leaves[1].grad, leaves[2].grad)
+        want = (expect[0], expect[1], expect[2].sum(1, keepdim=True), expect[3].sum(1, keepdim=True))
+        for g, w, what in zip(got, want, ("o", "dq", "dk", "dv"), strict=True):
+            assert (g.double() - w).abs().max() < 1e-4, f"step {step}: {what}"
+        if step == 0:
+            assert replayed == [], "the first call launches through Triton and prepares"
+    assert len(replayed) == 4, f"the second call replays forward, preprocess, dK/dV and dQ: {replayed}"
+    plan.PLANS.clear()
 
 
 def test_gluon_descriptor_templates_keep_no_tensor_and_take_each_calls():

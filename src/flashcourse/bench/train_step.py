@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from flashcourse.bench import attention_flops, tflops, time_repeats
-from flashcourse.bench.attention import Shape, _guarded, make_inputs, validate_ours, warm_up_gpu
+from flashcourse.bench.attention import Shape, _guarded, kernels_run, make_inputs, validate_ours, warm_up_gpu
 from flashcourse.bench.providers import sdpa
 
 # (batch, heads, n, head_dim): nanoGPT's B=8, H=12, N=1024, D=64, twice the batch, and two models at N=2048.
@@ -53,7 +53,8 @@ def time_step(shape: Shape, provider: str, *, device: str = "cuda", timer=None) 
     def measure() -> dict:
         q, k, v, do = make_inputs(shape, device=device)
         timing = time_repeats(lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), do), timer=timer)
-        return {"us": timing.ms * 1e3, "us_min": timing.ms_min * 1e3, "us_max": timing.ms_max * 1e3}
+        return {"us": timing.ms * 1e3, "us_min": timing.ms_min * 1e3, "us_max": timing.ms_max * 1e3,
+                **kernels_run(provider, q, k, v, shape, {})}
 
     return _guarded(measure)
 
