@@ -48,6 +48,8 @@ def test_overhead_times_each_call_beside_plain_sdpa(sdpa_kernels):
     assert sdpa_kernels["flash_decode"] and not any(sdpa_kernels["flash_decode"])
     assert False in sdpa_kernels["flash_attention"] and True in sdpa_kernels["flash_attention"]
     assert overhead.meta()["sdpa_call"] == "plain"
+    ran = {r["provider"]: r.get("kernels") for r in rows}  # which of our kernels each row timed (kernels.explain)
+    assert (ran["flashcourse_forward"], ran["flashcourse_train_step"]) == ("v7", "v7 + b1")
 
 
 def test_overhead_ratios_are_ours_over_sdpa_with_their_range(monkeypatch):

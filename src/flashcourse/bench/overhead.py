@@ -64,6 +64,16 @@ def providers(device: str = "cuda") -> dict[str, Callable[[], object]]:
     }
 
 
+def kernels_run(device: str = "cuda") -> dict[str, str]:
+    """Which kernels our forward and training-step calls run here (``kernels.explain`` on the same shapes): on
+    Hopper the forward is a Gluon stage, whose launch builds TMA descriptors, so a row says which it timed."""
+    from flashcourse import kernels
+
+    x = torch.zeros(1, 16, 128, 64, device=device, dtype=torch.float16)
+    forward, step = kernels.explain(x, x, x), kernels.explain(x, x, x, causal=True)
+    return {"flashcourse_forward": forward.forward, "flashcourse_train_step": f"{step.forward} + {step.backward}"}
+
+
 def us_per_call(fn: Callable[[], object], calls: int = CALLS, repeats: int = REPEATS, *, warmup: int = WARMUP,
                 sync: Callable[[], None] = torch.cuda.synchronize) -> list[float]:
     """Microseconds per call in each repeat: ``calls`` calls back to back, synchronised once at the end."""
@@ -87,11 +97,13 @@ def run(log=print, *, device: str = "cuda", calls: int = CALLS, repeats: int = R
     slowest, and the other way round). ``device="cpu"`` only for tests: nothing to synchronise there."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     rows = []
+    ran = kernels_run(device)
     for name, fn in providers(device).items():
         with torch.set_grad_enabled(name in TRAINING):
             times = us_per_call(fn, calls, repeats, warmup=warmup, sync=sync)
         rows.append({"provider": name, "us_per_call": statistics.median(times), "us_min": min(times),
-                     "us_max": max(times), "calls": calls, "repeats": repeats})
+                     "us_max": max(times), "calls": calls, "repeats": repeats,
+                     **({"kernels": ran[name]} if name in ran else {})})
         log(f"{name:24} {rows[-1]['us_per_call']:7.1f} us per call (repeats {min(times):.1f}-{max(times):.1f})")
     by_name = {r["provider"]: r for r in rows}
     for ours, theirs in PAIRS:
