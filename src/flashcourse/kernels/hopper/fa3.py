@@ -12,11 +12,12 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       sm_90), maybe a little less, since v7's 8-warp programs hide more latency than one warpgroup.
 - v8b ``_fa3_ws_kernel`` (CONSUMERS=1): a producer warp issues every TMA load into a ring of STAGES shared
       buffers guarded by mbarriers (ready: the bytes landed; empty: the consumer is done with the slot; phase
-      bits), and the consumer warpgroup only computes (``gl.warp_specialize``). Triton 3.6's warp_specialize
-      always asks for register budgets: the producer's warpgroup drops to 24 registers, the consumer rises to
-      232, and the launch is capped at 128 a thread (maxnreg) so that two programs still share an SM as in
-      v8a. Expected: +0-5% over v8a (the consumer no longer issues copies and waits less on them), little
-      else: the softmax still waits on the GEMMs.
+      bits; the six travel between functions as one ``_Ring``, a Gluon ``aggregate``), and the consumer
+      warpgroup only computes (``gl.warp_specialize``). Triton 3.6's warp_specialize always asks for register
+      budgets: the producer's warpgroup drops to 24 registers, the consumer rises to 232, and the launch is
+      capped at 128 a thread (maxnreg) so that two programs still share an SM as in v8a. Expected: +0-5% over
+      v8a (the consumer no longer issues copies and waits less on them), little else: the softmax still waits
+      on the GEMMs.
 - v8c ``_fa3_ws_kernel`` (CONSUMERS=2, register budgets): two consumer warpgroups (64 rows each of a 128-row
       query tile) share one K/V ring, so each K/V tile read from L2 serves 128 rows, and ``setmaxnreg`` gives the
       producer 24 registers a thread and the consumers 240 (FA3's program: 3 warpgroups, 168 registers a thread
@@ -52,8 +53,8 @@ this module only then, inside the plan: Gluon's API moves between Triton release
 host side the library keeps per layout; :func:`fa3_forward` runs any stage once (the GPU scripts use it).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Triton 3.6's ``aggregate`` checks each field against its annotation
+# as written, and a string annotation is no type.
 import copy
 import math
 from dataclasses import dataclass
@@ -69,6 +70,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..launch import prepare_launch  # the library's repeatable launch: one argument list, tensors swapped per call
+
+try:
+    from triton.experimental.gluon import aggregate
+except ImportError:  # Triton 3.6: the same decorator, under the name its own Gluon tutorials import
+    from triton.language.core import _aggregate as aggregate
 
 # TMA's global -> shared copy: ``async_copy_global_to_shared`` in Triton 3.6, renamed ``async_load`` later (3.9
 # keeps the old name only to raise an error).
@@ -228,12 +234,36 @@ def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL:
 
 
 # ------------------------------------------------------------------------------------------ v8b-v8e
+@aggregate
+class _Ring:
+    """The K/V ring of v8b-v8e: slot i holds ``k_smem.index(i)`` and ``v_smem.index(i)``; the producer's TMA
+    arrives on ``k_ready.index(i)`` / ``v_ready.index(i)`` (by byte count) once a tile landed, every consumer
+    warpgroup on ``k_empty.index(i)`` / ``v_empty.index(i)`` once it no longer reads it. One named bundle (the
+    compiler flattens it back into the six values) instead of six arguments that must come in the right order."""
+
+    k_smem: gl.shared_memory_descriptor
+    v_smem: gl.shared_memory_descriptor
+    k_ready: gl.shared_memory_descriptor
+    k_empty: gl.shared_memory_descriptor
+    v_ready: gl.shared_memory_descriptor
+    v_empty: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty):
+        self.k_smem = k_smem
+        self.v_smem = v_smem
+        self.k_ready = k_ready
+        self.k_empty = k_empty
+        self.v_ready = v_ready
+        self.v_empty = v_empty
+
+
 @gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                 q_row, kv_row, n_tiles, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: Q once (one tile per consumer warpgroup), then K and V tile by tile into the ring.
-    A slot is refilled only after every consumer arrived on its ``empty`` barrier; on the first pass round the
-    ring the wait is for phase 1 of a fresh barrier, which counts as already complete."""
+def _ws_producer(q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """The producer warp: Q once (one tile per consumer warpgroup), then K and V tile by tile into the ring (a
+    ``_Ring``). A slot is refilled only after every consumer arrived on its ``empty`` barrier; on the first pass
+    round the ring the wait is for phase 1 of a fresh barrier, which counts as already complete."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     for w in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
@@ -241,18 +271,18 @@ def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready
     for j in range(n_tiles):
         slot = j % STAGES
         phase = (j // STAGES) & 1
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase ^ 1)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        mbarrier.wait(ring.k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], ring.k_ready.index(slot), ring.k_smem.index(slot))
+        mbarrier.wait(ring.v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(ring.v_ready.index(slot), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [kv_row + j * BLOCK_N, 0], ring.v_ready.index(slot), ring.v_smem.index(slot))
 
 
 @gluon.jit
-def _ws_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, j_lo, j_hi, N_KV,
-              qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
-              S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+def _ws_tiles(acc, m_i, l_i, q_smem, ring, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr,
+              CAUSAL: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr,
+              O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi) of a consumer warpgroup without overlap (v8b, v8c): wait for K, QK^T, free K,
     softmax, wait for V, PV, free V."""
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
@@ -260,26 +290,26 @@ def _ws_tiles(acc, m_i, l_i, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, 
     for j in range(j_lo, j_hi):
         slot = j % STAGES
         phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(ring.k_ready.index(slot), phase)
+        s = warpgroup_mma(q_smem, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(slot))
+        mbarrier.arrive(ring.k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
                                            CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        p = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-        mbarrier.wait(v_ready.index(slot), phase)
-        acc = warpgroup_mma(p, v_smem.index(slot), acc, is_async=True)
+        p = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
+        mbarrier.wait(ring.v_ready.index(slot), phase)
+        acc = warpgroup_mma(p, ring.v_smem.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(slot))
+        mbarrier.arrive(ring.v_empty.index(slot))
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns,
-                         wg: gl.constexpr, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                         PINGPONG: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
-                         S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, ring, turns, wg: gl.constexpr, rows, j_lo, j_hi, N_KV,
+                         qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                         STAGES: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr,
+                         O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, with intra-warpgroup overlap (v8d): QK^T of tile j and PV of tile j-1
     (P of tile j-1 waiting in registers) are issued together; tile j's softmax runs while PV(j-1) is still on
     the tensor cores; the output rows are rescaled by tile j's alpha once that PV has landed.
@@ -294,36 +324,35 @@ def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, k_smem, v_smem, k_ready,
         prev = (j - 1) % STAGES
         prev_phase = ((j - 1) // STAGES) & 1
         turn = j - 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        mbarrier.wait(v_ready.index(prev), prev_phase)
+        mbarrier.wait(ring.k_ready.index(slot), phase)
+        mbarrier.wait(ring.v_ready.index(prev), prev_phase)
         if PINGPONG:
             if wg == 0:
                 mbarrier.wait(turns.index(0), (turn - 1) & 1, pred=turn > 0)
             else:
                 mbarrier.wait(turns.index(1), turn & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma(q_smem, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_prev, ring.v_smem.index(prev), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turns.index(1 - wg))
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-        mbarrier.arrive(k_empty.index(slot))
+        mbarrier.arrive(ring.k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
                                            CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
         acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
-        mbarrier.arrive(v_empty.index(prev))
+        mbarrier.arrive(ring.v_empty.index(prev))
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        p_prev = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+        p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
     return acc, p_prev, m_i, l_i
 
 
 @gluon.jit
-def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                 v_empty, turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                 PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
     """One consumer warpgroup: 64 query rows from m0, every key tile of the program, then the store."""
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
     S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
     O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
     q_tile = q_smem.index(wg)
@@ -336,61 +365,58 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_b
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
         if n_tiles > 0:  # always (the host never launches N_KV = 0); keeps tile 0 in a block of its own
             # Tile 0 alone: QK^T and softmax; its PV goes out with tile 1's QK^T.
-            mbarrier.wait(k_ready.index(0), 0)
+            mbarrier.wait(ring.k_ready.index(0), 0)
             zero = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
-            s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_tile, ring.k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            mbarrier.arrive(k_empty.index(0))
+            mbarrier.arrive(ring.k_empty.index(0))
             if full > 0:
                 p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False,
                                                    CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
             else:
                 p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=True,
                                                    CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
-            p_prev = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+            p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
             acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
-                acc, p_prev, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, wg, rows,
-                1, gl.maximum(full, 1), N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG,
-                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), N_KV, qk_scale,
+                MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                O_LAYOUT=O_LAYOUT)
             acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
-                acc, p_prev, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turns, wg, rows,
-                gl.maximum(full, 1), n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG,
-                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles, N_KV, qk_scale,
+                MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                O_LAYOUT=O_LAYOUT)
             # The last tile's PV.
             last = (n_tiles - 1) % STAGES
-            mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-            acc = warpgroup_mma(p_prev, v_smem.index(last), acc, is_async=True)
+            mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, ring.v_smem.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(last))
+            mbarrier.arrive(ring.v_empty.index(last))
     else:
-        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows,
-                                  0, full, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES,
-                                  BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
-        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows,
-                                  full, n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
-                                  BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, ring, rows, 0, full, N_KV, qk_scale, MASKED=False,
+                                  CAUSAL=CAUSAL, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                  O_LAYOUT=O_LAYOUT)
+        acc, m_i, l_i = _ws_tiles(acc, m_i, l_i, q_tile, ring, rows, full, n_tiles, N_KV, qk_scale, MASKED=True,
+                                  CAUSAL=CAUSAL, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                  O_LAYOUT=O_LAYOUT)
     _store_rows(acc, m_i, l_i, O, LSE, bh, m0, N_Q, HEAD_DIM=HEAD_DIM, ROWS=ROWS, S_LAYOUT=S_LAYOUT,
                 O_LAYOUT=O_LAYOUT)
 
 
 @gluon.jit
-def _ws_consumer0(O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
-                  bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                  PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+def _ws_consumer0(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
-    _ws_consumer(0, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
-                 bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
+    _ws_consumer(0, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL,
+                 OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
 
 
 @gluon.jit
-def _ws_consumer1(O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
-                  bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                  PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+def _ws_consumer1(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 rows of the program's query tile."""
     ROWS: gl.constexpr = q_smem.shape[1]
-    _ws_consumer(1, O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
-                 bh, m0 + ROWS, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG,
-                 STAGES=STAGES)
+    _ws_consumer(1, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q, N_KV,
+                 CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
@@ -431,6 +457,7 @@ def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: 
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
     for i in gl.static_range(2):
         mbarrier.init(turns.index(i), count=1)
+    ring = _Ring(k_smem, v_smem, k_ready, k_empty, v_ready, v_empty)
 
     # The argument tuples are written out in each call: a tuple held in a variable turns its constexprs into
     # run-time values (Triton 3.6), and the partitions need CAUSAL, OVERLAP, ... at compile time.
@@ -438,19 +465,19 @@ def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: 
     kv_row = bh * N_KV
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_ws_consumer0, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
-            (_ws_consumer1, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
-            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                            v_empty, q_row, kv_row, n_tiles, CONSUMERS, STAGES)),
+            (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_consumer1, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
+                            STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_consumer0, (O, LSE, qk_scale, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                             turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, OVERLAP, PINGPONG, STAGES)),
-            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                            v_empty, q_row, kv_row, n_tiles, CONSUMERS, STAGES)),
+            (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+            (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
+                            STAGES)),
         ], [1], [PRODUCER_REGS])
 
 # ------------------------------------------------------------------------------------------ stages and host
