@@ -127,14 +127,17 @@ class Deadlock(Exception):
 class _World(threading.Condition):
     """The threads of one protocol run and the one lock and condition their barriers share.
 
-    ``running`` counts the threads started here that are not waiting on a barrier (one sleeping in a random delay
-    runs). A waiter that finds none running and no wait satisfied has found a deadlock: it says so, and wakes the
-    others, which say so too, so every thread ends and :meth:`join` returns.
+    ``running`` counts the threads that are not waiting on a barrier: those started here (one sleeping in a random
+    delay runs) and the thread that created the run until it calls :meth:`join` (until then it may still start a
+    partition that arrives). A waiter that finds none running and no wait satisfied has found a deadlock: it says
+    so, and wakes the others, which say so too, so every thread ends and :meth:`join` returns.
     """
 
     def __init__(self):
         super().__init__()
-        self.running = 0
+        self.creator = threading.get_ident()
+        self.creator_running = True
+        self.running = 1  # the creator
         self.waits: list = []  # the conditions the waiting threads wait for
         self.deadlocked = False
         self.threads: list[threading.Thread] = []
@@ -152,6 +155,9 @@ class _World(threading.Condition):
 
         with self:
             self.running += 1
+            if threading.get_ident() == self.creator and not self.creator_running:  # starting again after a join
+                self.creator_running = True
+                self.running += 1
         thread = threading.Thread(target=body, daemon=True)
         self.threads.append(thread)
         thread.start()
@@ -175,7 +181,12 @@ class _World(threading.Condition):
             self.running += 1
 
     def join(self) -> None:
-        """Wait for every thread of the run, those started meanwhile too."""
+        """Wait for every thread of the run, those started meanwhile too (the creator starts none from now)."""
+        with self:
+            if self.creator_running:
+                self.creator_running = False
+                self.running -= 1
+                self.notify_all()
         index = 0
         while index < len(self.threads):
             self.threads[index].join()
