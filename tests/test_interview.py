@@ -120,10 +120,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_chinese_is_written_as_the_community_writes_it():
     """No rendering the glossary avoids (内核, 线程束, 张量核心, 词元, 程序实例, ...), no stray spaces at full-width
-    punctuation, no "少 X 倍" or "X 倍（Xx）", full-width colons in bold headings, Chinese quotation marks."""
+    punctuation, no "少 X 倍" or "X 倍（Xx）", full-width colons in bold headings, Chinese quotation marks, at most
+    one full-width colon in a field of the bank."""
     found = [p for entry in BANK.entries for where, field in _texts(entry)
-             for p in zh_style.problems(field["zh"], f"{entry['id']} {where}")]
-    found += [p for section, title in BANK.sections.items() for p in zh_style.problems(title["zh"], section)]
+             for p in zh_style.field_problems(field["zh"], f"{entry['id']} {where}")]
+    found += [p for section, title in BANK.sections.items() for p in zh_style.field_problems(title["zh"], section)]
     found += zh_style.problems(interview.render_markdown(BANK, "zh"), "rendered bank")
     lesson = nbformat.read(ROOT / "notebooks" / "10_interview_walkthrough_zh.ipynb", as_version=4)
     for index, cell in enumerate(lesson.cells):
@@ -567,6 +568,15 @@ def test_the_native_phrasing_rules():
     fine = ("标准注意力是访存瓶颈。FLOPs 是 75.2 vs 66.6 GFLOPs。每个线程块对应一个 SM，GQA 对 decode 有影响，"
             "KIVI 对 K 按 channel 量化。结论：先数字节。再看 stall：long scoreboard 说明在等显存？")
     assert zh_style.problems(fine) == []
+
+
+def test_a_field_of_the_bank_has_at_most_one_full_width_colon():
+    """Colons in separate sentences pass problems() but not field_problems(); colons inside code do not count."""
+    two = "decode 是带宽瓶颈：每步读整个 cache。prefill 是计算瓶颈：几千个 token 乘同一个权重。"
+    assert zh_style.problems(two) == []
+    assert "2 full-width colons in one field" in "\n".join(zh_style.field_problems(two, "x"))
+    assert zh_style.field_problems("合并规则：`lse = log(exp(a)：exp(b))`，每行一个数。") == []
+    assert zh_style.field_problems("decode 是带宽瓶颈，每步读整个 cache：字节决定时间。") == []
 
 
 def test_the_term_check_catches_each_second_rendering():

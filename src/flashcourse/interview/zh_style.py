@@ -2,7 +2,9 @@
 one term per concept, the punctuation they use, and the phrasing they use where a translation reads stiff
 (访存瓶颈 rather than 受限于访存, "A vs B" rather than "A 对 B" between numbers, one full-width colon per
 sentence at most). ``problems(text)`` lists every breach; tests run it on the
-bank, the zh lesson, the glossary's chosen terms and docs/interview_zh.md. ``polarity(answer, lang)`` reads
+bank, the zh lesson, the glossary's chosen terms and docs/interview_zh.md. ``field_problems(text)`` adds the rule
+for one field of the bank (a question, an answer, a point): at most one full-width colon, since a passage said
+aloud that stops at a colon every sentence reads as a translation. ``polarity(answer, lang)`` reads
 whether an answer opens with yes, no, "different" or "the same", so that a test can check that the English and
 the Chinese answers of a follow-up agree.
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["AVOID", "TERMS", "polarity", "problems"]
+__all__ = ["AVOID", "TERMS", "field_problems", "polarity", "problems"]
 
 # A rendering that reads wrong to the engineers who ask these questions -> what they write instead.
 AVOID = {
@@ -100,6 +102,17 @@ def problems(text: str, where: str = "text") -> list[str]:
         for match in pattern.finditer(_RUN_IN.sub("", prose) if "colons" in rule else prose):
             start = max(0, match.start() - 12)
             found.append(f"{where}: {rule}: …{prose[start:match.end() + 12]}…")
+    return found
+
+
+def field_problems(text: str, where: str = "text") -> list[str]:
+    """``problems(text)`` plus the bank's rule for one field: at most one full-width colon outside code, kept for
+    what introduces a list or a formula; elsewhere a native engineer writes a comma, a full stop or a clause."""
+    found = problems(text, where)
+    colons = _without_code(text).count("：")
+    if colons > 1:
+        found.append(f"{where}: {colons} full-width colons in one field: keep at most one (for a list or a "
+                     "formula), write the others as a comma or a new sentence")
     return found
 
 
