@@ -66,12 +66,12 @@ test: setup
 # lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the wheel build, the site and the
 # browser, the ahead-of-time compiles for every supported GPU, tests marked slow, tests that start processes, and the
 # Triton interpreter's kernel tests but for a smoke subset (FAST_SMOKE: bad inputs refused, lse, empty rows, a
-# backward, decode's combine, the grader on kernels). The files are named one by one rather than as `tests` with
+# backward, decode's combine, the grader on kernels, the block mask's refusals). The files are named one by one rather than as `tests` with
 # --ignore: pytest drops a node id (FAST_SMOKE's) whose file it was told to ignore or already holds as part of a
 # folder. tests/test_make_targets.py collects these arguments and checks every FAST_SMOKE id is among the tests.
 FAST_IGNORE := test_site.py test_notebooks.py test_wheel.py test_grading_nbgrader.py test_grading_batch.py \
 	test_exercises.py test_kernels_forward.py test_kernels_backward.py test_kernels_variants.py test_decode.py \
-	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py
+	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py test_block_mask.py
 FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
 	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \
 	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed
@@ -87,13 +87,15 @@ FAST_SMOKE := test_kernels_forward.py::test_bad_inputs_raise_clear_errors \
 	test_grading_triton.py::test_ex07_rejects test_grading_ex10.py::test_the_exercise_is_registered_with_its_parts \
 	test_exercises.py::test_every_exercise_has_its_solution_source \
 	test_exercises.py::test_committed_exercises_equal_a_fresh_release \
-	test_exercises.py::test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers
+	test_exercises.py::test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers \
+	test_block_mask.py::test_wrong_shapes_raise test_block_mask.py::test_other_rules_raise \
+	test_block_mask.py::test_bad_arguments_raise
 FAST_FILES := $(filter-out $(addprefix tests/,$(FAST_IGNORE)),$(sort $(wildcard tests/test_*.py)))
 FAST_PYTEST_ARGS := -m "not gpu and not slow" $(addprefix --deselect=tests/,$(FAST_DESELECT)) $(FAST_FILES) \
 	$(addprefix tests/,$(FAST_SMOKE))
 test-fast: setup-test
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
-	@$(call timed,pytest (fast),$(PY) -m pytest -n 2 --durations=10 $(FAST_PYTEST_ARGS))
+	@$(call timed,pytest (fast),$(PY) -m pytest -n 2 --maxschedchunk 1 --durations=10 $(FAST_PYTEST_ARGS))
 
 # `make print-NAME` prints a variable of this file (tests/test_make_targets.py reads FAST_PYTEST_ARGS so).
 print-%:
