@@ -21,7 +21,7 @@ LESSON_LINK_NAMES = ["ex01_naive_attention", "ex02_softmax", "ex03_tiled_forward
 LATER_LESSON_LINKS = {10: "ex12_from_memory", 11: "ex10_mask_rules",
                       12: "ex11_ring_schedule", 13: "ex13_warp_schedule"}  # lesson -> exercise, past the run above
 DRILL_VARIANTS = ["ex12_from_memory_no_hints"]  # the same checks as an exercise above, linked from that exercise
-SECOND_LESSON_LINKS = {10: "ex14_interview_code"}  # lesson -> a second exercise of a lesson above
+MORE_LESSON_LINKS = [(10, "ex14_interview_code"), (10, "ex15_handwritten_kernels")]  # (lesson, another exercise)
 
 
 def _grade_cells(nb):
@@ -45,7 +45,7 @@ def _execute(path: Path, *, allow_errors: bool):
 
 def test_every_exercise_has_its_solution_source():
     assert NAMES == sorted(f"{name}.ipynb" for name in [*LESSON_LINK_NAMES, *LATER_LESSON_LINKS.values(),
-                                                         *SECOND_LESSON_LINKS.values(), *DRILL_VARIANTS])
+                                                         *(name for _, name in MORE_LESSON_LINKS), *DRILL_VARIANTS])
     assert sorted(p.name for p in (ROOT / "exercises").glob("ex*.ipynb")) == NAMES
 
 
@@ -129,7 +129,7 @@ def test_fresh_exercise_runs_and_every_check_says_not_implemented(name, tmp_path
 def test_each_lesson_links_its_exercise_and_every_exercise_link_resolves():
     lessons = sorted((ROOT / "notebooks").glob("*.ipynb"))
     for number, name in [*enumerate(LESSON_LINK_NAMES, start=1), *LATER_LESSON_LINKS.items(),
-                         *SECOND_LESSON_LINKS.items()]:
+                         *MORE_LESSON_LINKS]:
         lesson = [p for p in lessons if p.name.startswith(f"{number:02d}_")]
         assert lesson, f"no lesson {number:02d} in notebooks/"
         assert f"../exercises/{name}.ipynb" in lesson[0].read_text(), f"{lesson[0].name} does not link {name}"

@@ -46,6 +46,7 @@ def _rank_main(rank: int, world: int, folder: str, backend: str, call: bytes) ->
                                 timeout=TIMEOUT)
         try:
             fn(*args)
+            dist.barrier()  # no rank leaves while a peer still talks to it: gloo aborts a process whose peer left
         except BaseException:
             # When one rank fails, its peers fail next (a closed connection): the earliest failure is the cause.
             (Path(folder) / f"rank{rank}.error").write_text(f"{time.time()!r}\n{traceback.format_exc()}")
