@@ -56,12 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, tensor_descriptor_signature, triton_cdiv
-
-try:
-    from triton.experimental.gluon import aggregate
-except ImportError:  # Triton 3.6: the same decorator, under the name its own Gluon tutorials import
-    from triton.language.core import _aggregate as aggregate
+from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
 
 TESTED_TRITON = ("3.6",)  # compiled for sm_90 (scripts/fa3_compile.py --backward); run on a GPU: none yet
 
