@@ -114,7 +114,9 @@ fa3_backward)
     stage fa3_backward 560 $py scripts/gpu_fa3_backward.py --budget 450 --out "$OUT"
     ;;
 limits)
-    stage limits 570 $py scripts/ncu_limits.py --run-ncu --budget 480 --out "$OUT"
+    stage limits 560 $py scripts/ncu_limits.py --run-ncu --budget 470 --out "$OUT"
+    # the raw pages as one archive: a device call returns at most 8 files from $OUT
+    (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
     ;;
 fa3_fp8)
     stage fa3_fp8 400 $py scripts/gpu_fa3_fp8.py --out "$OUT"
