@@ -13,7 +13,9 @@ beside itself stays out of the tree (``--in-place`` runs in the folder itself). 
 since the kernels start in the notebooks' folders. A failure never stops the run: a line per notebook as it ends,
 a table at the end, ``--json`` (rewritten after each notebook, so a run cut short keeps its rows), and the exit
 code 1 if any failed. To stay inside a 10-minute command, split the run with ``--only 'notebooks/*'`` and
-``--only 'solutions/*'``.
+``--only 'solutions/*'``. The parts' JSON files become one with ``--merge PART.json ... --json ALL.json``
+(no notebook runs): a notebook's row from a later part replaces an earlier one, rows keep the order of the repository,
+and ``meta.parts`` says what each part ran on and when.
 """
 
 from __future__ import annotations
@@ -228,7 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-place", action="store_true",
                         help="run in the notebook's own folder instead of a temporary copy of it")
     parser.add_argument("--list", action="store_true", help="print the notebooks that would run, and stop")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART",
+                        help="merge these parts' JSON files into --json, and stop (no notebook runs)")
     args = parser.parse_args(argv)
+    if args.merge:
+        if not args.json:
+            parser.error("--merge needs --json for the merged file")
+        merged = merge_parts([json.loads(part.read_text()) for part in args.merge], [p.name for p in args.merge])
+        args.json.write_text(json.dumps(merged, indent=2) + "\n")
+        print(table(merged["rows"]))
+        print(f"\n{merged['summary']['passed']} passed, {merged['summary']['failed']} failed: {args.json}")
+        return 1 if merged["summary"]["failed"] else 0
 
     notebooks = find_notebooks(ROOT, args.only)
     if args.list:
@@ -277,6 +289,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         _write_json(args.json, info, rows, summary["seconds"])
     return 1 if summary["failed"] else 0
+
+
+def merge_parts(parts: list[dict], names: list[str]) -> dict:
+    """One results file from several runs' files: per notebook the row of the last part that ran it, in the
+    repository's order (lessons, then solutions), each row naming its part; ``meta`` is the first part's with
+    ``parts`` listing every part's file, date and device."""
+    latest: dict[str, dict] = {}
+    for name, part in zip(names, parts, strict=True):
+        for row in part["rows"]:
+            latest[row["notebook"]] = {**row, "part": name}
+    known = [path.relative_to(ROOT).as_posix() for path in find_notebooks(ROOT)]
+    order = {notebook: index for index, notebook in enumerate(known)}
+    rows = sorted(latest.values(), key=lambda row: (order.get(row["notebook"], len(order)), row["notebook"]))
+    listed = [{"file": name, "date": part["meta"]["date"], "device": part["meta"]["device"],
+               "notebooks": len(part["rows"])} for name, part in zip(names, parts, strict=True)]
+    info = {**parts[0]["meta"], "parts": listed}
+    info["missing"] = [notebook for notebook in known if notebook not in latest]
+    summary = _summary(rows, sum(row["seconds"] for row in rows))
+    return {"meta": info, "rows": rows, "summary": summary}
 
 
 def _summary(rows: list[dict], seconds: float) -> dict:

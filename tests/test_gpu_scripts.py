@@ -123,3 +123,21 @@ def test_the_sweep_selects_kernels_schemes_and_shapes(sweep_kernels):
     for wrong in (["--kernels", "bwd,xyz"], ["--schemes", "b3"], ["--schemes", ""], ["--budget", "0"]):
         with pytest.raises(SystemExit):
             sweep_kernels.parse_args(wrong)
+
+
+def test_merged_parts_keep_each_notebooks_last_row_in_repository_order(gpu_notebooks):
+    def part(date, rows):
+        return {"meta": {"date": date, "device": "NVIDIA H200"}, "rows": rows, "summary": {}}
+
+    first = part("d1", [{"notebook": "solutions/ex01_naive_attention.ipynb", "ok": True, "seconds": 3.0, "error": None},
+                        {"notebook": "notebooks/11_attention_variants.ipynb", "ok": False, "seconds": 51.0,
+                         "error": "KeyboardInterrupt [cell 44]"}])
+    second = part("d2", [{"notebook": "notebooks/11_attention_variants.ipynb", "ok": True, "seconds": 90.0,
+                          "error": None}])
+    merged = gpu_notebooks.merge_parts([first, second], ["a.json", "b.json"])
+    assert [row["notebook"] for row in merged["rows"]] == ["notebooks/11_attention_variants.ipynb",
+                                                           "solutions/ex01_naive_attention.ipynb"]
+    assert merged["rows"][0]["ok"] and merged["rows"][0]["part"] == "b.json"
+    assert merged["summary"] == {"passed": 2, "failed": 0, "seconds": 93.0}
+    assert [p["file"] for p in merged["meta"]["parts"]] == ["a.json", "b.json"]
+    assert "notebooks/00_memory_hierarchy.ipynb" in merged["meta"]["missing"]
