@@ -17,7 +17,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402  (sets the interpreter up before triton loads elsewhere)
 from flashcourse.bench import __main__ as cli  # noqa: E402
-from flashcourse.bench import overhead, train_step  # noqa: E402
+from flashcourse.bench import overhead, save_results, train_step  # noqa: E402
+from flashcourse.bench.attention import Shape, make_inputs  # noqa: E402
+from flashcourse.tolerance import assert_close  # noqa: E402
 
 
 @pytest.fixture
@@ -84,10 +86,11 @@ def test_train_step_row_on_a_tiny_shape_in_the_interpreter(monkeypatch):
     # ms per repeat, in provider order: ours, plain SDPA, SDPA flash (cuDNN raises on CPU before its timer returns)
     timer = fake_timer([0.4, 0.5, 0.3, 0.2, 0.25, 0.1, 0.4, 0.4, 0.4])
     saved = []
-    [row] = train_step.run(shapes, log=lambda _: None, on_row=saved.append, device="cpu", timer=timer)
+    [row] = train_step.run(shapes, modes=["eager"], log=lambda _: None, on_row=saved.append, device="cpu",
+                           timer=timer)
     assert saved == [[row]]
-    assert {k: row[k] for k in ("dtype", "batch", "heads", "n", "head_dim", "causal")} == \
-        {"dtype": "float16", "batch": 1, "heads": 2, "n": 32, "head_dim": 16, "causal": True}
+    assert {k: row[k] for k in ("dtype", "batch", "heads", "n", "head_dim", "causal", "mode")} == \
+        {"dtype": "float16", "batch": 1, "heads": 2, "n": 32, "head_dim": 16, "causal": True, "mode": "eager"}
     assert row["status"] == row["sdpa_plain_status"] == row["sdpa_flash_status"] == "ok"
     assert (row["forward_kernel"], row["backward_kernel"]) == ("v7", "b1")  # what "ours" ran (kernels.explain)
     assert (row["us"], row["us_min"], row["us_max"]) == pytest.approx((400, 300, 500))
@@ -101,6 +104,64 @@ def test_train_step_row_on_a_tiny_shape_in_the_interpreter(monkeypatch):
     assert row["sdpa_cudnn_status"] == "unsupported" and row["sdpa_cudnn_error"]
     assert "sdpa_cudnn_us" not in row and "ratio_vs_sdpa_cudnn" not in row
     assert "unsupported" in train_step.format_table([row])
+
+
+def test_recorded_modes_give_one_row_each_with_ratios_in_the_same_mode(monkeypatch, tmp_path):
+    """cuda_graph runs for real and fails on this CPU (no CUDA stream to capture on): each provider's row says so
+    and the run goes on. reduce_overhead's compile is replaced by the eager step (Inductor would need a C++ compiler
+    and minutes here), so its rows check the ratio arithmetic, the check against eager and the JSON."""
+    monkeypatch.setattr(train_step, "validate_ours", lambda shape: {"ok": True})
+    compiled_for = []
+
+    def fake_compiled_step(attend, q, k, v, do):
+        compiled_for.append(tuple(q.shape))
+        return train_step.eager_step(attend, q, k, v, do)
+
+    monkeypatch.setitem(train_step.STEP_BUILDERS, "reduce_overhead", fake_compiled_step)
+    shapes = train_step.shape_grid(["float16"], [(1, 2, 32, 16)])
+    # eager: ours, plain SDPA, SDPA flash (cuDNN fails first); cuda_graph: none; reduce_overhead: ours, plain SDPA
+    timer = fake_timer([0.4, 0.5, 0.3, 0.2, 0.25, 0.1, 0.4, 0.4, 0.4, 0.06, 0.05, 0.07, 0.03, 0.04, 0.02])
+    saved = []
+    rows = train_step.run(shapes, log=lambda _: None, on_row=lambda rows: saved.append(len(rows)), device="cpu",
+                          timer=timer)
+    assert saved == [1, 2, 3] and [r["mode"] for r in rows] == list(train_step.MODES)
+    eager, graph, compiled = rows
+    assert eager["ratio_vs_sdpa_plain"] == pytest.approx(2.0) and "replay_error" not in eager
+    for prefix in ("", "sdpa_plain_", "sdpa_flash_", "sdpa_cudnn_"):
+        assert graph[f"{prefix}status"] == "failed" and graph[f"{prefix}error"].startswith("RuntimeError: "), prefix
+        assert f"{prefix}us" not in graph
+    assert all("CUDA" in graph[f"{prefix}error"] for prefix in ("", "sdpa_plain_", "sdpa_flash_"))  # cuDNN: no backend
+    assert not any(key.startswith("ratio_vs_") for key in graph)
+    assert compiled_for == [(1, 2, 32, 16)] * 2  # ours and plain SDPA only
+    assert (compiled["us"], compiled["us_min"], compiled["us_max"]) == pytest.approx((60, 50, 70))
+    assert compiled["sdpa_plain_us"] == pytest.approx(30)
+    assert compiled["ratio_vs_sdpa_plain"] == pytest.approx(2.0)
+    assert (compiled["ratio_vs_sdpa_plain_min"], compiled["ratio_vs_sdpa_plain_max"]) == pytest.approx((50 / 40,
+                                                                                                         70 / 20))
+    assert compiled["replay_error"] == 0.0 and compiled["cudagraph_skips"] == 0  # the same kernels on the same inputs
+    assert not any(key.startswith(("sdpa_flash", "sdpa_cudnn", "ratio_vs_sdpa_flash")) for key in compiled)
+    flops = 3.5 * 4 * 1 * 2 * 32 * 32 * 16 / 2
+    assert compiled["tflops"] == pytest.approx(flops / 60e-6 / 1e12)
+    table = train_step.format_table(rows)
+    assert "cuda_graph" in table and "reduce_overhead" in table and "failed" in table
+    saved_rows = json.loads(save_results("train-step", rows, directory=tmp_path, kind="train-step").read_text())
+    assert saved_rows["rows"] == rows and saved_rows["meta"]["kind"] == "train-step"
+
+
+def test_a_replay_that_differs_from_eager_is_not_timed(monkeypatch):
+    def wrong_step(attend, q, k, v, do):
+        return lambda: tuple(t * 2 for t in train_step.step(attend, q, k, v, do))
+
+    monkeypatch.setitem(train_step.STEP_BUILDERS, "reduce_overhead", wrong_step)
+    shape = train_step.shape_grid(["float16"], [(1, 1, 16, 16)])[0]
+    result = train_step.time_step(shape, "sdpa_plain", mode="reduce_overhead", device="cpu", timer=fake_timer([]))
+    assert result["status"] == "failed" and "differs from the eager step" in result["error"]
+    assert "us" not in result
+
+
+def test_an_unknown_mode_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="cuda_graph"):
+        train_step.run(train_step.shape_grid(["float16"], [(1, 1, 16, 16)]), modes=["graphs"], device="cpu")
 
 
 def test_train_step_grid_is_the_issue_shapes_in_both_dtypes():
@@ -152,3 +213,35 @@ def test_train_step_measures_bfloat16_only_where_the_gpu_has_it(monkeypatch, tmp
     monkeypatch.setattr(train_step, "run", lambda shapes, **kwargs: asked.extend(shapes) or [])
     cli.main(["train-step", "--out", str(tmp_path)])
     assert [s.dtype for s in asked] == measured
+
+
+@pytest.mark.parametrize("options, modes", [([], list(train_step.MODES)),
+                                            (["--modes", "eager", "cuda_graph"], ["eager", "cuda_graph"])])
+def test_train_step_cli_times_every_mode_unless_told(monkeypatch, tmp_path, options, modes):
+    monkeypatch.setattr(cli, "_need_gpu", lambda: None)
+    asked = {}
+    monkeypatch.setattr(train_step, "run", lambda shapes, **kwargs: asked.update(kwargs) or [])
+    cli.main(["train-step", "--dtype", "float16", "--out", str(tmp_path), *options])
+    assert list(asked["modes"]) == modes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["cuda_graph", "reduce_overhead"])
+def test_gpu_a_recorded_step_of_ours_computes_what_eager_does(mode):
+    """Record our step once, then put new values into its static inputs: each replay must compute o and the
+    gradients of those new values, as the eager step does (a kernel left out of the graph would keep the old ones,
+    or garbage)."""
+    shape = Shape("float16", 1, 2, 64, 256, True)
+    q, k, v, do = make_inputs(shape)
+    attend = train_step.attend_fn("flashcourse")
+    replay = train_step.STEP_BUILDERS[mode](attend, q, k, v, do)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(2):
+        with torch.no_grad():
+            for t in (q, k, v, do):
+                t.copy_(torch.randn(t.shape, generator=generator, device="cuda", dtype=t.dtype))
+        got = tuple(t.clone() for t in replay())
+        want = train_step.step(attend, q, k, v, do)
+        for name, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True):
+            assert_close(g, w, what=f"{mode} {name}")

@@ -7,8 +7,10 @@
     tune      [--out DIR] [--n ...]        sweep launch configs of the forward and backward kernels
     softmax-cost [--out DIR]               v6 timed exact, without rescaling, without softmax (lesson 09)
     overhead  [--out DIR]                  host time per call on a tiny input (launch cost), ours vs plain SDPA
-    train-step [--out DIR] [--dtype ...]   forward + backward through autograd, causal, GPT shapes, ours vs plain
-                                           SDPA, SDPA flash and cuDNN (bench/train_step.py)
+    train-step [--out DIR] [--dtype ...] [--modes eager cuda_graph reduce_overhead]
+                                           forward + backward through autograd, causal, GPT shapes, ours vs plain
+                                           SDPA, SDPA flash and cuDNN, eager, replayed from a CUDA graph and
+                                           through torch.compile(mode="reduce-overhead") (bench/train_step.py)
     variants  [--out DIR] [--dtype ...] [--variants NAME ...] [--providers ...]
                                            causal, windows, documents, GQA, softcap vs FlexAttention and SDPA
     profile   [--out DIR]                  proton: each kernel's share of a forward + backward step
@@ -132,7 +134,7 @@ def _train_step(args) -> None:
         return save_results("train-step", rows, directory=args.out, kind="train-step")
 
     dtypes = args.dtype or [d for d in train_step.DTYPES if d in default_dtypes()]  # bf16 where the GPU has it
-    rows = train_step.run(train_step.shape_grid(dtypes), on_row=save)
+    rows = train_step.run(train_step.shape_grid(dtypes), modes=args.modes, on_row=save)
     path = save(rows)
     print(train_step.format_table(rows))
     print(f"wrote {path}")
@@ -284,6 +286,8 @@ def main(argv=None) -> None:
                       help="folder for the JSON (default: %(default)s)")
     step.add_argument("--dtype", nargs="+", choices=["bfloat16", "float16"],
                       help="default: bfloat16 (where the GPU has bfloat16 tensor cores, sm_80+) and float16")
+    step.add_argument("--modes", nargs="+", choices=["eager", "cuda_graph", "reduce_overhead"],
+                      default=["eager", "cuda_graph", "reduce_overhead"], help="default: %(default)s")
     args = parser.parse_args(argv)
     if args.command not in ("table", "merge"):
         _need_gpu()

@@ -9,6 +9,21 @@ the repeats. One row per (dtype, shape): ``us`` (ours), ``sdpa_plain_us``, ``sdp
 each with ``_min`` / ``_max``, and ``ratio_vs_<provider>`` = our time over theirs (below 1: ours is faster), its
 range from our fastest repeat over their slowest and the other way round. A provider that fails on a shape
 (out of memory, a backend that refuses it) leaves ``<provider>_status`` and its error instead of a time.
+
+Each shape is timed in three ``mode`` s, one row each (:data:`MODES`), every ratio against SDPA in the same mode:
+
+- ``eager``: the step as written, each call paying its Python and launch time on the host;
+- ``cuda_graph``: the same step recorded once in a ``torch.cuda.CUDAGraph`` on static inputs (first calls on a
+  side stream, then the capture) and replayed: one host call launches every kernel of the step;
+- ``reduce_overhead``: the attention call through ``torch.compile(mode="reduce-overhead")`` (the compiler's own
+  CUDA graphs, forward and backward), ours and plain SDPA only (a pinned backend is a context manager around the
+  call, not part of it). ``<provider>_cudagraph_skips`` counts the graphs the compiler declined to record: above 0,
+  that provider's time is compiled code without a graph. Its graphs copy q, k, v and dO into their own buffers
+  on every call, as they would for any tensor made outside the compiled function.
+
+A replayed step is checked against the eager step on the same inputs before it is timed (``replay_error``, the
+largest relative error over o, dq, dk and dv). A capture or a compile that fails leaves status ``failed`` and its
+error for that provider and mode; the run goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +40,9 @@ from flashcourse.bench.providers import sdpa
 SHAPES = ((8, 12, 1024, 64), (16, 12, 1024, 64), (8, 16, 2048, 64), (4, 32, 2048, 128))
 DTYPES = ("bfloat16", "float16")
 PROVIDERS = ("flashcourse", "sdpa_plain", "sdpa_flash", "sdpa_cudnn")  # the first is ours, the rest SDPA's
+MODES = ("eager", "cuda_graph", "reduce_overhead")
+MODE_PROVIDERS = {"eager": PROVIDERS, "cuda_graph": PROVIDERS, "reduce_overhead": PROVIDERS[:2]}
+REPLAY_TOLERANCE = 2e-2  # relative error of a replayed step against the eager one (validate_ours' bound)
 
 
 def shape_grid(dtypes: Iterable[str] = DTYPES, shapes: Iterable[tuple[int, int, int, int]] = SHAPES) -> list[Shape]:
@@ -46,31 +64,147 @@ def attend_fn(provider: str) -> Callable:
     return lambda q, k, v: pinned(q, k, v, True)
 
 
-def time_step(shape: Shape, provider: str, *, device: str = "cuda", timer=None) -> dict:
-    """``{"us", "us_min", "us_max", "status"}`` of one provider's step on one shape, or its status and error."""
+def step(attend: Callable, q, k, v, do) -> tuple:
+    """One training step's attention: ``o = attend(q, k, v)``, then (dq, dk, dv) through autograd; (o, dq, dk, dv)."""
+    o = attend(q, k, v)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+def eager_step(attend: Callable, q, k, v, do) -> Callable[[], tuple]:
+    """The step as a user writes it: every call runs its Python and launches its kernels one by one."""
+    return lambda: step(attend, q, k, v, do)
+
+
+def graph_step(attend: Callable, q, k, v, do, *, warmup: int = 3) -> Callable[[], tuple]:
+    """The step recorded in a CUDA graph on these tensors, returned as ``replay() -> (o, dq, dk, dv)``.
+
+    The inputs are static: a replay reads q, k, v and dO at the addresses they have now (copy new values into
+    them) and writes its outputs where the capture allocated them. The first calls run on a side stream before the
+    capture: they build our plans and compile our kernels, and set up SDPA's libraries, none of which may happen
+    while a stream is being captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step(attend, q, k, v, do)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step(attend, q, k, v, do)
+
+    def replay() -> tuple:
+        graph.replay()
+        return outputs
+
+    return replay
+
+
+def compiled_step(attend: Callable, q, k, v, do, *, warmup: int = 3) -> Callable[[], tuple]:
+    """The step with ``attend`` through ``torch.compile(mode="reduce-overhead")``: Inductor records the compiled
+    forward and backward in CUDA graphs of its own (CUDA graph trees) and replays them. The first calls compile,
+    warm up and record; the compile caches are cleared first, so that every shape compiles for itself."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, mode="reduce-overhead", dynamic=False)
+
+    def run() -> tuple:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: the graphs may overwrite the last step's outputs
+        return step(compiled, q, k, v, do)
+
+    for _ in range(warmup):
+        run()
+    return run
+
+
+STEP_BUILDERS = {"eager": eager_step, "cuda_graph": graph_step, "reduce_overhead": compiled_step}
+
+
+def relative_error(got: tuple, want: tuple) -> float:
+    """The largest ``|got - want| / |want|`` (Frobenius norms) over the tensors of two steps."""
+    with torch.no_grad():
+        return max(float((g.float() - w.float()).norm() / w.float().norm().clamp_min(1e-30))
+                   for g, w in zip(got, want, strict=True))
+
+
+def _cudagraph_skips() -> int:
+    """How many graphs Inductor has declined to record so far in this process (a CPU tensor, an op it deems
+    unsafe to capture...)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def _guarded_graph(measure: Callable[[], dict]) -> dict:
+    """Run one measurement of a recorded mode: out of memory is ``oom`` as in eager rows, and any other failure
+    (the capture refused, the compiler failed, the replay differs from eager) is status ``failed`` with its
+    error, never a crash: a step that cannot be captured is what the row reports."""
+    try:
+        return {"status": "ok", **measure()}
+    except torch.cuda.OutOfMemoryError:
+        return {"status": "oom"}
+    except Exception as err:  # noqa: BLE001 - any failure of a capture or a compile is this row's finding
+        first_line = (str(err).strip().splitlines() or [""])[0][:300]
+        error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+        return {"status": "failed", "error": error}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def time_step(shape: Shape, provider: str, *, mode: str = "eager", device: str = "cuda", timer=None) -> dict:
+    """``{"us", "us_min", "us_max", "status"}`` of one provider's step on one shape in one mode (eager,
+    cuda_graph, reduce_overhead), or its status and error."""
     attend = attend_fn(provider)
+    build = STEP_BUILDERS[mode]
 
     def measure() -> dict:
         q, k, v, do = make_inputs(shape, device=device)
-        timing = time_repeats(lambda: torch.autograd.grad(attend(q, k, v), (q, k, v), do), timer=timer)
-        return {"us": timing.ms * 1e3, "us_min": timing.ms_min * 1e3, "us_max": timing.ms_max * 1e3,
+        result = {}
+        if mode == "eager":
+            run = build(attend, q, k, v, do)
+        else:
+            skips = _cudagraph_skips() if mode == "reduce_overhead" else 0
+            reference = tuple(t.clone() for t in step(attend, q, k, v, do))
+            run = build(attend, q, k, v, do)
+            error = relative_error(run(), reference)
+            if not error <= REPLAY_TOLERANCE:
+                raise AssertionError(f"the {mode} step differs from the eager step on the same inputs: relative "
+                                     f"error {error:.2e} > {REPLAY_TOLERANCE}")
+            result["replay_error"] = error
+            if mode == "reduce_overhead":
+                result["cudagraph_skips"] = _cudagraph_skips() - skips
+        timing = time_repeats(run, timer=timer)
+        return {"us": timing.ms * 1e3, "us_min": timing.ms_min * 1e3, "us_max": timing.ms_max * 1e3, **result,
                 **kernels_run(provider, q, k, v, shape, {})}
 
-    return _guarded(measure)
+    if mode == "eager":
+        return _guarded(measure)
+    try:
+        return _guarded_graph(measure)
+    finally:
+        if mode == "reduce_overhead":
+            import torch._dynamo
+
+            torch._dynamo.reset()  # frees the graphs' memory pools before the next provider
 
 
-def measure_shape(shape: Shape, *, device: str = "cuda", timer=None) -> dict:
-    """One row: our step's time on ``shape`` and each SDPA provider's, with our ratio against each."""
+def measure_shape(shape: Shape, *, mode: str = "eager", device: str = "cuda", timer=None) -> dict:
+    """One row: our step's time on ``shape`` in ``mode`` and each SDPA provider's in the same mode, with our
+    ratio against each."""
+    if mode not in MODE_PROVIDERS:
+        raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     row = {"dtype": shape.dtype, "batch": shape.batch, "heads": shape.heads, "n": shape.n,
-           "head_dim": shape.head_dim, "causal": shape.causal}
+           "head_dim": shape.head_dim, "causal": shape.causal, "mode": mode}
     flops = attention_flops(shape.batch, shape.heads, shape.n, shape.head_dim, causal=True, mode="fwd_bwd")
-    for provider in PROVIDERS:
-        result = time_step(shape, provider, device=device, timer=timer)
+    providers = MODE_PROVIDERS[mode]
+    for provider in providers:
+        result = time_step(shape, provider, mode=mode, device=device, timer=timer)
         prefix = "" if provider == "flashcourse" else f"{provider}_"  # ours unprefixed: us, us_min, status...
         row.update({f"{prefix}{name}": value for name, value in result.items()})
         if "us" in result:
             row[f"{prefix}tflops"] = tflops(flops, result["us"] * 1e-6)
-    for provider in PROVIDERS[1:]:
+    for provider in providers[1:]:
         if row["status"] == "ok" and row[f"{provider}_status"] == "ok":
             row[f"ratio_vs_{provider}"] = row["us"] / row[f"{provider}_us"]
             row[f"ratio_vs_{provider}_min"] = row["us_min"] / row[f"{provider}_us_max"]
@@ -78,9 +212,14 @@ def measure_shape(shape: Shape, *, device: str = "cuda", timer=None) -> dict:
     return row
 
 
-def run(shapes: Iterable[Shape], *, log=print, on_row=None, device: str = "cuda", timer=None) -> list[dict]:
-    """Validate our kernel on each shape, then time every provider on it; ``on_row(rows)`` after each shape (to
-    keep the rows of a run cut short)."""
+def run(shapes: Iterable[Shape], *, modes: Iterable[str] = MODES, log=print, on_row=None, device: str = "cuda",
+        timer=None) -> list[dict]:
+    """Validate our kernel on each shape, then time every provider on it in each mode (one row per mode);
+    ``on_row(rows)`` after each row (to keep the rows of a run cut short)."""
+    modes = tuple(modes)
+    unknown = [m for m in modes if m not in MODE_PROVIDERS]
+    if unknown:
+        raise ValueError(f"unknown mode {', '.join(unknown)}: expected some of {', '.join(MODES)}")
     if device == "cuda":
         warm_up_gpu()
     rows = []
@@ -89,23 +228,25 @@ def run(shapes: Iterable[Shape], *, log=print, on_row=None, device: str = "cuda"
         log(f"validate {shape}: {check}")
         if not check["ok"]:
             raise AssertionError(f"flashcourse kernel is wrong on {shape}: relative errors {check}")
-        rows.append(measure_shape(shape, device=device, timer=timer))
-        log(format_table(rows[-1:], header=False))
-        if on_row:
-            on_row(rows)
+        for mode in modes:
+            rows.append(measure_shape(shape, mode=mode, device=device, timer=timer))
+            log(format_table(rows[-1:], header=False))
+            if on_row:
+                on_row(rows)
     return rows
 
 
 def format_table(rows: list[dict], header: bool = True) -> str:
-    """One line per row: each provider's microseconds per step and our ratio against each SDPA provider."""
+    """One line per row: its mode, each provider's microseconds per step and our ratio against each SDPA
+    provider ("-" where a provider was not timed in that mode)."""
     others = PROVIDERS[1:]
-    lines = [f"{'dtype':9}{'B':>4}{'H':>4}{'N':>6}{'D':>5}{'ours':>10}"
+    lines = [f"{'dtype':9}{'B':>4}{'H':>4}{'N':>6}{'D':>5}  {'mode':16}{'ours':>10}"
              + "".join(f"{p:>12}" for p in others) + "   ours / " + " ".join(others)] if header else []
     for r in rows:
         cells = "".join(f"{r[f'{p}_us']:12.0f}" if f"{p}_us" in r else f"{r.get(f'{p}_status', '-'):>12}"
                         for p in others)
         ours = f"{r['us']:10.0f}" if "us" in r else f"{r['status']:>10}"
         ratios = " ".join(f"{r[f'ratio_vs_{p}']:.2f}" if f"ratio_vs_{p}" in r else "-" for p in others)
-        lines.append(f"{r['dtype']:9}{r['batch']:>4}{r['heads']:>4}{r['n']:>6}{r['head_dim']:>5}{ours}{cells}"
-                     f"   {ratios}")
+        lines.append(f"{r['dtype']:9}{r['batch']:>4}{r['heads']:>4}{r['n']:>6}{r['head_dim']:>5}  "
+                     f"{r.get('mode', 'eager'):16}{ours}{cells}   {ratios}")
     return "\n".join(lines)
