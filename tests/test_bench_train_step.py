@@ -245,3 +245,52 @@ def test_gpu_a_recorded_step_of_ours_computes_what_eager_does(mode):
         want = train_step.step(attend, q, k, v, do)
         for name, g, w in zip(("o", "dq", "dk", "dv"), got, want, strict=True):
             assert_close(g, w, what=f"{mode} {name}")
+
+
+def step_row(mode, ours, sdpa, **extra):
+    """A train-step row as the benchmark writes it (only the fields lesson 08's table reads)."""
+    row = {"dtype": "bfloat16", "batch": 8, "heads": 12, "n": 1024, "head_dim": 64, "causal": True, "mode": mode,
+           "status": "ok", "us": ours, "sdpa_plain_status": "ok", "sdpa_plain_us": sdpa,
+           "ratio_vs_sdpa_plain": ours / sdpa}
+    row.update(extra)
+    return row
+
+
+def write_run(directory, date, rows):
+    meta = {"date": date, "device": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "kind": "train-step"}
+    (directory / f"{date}-nvidia-h200-train-step.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+
+
+def test_lesson_reads_the_newest_run_with_recorded_modes(tmp_path):
+    from flashcourse.bench import summary
+
+    write_run(tmp_path, "2026-12-01", [{k: v for k, v in step_row("eager", 400, 200).items() if k != "mode"}])
+    assert summary.train_step_modes(tmp_path) is None  # rows without a mode are eager: nothing recorded yet
+    failed = step_row("reduce_overhead", 90, 80, sdpa_plain_cudagraph_skips=1)
+    failed.update(status="failed", error="RuntimeError: capture refused")
+    del failed["us"], failed["ratio_vs_sdpa_plain"]
+    write_run(tmp_path, "2026-12-03", [step_row("eager", 400, 200), step_row("cuda_graph", 150, 120), failed])
+    write_run(tmp_path, "2026-12-04", [step_row("eager", 390, 210)])  # newer, but eager only
+    data = summary.train_step_modes(tmp_path)
+    assert data["meta"]["date"] == "2026-12-03"
+    text = summary.train_step_modes_markdown(data)
+    assert "eager / CUDA graph / reduce-overhead" in text
+    assert "| bf16 B8 H12 N1024 D64 | 400 / 150 / failed | 200 / 120 / 80 (no graph) | 2.00x / 1.25x / - |" in text
+    assert "ours 250 us of 400, plain SDPA 80 us of 200" in text  # what the graph took off each eager step
+    assert "reduce-overhead, ours, bf16 B8 H12 N1024 D64: RuntimeError: capture refused" in text
+    assert "(no graph): torch.compile declined" in text
+
+
+def test_host_time_note_reads_the_overhead_and_the_smallest_eager_step(tmp_path):
+    from flashcourse.bench import summary
+
+    assert summary.host_time_note(tmp_path) is None
+    big = {**step_row("eager", 900, 800), "batch": 16}
+    write_run(tmp_path, "2026-12-03", [big, step_row("eager", 400, 200), step_row("cuda_graph", 150, 120)])
+    meta = {"date": "2026-12-02", "device": "NVIDIA H200", "kind": "overhead"}
+    rows = [{"provider": "flashcourse_train_step", "us_per_call": 279.4}, {"provider": "sdpa_train_step",
+                                                                          "us_per_call": 167.9}]
+    (tmp_path / "2026-12-02-nvidia-h200-overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    note = summary.host_time_note(tmp_path)
+    assert "ours **279 us**, plain SDPA **168 us**" in note
+    assert "bf16 B8 H12 N1024 D64" in note and "ours **400 us**, plain SDPA **200 us**" in note

@@ -453,3 +453,93 @@ def write_kernels_doc(text: str, directory: Path | None = None) -> str:
     for name, body in kernels_doc_blocks(directory).items():
         text = replace_between(text, f"<!-- {name}:start -->", f"<!-- {name}:end -->", body)
     return text
+
+
+# ----------------------------------------------------------------------------------- lesson 08: a step's host time
+MODE_NAMES = {"eager": "eager", "cuda_graph": "CUDA graph", "reduce_overhead": "reduce-overhead"}
+
+
+def train_step_modes(directory: Path | None = None) -> dict | None:
+    """The newest ``*-train-step.json`` whose rows include a recorded mode (``mode`` cuda_graph or
+    reduce_overhead, ``python -m flashcourse.bench train-step``), as {"meta", "rows", "path"}; None when no
+    committed run has one (rows without ``mode`` are eager: runs before the modes)."""
+    for data in reversed(load_results("*-train-step.json", directory=directory)):
+        if any(row.get("mode", "eager") != "eager" for row in data["rows"]):
+            return data
+    return None
+
+
+def _step_cell(row: dict | None, prefix: str) -> str:
+    """One provider's microseconds in a train-step row, or why there is none."""
+    if row is None:
+        return "-"
+    if row.get(f"{prefix}status") != "ok":
+        return row.get(f"{prefix}status", "-")
+    skipped = " (no graph)" if row.get(f"{prefix}cudagraph_skips") else ""
+    return f"{row[f'{prefix}us']:.0f}{skipped}"
+
+
+def train_step_modes_markdown(data: dict) -> str:
+    """Lesson 08's table of a train-step run with recorded modes: per shape, our step and plain SDPA's in
+    microseconds in each mode, and ours over theirs in the same mode; then what the graph took off each eager step,
+    and every failed capture or compile with its error."""
+    modes = [m for m in MODE_NAMES if any(r.get("mode", "eager") == m for r in data["rows"])]
+    by_shape: dict = {}
+    for row in data["rows"]:
+        shape = (DTYPE_NAMES.get(row["dtype"], row["dtype"]), row["batch"], row["heads"], row["n"], row["head_dim"])
+        by_shape.setdefault(shape, {})[row.get("mode", "eager")] = row
+    names = " / ".join(MODE_NAMES[m] for m in modes)
+    meta = data["meta"]
+    lines = [f"Recorded on **{meta['device']}**, {meta['date']} (torch {meta.get('torch')}, triton "
+             f"{meta.get('triton')}; `{Path(data['path']).name}`). Microseconds per step (forward + backward, causal), "
+             f"each mode in the order {names}:", "",
+             "| shape | ours (us) | plain SDPA (us) | ours / SDPA |", "|---|---|---|---|"]
+    for (dtype, b, h, n, d), rows in by_shape.items():
+        found = [rows.get(m) for m in modes]
+        ratios = [f"{r['ratio_vs_sdpa_plain']:.2f}x" if r and "ratio_vs_sdpa_plain" in r else "-" for r in found]
+        lines.append(f"| {dtype} B{b} H{h} N{n} D{d} | {' / '.join(_step_cell(r, '') for r in found)} | "
+                     f"{' / '.join(_step_cell(r, 'sdpa_plain_') for r in found)} | {' / '.join(ratios)} |")
+    saved = []
+    for (dtype, b, h, n, d), rows in by_shape.items():
+        eager, graph = rows.get("eager"), rows.get("cuda_graph")
+        if eager and graph and all(r.get(f"{p}status") == "ok" for r in (eager, graph) for p in ("", "sdpa_plain_")):
+            saved.append(f"{dtype} B{b} H{h} N{n} D{d}: ours {eager['us'] - graph['us']:.0f} us of "
+                         f"{eager['us']:.0f}, plain SDPA {eager['sdpa_plain_us'] - graph['sdpa_plain_us']:.0f} us of "
+                         f"{eager['sdpa_plain_us']:.0f}")
+    if saved:
+        lines += ["", "What replaying the CUDA graph took off each eager step (the host time the GPU had waited for):",
+                  *(f"- {line}" for line in saved)]
+    failures = [f"- {MODE_NAMES.get(r.get('mode'), r.get('mode'))}, {who}, {DTYPE_NAMES.get(r['dtype'], r['dtype'])} "
+                f"B{r['batch']} H{r['heads']} N{r['n']} D{r['head_dim']}: {r.get(f'{p}error', r.get(f'{p}status'))}"
+                for r in data["rows"] for p, who in (("", "ours"), ("sdpa_plain_", "plain SDPA"))
+                if r.get(f"{p}status") not in (None, "ok")]
+    if failures:
+        lines += ["", "Not timed (the step could not be recorded, or differed from eager):", *failures]
+    if any(r.get(f"{p}cudagraph_skips") for r in data["rows"] for p in ("", "sdpa_plain_")):
+        lines += ["", "(no graph): torch.compile declined to record a CUDA graph there; that time is compiled code "
+                  "launched from the host."]
+    return "\n".join(lines)
+
+
+def host_time_note(directory: Path | None = None) -> str | None:
+    """Lesson 08's host-time figures: a training step's time per call on a tiny input (``*-overhead.json``, where
+    the GPU work is negligible, so it is host time), ours and plain SDPA's, beside the eager step at the smallest
+    GPT shape of the newest ``*-train-step.json``; None when either file is missing."""
+    overhead, steps = _newest("*-overhead.json", directory), _newest("*-train-step.json", directory)
+    if overhead is None or steps is None:
+        return None
+    host = {row["provider"]: row for row in overhead[1]}
+    if "flashcourse_train_step" not in host or "sdpa_train_step" not in host:
+        return None
+    eager = [r for r in steps[1] if r.get("mode", "eager") == "eager" and r.get("status") == "ok"
+             and r.get("sdpa_plain_status") == "ok"]
+    if not eager:
+        return None
+    small = min(eager, key=lambda r: (r["batch"] * r["heads"] * r["n"] ** 2 * r["head_dim"], r["dtype"]))
+    ours, theirs = host["flashcourse_train_step"]["us_per_call"], host["sdpa_train_step"]["us_per_call"]
+    return (f"Host time of one training step (a tiny input, where the GPU has almost nothing to do; "
+            f"{_source(overhead[0], overhead[2])}): ours **{ours:.0f} us**, plain SDPA **{theirs:.0f} us**.\n\n"
+            f"The whole step at the smallest GPT shape, {DTYPE_NAMES.get(small['dtype'], small['dtype'])} "
+            f"B{small['batch']} H{small['heads']} N{small['n']} D{small['head_dim']} "
+            f"({_source(steps[0], steps[2])}): ours **{small['us']:.0f} us**, plain SDPA "
+            f"**{small['sdpa_plain_us']:.0f} us**.")
