@@ -4,8 +4,9 @@ For every variant shape and dtype: each provider is first validated (forward and
 reference built from the rule, on batch 0 and a few heads at the full length; a provider that fails or raises is
 recorded with its error and the run goes on; then every valid provider is timed, forward and backward.
 Providers: ``flashcourse`` (our default kernels, each call building its own tile lists where the rule needs a block
-mask), ``flashcourse_block_mask`` (the same with the block mask from ``kernels.create_block_mask`` built once,
-outside the timed region; only for variants that need one), ``flex`` (``torch.nn.attention.flex_attention``
+mask), ``flashcourse_block_mask`` (the same kernels with a block mask from ``kernels.create_block_mask`` built once,
+outside the timed region, in 128 x 128 sparse blocks as Flex's; each kernel's lists derived from it on the
+first, untimed call; only for variants that need one), ``flex`` (``torch.nn.attention.flex_attention``
 compiled with ``torch.compile``, its block mask from ``create_block_mask`` built outside the timed region; the
 first call, which compiles, is timed apart as ``compile_s``), SDPA's flash and cuDNN backends where SDPA can express the
 variant (causal; GQA with ``enable_gqa=True``), and ``flashcourse_expanded_kv`` for GQA: ours on K/V copied out
@@ -180,8 +181,7 @@ def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False, prebuilt_
     if prebuilt_mask:
         mask_options = {name: options.pop(name) for name in ("causal", "document_ids", "window")}
         block_mask, timing = timed_build(lambda: kernels.create_block_mask(
-            None, None, None, variant.n, variant.n, **mask_options, head_dim=variant.head_dim,
-            dtype=inputs.q.dtype, device=inputs.q.device))
+            None, None, None, variant.n, variant.n, **mask_options, device=inputs.q.device))
 
         def attend(q, k, v):
             return kernels.flash_attention(q, k, v, block_mask=block_mask, **options)

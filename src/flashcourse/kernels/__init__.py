@@ -11,8 +11,8 @@ Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D), H_kv 
     flash_attention_forward(q8, k8, v8, *, q_descale=None, k_descale=None, v_descale=None,
                             out_dtype=torch.bfloat16, causal=False, scale=None) -> (o, lse)  # FP8, sm_90+
     flash_attention_backward(q, k, v, o, lse, do, *, <same options>) -> (dq, dk, dv)
-    create_block_mask(mask_mod, B, H, N_q, N_kv, *, document_ids=None, causal=False, window=None, head_dim,
-                      dtype=torch.float16, device=None) -> BlockMask   # pass as block_mask=, reuse every step
+    create_block_mask(mask_mod, B, H, N_q, N_kv, *, document_ids=None, causal=False, window=None,
+                      BLOCK_SIZE=128, device=None) -> BlockMask   # pass as block_mask=, reuse every step
     flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None,
                  num_splits=None, window=None, softcap=None, alibi_slopes=None) -> o  # q (B, H_q, D)
 
@@ -56,7 +56,6 @@ from .plan import (  # noqa: E402
     check_gqa,
     check_scale,
     plan_for,
-    planned_tiles,
     with_tensors,
     without_tensors,
 )
@@ -84,16 +83,24 @@ _is_compiling = torch.compiler.is_compiling  # bound once: flash_attention asks 
 
 
 def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: int, *, document_ids=None,
-                      causal=False, window=None, head_dim: int, dtype: torch.dtype = torch.float16,
+                      causal=False, window=None, BLOCK_SIZE: int | tuple[int, int] = 128,
                       device=None) -> BlockMask:
-    """Classify every (query tile, key tile) pair of a mask rule once, for every call of these shapes.
+    """Classify a mask rule once, in sparse blocks of 128 x 128, for every call of these shapes.
 
-    FlexAttention's ``create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN)`` for our rules: pass the result as
-    ``flash_attention(q, k, v, block_mask=bm)`` (or to ``flash_attention_forward`` / ``_backward``), and the
-    forward, the backward and every later training step read its tile lists instead of rebuilding them (each
-    call without one classifies its tiles anew, the backward twice: dK/dV by key tile, dQ by query tile). The
-    call takes its mask options from the block mask; it may repeat them, but the same. Build a new one when the
-    shapes or the rule change.
+    FlexAttention's ``create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128)`` for our rules (Dong et
+    al. 2024): pass the result as ``flash_attention(q, k, v, block_mask=bm)`` (or to ``flash_attention_forward``
+    / ``_backward``), and the forward, the backward and every later training step take their tile lists from it
+    instead of classifying tiles again (a call without one classifies its tiles anew, the backward twice: dK/dV
+    by key tile, dQ by query tile). The call takes its mask options from the block mask; it may repeat them, but
+    the same. Build a new one when the shapes or the rule change.
+
+    The mask does not depend on the head dim, the dtype or the GPU. It records one kind per sparse block of
+    ``BLOCK_SIZE`` (empty: no query of the block sees a key of it; full: every one does; else partial). A kernel
+    whose tiles are another size derives its lists from these blocks on first use and keeps them: a tile is full
+    where every block under it is full, empty where every one is empty, partial (it runs the mask code) otherwise.
+    The lists are always correct; a kernel tile smaller than a block, inside a partial block, is run as partial
+    even where it is full or empty, as FlexAttention's kernels do with the sub-blocks of a 128-wide block. A
+    smaller ``BLOCK_SIZE`` classifies finer and skips more such tiles, for a larger map.
 
     Args:
         mask_mod: None or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``, as for
@@ -101,28 +108,25 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
         B: the batch size, or None for a mask that is the same on every batch row (``mask_mod`` is then
             classified at b = 0); with ``document_ids``, None means their batch.
         H: the number of query heads, or None for a mask that is the same on every head (classified at h = 0).
-            Only a ``mask_mod`` sees the head: without one, the lists are shared by every head either way.
+            Only a ``mask_mod`` sees the head: without one, the blocks are shared by every head either way.
         N_q, N_kv: the numbers of queries and keys.
         document_ids: None or a (B, N) int32/int64 tensor on ``device``, N = N_q = N_kv, as for
             :func:`flash_attention`.
-        causal, window: as for :func:`flash_attention`; they narrow the tiles too. A block mask needs
+        causal, window: as for :func:`flash_attention`; they narrow the blocks too. A block mask needs
             ``document_ids`` or ``mask_mod`` (causal and window alone are classified inside the kernels).
-        head_dim: D of the calls. With ``dtype`` it decides the launches' tiles (``configs``): the block mask
-            holds the lists at the tile sizes of the forward, dK/dV and dQ launches chosen for this device.
-        dtype: torch.float16 (default), torch.bfloat16 or torch.float32, the calls' dtype (fp16 and bf16 share
-            their tiles).
+        BLOCK_SIZE: the sparse block, an int (square) or (query rows, key columns): powers of two from 16 to
+            256; 128 (default) as FlexAttention.
         device: where the calls run; None (default) means document_ids' device, else the GPU, or the CPU (the
             interpreter) on a machine without one.
 
     Returns:
-        A :class:`BlockMask` (a frozen dataclass). Its repr shows the shape, the rules and, per tile size, how
-        many tiles are full, partial and empty (``sparsity``: the share of empty tiles, never loaded). A launch
-        that steps down to smaller tiles on a GPU outside ``configs.KNOWN_DEVICES`` adds its size on first use.
+        A :class:`BlockMask` (a frozen dataclass). Its repr shows the shape, the rules, how many sparse blocks
+        are full, partial and empty (``sparsity``: the share of empty ones, never loaded), and the same for each
+        kernel tile size derived so far.
 
-    A call with other shapes (B, H, N_q, N_kv, where not None), another device, other mask options, or a head
-    dim and dtype whose launches use other tiles raises a ValueError that names the difference. Under
-    ``torch.compile`` a call with ``block_mask`` runs eagerly, a graph break (a Python object fits no op
-    schema), so ``fullgraph=True`` raises for it.
+    A call with other shapes (B, H, N_q, N_kv, where not None), another device or other mask options raises a
+    ValueError that names the difference. Under ``torch.compile`` a call with ``block_mask`` runs eagerly, a
+    graph break (a Python object fits no op schema), so ``fullgraph=True`` raises for it.
 
     Example::
 
@@ -130,10 +134,10 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
         def prefix_lm(b, h, q_idx, kv_idx):  # the first 256 positions see each other, the rest are causal
             return (kv_idx <= q_idx) | (kv_idx < 256)
 
-        bm = create_block_mask(prefix_lm, None, None, 4096, 4096, head_dim=128, device="cuda")
-        print(bm)  # tile sizes, full / partial / empty tiles, sparsity
+        bm = create_block_mask(prefix_lm, None, None, 4096, 4096, device="cuda")
+        print(bm)  # the sparse blocks: full / partial / empty, sparsity
         for step in range(steps):
-            o = flash_attention(q, k, v, block_mask=bm)  # q (B, H, 4096, 128) float16; no tiles reclassified
+            o = flash_attention(q, k, v, block_mask=bm)  # q (B, H, 4096, D), any D and dtype; nothing reclassified
             o.sum().backward()
     """
     for name, value in (("B", B), ("H", H), ("N_q", N_q), ("N_kv", N_kv)):
@@ -141,9 +145,11 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
                 not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} is {value!r}: expected an int >= 1"
                              + (" or None (the same mask for every one)" if name in ("B", "H") else ""))
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"dtype is {dtype}: expected torch.float16, torch.bfloat16 or torch.float32")
-    check_head_dim(head_dim)
+    block_size = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
+    if not (isinstance(block_size, tuple) and len(block_size) == 2 and all(
+            isinstance(s, int) and not isinstance(s, bool) and s in (16, 32, 64, 128, 256) for s in block_size)):
+        raise ValueError(f"BLOCK_SIZE is {BLOCK_SIZE!r}: expected a power of two from 16 to 256, or a (rows, "
+                         "columns) tuple of two (a block is classified as one Triton tile)")
     if device is None:
         device = document_ids.device if isinstance(document_ids, torch.Tensor) else _device.setup()
     device = torch.device(device)
@@ -152,9 +158,7 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     rules = parse_mask_rules(B, N_q, N_kv, device, causal=causal, window=window, document_ids=document_ids,
                              mask_mod=mask_mod)
     batch = rules.document_ids.shape[0] if rules.document_ids is not None else B
-    planned = planned_tiles(configs.device_props(device), head_dim, dtype.itemsize, rules)
-    return BlockMask(rules=rules, batch=batch, heads=H, n_q=N_q, n_kv=N_kv, device=device, head_dim=head_dim,
-                     dtype=dtype, planned=planned)
+    return BlockMask.build(rules, batch, H, N_q, N_kv, device, block_size)
 
 
 def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:

@@ -570,7 +570,7 @@ def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.Kernel
 
 def launch_candidates(props: configs.DeviceProps, block_d: int, elem_bytes: int, rules: Rules
                       ) -> tuple[tuple[configs.KernelConfig, ...], tuple[configs.KernelConfig, ...]]:
-    """(dK/dV, dQ) launches for these rules, best first (``create_block_mask`` plans its tiles here)."""
+    """(dK/dV, dQ) launches for these rules, best first."""
     masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
     return configs.backward_candidates(props, block_d, elem_bytes, causal=masked)
 

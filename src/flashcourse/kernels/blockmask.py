@@ -2,15 +2,23 @@
 Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention Kernels").
 
 Causal and window bounds are classified analytically inside the attention kernels. Documents and ``mask_mod``
-cannot be, so :func:`_tile_kinds_kernel` evaluates the whole rule on every tile pair and writes its kind
-(0 empty, 1 partial, 2 full) to a (B_mask, H_mask, row tiles, column tiles) int8 map; H_mask is 1 unless a
-``mask_mod`` (which sees the head) is given, and B_mask is 1 where the mask is the same for every batch row. The
-host turns each row of the map into two lists, its full tiles and its partial tiles, so an attention kernel loops
-over those alone: empty tiles are never loaded, full tiles run without mask code.
+cannot be, so :func:`_tile_kinds_kernel` evaluates the whole rule on every tile and writes its kind (0 empty,
+1 partial, 2 full) to a (B_mask, H_mask, row tiles, column tiles) int8 map; H_mask is 1 unless a ``mask_mod``
+(which sees the head) is given, and B_mask is 1 where the mask is the same for every batch row. The host turns
+each row of the map into two lists, its full tiles and its partial tiles, so an attention kernel loops over those
+alone: empty tiles are never loaded, full tiles run without mask code.
 
-A call builds these lists itself, at each kernel's tile size (the backward twice: dK/dV by key tile, dQ by query
-tile). :class:`BlockMask` (``kernels.create_block_mask``) builds them once for given shapes, so that the forward,
-the backward and every later training step read the same lists, as FlexAttention's ``BlockMask`` does.
+A call without a block mask builds these lists itself, exactly at each kernel's tile size (the backward twice:
+dK/dV by key tile, dQ by query tile). :class:`BlockMask` (``kernels.create_block_mask``) classifies once, for
+every later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
+FlexAttention's ``BlockMask`` does (128 is the default ``BLOCK_SIZE`` of PyTorch's ``create_block_mask``). So
+the same mask serves every head dim, dtype and GPU, whatever tiles their launches take. A kernel derives its lists
+from that one map: its tile is full where every sparse block it overlaps is full, empty where every one is empty,
+and partial otherwise. A partial tile runs the mask code on every score, so derived lists are always correct;
+they are only less sparse than exact ones where a kernel tile lies in a partial sparse block but is itself full
+or empty (FlexAttention's kernels, stepping through the sub-blocks of a 128-wide block, skip no more). Counting
+the full and empty sparse blocks under every kernel tile is one 2-D prefix sum over the map, so any tile size
+works: smaller than the sparse block, larger, or not dividing it.
 """
 
 from __future__ import annotations
@@ -161,19 +169,51 @@ def rule_args(rules: Rules, q: torch.Tensor, k: torch.Tensor) -> dict:
     }
 
 
+def derived_kinds(kinds: torch.Tensor, block_size: tuple[int, int], n_q: int, n_kv: int, block_m: int,
+                  block_n: int) -> torch.Tensor:
+    """The kinds of (block_m, block_n) tiles from the kinds of (rows, columns) = ``block_size`` sparse blocks
+    (B, H, cdiv(n_q, rows), cdiv(n_kv, columns)): full where every sparse block a tile overlaps is full and the
+    tile lies inside (n_q, n_kv), empty where every one is empty, partial otherwise. Returns
+    (B, H, cdiv(n_q, block_m), cdiv(n_kv, block_n)) int8."""
+    rows, cols = block_size
+
+    def spans(n: int, tile: int, block: int, blocks: int):
+        """Per tile of ``tile`` positions: the first sparse block it overlaps, one past the last (clipped to the
+        map: past n there are no keys to see), and whether the tile ends inside n."""
+        first_position = torch.arange(triton.cdiv(n, tile), device=kinds.device) * tile
+        end = first_position + tile
+        return first_position // block, torch.clamp((end + block - 1) // block, max=blocks), end <= n
+
+    r0, r1, rows_inside = spans(n_q, block_m, rows, kinds.shape[2])
+    c0, c1, cols_inside = spans(n_kv, block_n, cols, kinds.shape[3])
+
+    def counts(hit: torch.Tensor) -> torch.Tensor:
+        """How many sparse blocks of ``hit`` lie under each tile, from prefix sums padded with a zero row and
+        column: sum over [r0, r1) x [c0, c1) = P[r1, c1] - P[r0, c1] - P[r1, c0] + P[r0, c0]."""
+        prefix = torch.nn.functional.pad(hit.to(torch.int32).cumsum(2).cumsum(3), (1, 0, 1, 0))
+        return (prefix[:, :, r1[:, None], c1[None, :]] - prefix[:, :, r0[:, None], c1[None, :]]
+                - prefix[:, :, r1[:, None], c0[None, :]] + prefix[:, :, r0[:, None], c0[None, :]])
+
+    under = (r1 - r0)[:, None] * (c1 - c0)[None, :]  # sparse blocks under each tile
+    inside = rows_inside[:, None] & cols_inside[None, :]
+    full = (counts(kinds == FULL) == under) & inside
+    empty = counts(kinds == EMPTY) == under
+    return torch.where(full, FULL, torch.where(empty, EMPTY, PARTIAL)).to(torch.int8)
+
+
 # One kernel's tiles: (block_m, block_n, by_key), by_key for lists per key tile (dK/dV) instead of per query tile.
 TileSize = tuple[int, int, bool]
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensors inside have no truth value for ==
 class BlockMask:
-    """The tile lists of one mask rule at given shapes, built once and read by every call that passes it.
+    """One mask rule at given shapes, classified once at a fixed sparse block and read by every call passing it.
 
     Made by ``kernels.create_block_mask``; ``flash_attention(..., block_mask=bm)`` and its forward and backward
-    read its lists instead of classifying the tiles again. It holds the lists at the tile sizes of the launches
-    this device chooses for its head dim and dtype (``planned``: forward, dK/dV, dQ; the forward and dQ share a
-    size where their tiles agree); a launch that steps down to smaller tiles (``stepdown.py``, a GPU outside
-    ``configs.KNOWN_DEVICES``) builds its size on first use and keeps it here.
+    take their tile lists from it instead of classifying tiles again. It holds one map, ``kinds``: the kind
+    (EMPTY, PARTIAL, FULL) of every ``block_size`` (rows, columns) sparse block. Whatever tiles a launch takes
+    (they depend on the head dim, the dtype and the GPU), its lists are derived from that map on first use
+    (:func:`derived_kinds`) and kept in a cache, which is not part of what the mask is.
     """
 
     rules: Rules  # the mask rules only: causal, window, document_ids, mask_mod
@@ -182,38 +222,30 @@ class BlockMask:
     n_q: int
     n_kv: int
     device: torch.device
-    head_dim: int
-    dtype: torch.dtype
-    planned: dict[str, TileSize]  # kernel ("forward", "dK/dV", "dQ") -> its tiles
-    lists: dict[TileSize, TileLists] = field(default_factory=dict)
+    block_size: tuple[int, int]  # the sparse block: (query rows, key columns)
+    kinds: torch.Tensor  # (B_mask, H_mask, cdiv(n_q, rows), cdiv(n_kv, columns)) int8
+    _lists: dict[TileSize, TileLists] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self):
-        kinds: dict[tuple[int, int], torch.Tensor] = {}  # one map per tile shape, read both ways
-        for size in self.planned.values():
-            block_m, block_n, by_key = size
-            if (block_m, block_n) not in kinds:
-                kinds[block_m, block_n] = tile_kinds(self.rules, *self._mask_batch_heads, self.n_q, self.n_kv,
-                                                     block_m, block_n, self.device)
-            found = kinds[block_m, block_n]
-            self.lists[size] = tile_lists(found.transpose(-1, -2) if by_key else found)
+    @classmethod
+    def build(cls, rules: Rules, batch: int | None, heads: int | None, n_q: int, n_kv: int, device,
+              block_size: tuple[int, int]) -> BlockMask:
+        """Classify every sparse block of ``rules`` (one run of :func:`_tile_kinds_kernel`)."""
+        mask_heads = heads if rules.mask_mod is not None and heads is not None else 1  # only mask_mod sees h
+        kinds = tile_kinds(rules, batch or 1, mask_heads, n_q, n_kv, *block_size, device)
+        return cls(rules=rules, batch=batch, heads=heads, n_q=n_q, n_kv=n_kv, device=device, block_size=block_size,
+                   kinds=kinds)
 
     @property
     def shape(self) -> tuple[int | None, int | None, int, int]:
         return self.batch, self.heads, self.n_q, self.n_kv
 
-    @property
-    def _mask_batch_heads(self) -> tuple[int, int]:
-        """(B_mask, H_mask) of the lists: a head axis only for a mask_mod (the one rule that sees h)."""
-        heads = self.heads if self.rules.mask_mod is not None and self.heads is not None else 1
-        return self.batch or 1, heads
-
     def tile_lists(self, block_m: int, block_n: int, *, by_key: bool) -> TileLists:
-        """The lists at one kernel's tiles; a size not built yet (a launch stepped down) is built and kept."""
+        """The lists at one kernel's tiles, derived from the sparse blocks on first use and then kept."""
         size = (block_m, block_n, by_key)
-        if size not in self.lists:
-            self.lists[size] = build_lists(self.rules, *self._mask_batch_heads, self.n_q, self.n_kv, block_m,
-                                           block_n, self.device, by_key=by_key)
-        return self.lists[size]
+        if size not in self._lists:
+            kinds = derived_kinds(self.kinds, self.block_size, self.n_q, self.n_kv, block_m, block_n)
+            self._lists[size] = tile_lists(kinds.transpose(-1, -2) if by_key else kinds)
+        return self._lists[size]
 
     def call_options(self, *, causal, window, document_ids, mask_mod) -> dict:
         """A call's mask options under this block mask: the block mask's, or the same given again; other values
@@ -235,10 +267,10 @@ class BlockMask:
         return {"causal": mine.causal or False, "window": mine.window, "document_ids": mine.document_ids,
                 "mask_mod": mine.mask_mod}
 
-    def check_call(self, q: torch.Tensor, k: torch.Tensor, planned: dict[str, TileSize]) -> None:
-        """A ValueError when q (B, H_q, N_q, D), k (B, H_kv, N_kv, D) or the call's launches (``planned``) do not
-        match what this block mask was built for."""
-        batch, heads, n_q, head_dim = q.shape
+    def check_call(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """A ValueError when q (B, H_q, N_q, D) or k (B, H_kv, N_kv, D) do not match the shapes and device this
+        block mask was built for. The head dim and dtype may be anything: the lists follow the launch's tiles."""
+        batch, heads, n_q, _ = q.shape
         call = (batch, heads, n_q, k.shape[2])
         wrong = [f"{name} = {got} where the block mask has {want}"
                  for name, got, want in zip(("B", "H", "N_q", "N_kv"), call, self.shape, strict=True)
@@ -250,26 +282,29 @@ class BlockMask:
         if q.device != self.device:
             raise ValueError(f"block_mask lives on {self.device}, but q is on {q.device}: build it with "
                              f"create_block_mask(..., device={str(q.device)!r})")
-        missing = {name: size for name, size in planned.items() if size not in self.lists}
-        if missing:
-            raise ValueError(
-                f"block_mask was built for head dim {self.head_dim} in {self.dtype}, whose launches use other tiles "
-                f"than this call's (head dim {head_dim} in {q.dtype}: {_show_sizes(missing)}): rebuild it with "
-                f"create_block_mask(..., head_dim={head_dim}, dtype={q.dtype})")
+
+    def kind_counts(self) -> dict[str, int]:
+        """How many sparse blocks are full, partial and empty (a sum over every batch row and head of the map)."""
+        return {name: int((self.kinds == kind).sum()) for name, kind in
+                (("full", FULL), ("partial", PARTIAL), ("empty", EMPTY))}
 
     def __repr__(self) -> str:
         batch, heads = (f"None (every {what} alike)" if x is None else x
                         for x, what in ((self.batch, "batch row"), (self.heads, "head")))
+        rows, cols = self.block_size
         lines = [f"BlockMask(B={batch}, H={heads}, N_q={self.n_q}, N_kv={self.n_kv}, "
-                 f"{_describe(self.rules)}, on {self.device}, for head dim {self.head_dim} in {self.dtype}:"]
-        for size, lists in self.lists.items():
-            users = [name for name, planned in self.planned.items() if planned == size] or ["a step-down"]
-            counts = lists.kind_counts()
-            total = sum(counts.values())
-            lines.append(f"  {size[0]}x{size[1]} tiles per {'key' if size[2] else 'query'} tile "
-                         f"({', '.join(users)}): {counts['full']} full, {counts['partial']} partial, "
-                         f"{counts['empty']} empty of {total}, sparsity {counts['empty'] / max(total, 1):.0%}")
+                 f"{_describe(self.rules)}, on {self.device}:",
+                 f"  {rows}x{cols} sparse blocks: {_show_counts(self.kind_counts())}"]
+        for (block_m, block_n, by_key), lists in self._lists.items():
+            lines.append(f"  derived {block_m}x{block_n} tiles per {'key' if by_key else 'query'} tile: "
+                         f"{_show_counts(lists.kind_counts())}")
         return "\n".join(lines) + ")"
+
+
+def _show_counts(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    return (f"{counts['full']} full, {counts['partial']} partial, {counts['empty']} empty of {total}, "
+            f"sparsity {counts['empty'] / max(total, 1):.0%}")
 
 
 def _show(value) -> str:
@@ -283,10 +318,6 @@ def _same_ids(given: torch.Tensor, built: torch.Tensor | None) -> bool:
         return False
     return given is built or (given.shape == built.shape and given.device == built.device
                               and bool(torch.equal(given.to(built.dtype), built)))
-
-
-def _show_sizes(sizes: dict[str, TileSize]) -> str:
-    return ", ".join(f"{name} {m}x{n}" for name, (m, n, _) in sizes.items())
 
 
 def _describe(rules: Rules) -> str:

@@ -209,7 +209,7 @@ def check_forward_launch(version: ForwardVersion, config: configs.KernelConfig, 
 
 def launch_candidates(version: ForwardVersion, props: configs.DeviceProps, block_d: int, elem_bytes: int,
                       rules: Rules) -> tuple[configs.KernelConfig, ...]:
-    """The launches a version takes for these rules, best first (``create_block_mask`` plans its tiles here)."""
+    """The launches a version takes for these rules, best first."""
     if not version.tuned_launch:
         return configs.baseline_forward_candidates(props, block_d, elem_bytes)
     # Where many tiles are partly masked, small tiles waste less (v3-v6 under causal); v7 skips and classifies

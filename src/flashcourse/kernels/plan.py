@@ -27,13 +27,11 @@ import torch
 import triton
 
 from . import configs, launch
-from ._checks import check_qkv, padded_head_dim
+from ._checks import check_qkv
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
-from .backward import launch_candidates as backward_candidates
 from .blockmask import BlockMask
 from .common import tma_scratch
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
-from .forward import launch_candidates as forward_candidates
 from .rules import Rules, parse_rules
 
 # The Gluon stage that serves the default forward on Hopper, per (head dim, dtype): the fastest stage over the
@@ -277,21 +275,10 @@ def check_gqa(q, k, enable_gqa) -> None:
                          f"K/V head h // {q.shape[1] // max(k.shape[1], 1)})")
 
 
-def planned_tiles(props: configs.DeviceProps, head_dim: int, elem_bytes: int, rules: Rules) -> dict:
-    """The tiles of the launches the default kernels choose first for a call (v7, and b3's two kernels): what
-    a block mask must hold for that call (a call with a block mask never takes a Gluon stage)."""
-    block_d = padded_head_dim(head_dim)
-    fwd = forward_candidates(FORWARD_VERSIONS[DEFAULT_FORWARD], props, block_d, elem_bytes, rules)[0]
-    dkdv, dq = (candidates[0] for candidates in backward_candidates(props, block_d, elem_bytes, rules))
-    return {"forward": (fwd.block_m, fwd.block_n, False), "dK/dV": (dkdv.block_m, dkdv.block_n, True),
-            "dQ": (dq.block_m, dq.block_n, False)}
-
-
 def check_block_mask(block_mask: BlockMask | None, q, k) -> None:
     """Before the call's rules are parsed, so that a block mask of other shapes is named as the cause."""
     if block_mask is not None:
-        props = configs.device_props(q.device)  # the block mask's rules are the call's mask rules: same tiles
-        block_mask.check_call(q, k, planned_tiles(props, q.shape[3], q.element_size(), block_mask.rules))
+        block_mask.check_call(q, k)
 
 
 def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
