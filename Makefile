@@ -14,14 +14,15 @@ timed = t0=$$(date +%s); $(2); rc=$$?; echo "[make test] stage '$(1)' took $$(( 
 .PHONY: setup setup-course setup-test lab test test-fast test-gpu lint book serve-book clean
 
 # One install into $(VENV): PyTorch first (TORCH_SPEC), then the course in editable mode with the extra $(1), then
-# the Jupyter kernel; the stamp file is the target.
+# the course's Jupyter kernel as "Python 3" (flashcourse/lab_kernel.py: IPython's, reporting no Python version, so
+# JupyterLab opens a notebook without changing it); the stamp file is the target.
 define install
 @t0=$$(date +%s); \
 test -x $(PY) || $(PYTHON) -m venv $(VENV); \
 $(PY) -m pip install -q --upgrade pip && \
 $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" && \
 $(PY) -m pip install -q -e ".[$(1)]" && \
-$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3" >/dev/null && \
+$(PY) -m flashcourse.lab_kernel install --sys-prefix >/dev/null && \
 touch $@ && echo "[make] set-up ($(1)) took $$(( $$(date +%s) - t0 )) s"
 endef
 

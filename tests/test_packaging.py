@@ -55,7 +55,7 @@ def _extras() -> dict[str, list[Requirement]]:
 # The import name of each package the source may import, and the distribution that provides it.
 DISTRIBUTION = {"numpy": "numpy", "torch": "torch", "triton": "triton", "matplotlib": "matplotlib",
                 "ipywidgets": "ipywidgets", "IPython": "ipython", "yaml": "pyyaml", "nbformat": "nbformat",
-                "rich": "rich", "genanki": "genanki"}
+                "rich": "rich", "genanki": "genanki", "ipykernel": "ipykernel"}
 
 
 def _third_party_imports() -> dict[str, set[str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shlex
 import shutil
 import signal
 import socket
@@ -158,17 +157,12 @@ def _stop(server: LabServer, process: subprocess.Popen) -> None:
             process.wait()
 
 
-def install_make_lab_kernel(data_dir: Path) -> dict[str, str]:
-    """Install the kernel as the Makefile's `ipykernel install` line does (its --name and --display-name) into
-    ``data_dir``, which the server searches first (JUPYTER_PATH): it then offers exactly the
-    kernel `make lab` gives a learner, whatever an older set-up left in the venv. Returns its name and label."""
-    line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if "ipykernel install" in line)
-    words = shlex.split(line.replace("$(PY)", "python").split(">", 1)[0])
-    kernel = {"name": words[words.index("--name") + 1], "display_name": words[words.index("--display-name") + 1]}
-    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--user", "--name", kernel["name"],
-                    "--display-name", kernel["display_name"]], check=True, capture_output=True,
-                   env=dict(os.environ, JUPYTER_DATA_DIR=str(data_dir)))
-    return kernel
+def install_make_lab_kernel(data_dir: Path) -> None:
+    """Install the course's kernel as the Makefile does (`python -m flashcourse.lab_kernel install`) into
+    ``data_dir``, which the server searches first (JUPYTER_PATH): it then offers exactly the kernel `make lab` gives
+    a learner, whatever an older set-up left in the venv (tests/test_lab_kernel.py checks the Makefile's line)."""
+    subprocess.run([sys.executable, "-m", "flashcourse.lab_kernel", "install", "--user"], check=True,
+                   capture_output=True, env=dict(os.environ, JUPYTER_DATA_DIR=str(data_dir)))
 
 
 @pytest.fixture(scope="session")
@@ -197,7 +191,9 @@ def lab_server(browser_context, tmp_path_factory):
         process = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+             f"--ServerApp.root_dir={root}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             # window.jupyterapp: a test can wait on JupyterLab's own promises rather than on what the page shows
+             "--LabApp.expose_app_in_browser=True"],
             cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)  # its own process group: the kernels it starts are stopped with it
         try:

@@ -1,0 +1,89 @@
+"""The Jupyter kernel the course installs: IPython's own, except that it does not report the Python version.
+
+Why: when a kernel starts, JupyterLab writes the kernel's ``language_info`` into the notebook's metadata, and
+marks the notebook changed unless the two are equal. IPython's kernel reports the exact Python version
+(``"version": "3.11.7"``), which no committed notebook can match on every learner's machine, so every untouched
+lesson asked "Save your work?" when closed. This kernel reports :data:`LANGUAGE_INFO`, the same on every machine,
+and every notebook of the course carries exactly that (``tests/test_lab_kernel.py``); it is installed under the
+name and display name the notebooks carry (:data:`KERNELSPEC`), so JupyterLab keeps their kernelspec too.
+
+    python -m flashcourse.lab_kernel install --sys-prefix   # what `make lab` runs: the kernel of this venv
+    python -m flashcourse.lab_kernel -f CONNECTION_FILE     # what Jupyter runs (the kernel spec's argv)
+
+A notebook opened with IPython's plain kernel still runs the same; only closing it asks to save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and sys.path[0] in ("", str(Path.cwd())):
+    # As ipykernel's own launcher does: the folder Jupyter starts the kernel in (the notebook's) leaves the path
+    # while the kernel loads, so a learner's file there cannot stand in for a module the kernel imports; IPython
+    # puts it back, as "", before the first cell runs.
+    del sys.path[0]
+
+from ._extras import missing
+
+try:
+    from ipykernel import kernelspec
+    from ipykernel.ipkernel import IPythonKernel
+except ImportError as error:  # JupyterLab brings ipykernel: the course extra
+    raise missing("course", "ipykernel", __name__) from error
+
+# What IPython's kernel reports, less "version". The notebooks' metadata holds this dict exactly.
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+}
+# The kernelspec metadata JupyterLab writes for this kernel: "python3" is also the name nbclient, nbgrader and
+# the grader ask for, so they run the notebooks on this kernel where it is installed, and on IPython's elsewhere.
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+
+
+class CourseKernel(IPythonKernel):
+    """IPython's kernel with a ``language_info`` that is the same on every machine."""
+
+    language_info = LANGUAGE_INFO
+
+
+def install(*, user: bool = False, prefix: str | None = None) -> str:
+    """Install the kernel spec under :data:`KERNELSPEC`'s name, replacing one of that name: into ``prefix``
+    (``sys.prefix`` for a venv), else the user's Jupyter folder with ``user``, else the system's. Returns the
+    folder written."""
+    # IPython's own install (this Python, its options), then the module it starts is this one.
+    folder = kernelspec.install(user=user, prefix=prefix, kernel_name=KERNELSPEC["name"],
+                                display_name=KERNELSPEC["display_name"])
+    spec_file = Path(folder) / "kernel.json"
+    spec = json.loads(spec_file.read_text())
+    spec["argv"][spec["argv"].index("ipykernel_launcher")] = __spec__.name
+    spec_file.write_text(json.dumps(spec, indent=1) + "\n")
+    return folder
+
+
+def main(args: list[str]) -> None:
+    if args[:1] != ["install"]:
+        from ipykernel.kernelapp import IPKernelApp
+
+        IPKernelApp.launch_instance(args, kernel_class=CourseKernel)
+        return
+    parser = argparse.ArgumentParser(prog="python -m flashcourse.lab_kernel install",
+                                     description="Install the course's Jupyter kernel as 'Python 3' (python3).")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--sys-prefix", action="store_true", help="into this Python's environment (a venv, conda)")
+    where.add_argument("--user", action="store_true", help="into your own Jupyter folder")
+    where.add_argument("--prefix", help="into PREFIX/share/jupyter/kernels")
+    options = parser.parse_args(args[1:])
+    folder = install(user=options.user, prefix=sys.prefix if options.sys_prefix else options.prefix)
+    print(f"installed the kernel {KERNELSPEC['display_name']!r} ({KERNELSPEC['name']}) in {folder}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
