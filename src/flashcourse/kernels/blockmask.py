@@ -1,5 +1,6 @@
 """Block masks: which (query tile, key tile) pairs a rule leaves empty, partial or full (FlexAttention's idea,
-Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention Kernels").
+Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention Kernels", arXiv
+2412.05496).
 
 Causal and window bounds are classified analytically inside the attention kernels. Documents and ``mask_mod``
 cannot be, so :func:`_tile_kinds_kernel` evaluates the whole rule on every tile and writes its kind (0 empty,
@@ -141,8 +142,8 @@ def build_lists(rules: Rules, batch: int, heads: int, n_q: int, n_kv: int, block
 
 def call_lists(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: torch.Tensor, block_m: int,
                block_n: int, *, by_key: bool) -> dict:
-    """A kernel's block-mask arguments: none for rules the bounds classify, the prebuilt ``block_mask``'s lists,
-    or lists built for this call alone."""
+    """A kernel's block-mask arguments: none for rules the bounds classify, the lists a prebuilt ``block_mask``
+    derives for this kernel's tiles, or lists classified exactly at those tiles for this call alone."""
     if not rules.needs_block_mask:
         return no_tile_lists(q)
     if block_mask is not None:
