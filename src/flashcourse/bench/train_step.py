@@ -80,8 +80,8 @@ def graph_step(attend: Callable, q, k, v, do, *, warmup: int = 3) -> Callable[[]
 
     The inputs are static: a replay reads q, k, v and dO at the addresses they have now (copy new values into
     them) and writes its outputs where the capture allocated them. The first calls run on a side stream before the
-    capture: they build our plans and compile our kernels, and set up SDPA's libraries, none of which may happen
-    while a stream is being captured."""
+    capture, as PyTorch's CUDA graph notes ask: they do the one-time work (our plans, Triton's compiling and loading
+    of our kernels, cuDNN's setup for SDPA) that must neither be recorded nor interrupt a capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
