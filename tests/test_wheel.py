@@ -1,26 +1,34 @@
 """Installed from a wheel, away from any checkout, the lessons still find the course files they read.
 
 The wheel is built the way `pip install git+...` and `python -m build` build it: an sdist from the working tree,
-then the wheel from that sdist. It goes (not editable, with the course extra) into a fresh virtual environment
-with the pinned torch; lessons 07 (recorded GPU results) and 10 (the interview bank's evidence) are copied to a
+then the wheel from that sdist. pip installs it (not editable, with the course extra) into a fresh virtual
+environment, offline; lessons 07 (recorded GPU results) and 10 (the interview bank's evidence) are copied to a
 folder outside the repository and executed there by that environment's kernel.
+
+The fresh environment gets its dependencies without a second download and copy of PyTorch (gigabytes, most of
+this test's time): it sees a folder of links to exactly the distributions that the wheel's own metadata asks for
+with the course extra (and nbclient and ipykernel, which run the lessons), followed transitively, as this test's
+environment has them installed. Nothing else of this environment is there, the checkout's editable flashcourse
+least of all, so a lesson that imports something outside the course extra fails here as it would for a learner.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import nbformat
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from flashcourse.interview import bank
 
@@ -65,10 +73,40 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
-def _torch_requirement() -> list[str]:
-    """The Makefile's TORCH_SPEC (and TORCH_PIP_ARGS), or the same variables from the environment."""
-    default = re.search(r"^TORCH_SPEC \?= *(\S+)", (ROOT / "Makefile").read_text(), re.MULTILINE)[1]
-    return os.environ.get("TORCH_PIP_ARGS", "").split() + [os.environ.get("TORCH_SPEC", default)]
+def _needed_distributions(requirements: list[str], extras: set[str]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions these requirements pull in, transitively, as pip's resolver follows them: of
+    each distribution's metadata, the requirements whose environment marker holds here for an extra asked of it."""
+    needed: dict[str, importlib.metadata.Distribution] = {}
+    followed: dict[str, set[str]] = {}  # name -> the extras ("" for none) whose requirements are already queued
+    todo = [(Requirement(text), extras) for text in requirements]
+    while todo:
+        requirement, in_scope = todo.pop()
+        if requirement.marker and not any(requirement.marker.evaluate({"extra": e}) for e in in_scope | {""}):
+            continue
+        name = canonicalize_name(requirement.name)
+        new = {"", *requirement.extras} - followed.setdefault(name, set())
+        if name not in needed:
+            try:
+                needed[name] = importlib.metadata.distribution(name)
+            except importlib.metadata.PackageNotFoundError:
+                pytest.fail(f"{requirement} is needed but not installed here: reinstall the dev extra")
+        assert requirement.specifier.contains(needed[name].version, prereleases=True), (
+            f"{requirement} is needed, this environment has {needed[name].version}")
+        if new:
+            followed[name] |= new
+            todo += [(Requirement(text), new) for text in needed[name].requires or []]
+    return list(needed.values())
+
+
+def _link_folder(distributions: list[importlib.metadata.Distribution], folder: Path) -> None:
+    """Links to every top-level file and folder (packages, modules, .dist-info, .pth) that these distributions
+    installed into site-packages, per their RECORD; what they put elsewhere (scripts, share/) is left out."""
+    folder.mkdir()
+    for dist in distributions:
+        site = Path(dist.locate_file(""))
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            if (site / top).exists() and not (folder / top).exists():
+                (folder / top).symlink_to(site / top)
 
 
 def _working_tree(destination: Path) -> None:
@@ -88,17 +126,9 @@ def _output_text(cell) -> str:
     return "\n".join(parts)
 
 
-@pytest.fixture
-def venv():
-    """Where the fresh environment goes: removed after the test, since with torch and Triton it takes over 2 GB,
-    too much to leave among the test folders pytest keeps."""
-    with tempfile.TemporaryDirectory(prefix="flashcourse-wheel-") as folder:
-        yield Path(folder) / "venv"
-
-
 @pytest.mark.slow
 @pytest.mark.notebooks
-def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Path, venv: Path):
+def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Path):
     if sys.platform != "linux":
         _cannot_run(f"lesson 07 needs Triton, which ships for Linux only (this is {sys.platform})")
     if shutil.which("git") is None:
@@ -115,7 +145,10 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
     # --no-isolation: the setuptools of this environment builds, so no second download of it.
     _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(source)])
     wheel = next(dist.glob("*.whl"))
-    shipped = set(zipfile.ZipFile(wheel).namelist())
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+        metadata = Parser().parsestr(archive.read(next(n for n in shipped if n.endswith(".dist-info/METADATA")))
+                                     .decode())
     expected = {f"flashcourse/_data/{p.relative_to(ROOT).as_posix()}"
                 for pattern in ("notebooks/*.ipynb", "benchmarks/results/*.json") for p in ROOT.glob(pattern)}
     assert expected <= shipped, f"the wheel lacks course files: {sorted(expected - shipped)}"
@@ -125,14 +158,26 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
     # Nothing of this environment may leak in: a PYTHONPATH holding the checkout would make pip think flashcourse
     # is installed already, and the kernel import it from there.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
     env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
                MPLBACKEND="module://matplotlib_inline.backend_inline")
-    _run([sys.executable, "-m", "venv", str(venv)], env=env)
+    # Without pip (and, before Python 3.12, an old setuptools that would hide the one torch asks for): this
+    # environment's pip installs into it with --python.
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env)
     python = venv / "bin" / "python"
-    # The course extra, as a learner installs it (`pip install "flashcourse[course]"`): the core install alone has
-    # no matplotlib, ipywidgets or PyYAML, which the lessons use.
-    _run([python, "-m", "pip", "install", "--quiet", *_torch_requirement(), f"flashcourse[course] @ {wheel.as_uri()}",
-          "nbclient", "ipykernel"], env=env)
+    # The course extra as the wheel declares it (a learner's `pip install "flashcourse[course]"`: the core install
+    # alone has no matplotlib, ipywidgets or PyYAML, which the lessons use), reached through a .pth file that adds
+    # the folder of links as a site folder (its own .pth files run), after the fresh environment's site-packages.
+    needed = _needed_distributions([*metadata.get_all("Requires-Dist", []), "nbclient", "ipykernel"], {"course"})
+    assert "flashcourse" not in {canonicalize_name(d.metadata["Name"]) for d in needed}
+    _link_folder(needed, tmp_path / "dependencies")
+    site_packages = next(venv.glob("lib/python*/site-packages")).resolve()
+    (site_packages / "course_dependencies.pth").write_text(
+        f"import site; site.addsitedir({str(tmp_path / 'dependencies')!r})\n")
+    # --no-index: pip finds every requirement of the wheel among the linked distributions, or fails; nothing is
+    # downloaded.
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-index",
+          f"flashcourse[course] @ {wheel.as_uri()}", "nbclient", "ipykernel"], env=env)
     timings["install"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -148,7 +193,6 @@ def test_lessons_run_from_an_installed_wheel_outside_the_repository(tmp_path: Pa
     print("wheel test, seconds per stage:", {k: round(v) for k, v in timings.items()})
 
     executed = {name: nbformat.read(lessons / name, as_version=4) for name in LESSONS}
-    site_packages = next(venv.glob("lib/python*/site-packages")).resolve()
     for name, nb in executed.items():
         probe = json.loads(_output_text(nb.cells[-1]))
         for what, path in probe.items():
