@@ -251,6 +251,58 @@ def test_one_split_is_one_launch(rng, monkeypatch, num_splits, combines):
     assert_close(o, expected(q, k, v, [50, 20]), what=f"decode in {num_splits} splits")
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num_splits):
+    """The GPU's repeat path on the CPU: the first call launches through Triton and its plan keeps the prepared
+    launches; the second only swaps its own tensors into them (a slot mixed up would show in its output)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from flashcourse.kernels import decode
+    from flashcourse.kernels.launch import LaunchCache
+
+    interpreted = InterpretedFunction.__getitem__
+    replayed = []
+
+    class Replayed:  # the compiled kernel kernel[grid](...) returns on a GPU; launching it runs the interpreter
+        packed_metadata = ()
+
+        def __init__(self, kernel):
+            self.kernel, self.params = kernel, list(inspect.signature(kernel.fn).parameters)
+            self.src = SimpleNamespace(signature=dict.fromkeys(self.params))
+
+        def __getitem__(self, grid):
+            def run(*args):
+                replayed.append(self.kernel.fn.__name__)
+                interpreted(self.kernel, grid)(**dict(zip(self.params, args, strict=True)))
+
+            return run
+
+    def full_launch(kernel, grid):
+        def run(**kwargs):
+            interpreted(kernel, grid)(**kwargs)
+            return Replayed(kernel)
+
+        return run
+
+    monkeypatch.setattr(InterpretedFunction, "__getitem__", full_launch)
+    monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout", args[-1]))  # kept, as on a GPU
+    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(decode, "_LAUNCHES", LaunchCache())
+    for step in range(2):
+        q, k, v = make(rng, 2, 4, 2, 48, 16, torch.float32)
+        lengths = [48, 13 + step]
+        o = kernels.flash_decode(q, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32),
+                                 num_splits=num_splits)
+        assert_close(o, expected(q, k, v, lengths), what=f"step {step}, {num_splits} splits")
+        if step == 0:
+            assert replayed == [], "the first call launches through Triton and prepares"
+    combine = ["_decode_combine_kernel"] if num_splits > 1 else []
+    assert replayed == ["_decode_split_kernel", *combine], "the second call replays the plan's launches"
+
+
 @pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf")])
 def test_scale_must_be_finite(rng, scale):
     q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)

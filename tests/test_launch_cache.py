@@ -101,6 +101,82 @@ def test_nothing_is_kept_without_a_key_or_a_compiled_kernel_and_the_oldest_goes_
     assert len(cache) == 2 and not cache.run("a", (q,)) and cache.run("c", (q,))
 
 
+class FakeDriver:
+    """Triton's active driver as the direct launch asks it: the current device, then its current stream."""
+
+    @staticmethod
+    def get_current_device():
+        return 0
+
+    @staticmethod
+    def get_current_stream(device):
+        return 1000 + device
+
+
+class DirectCompiled(FakeCompiled):
+    """Triton 3.6's CompiledKernel as its runner uses it: ``run`` (the launcher), ``function``, ``packed_metadata``."""
+
+    function = 77
+    packed_metadata = (4, 1, 0)
+
+    def run(self, *args):
+        self.launches.append(("run", args))
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append(("runner", grid, args))
+
+
+def _direct_setup(monkeypatch, versions=("3.6", "3.9")):
+    import triton
+    from triton.runtime import driver
+
+    from flashcourse.kernels import launch
+
+    monkeypatch.setattr(driver, "_active", FakeDriver())
+    monkeypatch.setattr(launch, "DIRECT_LAUNCH_TRITON", versions)
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+
+
+def test_a_prepared_launch_calls_the_launcher_as_tritons_runner_would_when_no_hook_is_installed(monkeypatch):
+    _direct_setup(monkeypatch)
+    cache, compiled = LaunchCache(), DirectCompiled()
+    cache.remember("key", FakeJit, compiled, (3, 2), {"Q": torch.zeros(4), "O": torch.zeros(4), "n": 4}, ("Q", "O"))
+    q, o = torch.ones(4), torch.ones(4)
+    assert cache.run("key", (q, o))
+    how, args = compiled.launches[-1]
+    # grid, the current stream, the function, the metadata, no launch metadata and no hooks, then every argument
+    assert how == "run" and args[:9] == (3, 2, 1, 1000, 77, (4, 1, 0), None, None, None)
+    assert args[9] is q and args[10] is o and args[11:] == (4, 16)
+
+
+def test_with_a_launch_hook_installed_a_prepared_launch_takes_tritons_runner(monkeypatch):
+    from triton import knobs
+
+    _direct_setup(monkeypatch)
+    cache, compiled = LaunchCache(), DirectCompiled()
+    cache.remember("key", FakeJit, compiled, (3, 2), {"Q": torch.zeros(4), "O": torch.zeros(4), "n": 4}, ("Q", "O"))
+
+    def hook(metadata):  # a profiler's
+        pass
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        cache.run("key", (torch.ones(4), torch.ones(4)))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert compiled.launches[-1][:2] == ("runner", (3, 2, 1))  # the runner builds the metadata and calls the hooks
+    cache.run("key", (torch.ones(4), torch.ones(4)))
+    assert compiled.launches[-1][0] == "run"  # hook gone: direct again
+
+
+def test_on_a_triton_whose_runner_was_not_read_a_prepared_launch_takes_the_runner(monkeypatch):
+    _direct_setup(monkeypatch, versions=())
+    cache, compiled = LaunchCache(), DirectCompiled()
+    cache.remember("key", FakeJit, compiled, (3,), {"Q": torch.zeros(4), "O": torch.zeros(4), "n": 4}, ("Q", "O"))
+    cache.run("key", (torch.ones(4), torch.ones(4)))
+    assert compiled.launches[-1][:2] == ("runner", (3, 1, 1))
+
+
 class ShortSource:
     signature = {"Q": "*fp32", "O": "*fp32", "n": "i32"}  # no constexpr BLOCK
 
@@ -197,6 +273,7 @@ def test_gpu_decode_repeat_calls_hit_the_cache_and_stay_right():
     from flashcourse.kernels import decode
 
     decode._LAUNCHES.clear()
+    decode._PLANS.clear()  # a plan made by an earlier test would launch its own prepared launch, remembering none
     x = torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16)
     kernels.flash_decode(x[:, :, 0].repeat_interleave(2, 1), x, x)  # k is v in the call that fills the cache
     for _ in range(2):
@@ -219,6 +296,7 @@ def test_gpu_forward_and_decode_agree_with_and_without_the_cache(cache_on, monke
     for cache in (forward._LAUNCHES, decode._LAUNCHES):
         cache.clear()
         monkeypatch.setattr(cache, "enabled", cache_on)
+    decode._PLANS.clear()  # a decode plan keeps its launches: a plan made before would launch them
     q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     want = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
     for _ in range(2):

@@ -59,7 +59,7 @@ from .plan import (  # noqa: E402
     with_tensors,
     without_tensors,
 )
-from .rules import Rules, parse_mask_rules, parse_rules  # noqa: E402
+from .rules import parse_mask_rules, parse_rules  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -326,13 +326,25 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, o, lse) and the rules' tensors in the forward; the backward recomputes P from them (no N x N
-    matrix) through the forward's plan, which prepares its launches on first use."""
+    matrix) through the forward's plan, which prepares its launches on first use.
+
+    ``apply(q, k, v, plan, call)``: ``call`` is None for a call that needs only the plan (its rules are the plan's,
+    no block mask, o alone returned), else (rules without tensors, block_mask, alibi_slopes, document_ids,
+    return_lse). Autograd's own work grows with the number of arguments, so the usual call passes five. The
+    tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, rules: Rules, block_mask, alibi_slopes, document_ids, return_lse):
+    def forward(ctx, q, k, v, plan: Plan, call):
+        ctx.plan = plan
+        if call is None:
+            o, lse = plan.forward(q, k, v, plan.rules, None)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.rules = None  # the plan's
+            return o
+        rules, block_mask, alibi_slopes, document_ids, return_lse = call
         o, lse = plan.forward(q, k, v, with_tensors(rules, alibi_slopes, document_ids), block_mask)
         ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
-        ctx.plan, ctx.rules, ctx.block_mask = plan, rules, block_mask  # rules without tensors (without_tensors)
+        ctx.rules, ctx.block_mask = rules, block_mask  # rules without tensors (without_tensors)
         if not return_lse:  # one output: the usual call pays for no second one
             return o
         ctx.mark_non_differentiable(lse)
@@ -342,11 +354,16 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, *_dlse):
         if do is None:  # o took no part in the loss (only lse was used, and it has no gradient)
-            return (None,) * 9
-        q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
-        dq, dk, dv = ctx.plan.backward(q, k, v, o, lse, do, with_tensors(ctx.rules, alibi_slopes, document_ids),
+            return None, None, None, None, None
+        plan = ctx.plan
+        if ctx.rules is None:
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = plan.backward(q, k, v, o, lse, do, plan.rules, None)
+        else:
+            q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
+            dq, dk, dv = plan.backward(q, k, v, o, lse, do, with_tensors(ctx.rules, alibi_slopes, document_ids),
                                        ctx.block_mask)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None
 
 
 def _sdpa_causal(causal, is_causal):
@@ -459,8 +476,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                            enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttentionFunction.apply(q, k, v, plan, without_tensors(rules), block_mask, rules.alibi_slopes,
-                                            rules.document_ids, return_lse)
+        if block_mask is None and not return_lse and rules.alibi_slopes is None and rules.document_ids is None:
+            return FlashAttentionFunction.apply(q, k, v, plan, None)  # the plan's rules are the call's
+        return FlashAttentionFunction.apply(q, k, v, plan, (without_tensors(rules), block_mask, rules.alibi_slopes,
+                                                            rules.document_ids, return_lse))
     o, lse = plan.forward(q, k, v, rules, block_mask)  # inference: no autograd node
     return (o, lse) if return_lse else o
 

@@ -57,7 +57,7 @@ from .common import (
     online_softmax_update,
     strides,
 )
-from .launch import LaunchCache, layout_key
+from .launch import LaunchCache
 from .rules import check_alibi_slopes, check_softcap, check_window
 from .stepdown import launch_fitting
 
@@ -444,7 +444,7 @@ class _Plan:
     combine kernel."""
 
     __slots__ = ("key", "n_max", "paged", "empty", "num_splits", "part_shape", "split_grid", "split_args",
-                 "combine_grid", "combine_args")
+                 "combine_grid", "combine_args", "launches")
 
     def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
                  window_left, softcap, props: configs.DeviceProps, key):
@@ -484,6 +484,7 @@ class _Plan:
         self.combine_grid = (batch * h_q,)
         self.combine_args = dict(**strides(o, "o", axes="bhd"), H_Q=h_q, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
                                  BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+        self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
 
     def run(self, tensors: tuple) -> torch.Tensor:
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
@@ -502,11 +503,17 @@ class _Plan:
                   q if cache_seqlens is None else cache_seqlens,
                   q if alibi_slopes is None else alibi_slopes.contiguous(),
                   q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
-        if not _LAUNCHES.run(self.key, launch):
-            self._launch(_decode_split_kernel, self.split_grid, self.split_args, _NAMES, launch, self.key)
-        if not direct and not _LAUNCHES.run((self.key, "combine"), launch):
+        if self.launches is not None:  # a repeat call: no key to hash again, no argument to bind
+            for prepared in self.launches:
+                prepared(launch)
+            return o
+        self._launch(_decode_split_kernel, self.split_grid, self.split_args, _NAMES, launch, self.key)
+        if not direct:
             self._launch(_decode_combine_kernel, self.combine_grid, self.combine_args, _COMBINE_NAMES, launch,
                          (self.key, "combine"))
+        prepared = (_LAUNCHES.get(self.key),) + (() if direct else (_LAUNCHES.get((self.key, "combine")),))
+        if None not in prepared:  # remembered (a GPU whose Triton shows the convention, the cache on)
+            self.launches = prepared
         return o
 
     @staticmethod
@@ -530,13 +537,19 @@ _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 def _launch_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
     """The plan's key (None on the interpreter, whose calls are not kept): every tensor's layout (shape, strides,
     dtype, device, 16-byte alignment: what Triton specialises on), None for an absent one, and every option. An
-    argument that is not a tensor gives None too: the checks then say what was expected."""
+    argument that is not a tensor gives None too: the checks then say what was expected. Written out flat, as
+    ``plan.layout_key``: it is built on every call (the device as ``get_device()``, an int)."""
     if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
         return None
     try:
-        return (layout_key(q, k_cache, v_cache),
-                tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
-                      for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)), options)
+        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
+               k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
+               q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, options)
+        if (cache_seqlens is None and block_table is None and k_scale is None and v_scale is None
+                and alibi_slopes is None):
+            return key
+        return key + tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
+                           for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes))
     except AttributeError:
         return None
 
