@@ -67,6 +67,34 @@ def test_arguments_are_slotted_by_name_so_one_tensor_passed_twice_is_two_slots()
     assert compiled.launches[-1][1][:2] == (q, o)
 
 
+def _kernel_tensors_last(n, Q, O, BLOCK=16):  # per-call tensors after a constant: swapped in one by one
+    pass
+
+
+class TensorsLastJit:
+    fn = staticmethod(_kernel_tensors_last)
+
+
+class TensorsLastSource:
+    signature = {"n": "i32", "Q": "*fp32", "O": "*fp32", "BLOCK": "constexpr"}
+
+
+class TensorsLastCompiled(FakeCompiled):
+    src = TensorsLastSource()
+
+
+@pytest.mark.parametrize("jit,compiled,order", [(FakeJit, FakeCompiled, ("Q", "O", "n", "BLOCK")),
+                                                 (TensorsLastJit, TensorsLastCompiled, ("n", "Q", "O", "BLOCK"))],
+                         ids=["tensors-first", "tensors-after-a-constant"])
+def test_tensors_land_in_their_parameters_wherever_the_signature_puts_them(jit, compiled, order):
+    cache, compiled = LaunchCache(), compiled()
+    cache.remember("key", jit, compiled, (1,), {"Q": torch.zeros(4), "O": torch.zeros(4), "n": 4}, ("O", "Q"))
+    q, o = torch.ones(4), torch.ones(4)
+    cache.run("key", (o, q))  # in the order of the names given: O first
+    got = dict(zip(order, compiled.launches[-1][1], strict=True))
+    assert got["Q"] is q and got["O"] is o and got["n"] == 4 and got["BLOCK"] == 16
+
+
 def test_a_stand_in_follows_the_tensor_it_stands_in_for():
     cache, compiled, q = LaunchCache(), FakeCompiled(), torch.zeros(4)
     cache.remember("key", FakeJit, compiled, (1,), {"Q": q, "O": q, "n": 4}, ("Q",))  # O: q as a stand-in

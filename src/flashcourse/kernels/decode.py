@@ -85,12 +85,12 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, B
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, qk_scale,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, qk_scale,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_bt_b, stride_bt_p,
-    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2, ALIBI_SLOPES,
+    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -525,7 +525,8 @@ class _Plan:
 
 
 # Plans by key (a call's layouts and options), oldest dropped first; their launches, cached apart (launch.py says
-# why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them.
+# why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them: the split kernel's
+# first parameters, so that a prepared launch picks them in one step (launch._Launch).
 _PLANS: dict = {}
 _PLAN_CAPACITY = 256
 _LAUNCHES = LaunchCache()
