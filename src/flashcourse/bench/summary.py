@@ -247,8 +247,13 @@ def decode_kernels_table(directory: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _sweep(directory: Path | None):
-    return _newest("*-sweep.json", directory)
+def _sweep(directory: Path | None, kernel: str):
+    """The newest sweep that timed our ``kernel`` ("fwd" or "bwd"): a run may sweep only one of them
+    (``--kernels bwd``), and then the other's findings stay those of the run before it."""
+    for data in reversed(load_results("*-sweep.json", directory=directory)):
+        if any(r["kernel"] == kernel and not r["version"].startswith("sdpa") for r in data["rows"]):
+            return data["meta"], data["rows"], Path(data["path"]).name
+    return None
 
 
 def _launch(config) -> str:
@@ -260,7 +265,7 @@ def _launch(config) -> str:
 def sweep_forward_findings(directory: Path | None = None) -> str:
     """v7's forward launches at D = 128 from the sweep (`kernel` fwd): each launch's TFLOP/s per shape, cuDNN's
     beside them."""
-    newest = _sweep(directory)
+    newest = _sweep(directory, "fwd")
     if newest is None:
         return "No sweep committed yet.\n"
     meta, rows, name = newest
@@ -281,49 +286,58 @@ def sweep_forward_findings(directory: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+BACKWARD_SCHEMES = ("b1", "b2", "b4", "b5")
+
+
 def backward_launch_comparison(directory: Path | None = None) -> list[dict]:
-    """Per backward shape of the sweep: each scheme's TFLOP/s at every launch it was timed at, and the ratios
-    that the data can support: b4 over b2 at b2's own launch (the one launch both were timed at), and b4 and b5
-    at their best launch over b1 at its single (default) launch. Rows: {shape, launches: {scheme: n},
-    b4_over_b2_same_launch, b4_best_over_b2, b4_best_over_b1, b5_best_over_b1, b2_launch}."""
-    newest = _sweep(directory)
+    """Per backward shape of the newest backward sweep: every scheme's TFLOP/s at each dK/dV launch it was timed
+    at, and each scheme over b1 *at the same launch* (b1's dQ kernel at the mirrored tile, same warps and
+    stages). Rows: {shape: (D, N, causal), launches: {launch: {scheme: TFLOP/s}}, over_b1: {scheme: [ratio per
+    launch]}, b1_default, b1_best, b1_best_launch, cudnn}. Schemes or launches a run lacks are left out; a run
+    from before the schemes shared launches gives over_b1 lists that are empty."""
+    newest = _sweep(directory, "bwd")
     if newest is None:
         return []
     rows = [r for r in newest[1] if r["kernel"] == "bwd"]
     found = []
     for shape in dict.fromkeys((r["head_dim"], r["n"], r["causal"]) for r in rows):
         here = [r for r in rows if (r["head_dim"], r["n"], r["causal"]) == shape]
-        by = {}
+        launches: dict[str, dict[str, float]] = {}
         for r in here:
-            by.setdefault(r["version"], {})[_launch(r.get("config"))] = r["tflops"]
-        b2_launch, b2 = next(iter(by["b2"].items()))
-        found.append({"shape": shape, "launches": {v: len(t) for v, t in by.items() if v != "sdpa_cudnn"},
-                      "b2_launch": b2_launch, "b4_over_b2_same_launch": by["b4"].get(b2_launch, float("nan")) / b2,
-                      "b4_best_over_b2": max(by["b4"].values()) / b2,
-                      "b4_best_over_b1": max(by["b4"].values()) / max(by["b1"].values()),
-                      "b5_best_over_b1": max(by["b5"].values()) / max(by["b1"].values()),
-                      "b1": max(by["b1"].values()), "cudnn": max(by["sdpa_cudnn"].values())})
+            if r["version"] in BACKWARD_SCHEMES and r.get("config"):
+                launches.setdefault(_launch(r["config"]), {})[r["version"]] = r["tflops"]
+        shared = {launch: by for launch, by in launches.items() if "b1" in by}
+        over_b1 = {scheme: [by[scheme] / by["b1"] for by in shared.values() if scheme in by]
+                   for scheme in BACKWARD_SCHEMES[1:]}
+        default = next((r["tflops"] for r in here if r["version"] == "b1" and not r.get("config")), None)
+        b1_at = {launch: by["b1"] for launch, by in shared.items()}
+        best_launch = max(b1_at, key=b1_at.get) if b1_at else None
+        found.append({"shape": shape, "launches": launches, "over_b1": over_b1, "b1_default": default,
+                      "b1_best": b1_at.get(best_launch), "b1_best_launch": best_launch,
+                      "cudnn": next(r["tflops"] for r in here if r["version"] == "sdpa_cudnn")})
     return found
 
 
 def sweep_backward_findings(directory: Path | None = None) -> str:
-    """The backward schemes of the sweep, compared only where the launches allow it."""
-    newest = _sweep(directory)
+    """The backward schemes of the sweep, each over b1 at the same dK/dV launches."""
+    newest = _sweep(directory, "bwd")
     found = backward_launch_comparison(directory)
     if not found:
         return "No sweep committed yet.\n"
     meta, _, name = newest
-    counts = found[0]["launches"]
     lines = [f"{_source(meta, name)}, rows `kernel` = bwd (fp16, B = 4; D = 128 with H = 16, D = 64 with H = 32). "
-             "Launches timed per scheme: " + ", ".join(f"{v} {c}" for v, c in counts.items())
-             + " (b1 at its default launch, b2 at one fixed launch, b4 and b5 at four dK/dV tile shapes).", "",
-             "| D | N | causal | b2's launch | b4 / b2, same launch | b4 best / b2 | b4 best / b1 | b5 best / b1 "
-             "| b1 / cuDNN |", "|---|---|---|---|---|---|---|---|---|"]
+             "Every scheme at the same dK/dV launches (b1's dQ kernel at the mirrored tile); each cell is the "
+             "scheme over b1 at the same launch, lowest to highest across the launches:", "",
+             "| D | N | causal | b2 / b1 | b4 / b1 | b5 / b1 | b1's best launch / its default | b1 best / cuDNN |",
+             "|---|---|---|---|---|---|---|---|"]
     for f in found:
         d, n, causal = f["shape"]
-        lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | {f['b2_launch']} | "
-                     f"{f['b4_over_b2_same_launch']:.2f}x | {f['b4_best_over_b2']:.2f}x | {f['b4_best_over_b1']:.2f}x "
-                     f"| {f['b5_best_over_b1']:.2f}x | {f['b1'] / f['cudnn']:.2f}x |")
+        cells = [_span(f["over_b1"][s]) if f["over_b1"][s] else "-" for s in BACKWARD_SCHEMES[1:]]
+        best = "-" if f["b1_best"] is None or f["b1_default"] is None else \
+            f"{f['b1_best'] / f['b1_default']:.2f}x ({f['b1_best_launch']})"
+        top = max(v for v in (f["b1_best"], f["b1_default"]) if v is not None)
+        lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | " + " | ".join(cells)
+                     + f" | {best} | {top / f['cudnn']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
