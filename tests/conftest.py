@@ -23,7 +23,8 @@ def rng(request) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-# Minutes each: compiling every launch for a GPU architecture, the wheel in a fresh venv, nbgrader end to end.
+# The longest (half a minute to two minutes each on two cores): compiling every launch for a GPU architecture,
+# nbgrader end to end, the wheel built, installed and running two lessons.
 LONGEST = ("tests/test_launch_fit.py::", "tests/test_wheel.py::", "tests/test_grading_nbgrader.py::")
 
 
