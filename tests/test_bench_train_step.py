@@ -294,3 +294,67 @@ def test_host_time_note_reads_the_overhead_and_the_smallest_eager_step(tmp_path)
     note = summary.host_time_note(tmp_path)
     assert "ours **279 us**, plain SDPA **168 us**" in note
     assert "bf16 B8 H12 N1024 D64" in note and "ours **400 us**, plain SDPA **200 us**" in note
+
+
+def test_a_recorded_measurement_that_fails_in_its_child_is_a_failed_row_and_the_run_goes_on(monkeypatch):
+    """With isolation on (as on a GPU), each recorded measurement goes to ``in_child``; eager ones never do. Here the
+    child of our cuda_graph measurement dies (simulated): its row says so, and every later measurement still runs."""
+    monkeypatch.setattr(train_step, "validate_ours", lambda shape: {"ok": True})
+    monkeypatch.setitem(train_step.MODE_PROVIDERS, "cuda_graph", ("flashcourse", "sdpa_plain"))
+    sent = []
+
+    def fake_in_child(target, shape, provider, *, mode, device):
+        sent.append((target, provider, mode))
+        if provider == "flashcourse" and mode == "cuda_graph":
+            return {"status": "failed", "error": "ChildProcessError: the child process ended without an answer "
+                    "(exit code -11)", "traceback": ""}
+        return target(shape, provider, mode="eager", device=device, timer=fake_timer([0.1, 0.1, 0.1]))
+
+    monkeypatch.setattr(train_step, "in_child", fake_in_child)
+    shapes = train_step.shape_grid(["float16"], [(1, 1, 16, 16), (1, 2, 16, 16)])
+    timer = fake_timer([0.2] * 12)  # eager, in this process: ours and plain SDPA, three repeats, both shapes
+    monkeypatch.setitem(train_step.MODE_PROVIDERS, "eager", ("flashcourse", "sdpa_plain"))
+    rows = train_step.run(shapes, modes=["eager", "cuda_graph"], log=lambda _: None, device="cpu", timer=timer,
+                          isolate=True)
+    assert [(r["heads"], r["mode"]) for r in rows] == [(1, "eager"), (1, "cuda_graph"), (2, "eager"),
+                                                       (2, "cuda_graph")]
+    assert sent == [(train_step.time_step, p, "cuda_graph") for p in ("flashcourse", "sdpa_plain")] * 2
+    for graph in rows[1::2]:
+        assert graph["status"] == "failed" and graph["error"].startswith("ChildProcessError")
+        assert graph["sdpa_plain_status"] == "ok" and graph["sdpa_plain_us"] == pytest.approx(100)
+        assert "ratio_vs_sdpa_plain" not in graph
+    assert all(r["status"] == "ok" and r["us"] == pytest.approx(200) for r in rows[::2])
+
+
+def test_in_child_returns_the_answer_the_error_with_its_traceback_or_the_exit_code():
+    """Three real child processes (spawned, so each starts Python afresh: a few seconds in all)."""
+    import os
+
+    assert train_step.in_child(dict, a=1) == {"a": 1}
+    raised = train_step.in_child(int, "not a number")
+    assert raised["status"] == "failed" and raised["error"].startswith("ValueError: invalid literal")
+    assert "Traceback" in raised["traceback"] and raised["traceback"].splitlines()[-1].startswith("ValueError")
+    died = train_step.in_child(os._exit, 3)
+    assert died["status"] == "failed" and died["error"].endswith("(exit code 3)")
+
+
+def test_a_check_that_raises_leaves_failed_rows_for_its_shape_and_the_run_goes_on(monkeypatch):
+    def validate(shape):
+        if shape.heads == 1:
+            raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
+        return {"ok": True}
+
+    monkeypatch.setattr(train_step, "validate_ours", validate)
+    monkeypatch.setitem(train_step.MODE_PROVIDERS, "eager", ("flashcourse", "sdpa_plain"))
+    saved = []
+    shapes = train_step.shape_grid(["float16"], [(1, 1, 16, 16), (1, 2, 16, 16)])
+    rows = train_step.run(shapes, modes=["eager"], log=lambda _: None, on_row=lambda rows: saved.append(len(rows)),
+                          device="cpu", timer=fake_timer([0.1] * 6))  # the second shape only: ours, plain SDPA
+    assert saved == [1, 2] and [r["heads"] for r in rows] == [1, 2]
+    failed, timed = rows
+    assert failed["status"] == "failed" and failed["mode"] == "eager"
+    assert failed["error"] == "validate_ours: RuntimeError: Offset increment outside graph capture encountered " \
+        "unexpectedly."
+    assert "in validate" in failed["traceback"] and "sdpa_plain_status" not in failed and "us" not in failed
+    assert timed["status"] == timed["sdpa_plain_status"] == "ok"
+    assert "failed" in train_step.format_table(rows)

@@ -22,12 +22,21 @@ Each shape is timed in three ``mode`` s, one row each (:data:`MODES`), every rat
   on every call, as they would for any tensor made outside the compiled function.
 
 A replayed step is checked against the eager step on the same inputs before it is timed (``replay_error``, the
-largest relative error over o, dq, dk and dv). A capture or a compile that fails leaves status ``failed`` and its
-error for that provider and mode; the run goes on.
+largest relative error over o, dq, dk and dv). A capture or a compile that fails leaves status ``failed``, its
+error and the last lines of its traceback (``traceback``) for that provider and mode; the run goes on.
+
+Each recorded measurement (one provider, one shape, one mode other than eager) runs in a fresh Python process of
+its own (:func:`in_child`): a capture that fails can leave its process unable to go on (CUDA's random number
+generator still believes a capture is under way, so the next ``torch.randn`` on the GPU raises), and that must
+cost that one row, not the rows after it. A child that dies or hangs is a failed row too. Eager rows run in this
+process, as do the checks of our kernel (``validate_ours``); a check that raises leaves one failed row per mode
+for its shape, and the run goes on to the next shape.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import traceback
 from collections.abc import Callable, Iterable
 
 import torch
@@ -43,6 +52,8 @@ PROVIDERS = ("flashcourse", "sdpa_plain", "sdpa_flash", "sdpa_cudnn")  # the fir
 MODES = ("eager", "cuda_graph", "reduce_overhead")
 MODE_PROVIDERS = {"eager": PROVIDERS, "cuda_graph": PROVIDERS, "reduce_overhead": PROVIDERS[:2]}
 REPLAY_TOLERANCE = 2e-2  # relative error of a replayed step against the eager one (validate_ours' bound)
+CHILD_TIMEOUT_S = 300  # one recorded measurement in its own process: start, compile (cached on disk), capture, time
+TRACEBACK_LINES = 20  # the traceback's last lines kept in a failed row
 
 
 def shape_grid(dtypes: Iterable[str] = DTYPES, shapes: Iterable[tuple[int, int, int, int]] = SHAPES) -> list[Shape]:
@@ -75,13 +86,16 @@ def eager_step(attend: Callable, q, k, v, do) -> Callable[[], tuple]:
     return lambda: step(attend, q, k, v, do)
 
 
-def graph_step(attend: Callable, q, k, v, do, *, warmup: int = 3) -> Callable[[], tuple]:
+def graph_step(attend: Callable, q, k, v, do, *, warmup: int = 3,
+               capture_error_mode: str = "global") -> Callable[[], tuple]:
     """The step recorded in a CUDA graph on these tensors, returned as ``replay() -> (o, dq, dk, dv)``.
 
     The inputs are static: a replay reads q, k, v and dO at the addresses they have now (copy new values into
     them) and writes its outputs where the capture allocated them. The first calls run on a side stream before the
     capture, as PyTorch's CUDA graph notes ask: they do the one-time work (our plans, Triton's compiling and loading
-    of our kernels, cuDNN's setup for SDPA) that must neither be recorded nor interrupt a capture."""
+    of our kernels, cuDNN's setup for SDPA) that must neither be recorded nor interrupt a capture.
+    ``capture_error_mode`` is ``torch.cuda.graph``'s: "global" (its default) refuses, during the capture, the
+    CUDA calls that are unsafe to capture from any thread of the process, "thread_local" only from this one."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -89,7 +103,7 @@ def graph_step(attend: Callable, q, k, v, do, *, warmup: int = 3) -> Callable[[]
             step(attend, q, k, v, do)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
         outputs = step(attend, q, k, v, do)
 
     def replay() -> tuple:
@@ -135,18 +149,25 @@ def _cudagraph_skips() -> int:
     return int(counters["inductor"]["cudagraph_skips"])
 
 
+def failure(err: BaseException) -> dict:
+    """The exception being handled, ``err``, as row fields: ``status`` failed, ``error`` (its type and first line)
+    and ``traceback`` (the last :data:`TRACEBACK_LINES` lines of it)."""
+    first_line = (str(err).strip().splitlines() or [""])[0][:300]
+    error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
+    lines = traceback.format_exc().rstrip().splitlines()
+    return {"status": "failed", "error": error, "traceback": "\n".join(lines[-TRACEBACK_LINES:])}
+
+
 def _guarded_graph(measure: Callable[[], dict]) -> dict:
     """Run one measurement of a recorded mode: out of memory is ``oom`` as in eager rows, and any other failure
     (the capture refused, the compiler failed, the replay differs from eager) is status ``failed`` with its
-    error, never a crash: a step that cannot be captured is what the row reports."""
+    error and traceback, never a crash: a step that cannot be captured is what the row reports."""
     try:
         return {"status": "ok", **measure()}
     except torch.cuda.OutOfMemoryError:
         return {"status": "oom"}
     except Exception as err:  # noqa: BLE001 - any failure of a capture or a compile is this row's finding
-        first_line = (str(err).strip().splitlines() or [""])[0][:300]
-        error = f"{type(err).__name__}: {first_line}" if first_line else type(err).__name__
-        return {"status": "failed", "error": error}
+        return failure(err)
     finally:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -165,7 +186,10 @@ def time_step(shape: Shape, provider: str, *, mode: str = "eager", device: str =
             run = build(attend, q, k, v, do)
         else:
             skips = _cudagraph_skips() if mode == "reduce_overhead" else 0
-            reference = tuple(t.clone() for t in step(attend, q, k, v, do))
+            # Detached: a clone of o would keep this step's autograd graph alive, and with it the AccumulateGrad
+            # nodes of q, k and v, made here on the default stream. The captured step's gradients would then flow
+            # into nodes of another stream, which PyTorch warns may break the capture.
+            reference = tuple(t.detach().clone() for t in step(attend, q, k, v, do))
             run = build(attend, q, k, v, do)
             error = relative_error(run(), reference)
             if not error <= REPLAY_TOLERANCE:
@@ -189,17 +213,61 @@ def time_step(shape: Shape, provider: str, *, mode: str = "eager", device: str =
             torch._dynamo.reset()  # frees the graphs' memory pools before the next provider
 
 
-def measure_shape(shape: Shape, *, mode: str = "eager", device: str = "cuda", timer=None) -> dict:
+def _child_main(send, target: Callable[..., dict], args: tuple, kwargs: dict) -> None:
+    """What a child process of :func:`in_child` runs: ``target``'s result, or its failure, sent to the parent."""
+    try:
+        result = target(*args, **kwargs)
+    except BaseException as err:  # noqa: BLE001 - whatever happens is the row's finding, sent back to the parent
+        result = failure(err)
+    send.send(result)
+    send.close()
+
+
+def in_child(target: Callable[..., dict], *args, timeout: float = CHILD_TIMEOUT_S, **kwargs) -> dict:
+    """``target(*args, **kwargs)``, a dict, computed in a fresh Python process (multiprocessing's "spawn": nothing
+    of this process's CUDA state is inherited), so that whatever a failed capture leaves behind dies with it.
+    ``target`` and its arguments must be picklable (module-level functions, plain data). A child that raises, dies
+    without an answer (a crash, a killed process) or takes longer than ``timeout`` seconds gives status
+    ``failed`` with what is known: the error and its traceback, the exit code, or the time-out."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    # Not a daemon: a daemon may not start processes of its own, as torch.compile's compile workers are.
+    child = context.Process(target=_child_main, args=(send, target, args, kwargs))
+    child.start()
+    send.close()  # the parent's copy: once the child's is closed too, a read ends instead of waiting forever
+    try:
+        if receive.poll(timeout):
+            return receive.recv()
+        error = f"TimeoutError: no answer from the child process within {timeout:g} s"
+    except EOFError:  # the child ended without sending: it crashed or was killed
+        child.join(10)
+        error = f"ChildProcessError: the child process ended without an answer (exit code {child.exitcode})"
+    finally:
+        receive.close()
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return {"status": "failed", "error": error, "traceback": ""}
+
+
+def measure_shape(shape: Shape, *, mode: str = "eager", device: str = "cuda", timer=None,
+                  isolate: bool | None = None) -> dict:
     """One row: our step's time on ``shape`` in ``mode`` and each SDPA provider's in the same mode, with our
-    ratio against each."""
+    ratio against each. In a recorded mode with ``isolate`` (default: on a GPU) each provider's measurement runs
+    in a child process of its own (:func:`in_child`; it times with ``do_bench``, so ``timer`` is for this process
+    only); eager measurements always run here."""
     if mode not in MODE_PROVIDERS:
         raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
-    row = {"dtype": shape.dtype, "batch": shape.batch, "heads": shape.heads, "n": shape.n,
-           "head_dim": shape.head_dim, "causal": shape.causal, "mode": mode}
+    isolate = (device == "cuda" if isolate is None else isolate) and mode != "eager"
+    row = _shape_fields(shape, mode)
     flops = attention_flops(shape.batch, shape.heads, shape.n, shape.head_dim, causal=True, mode="fwd_bwd")
     providers = MODE_PROVIDERS[mode]
     for provider in providers:
-        result = time_step(shape, provider, mode=mode, device=device, timer=timer)
+        if isolate:
+            result = in_child(time_step, shape, provider, mode=mode, device=device)
+        else:
+            result = time_step(shape, provider, mode=mode, device=device, timer=timer)
         prefix = "" if provider == "flashcourse" else f"{provider}_"  # ours unprefixed: us, us_min, status...
         row.update({f"{prefix}{name}": value for name, value in result.items()})
         if "us" in result:
@@ -212,10 +280,19 @@ def measure_shape(shape: Shape, *, mode: str = "eager", device: str = "cuda", ti
     return row
 
 
+def _shape_fields(shape: Shape, mode: str) -> dict:
+    """The fields that name a row: its shape and mode."""
+    return {"dtype": shape.dtype, "batch": shape.batch, "heads": shape.heads, "n": shape.n,
+            "head_dim": shape.head_dim, "causal": shape.causal, "mode": mode}
+
+
 def run(shapes: Iterable[Shape], *, modes: Iterable[str] = MODES, log=print, on_row=None, device: str = "cuda",
-        timer=None) -> list[dict]:
+        timer=None, isolate: bool | None = None) -> list[dict]:
     """Validate our kernel on each shape, then time every provider on it in each mode (one row per mode);
-    ``on_row(rows)`` after each row (to keep the rows of a run cut short)."""
+    ``on_row(rows)`` after each row (to keep the rows of a run cut short). The recorded modes run each measurement
+    in a child process on a GPU, or wherever ``isolate`` is true (:func:`measure_shape`). A check that raises
+    leaves, for that shape, one row per mode with status ``failed``, its error and traceback, and nothing timed; a
+    kernel the check finds wrong stops the run."""
     modes = tuple(modes)
     unknown = [m for m in modes if m not in MODE_PROVIDERS]
     if unknown:
@@ -224,12 +301,23 @@ def run(shapes: Iterable[Shape], *, modes: Iterable[str] = MODES, log=print, on_
         warm_up_gpu()
     rows = []
     for shape in shapes:
-        check = validate_ours(shape)
+        try:
+            check = validate_ours(shape)
+        except Exception as err:  # noqa: BLE001 - a check that cannot run is this shape's finding, not a crash
+            failed = failure(err)
+            log(f"validate {shape}: {failed['error']}\n{failed['traceback']}")
+            failed["error"] = f"validate_ours: {failed['error']}"
+            for mode in modes:
+                rows.append({**_shape_fields(shape, mode), **failed})
+                log(format_table(rows[-1:], header=False))
+                if on_row:
+                    on_row(rows)
+            continue
         log(f"validate {shape}: {check}")
         if not check["ok"]:
             raise AssertionError(f"flashcourse kernel is wrong on {shape}: relative errors {check}")
         for mode in modes:
-            rows.append(measure_shape(shape, mode=mode, device=device, timer=timer))
+            rows.append(measure_shape(shape, mode=mode, device=device, timer=timer, isolate=isolate))
             log(format_table(rows[-1:], header=False))
             if on_row:
                 on_row(rows)
