@@ -541,8 +541,8 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
     return (o, lse) if return_lse else o
 
 
-@torch.compiler.disable
 def _outside_graph(entry, *tensors, **options):
     """``entry(*tensors, **options)`` run eagerly (a graph break): a ``mask_mod`` or ``block_mask`` call under
-    torch.compile."""
-    return entry(*tensors, **options)
+    torch.compile. Only reached while compiling, so ``torch.compiler.disable`` (which imports torch._dynamo, about
+    a second and a half) is asked here, not at import: every process that imports the kernels would pay it."""
+    return torch.compiler.disable(entry)(*tensors, **options)
