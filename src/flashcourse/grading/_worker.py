@@ -21,7 +21,7 @@ import numpy as np
 # Taken before any submitted code runs, so that a cell rebinding these names changes nothing here.
 from flashcourse.grading import parts as _parts
 from flashcourse.grading._core import call_learner as _call_learner
-from flashcourse.grading.batch import unpack_cases as _unpack_cases
+from flashcourse.grading._core import unpack_cases as _unpack_cases
 
 MAX_MESSAGE = 2000
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import EXERCISES, _processes, parts
-from ._core import Case, lay_out
+from ._core import Case, lay_out, pack_cases
 from .release import strip_solutions
 
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # the most the child's outputs file may hold
@@ -48,32 +48,6 @@ _grader_children: set[int] = set()
 
 
 # --------------------------------------------------------------------------------------------- cases on disk
-def pack_cases(cases: dict[str, list[Case]]) -> tuple[dict, dict[str, np.ndarray]]:
-    """Split cases into JSON-able scalars and named arrays (for np.savez): (spec, arrays)."""
-    spec: dict = {}
-    arrays: dict[str, np.ndarray] = {}
-    for grade_id, part_cases in cases.items():
-        spec[grade_id] = []
-        for number, case in enumerate(part_cases):
-            entry = {"arrays": [], "scalars": {}}
-            for name, value in case.items():
-                if isinstance(value, np.ndarray):
-                    arrays[f"{grade_id}/{number}/{name}"] = value
-                    entry["arrays"].append(name)
-                else:
-                    entry["scalars"][name] = value.item() if isinstance(value, np.generic) else value
-            spec[grade_id].append(entry)
-    return spec, arrays
-
-
-def unpack_cases(spec: dict, arrays: dict[str, np.ndarray]) -> dict[str, list[Case]]:
-    """The inverse of :func:`pack_cases`."""
-    return {grade_id: [{**entry["scalars"], **{name: arrays[f"{grade_id}/{number}/{name}"]
-                                               for name in entry["arrays"]}}
-                       for number, entry in enumerate(entries)]
-            for grade_id, entries in spec.items()}
-
-
 def graded_cases(exercise: str, seed: int) -> dict[str, list[Case]]:
     """The graded inputs of every part: the hidden-test cases drawn from the instructor's seed."""
     return {part.grade_id: part.cases(np.random.default_rng([seed, index]), True)

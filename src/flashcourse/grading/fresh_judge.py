@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._core import Part, call_learner, describe_case, lay_out, make_rng
+from ._core import Part, call_learner, describe_case, lay_out, make_rng, pack_cases, unpack_cases
 
 READY, GO = "cases written", "outputs written"
 MAX_SECONDS = 600  # the judge waits this long for the kernel to run the learner's functions
@@ -42,16 +42,12 @@ def _part(grade_id: str) -> Part:
 
 def _save(path: Path, entries: list[dict]) -> None:
     """Save a list of cases (or outputs): arrays to ``path`` (.npz), everything else beside it as JSON."""
-    from .batch import pack_cases
-
     spec, arrays = pack_cases({"entries": entries})
     np.savez(path, **arrays)
     path.with_suffix(".json").write_text(json.dumps(spec))
 
 
 def _load(path: Path) -> list[dict]:
-    from .batch import unpack_cases
-
     with np.load(path, allow_pickle=False) as stored:
         arrays = {key: stored[key] for key in stored.files}
     return unpack_cases(json.loads(path.with_suffix(".json").read_text()), arrays)["entries"]
