@@ -54,14 +54,16 @@ lab: setup-course
 lint: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
 
-# Two pytest stages: the second builds the website from the lessons the first executed (build/executed/). The first
+# Two pytest stages: the second builds the website from the lessons the first executed (build/executed/), then
+# tests it and JupyterLab on two workers, a file to each (the site is built once, before them). The first
 # hands its tests to the two workers one at a time, longest first (tests/conftest.py orders them): by default each
 # worker takes a quarter of the suite at once, and one of them got every slow test.
 test: setup
 	@$(call timed,ruff,$(VENV)/bin/ruff check .)
 	@$(call timed,pytest,$(PY) -m pytest -n 2 --maxschedchunk 1 --durations=15 -m "not gpu and not full" \
 		--ignore=tests/browser --ignore=tests/test_site.py)
-	@$(call timed,site and browser,$(PY) -m pytest --durations=10 tests/test_site.py tests/browser)
+	@$(call timed,site and browser,$(PY) scripts/build_site.py >/dev/null && FLASHCOURSE_SITE_BUILT=1 \
+		$(PY) -m pytest -n 2 --dist loadfile --durations=10 tests/test_site.py tests/browser)
 
 # `make test-fast`: ruff and the unit tests, in about a minute. Left to `make test`: whatever executes notebooks (the
 # lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the wheel build, the site and the
