@@ -4,6 +4,8 @@ report library shortcuts; the correct answers pass (tests/test_exercises.py runs
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -373,3 +375,16 @@ def test_the_solutions_pass_every_check_with_hidden_tests():
         namespace = solution_namespace(exercise)
         for part in grading.parts(exercise):
             grading.run_check(part, {name: namespace[name] for name in part.functions}, hidden=True)
+
+
+def test_the_judge_and_the_grading_worker_import_no_notebook_packages(tmp_path):
+    # Each hidden-test cell starts a judge and each graded submission a worker: nbformat (via the batch grader)
+    # cost them 1.5 s a process.
+    code = ("import sys, pathlib, numpy as np; import flashcourse.grading._worker; "
+            "from flashcourse.grading import fresh_judge as judge; path = pathlib.Path(sys.argv[1]); "
+            "judge._save(path, [{'q': np.ones(2), 'causal': True}]); assert judge._load(path)[0]['causal']; "
+            "print(sorted(m for m in ('nbformat', 'jsonschema', 'nbclient', 'flashcourse.grading.batch') "
+            "if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cases.npz")], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert found == "[]", f"imported by the judge or the worker: {found}"
