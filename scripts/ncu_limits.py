@@ -244,6 +244,7 @@ def _ours_prefix_lm(q, k, v):
 def _flex_prefix_lm():
     """Compiled flex_attention with its block mask built once, as ``bench variants`` times it."""
     import torch
+    import torch._functorch.config
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._functorch.config.donated_buffer = False  # the backward replays one kept graph (retain_graph=True)
