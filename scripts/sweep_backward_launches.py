@@ -1,0 +1,198 @@
+"""Each backward kernel's launch alone: b1's dQ and dK/dV kernels (dense, causal or not) and b3's (a prefix-LM
+``mask_mod`` through a block mask built once), every candidate launch of one kernel timed with the other kernel at
+its default, against cuDNN's backward in the same run.
+
+    PYTHONPATH=src python scripts/sweep_backward_launches.py --out DIR             (a CUDA GPU; about 6 minutes)
+    PYTHONPATH=src python scripts/sweep_backward_launches.py --list                (the timings it would make)
+
+Why: Nsight Compute on the H200 (2026-12-02, ``*-ncu-limits.json``, D = 128, N = 8192) showed both dQ kernels
+spilling registers at their default launch, 128 query rows over 4 warps: b1's dQ read 587 MB of local memory in
+5.1 ms, b3's 16 GB in 4.9 ms (its tensor pipe 38% busy against b1's 73%). The older sweep (``sweep_kernels.py
+--kernels bwd``) moved both kernels together, the dQ launch mirrored from the dK/dV one; here each moves alone,
+so a gain is the kernel's own. The backward's time is the sum of its kernels', so the best dK/dV launch and the
+best dQ launch found apart make the best pair.
+
+Writes DIR/<date>-<device>-backward-launches.json: one row per (shape, scheme, varied kernel, launch) with the
+median time of three repeats and its spread (``bench.time_repeats``), TFLOP/s, the ratio to cuDNN's backward on
+dense shapes, and the largest relative difference of the gradients from the default launch's (a launch that
+computes something else shows there). ``--budget`` stops before a shape that would start past it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+import triton.language as tl  # noqa: F401 - the jit rule below is compiled with Triton's language in scope
+
+from flashcourse.kernels.configs import KernelConfig
+
+PREFIX_KEYS = 1024
+
+
+@triton.jit
+def prefix_lm(b, h, q_idx, kv_idx):
+    """A prompt of 1024 keys seen by every query, the rest causal (PREFIX_KEYS)."""
+    return (kv_idx <= q_idx) | (kv_idx < 1024)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape and the backward scheme timed on it: b1 (dense, ``causal``) or b3 under a named rule."""
+
+    scheme: str
+    head_dim: int
+    heads: int
+    causal: bool
+    rule: str | None = None
+    batch: int = 4
+    n: int = 8192
+    dtype: str = "float16"
+
+
+CASES = (
+    Case("b1", 128, 16, False),
+    Case("b1", 128, 16, True),
+    Case("b3", 128, 16, False, rule="prefix-LM"),
+    Case("b1", 64, 32, False),
+    Case("b1", 64, 32, True),
+)
+# (BLOCK_M, BLOCK_N, warps, stages). The dQ kernel keeps BLOCK_M query rows and streams keys, the dK/dV kernel
+# the mirror; causal needs dQ's BLOCK_M a multiple of its BLOCK_N and dK/dV's BLOCK_N a multiple of its BLOCK_M.
+DQ_LAUNCHES = {
+    128: (KernelConfig(128, 32, 8, 2), KernelConfig(128, 32, 8, 3), KernelConfig(128, 64, 8, 2),
+          KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 3),
+          KernelConfig(64, 32, 4, 4), KernelConfig(128, 64, 8, 3)),
+    64: (KernelConfig(128, 32, 4, 3), KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3),
+         KernelConfig(64, 32, 4, 3), KernelConfig(128, 128, 8, 2)),
+}
+DKDV_LAUNCHES = {
+    128: (KernelConfig(64, 64, 4, 2), KernelConfig(32, 128, 8, 2), KernelConfig(64, 128, 8, 3),
+          KernelConfig(32, 64, 4, 3), KernelConfig(64, 64, 4, 3)),
+    64: (KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 3), KernelConfig(64, 128, 8, 2),
+         KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 2)),
+}
+DEVICE = "cuda"  # the CPU test runs a tiny case through Triton's interpreter
+BLOCK_SIZE = 32  # the b3 case's block mask: sparse blocks that divide every tile above, so its lists are exact
+
+
+def plan(cases=CASES) -> list[tuple[Case, str, KernelConfig | None]]:
+    """Every timing, in order: (case, varied kernel, launch); launch None is the default pair."""
+    jobs = []
+    for case in cases:
+        jobs.append((case, "default", None))
+        jobs += [(case, "dq", cfg) for cfg in DQ_LAUNCHES[case.head_dim]]
+        jobs += [(case, "dkdv", cfg) for cfg in DKDV_LAUNCHES[case.head_dim]]
+    return jobs
+
+
+def sweep_case(case: Case, jobs: list, log) -> list[dict]:
+    import torch
+
+    from flashcourse import kernels
+    from flashcourse.bench import time_repeats
+    from flashcourse.bench.attention import Shape
+    from flashcourse.bench.providers import sdpa
+    from flashcourse.kernels import configs
+    from flashcourse.kernels.backward import launch_candidates, run_backward
+    from flashcourse.kernels.forward import run_forward
+    from flashcourse.kernels.rules import causal_rules, parse_rules
+
+    shape = Shape(case.dtype, case.batch, case.heads, case.head_dim, case.n, case.causal)
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(case.batch, case.heads, case.n, case.head_dim, device=DEVICE,
+                               dtype=getattr(torch, case.dtype)) for _ in range(4))
+    base = {**shape.__dict__, "scheme": case.scheme, "rule": case.rule}
+    if case.rule is None:
+        rules, block_mask, flops = causal_rules(case.causal), None, shape.flops("bwd")
+    else:
+        rules = parse_rules(q, k, mask_mod=prefix_lm)
+        block_mask = kernels.create_block_mask(prefix_lm, None, None, case.n, case.n, BLOCK_SIZE=BLOCK_SIZE,
+                                               device=q.device)
+        # prefix-LM sees the causal triangle plus, in the prompt's rows, the prompt's keys past the diagonal
+        visible = case.n * (case.n + 1) // 2 + PREFIX_KEYS * (PREFIX_KEYS - 1) // 2
+        dense = Shape(case.dtype, case.batch, case.heads, case.head_dim, case.n, False)
+        flops = dense.flops("bwd") * visible / case.n ** 2
+    version = kernels.BACKWARD_VERSIONS[case.scheme]
+    forward = kernels.FORWARD_VERSIONS["v7"]
+    o, lse = run_forward(forward, q, k, v, scale=None, rules=rules, block_mask=block_mask)
+    props = configs.device_props(q.device)
+    default_dkdv, default_dq = (c[0] for c in launch_candidates(props, q.shape[-1], q.element_size(), rules))
+
+    def backward(pair):
+        return lambda: run_backward(version, q, k, v, o, lse, do, scale=None, rules=rules, block_mask=block_mask,
+                                    configs_override=pair)
+
+    rows = []
+    reference_ms = None
+    if case.rule is None and q.is_cuda:  # cuDNN is the yardstick on a GPU; the CPU test runs without it
+        cudnn = sdpa("sdpa_cudnn")
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = cudnn(*leaves, case.causal)
+        timing = time_repeats(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))
+        reference_ms = timing.ms
+        rows.append({**base, "scheme": "sdpa_cudnn", "varied": None, **timing.fields(flops)})
+        log(f"{shape}: cuDNN backward {rows[-1]['tflops']:.0f} TFLOP/s")
+    reference = backward(None)()
+
+    for _, varied, cfg in jobs:
+        pair = None if cfg is None else (cfg, default_dq) if varied == "dkdv" else (default_dkdv, cfg)
+        used = pair or (default_dkdv, default_dq)
+        launch = {"varied": varied, "dkdv_config": used[0].__dict__, "dq_config": used[1].__dict__}
+        try:  # the first call compiles and gives the gradients to compare
+            got = backward(pair)()
+            diff = max(float((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-6))
+                       for g, r in zip(got, reference, strict=True))
+            timing = time_repeats(backward(pair))
+        except Exception as err:  # noqa: BLE001 - a launch that does not compile or fit is a result too
+            rows.append({**base, **launch, "error": str(err)[:200]})
+            log(f"  {case.scheme} {varied} {cfg}: {str(err)[:120]}")
+            continue
+        row = {**base, **launch, **timing.fields(flops), "max_rel_diff_vs_default": diff,
+               "ratio_vs_sdpa_cudnn": reference_ms / timing.ms if reference_ms else None}
+        rows.append(row)
+        log(f"  {case.scheme} {varied} {cfg}: {timing.ms:.3f} ms ({timing.ms_min:.3f}-{timing.ms_max:.3f}), "
+            f"{row['tflops']:.0f} TFLOP/s" + (f", {row['ratio_vs_sdpa_cudnn']:.2f}x cuDNN" if reference_ms else "")
+            + f", diff {diff:.1e}")
+    return rows
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="folder for the JSON (default benchmarks/results)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no case after this many (the JSON says which ran)")
+    parser.add_argument("--list", action="store_true", help="print every timing the run would make, run none")
+    args = parser.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget {args.budget}: a positive number of seconds is expected")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    jobs = plan()
+    if args.list:
+        for case, varied, cfg in jobs:
+            print(f"{case.scheme} D={case.head_dim} causal={case.causal} rule={case.rule} {varied} {cfg}")
+        return
+    from flashcourse.bench import environment_info, save_results
+
+    started, rows, done = time.monotonic(), [], []
+    cases = list(dict.fromkeys(job[0] for job in jobs))
+    for case in cases:
+        if args.budget is not None and time.monotonic() - started > args.budget:
+            print(f"budget of {args.budget:.0f} s spent: {case} and the rest not run")
+            break
+        rows += sweep_case(case, [job for job in jobs if job[0] == case], print)
+        done.append(case.__dict__)
+    meta = {**environment_info(), "cases_run": done, "complete": len(done) == len(cases),
+            "block_size": BLOCK_SIZE, "seconds": round(time.monotonic() - started, 1)}
+    print(f"wrote {save_results('backward-launches', rows, directory=args.out, meta=meta)}")
+
+
+if __name__ == "__main__":
+    main()

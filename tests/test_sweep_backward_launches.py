@@ -1,0 +1,55 @@
+"""scripts/sweep_backward_launches.py on the CPU at a tiny size: every launch it varies computes the default's
+gradients (the row's max_rel_diff_vs_default), rows say which kernel moved, and b3's case runs its mask rule."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashcourse.kernels.configs import KernelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    spec = importlib.util.spec_from_file_location("sweep_backward_launches",
+                                                  ROOT / "scripts" / "sweep_backward_launches.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plan_varies_one_kernel_at_a_time(sweep):
+    jobs = sweep.plan()
+    assert {varied for _, varied, _ in jobs} == {"default", "dq", "dkdv"}
+    for case, varied, cfg in jobs:
+        if varied == "dq" and case.causal:
+            assert cfg.block_m % cfg.block_n == 0  # the causal dQ kernel's rule
+        if varied == "dkdv" and case.causal:
+            assert cfg.block_n % cfg.block_m == 0
+
+
+@pytest.mark.parametrize("scheme, causal, rule", [("b1", True, None), ("b3", False, "prefix-LM")])
+def test_tiny_case_matches_default(sweep, monkeypatch, scheme, causal, rule):
+    monkeypatch.setitem(sweep.DQ_LAUNCHES, 16, (KernelConfig(32, 16, 4, 1),))
+    monkeypatch.setitem(sweep.DKDV_LAUNCHES, 16, (KernelConfig(16, 32, 4, 1),))
+    monkeypatch.setattr(sweep, "BLOCK_SIZE", 16)
+    monkeypatch.setattr(sweep, "DEVICE", "cpu")
+    monkeypatch.setattr("flashcourse.bench.time_repeats", _one_call_timing)
+    case = sweep.Case(scheme, 16, 2, causal, rule=rule, batch=1, n=40, dtype="float32")
+    rows = sweep.sweep_case(case, [job for job in sweep.plan((case,))], lambda *_: None)
+    assert [r["varied"] for r in rows] == ["default", "dq", "dkdv"]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["max_rel_diff_vs_default"] < 1e-5  # float32: another launch, the same sums up to rounding
+    assert rows[1]["dq_config"]["block_m"] == 32 and rows[2]["dkdv_config"]["block_n"] == 32
+
+
+def _one_call_timing(fn, **_):
+    from flashcourse.bench import Timing
+
+    fn()
+    return Timing(1.0, 1.0, 1.0, 3)
