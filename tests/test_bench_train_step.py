@@ -42,31 +42,88 @@ def sdpa_kernels(monkeypatch):
 
 
 def test_overhead_times_each_call_beside_plain_sdpa(sdpa_kernels):
-    rows = overhead.run(log=lambda _: None, device="cpu", calls=2, repeats=3, warmup=1)
+    rows = overhead.run(log=lambda _: None, device="cpu", rounds=3, calls=2, warmup=1)
     assert [r["provider"] for r in rows] == [name for pair in overhead.PAIRS for name in pair]
     for r in rows:
-        assert r["us_min"] <= r["us_per_call"] <= r["us_max"] and (r["calls"], r["repeats"]) == (2, 3)
+        assert r["us_min"] <= r["us_per_call"] <= r["us_max"] and (r["calls"], r["rounds"]) == (2, 3)
+        assert len(r["us_rounds"]) == 3
+    for ours, _ in overhead.PAIRS:
+        mine = next(r for r in rows if r["provider"] == ours)
+        assert mine["ratio_vs_sdpa_min"] <= mine["ratio_vs_sdpa_q1"] <= mine["ratio_vs_sdpa"]
+        assert mine["ratio_vs_sdpa"] <= mine["ratio_vs_sdpa_q3"] <= mine["ratio_vs_sdpa_max"]
     # inference calls under no_grad; the training step with autograd on (its backward runs, or grad would raise)
     assert sdpa_kernels["flash_decode"] and not any(sdpa_kernels["flash_decode"])
     assert False in sdpa_kernels["flash_attention"] and True in sdpa_kernels["flash_attention"]
-    assert overhead.meta()["sdpa_call"] == "plain"
+    assert overhead.meta()["sdpa_call"] == "plain" and "alternating" in overhead.meta()["method"]
     ran = {r["provider"]: r.get("kernels") for r in rows}  # which of our kernels each row timed (kernels.explain)
     assert (ran["flashcourse_forward"], ran["flashcourse_train_step"]) == ("v7", "v7 + b1")
 
 
-def test_overhead_ratios_are_ours_over_sdpa_with_their_range(monkeypatch):
-    times = {"flashcourse_forward": [40, 30, 50], "sdpa_forward": [20, 25, 10],
-             "flashcourse_decode": [3, 3, 3], "sdpa_decode": [2, 2, 2],
-             "flashcourse_train_step": [9, 8, 7], "sdpa_train_step": [3, 4, 5]}
-    monkeypatch.setattr(overhead, "providers", lambda device: {name: name for name in times})
-    monkeypatch.setattr(overhead, "us_per_call", lambda name, *args, **kwargs: times[name])
-    by_name = {r["provider"]: r for r in overhead.run(log=lambda _: None, device="cpu")}
-    forward = by_name["flashcourse_forward"]
-    assert (forward["us_per_call"], forward["us_min"], forward["us_max"]) == (40, 30, 50)
-    assert forward["ratio_vs_sdpa"] == 40 / 20
-    assert (forward["ratio_vs_sdpa_min"], forward["ratio_vs_sdpa_max"]) == (30 / 25, 50 / 10)
-    assert by_name["flashcourse_train_step"]["ratio_vs_sdpa"] == 8 / 4
-    assert "ratio_vs_sdpa" not in by_name["sdpa_decode"]
+class DriftingHost:
+    """A fake host whose clock moves only when a call runs, by the call's cost times the host's slowness then.
+
+    The slowness follows the rounds of :func:`overhead.alternate` (two blocks of ``calls`` calls a round, no
+    warm-up): 1 in the first half of the rounds and 2 in the second (a clock or a turbo state that changes mid-run),
+    and in every fourth round of the first half the round's second block runs 3x slower (another process waking up
+    during one block only). Within every round without that wake-up both providers see one slowness, so their ratio
+    there is exactly the ratio of their costs."""
+
+    def __init__(self, rounds: int, calls: int):
+        self.rounds, self.calls, self.now, self.done = rounds, calls, 0.0, 0
+
+    def slowness(self) -> float:
+        round_, second_block = (self.done // (2 * self.calls)) % self.rounds, (self.done // self.calls) % 2
+        drift = 1.0 if round_ < self.rounds // 2 else 2.0
+        woken = second_block and round_ < self.rounds // 2 and round_ % 4 == 0
+        return drift * (3.0 if woken else 1.0)
+
+    def call(self, cost_us: float):
+        def fn():
+            self.now += cost_us * 1e-6 * self.slowness()
+            self.done += 1
+        return fn
+
+    def clock(self) -> float:
+        return self.now
+
+
+COSTS_US = {"flashcourse_forward": 30.0, "sdpa_forward": 20.0, "flashcourse_decode": 10.0, "sdpa_decode": 20.0,
+            "flashcourse_train_step": 300.0, "sdpa_train_step": 150.0}
+
+
+def test_overhead_ratio_is_the_median_of_matched_rounds_through_drift(monkeypatch):
+    """On a host that doubles its slowness halfway and is interrupted in some blocks, each pair's ratio is still
+    the ratio of their costs: timing each provider in its own stretch of the run would put the 2x drift into it,
+    and a ratio of the two medians (rounds unmatched) the interruptions, 0.75x the truth here."""
+    rounds, calls = 8, 3
+    host = DriftingHost(rounds, calls)
+    monkeypatch.setattr(overhead, "providers", lambda device: {n: host.call(c) for n, c in COSTS_US.items()})
+    rows = overhead.run(log=lambda _: None, device="cpu", rounds=rounds, calls=calls, warmup=0, clock=host.clock)
+    by_name = {r["provider"]: r for r in rows}
+    for ours, theirs in overhead.PAIRS:
+        truth = COSTS_US[ours] / COSTS_US[theirs]
+        mine = by_name[ours]
+        assert mine["ratio_vs_sdpa"] == pytest.approx(truth, rel=1e-9)
+        assert mine["ratio_vs_sdpa_q1"] == pytest.approx(truth, rel=1e-9)
+        assert mine["ratio_vs_sdpa_q3"] == pytest.approx(truth, rel=1e-9)
+        # the interrupted rounds (SDPA's block second there, 3x slower) set the low end of the range
+        assert mine["ratio_vs_sdpa_min"] == pytest.approx(truth / 3)
+        assert mine["ratio_vs_sdpa_max"] == pytest.approx(truth)
+        assert len(mine["ratio_rounds"]) == rounds and "ratio_vs_sdpa" not in by_name[theirs]
+        # the rows' own times did see the drift: the slow half of the rounds took twice as long per call
+        assert max(by_name[theirs]["us_rounds"][rounds // 2:]) == pytest.approx(2 * COSTS_US[theirs])
+        assert min(by_name[theirs]["us_rounds"]) == pytest.approx(COSTS_US[theirs])
+
+
+def test_overhead_rounds_swap_which_provider_goes_first():
+    order = []
+    blocks = overhead.alternate(lambda: order.append("ours"), lambda: order.append("theirs"), rounds=4, calls=2,
+                                warmup=1, sync=lambda: None)
+    assert [len(times) for times in blocks] == [4, 4]
+    assert order[:2] == ["ours", "theirs"]  # the warm-up calls each once
+    firsts = order[2::2]  # the first call of each block of two
+    assert firsts == ["ours", "theirs", "theirs", "ours", "ours", "theirs", "theirs", "ours"]
+    assert order[2:] == [name for name in firsts for _ in range(2)]
 
 
 def fake_timer(ms_values):
