@@ -4,14 +4,20 @@ Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized 
 
 Causal and window bounds are classified analytically inside the attention kernels. Documents and ``mask_mod``
 cannot be, so :func:`_tile_kinds_kernel` evaluates the whole rule on every tile and writes its kind (0 empty,
-1 partial, 2 full) to a (B_mask, H_mask, row tiles, column tiles) int8 map; H_mask is 1 unless a ``mask_mod``
-(which sees the head) is given, and B_mask is 1 where the mask is the same for every batch row. The host turns
-each row of the map into two lists, its full tiles and its partial tiles, so an attention kernel loops over those
-alone: empty tiles are never loaded, full tiles run without mask code.
+1 partial, 2 full) to a (B_mask, H_mask, row tiles, column tiles) int8 map. B_mask and H_mask are 1 where the
+mask is the same on every batch row or every head: documents differ per row, and a ``mask_mod`` only per row or
+head where its source reads b or h (``rules.mask_mod_reads``; a prefix-LM reads neither, so its map is one
+(b, h) deep, not B * H, and the kernels read row 0 for every batch row and head). The host turns each row of the
+map into two lists, its full tiles and its partial tiles, so an attention kernel loops over those alone: empty
+tiles are never loaded, full tiles run without mask code.
 
-A call without a block mask builds these lists itself, exactly at each kernel's tile size (the backward twice:
-dK/dV by key tile, dQ by query tile). :class:`BlockMask` (``kernels.create_block_mask``) classifies once, for
-every later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
+A call without a block mask gets these lists exactly at each kernel's tile size (the backward twice: dK/dV by
+key tile, dQ by query tile). For a ``mask_mod`` (a pure function: see ``rules.py``) they depend only on the
+function, the causal and window bounds, N_q, N_kv, B_mask, H_mask and the tiles, so :data:`CALL_LISTS` keeps the
+last 32 such lists under that key: a training loop passing the same ``mask_mod`` classifies on its first step
+only, forward and backward. Document ids are a tensor the caller may change in place between calls: their lists
+are classified on every call. :class:`BlockMask` (``kernels.create_block_mask``) classifies once, for every
+later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
 FlexAttention's ``BlockMask`` does (128 is the default ``BLOCK_SIZE`` of PyTorch's ``create_block_mask``). So
 the same mask serves every head dim, dtype and GPU, whatever tiles their launches take. A kernel derives its lists
 from that one map: its tile is full where every sparse block it overlaps is full, empty where every one is empty,
@@ -24,6 +30,8 @@ works: smaller than the sparse block, larger, or not dividing it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,8 +69,8 @@ def tile_kinds(rules: Rules, batch: int, heads: int, n_q: int, n_kv: int, block_
                device) -> torch.Tensor:
     """The (batch, heads, cdiv(n_q, block_m), cdiv(n_kv, block_n)) int8 map of tile kinds under ``rules``.
 
-    ``batch`` and ``heads`` are the mask's own: 1 where it is the same for every batch row (``mask_mod`` then
-    sees b = 0) or every head (h = 0); documents need the documents' batch."""
+    ``batch`` and ``heads`` are the mask's own (``Rules.mask_extent``): 1 where it is the same for every batch
+    row (``mask_mod`` then sees b = 0) or every head (h = 0); documents need the documents' batch."""
     upper, lower = rules.key_bounds(n_q, n_kv)
     kinds = torch.empty((batch, heads, triton.cdiv(n_q, block_m), triton.cdiv(n_kv, block_n)),
                         dtype=torch.int8, device=device)
@@ -140,17 +148,61 @@ def build_lists(rules: Rules, batch: int, heads: int, n_q: int, n_kv: int, block
     return tile_lists(kinds.transpose(-1, -2) if by_key else kinds)
 
 
+class ListCache:
+    """Tile lists of ``mask_mod`` rules by everything that decides them; past ``capacity`` the least recently
+    used are dropped (each holds a few small tensors on the device)."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self._lists: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def clear(self) -> None:
+        self._lists.clear()
+
+    def get(self, key, build: Callable[[], TileLists]) -> TileLists:
+        """The lists under ``key``, made by ``build()`` the first time."""
+        lists = self._lists.get(key)
+        if lists is not None:
+            self._lists.move_to_end(key)
+            return lists
+        lists = self._lists[key] = build()
+        if len(self._lists) > self.capacity:
+            self._lists.popitem(last=False)
+        return lists
+
+
+# The per-call path's lists of mask_mod rules (the module docstring says why they may be kept across calls).
+CALL_LISTS = ListCache()
+
+
 def call_lists(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: torch.Tensor, block_m: int,
                block_n: int, *, by_key: bool) -> dict:
     """A kernel's block-mask arguments: none for rules the bounds classify, the lists a prebuilt ``block_mask``
-    derives for this kernel's tiles, or lists classified exactly at those tiles for this call alone."""
+    derives for this kernel's tiles, or lists classified exactly at those tiles: for a ``mask_mod`` rule kept in
+    :data:`CALL_LISTS` for later calls, for documents made for this call alone."""
     if not rules.needs_block_mask:
         return no_tile_lists(q)
     if block_mask is not None:
         return block_mask.tile_lists(block_m, block_n, by_key=by_key).kernel_args()
-    heads = q.shape[1] if rules.mask_mod is not None else 1
-    return build_lists(rules, q.shape[0], heads, q.shape[2], k.shape[2], block_m, block_n, q.device,
-                       by_key=by_key).kernel_args()
+    n_q, n_kv = q.shape[2], k.shape[2]
+    batch, heads = rules.mask_extent(q.shape[0], q.shape[1])
+
+    def build() -> TileLists:
+        return build_lists(rules, batch, heads, n_q, n_kv, block_m, block_n, q.device, by_key=by_key)
+
+    # Never kept: document ids, a tensor whose contents may change between calls with the same shapes; and lists
+    # made while a CUDA graph is captured, which are only recorded there (no kernel runs until a replay), and
+    # which the graph must own: it would read freed memory once the cache dropped them.
+    if rules.document_ids is not None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return build().kernel_args()
+    # A mask_mod is pure, so its lists depend only on these: the function itself (a strong reference, so no
+    # other function can ever take its place), the bounds causal and window give, the sizes and the tiles.
+    key = (rules.mask_mod, *rules.key_bounds(n_q, n_kv), n_q, n_kv, batch, heads, block_m, block_n, by_key,
+           q.device)
+    return CALL_LISTS.get(key, build).kernel_args()
 
 
 def rule_args(rules: Rules, q: torch.Tensor, k: torch.Tensor) -> dict:
@@ -224,15 +276,16 @@ class BlockMask:
     n_kv: int
     device: torch.device
     block_size: tuple[int, int]  # the sparse block: (query rows, key columns)
-    kinds: torch.Tensor  # (B_mask, H_mask, cdiv(n_q, rows), cdiv(n_kv, columns)) int8
+    kinds: torch.Tensor  # (B_mask, H_mask, cdiv(n_q, rows), cdiv(n_kv, columns)) int8, Rules.mask_extent
     _lists: dict[TileSize, TileLists] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def build(cls, rules: Rules, batch: int | None, heads: int | None, n_q: int, n_kv: int, device,
               block_size: tuple[int, int]) -> BlockMask:
-        """Classify every sparse block of ``rules`` (one run of :func:`_tile_kinds_kernel`)."""
-        mask_heads = heads if rules.mask_mod is not None and heads is not None else 1  # only mask_mod sees h
-        kinds = tile_kinds(rules, batch or 1, mask_heads, n_q, n_kv, *block_size, device)
+        """Classify every sparse block of ``rules`` (one run of :func:`_tile_kinds_kernel`), over the batch rows
+        and heads the rule tells apart (``Rules.mask_extent``): one of each where it reads neither b nor h."""
+        mask_batch, mask_heads = rules.mask_extent(batch or 1, heads or 1)
+        kinds = tile_kinds(rules, mask_batch, mask_heads, n_q, n_kv, *block_size, device)
         return cls(rules=rules, batch=batch, heads=heads, n_q=n_q, n_kv=n_kv, device=device, block_size=block_size,
                    kinds=kinds)
 
@@ -285,7 +338,8 @@ class BlockMask:
                              f"create_block_mask(..., device={str(q.device)!r})")
 
     def kind_counts(self) -> dict[str, int]:
-        """How many sparse blocks are full, partial and empty (a sum over every batch row and head of the map)."""
+        """How many sparse blocks are full, partial and empty (a sum over the map's batch rows and heads: one of
+        each where the rule reads neither b nor h)."""
         return {name: int((self.kinds == kind).sum()) for name, kind in
                 (("full", FULL), ("partial", PARTIAL), ("empty", EMPTY))}
 

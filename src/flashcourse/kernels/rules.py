@@ -21,13 +21,23 @@ all combined by AND. Scores ``s = scale * q.k`` become ``softcap * tanh(s / soft
 
 The two bounds on ``j - i`` that causal and window give are what the kernels use to skip and classify tiles
 without looking at them (:meth:`Rules.key_bounds`); documents and ``mask_mod`` need a block mask.
+
+A ``mask_mod`` is a pure function of its four arguments: Triton captures the globals it reads as constants. So
+:func:`mask_mod_reads` can tell from its source alone whether the mask differs between batch rows (the body reads
+its first parameter) and between heads (its second): a prefix-LM or a sliding chunk reads neither and is one mask
+for every (b, h), which the block mask then classifies once instead of B * H times.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from triton.runtime.jit import KernelInterface
@@ -53,6 +63,13 @@ class Rules:
         """Documents and mask_mod can only be classified per tile by looking at the tile (``blockmask.py``,
         per call or once ahead with ``kernels.create_block_mask``)."""
         return self.document_ids is not None or self.mask_mod is not None
+
+    def mask_extent(self, batch: int, heads: int) -> tuple[int, int]:
+        """(B_mask, H_mask): how many batch rows and heads the block mask of these rules must tell apart, 1 where
+        it is the same on every one. Documents differ per batch row; a ``mask_mod`` differs per row or head only
+        where it reads b or h (:func:`mask_mod_reads`); causal and window bounds never do."""
+        reads = mask_mod_reads(self.mask_mod) if self.mask_mod is not None else MaskReads(batch=False, head=False)
+        return (batch if self.document_ids is not None or reads.batch else 1), (heads if reads.head else 1)
 
     @property
     def has_score_mod(self) -> bool:
@@ -160,6 +177,55 @@ def _mask_mod(mask_mod) -> Callable | None:
         return mask_mod
     raise TypeError(f"mask_mod is {mask_mod!r}: expected a @triton.jit function mask_mod(b, h, q_idx, kv_idx) "
                     "-> bool (FlexAttention's signature; the indices arrive as broadcastable tiles)")
+
+
+class MaskReads(NamedTuple):
+    """Which of its first two arguments a ``mask_mod`` reads: the batch row (b) and the head (h)."""
+
+    batch: bool
+    head: bool
+
+
+READS_BOTH = MaskReads(batch=True, head=True)  # what nothing can be proved about
+
+
+@functools.lru_cache(maxsize=256)  # keyed by the function itself (Triton's hash of its source, then identity)
+def mask_mod_reads(mask_mod) -> MaskReads:
+    """Whether the body of ``mask_mod(b, h, q_idx, kv_idx)`` reads its first parameter (the batch row) and its
+    second (the head), from its source.
+
+    Any appearance of the name in the body counts, passing it on to another function included, so a True may be
+    a mask that does not really change with b or h, but a False is always safe: the function never sees the
+    value, and what else it reads are constants, so its mask is the same on every batch row (or head). Where the
+    source cannot be read or the parameters are not plain names, both count as read (the safe answer)."""
+    source = _jit_source(mask_mod)
+    if source is None:
+        return READS_BOTH
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return READS_BOTH
+    function = next((node for node in tree.body if isinstance(node, ast.FunctionDef)), None)
+    if function is None:
+        return READS_BOTH
+    params = [arg.arg for arg in (*function.args.posonlyargs, *function.args.args)]
+    if len(params) < 2:  # b or h would arrive in *args, whose reads are not traced
+        return READS_BOTH
+    used = {node.id for statement in function.body for node in ast.walk(statement) if isinstance(node, ast.Name)}
+    return MaskReads(batch=params[0] in used, head=params[1] in used)
+
+
+def _jit_source(mask_mod) -> str | None:
+    """The source of a ``@triton.jit`` function: Triton's ``src`` (a compiled JITFunction, Triton 3.6 and 3.9:
+    the source from ``def`` on, dedented), else the Python function's (the interpreter's InterpretedFunction keeps
+    it as ``fn``), or None."""
+    source = getattr(mask_mod, "src", None)
+    if isinstance(source, str):
+        return source
+    try:
+        return textwrap.dedent(inspect.getsource(mask_mod.fn))
+    except (AttributeError, OSError, TypeError):
+        return None
 
 
 def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, softcap=None, alibi_slopes=None,
