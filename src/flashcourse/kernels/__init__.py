@@ -20,10 +20,11 @@ The options (``rules.py`` says exactly what each means): ``causal`` False | True
 "bottom_right"; ``window=(left, right)``, -1 unbounded; ``softcap``; ``alibi_slopes`` (H_q,) float32;
 ``document_ids`` (B, N) integer; ``mask_mod`` a ``@triton.jit`` (b, h, q_idx, kv_idx) -> bool. All combine by
 AND. Documents and ``mask_mod`` need a block mask (which tiles are empty, partial or full): each call builds its
-own, or ``create_block_mask`` builds one ahead for every call of those shapes. Every numbered version stays
-runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the versions without rules, v1-v6 and b1, b2, b4, b5, know
-only plain and top-left causal attention and refuse the rest by name. The version history with measurements is
-``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU tensors.
+own (a ``mask_mod``'s is kept for later calls of those shapes), or ``create_block_mask`` builds one ahead. Every
+numbered version stays runnable (``FORWARD_VERSIONS``, ``BACKWARD_VERSIONS``); the versions without rules, v1-v6
+and b1, b2, b4, b5, know only plain and top-left causal attention and refuse the rest by name. The version
+history with measurements is ``docs/KERNELS.md``. Without a GPU the kernels run in Triton's interpreter on CPU
+tensors.
 
 Layout: the modules of this package serve calls (v7 and b3, b1 for dense calls, decoding, FP8, block masks, the
 rules, the plan of a call, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the
@@ -90,9 +91,10 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     FlexAttention's ``create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128)`` for our rules (Dong et
     al. 2024): pass the result as ``flash_attention(q, k, v, block_mask=bm)`` (or to ``flash_attention_forward``
     / ``_backward``), and the forward, the backward and every later training step take their tile lists from it
-    instead of classifying tiles again (a call without one classifies its tiles anew, the backward twice: dK/dV
-    by key tile, dQ by query tile). The call takes its mask options from the block mask; it may repeat them, but
-    the same. Build a new one when the shapes or the rule change.
+    instead of classifying tiles again (a call without one classifies its own tiles, the backward twice: dK/dV
+    by key tile, dQ by query tile; a ``mask_mod``'s lists are then kept for later calls, documents' are not).
+    The call takes its mask options from the block mask; it may repeat them, but the same. Build a new one when
+    the shapes or the rule change.
 
     The mask does not depend on the head dim, the dtype or the GPU. It records one kind per sparse block of
     ``BLOCK_SIZE`` (empty: no query of the block sees a key of it; full: every one does; else partial). A kernel

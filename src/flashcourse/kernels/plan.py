@@ -14,8 +14,9 @@ their grids and argument lists. It is looked up by everything that determines it
 device, 16-byte alignment, options), so a repeat call checks nothing twice and only allocates its outputs and
 launches: FlashInfer's plan / run split and FlexAttention's block mask built once, for our calls. The autograd
 Function keeps the forward's plan for the backward, whose three launches it also prepares on first use.
-Calls whose rules bring tensors of their own (ALiBi slopes, document ids, ``mask_mod``'s tile lists, a block
-mask) get a plan for that call alone: their tensors change from call to call.
+Calls whose rules bring tensors of their own (ALiBi slopes, document ids, a block mask) or a ``mask_mod`` get a
+plan for that call alone: their tensors change from call to call (a ``mask_mod``'s tile lists are kept apart, by
+``blockmask.CALL_LISTS``).
 """
 
 from __future__ import annotations
