@@ -63,15 +63,14 @@ CASES = (
 # (BLOCK_M, BLOCK_N, warps, stages). The dQ kernel keeps BLOCK_M query rows and streams keys, the dK/dV kernel
 # the mirror; causal needs dQ's BLOCK_M a multiple of its BLOCK_N and dK/dV's BLOCK_N a multiple of its BLOCK_M.
 DQ_LAUNCHES = {
-    128: (KernelConfig(128, 32, 8, 2), KernelConfig(128, 32, 8, 3), KernelConfig(128, 64, 8, 2),
-          KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 3),
-          KernelConfig(64, 32, 4, 4), KernelConfig(128, 64, 8, 3)),
+    128: (KernelConfig(128, 32, 4, 3), KernelConfig(128, 32, 8, 3), KernelConfig(128, 64, 8, 2),
+          KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 3), KernelConfig(128, 128, 8, 2)),
     64: (KernelConfig(128, 32, 4, 3), KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3),
          KernelConfig(64, 32, 4, 3), KernelConfig(128, 128, 8, 2)),
 }
 DKDV_LAUNCHES = {
-    128: (KernelConfig(64, 64, 4, 2), KernelConfig(32, 128, 8, 2), KernelConfig(64, 128, 8, 3),
-          KernelConfig(32, 64, 4, 3), KernelConfig(64, 64, 4, 3)),
+    128: (KernelConfig(64, 128, 8, 2), KernelConfig(64, 128, 8, 3), KernelConfig(32, 64, 4, 3),
+          KernelConfig(64, 64, 4, 3)),
     64: (KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 3), KernelConfig(64, 128, 8, 2),
          KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 2)),
 }

@@ -227,8 +227,9 @@ def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, ca
         if row <= 128:
             dkdv = KernelConfig(32, 64, 4, 3) if causal else KernelConfig(32, 128, 4, 2)
             dq = KernelConfig(128, 64, 8, 2)
-        elif row <= 256:
-            dkdv, dq = KernelConfig(64, 128, 8, 2), KernelConfig(128, 32, 4, 3)
+        elif row <= 256:  # each kernel's launch swept alone at N = 8192 (*-backward-launches.json, 2026-12-02):
+            # dQ at 128 x 32 over 4 warps spilled (Nsight Compute: 587 MB of local loads in b1's, 16 GB in b3's)
+            dkdv, dq = KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 3)
         elif row <= 512:  # D=256: dK and dV (or dQ) accumulators over 8 warps, two stages
             dkdv, dq = KernelConfig(32, 64, 8, 2), KernelConfig(64, 32, 8, 2)
         else:
