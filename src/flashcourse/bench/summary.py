@@ -114,10 +114,14 @@ def variants_summary(directory: Path | None = None) -> str:
     def rate(row):
         return "-" if row is None else format_spread(row)
 
+    # the variants of another head dim (older runs have none) say their D and N
+    other_head_dims = dict.fromkeys((r["head_dim"], r["n"]) for r in rows if r.get("head_dim", 128) != 128)
+    head_dims = "".join(f" (the head_dim rows: D = {d}, N = {n})" for d, n in other_head_dims)
     lines = [
         f"Attention variants, B = 4 (GQA: 2), H = 16 (GQA: 32 query heads on 8 KV heads), D = 128, N = 16384 "
-        f"(GQA: 8192), on {meta['device']} on {meta['date']} (`{name}`); TFLOP/s over the visible score entries "
-        f"only, FlexAttention compiled with its block mask built outside the timed region:{_repeats_note(rows)}",
+        f"(GQA: 8192){head_dims}, on {meta['device']} on {meta['date']} (`{name}`); TFLOP/s over the visible score "
+        f"entries only, FlexAttention compiled with its block mask built outside the timed region:"
+        f"{_repeats_note(rows)}",
         "",
         "| variant | dtype | pass | visible | ours | FlexAttention | ours vs Flex | SDPA flash | SDPA cuDNN | note |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -2,7 +2,8 @@
 
 For every variant shape and dtype: each provider is first validated (forward and gradients) against a float32
 reference built from the rule, on batch 0 and a few heads at the full length; a provider that fails or raises is
-recorded with its error and the run goes on; then every valid provider is timed, forward and backward.
+recorded with its error and the run goes on (one whose backward alone fails, in its backward row: its forward is
+still timed); then every valid provider is timed, forward and backward.
 Providers: ``flashcourse`` (our default kernels, each call building its own tile lists where the rule needs a block
 mask), ``flashcourse_block_mask`` (the same kernels with a block mask from ``kernels.create_block_mask`` built once,
 outside the timed region, in 128 x 128 sparse blocks as Flex's; each kernel's lists derived from it on the
@@ -11,6 +12,10 @@ compiled with ``torch.compile``, its block mask from ``create_block_mask`` built
 first call, which compiles, is timed apart as ``compile_s``), SDPA's flash and cuDNN backends where SDPA can express the
 variant (causal; GQA with ``enable_gqa=True``), and ``flashcourse_expanded_kv`` for GQA: ours on K/V copied out
 to every query head, the baseline that GQA support must beat while holding H_q / H_kv times fewer K/V bytes.
+
+The ``mask_mod:`` variants are rules of positions, as FlexAttention writes them: each is one plain Python function
+of ``bench.mask_rules``, read by every side (our kernels get it wrapped in ``@triton.jit``, Flex's ``mask_mod`` and
+the float32 reference call it on torch tensors), so that none of them can drift from the others.
 
 TFLOP/s count only the visible score entries (:func:`visible_entries`): forward 4 * D FLOPs per visible entry
 (Q K^T and P V), backward 2.5x that, as ``bench.attention_flops`` does for the dense and causal cases. Every time
@@ -36,11 +41,13 @@ PROVIDERS = ("flashcourse", "flashcourse_block_mask", "flex", "sdpa_flash", "sdp
 OURS = ("flashcourse", "flashcourse_block_mask")  # each gets ratio_vs_<provider> against every other provider
 VALID_REL_ERR = 2e-2  # relative error (norm) of o and of every gradient against the float32 reference
 DEVICE = "cuda"  # the tests run the validation path on "cpu" (tiny shapes, the Triton interpreter)
+MODES = ("fwd", "bwd")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One benchmark shape and its rule: causal, a (left, 0) window, a softcap, packed documents, GQA."""
+    """One benchmark shape and its rule: causal, a (left, 0) window, a softcap, packed documents, GQA, a rule
+    of ``bench.mask_rules`` (a ``mask_mod``)."""
 
     name: str
     batch: int
@@ -52,6 +59,8 @@ class Variant:
     window_left: int | None = None  # window (left, 0): the last left + 1 keys up to the query's own position
     softcap: float | None = None
     documents: int = 0  # documents of random lengths packed into each row (0: none)
+    mask_rule: str | None = None  # a key of mask_rules.MASK_RULES: the rule, passed as a mask_mod
+    mask_size: int = 0  # the rule's size argument
 
     @property
     def group(self) -> int:
@@ -59,13 +68,14 @@ class Variant:
 
     @property
     def needs_block_mask(self) -> bool:
-        """Documents are classified tile by tile (a block mask); causal and windows from their bounds."""
-        return self.documents > 0
+        """Documents and mask rules are classified tile by tile (a block mask); causal and windows from their
+        bounds."""
+        return self.documents > 0 or self.mask_rule is not None
 
     @property
     def sdpa_can(self) -> bool:
-        """SDPA has is_causal and enable_gqa, but no window, document or softcap argument."""
-        return self.window_left is None and self.softcap is None and self.documents == 0
+        """SDPA has is_causal and enable_gqa, but no window, document, mask-rule or softcap argument."""
+        return self.window_left is None and self.softcap is None and not self.needs_block_mask
 
 
 VARIANTS = (
@@ -75,6 +85,13 @@ VARIANTS = (
     Variant("8 documents, causal", 4, 16, 16, 16384, 128, causal=True, documents=8),
     Variant("GQA 32/8, causal", 2, 32, 8, 8192, 128, causal=True),
     Variant("softcap 30, causal", 4, 16, 16, 16384, 128, causal=True, softcap=30.0),
+    Variant("mask_mod: prefix-LM", 4, 16, 16, 16384, 128, mask_rule="prefix-LM", mask_size=1024),
+    Variant("mask_mod: chunked local", 4, 16, 16, 16384, 128, mask_rule="chunked local", mask_size=1024),
+    Variant("mask_mod: stripes", 4, 16, 16, 16384, 128, mask_rule="stripes", mask_size=256),
+    # D = 256 at N = 8192: half the FLOPs of N = 16384 at D = 128 (a quarter of the entries, twice the work
+    # each), which keeps the run short; the same bytes of Q, K and V
+    Variant("head_dim: 256", 4, 16, 16, 8192, 256),
+    Variant("head_dim: 256, causal", 4, 16, 16, 8192, 256, causal=True),
 )
 
 
@@ -96,7 +113,16 @@ def document_ids(variant: Variant, seed: int = 0) -> np.ndarray | None:
 
 def visible_entries(variant: Variant, ids: np.ndarray | None = None) -> int:
     """Score entries some query sees, over the whole batch and every head, counted row by row as the keys
-    [lo, hi] each query sees. ``ids`` (B, N): sorted document ids (contiguous runs, as :func:`document_ids`)."""
+    [lo, hi] each query sees. ``ids`` (B, N): sorted document ids (contiguous runs, as :func:`document_ids`).
+    A mask rule has no such bounds: its entries are counted from the rule itself, on ``DEVICE``, in slices of
+    query rows (the same for every batch row and head)."""
+    if variant.mask_rule is not None:
+        import torch
+
+        step = 1024  # (1024, N) at a time: the rule's int64 intermediates stay at 128 MiB for N = 16K
+        seen = sum(int(visible_rows(variant, torch.arange(start, min(start + step, variant.n), device=DEVICE))
+                       .sum()) for start in range(0, variant.n, step))
+        return seen * variant.batch * variant.heads
     i = np.arange(variant.n, dtype=np.int64)
     lo = np.zeros_like(i)
     hi = np.full_like(i, variant.n - 1)
@@ -174,14 +200,18 @@ def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False, prebuilt_
     it moves the K/V bytes once, the attention reads them N / BLOCK_M times). ``prebuilt_mask``: the block mask
     built here, once, and passed to every call; its build time is the function's ``block_mask_build``."""
     from flashcourse import kernels
+    from flashcourse.bench import mask_rules
 
     options = {"causal": variant.causal, "softcap": variant.softcap, "document_ids": inputs.ids,
                "window": None if variant.window_left is None else (variant.window_left, 0),
+               "mask_mod": None if variant.mask_rule is None else mask_rules.triton_mask_mod(variant.mask_rule,
+                                                                                             variant.mask_size),
                "enable_gqa": variant.group > 1}
     if prebuilt_mask:
         mask_options = {name: options.pop(name) for name in ("causal", "document_ids", "window")}
+        mask_mod = options.pop("mask_mod")  # the rules read neither b nor h: one map for every row and head
         block_mask, timing = timed_build(lambda: kernels.create_block_mask(
-            None, None, None, variant.n, variant.n, **mask_options, device=inputs.q.device))
+            mask_mod, None, None, variant.n, variant.n, **mask_options, device=inputs.q.device))
 
         def attend(q, k, v):
             return kernels.flash_attention(q, k, v, block_mask=block_mask, **options)
@@ -198,6 +228,11 @@ def ours(variant: Variant, inputs: Inputs, *, expand_kv: bool = False, prebuilt_
 def flex_mask_mod(variant: Variant, ids) -> Callable | None:
     """The variant's rule as FlexAttention's mask_mod(b, h, q_idx, kv_idx) (None: every key visible)."""
     left = variant.window_left
+    if variant.mask_rule is not None:
+        from flashcourse.bench.mask_rules import MASK_RULES
+
+        rule, size = MASK_RULES[variant.mask_rule], variant.mask_size
+        return lambda b, h, q_idx, kv_idx: rule(q_idx, kv_idx, size)
     if ids is not None:
         return lambda b, h, q_idx, kv_idx: (ids[b, q_idx] == ids[b, kv_idx]) & (q_idx >= kv_idx)
     if left is not None:
@@ -210,6 +245,7 @@ def flex_mask_mod(variant: Variant, ids) -> Callable | None:
 def flex(variant: Variant, inputs: Inputs) -> Callable:
     """fn(q, k, v) -> o: compiled flex_attention, its block mask built here (outside any timed region)."""
     import torch
+    import torch._functorch.config  # not loaded by `import torch` alone (torch 2.11): its flag is set below
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     mask_mod = flex_mask_mod(variant, inputs.ids)
@@ -269,20 +305,33 @@ def providers_for(variant: Variant, wanted=PROVIDERS) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ validate, time
-def visible_mask(variant: Variant, ids, batch_index: int):
-    """(N, N) bool on the GPU for one batch row, from the rule."""
+def visible_rows(variant: Variant, rows, ids_row=None):
+    """(len(rows), N) bool on rows' device: the keys each query of ``rows`` (int64 positions) sees, from the
+    rule. ``ids_row`` (N,): one batch row's document ids, or None."""
     import torch
 
-    i = torch.arange(variant.n, device=DEVICE)[:, None]
-    j = torch.arange(variant.n, device=DEVICE)[None, :]
-    keep = torch.ones(variant.n, variant.n, dtype=torch.bool, device=DEVICE)
+    from flashcourse.bench.mask_rules import MASK_RULES
+
+    i = rows[:, None]
+    j = torch.arange(variant.n, device=rows.device)[None, :]
+    keep = torch.ones(len(rows), variant.n, dtype=torch.bool, device=rows.device)
     if variant.causal or variant.window_left is not None:
         keep &= j <= i
     if variant.window_left is not None:
         keep &= j >= i - variant.window_left
-    if ids is not None:
-        keep &= ids[batch_index][:, None] == ids[batch_index][None, :]
+    if ids_row is not None:
+        keep &= ids_row[rows][:, None] == ids_row[None, :]
+    if variant.mask_rule is not None:
+        keep &= MASK_RULES[variant.mask_rule](i, j, variant.mask_size)
     return keep
+
+
+def visible_mask(variant: Variant, ids, batch_index: int):
+    """(N, N) bool on ``DEVICE`` for one batch row, from the rule."""
+    import torch
+
+    return visible_rows(variant, torch.arange(variant.n, device=DEVICE),
+                        None if ids is None else ids[batch_index])
 
 
 def reference_slice(variant: Variant, inputs: Inputs, kv_heads: int):
@@ -306,36 +355,62 @@ def reference_slice(variant: Variant, inputs: Inputs, kv_heads: int):
     return torch.stack(outputs)[None], (q.grad, k.grad, v.grad)
 
 
-def relative_errors(variant: Variant, inputs: Inputs, fn: Callable, reference) -> dict:
-    """Relative errors of o, dq, dk, dv on the reference's slice (the provider runs on the whole input)."""
+def relative_errors(variant: Variant, inputs: Inputs, fn: Callable, reference) -> tuple[dict, str | None]:
+    """Relative errors of o and, where the backward runs, of dq, dk, dv on the reference's slice (the provider
+    runs on the whole input); and the backward's error, or None. A backward that raises (a kernel out of shared
+    memory at D = 256, say) leaves the forward checked, so that its forward is still timed."""
     import torch
 
     q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
     o = fn(q, k, v)
-    grads = torch.autograd.grad(o, (q, k, v), inputs.do)
     o_ref, grads_ref = reference
     q_heads, kv_heads = o_ref.shape[1], grads_ref[1].shape[1]
 
     def rel(a, b):
         return float((a.detach().float() - b).norm() / b.norm())
 
-    return {"o": rel(o[:1, :q_heads], o_ref), "dq": rel(grads[0][:1, :q_heads], grads_ref[0]),
-            "dk": rel(grads[1][:1, :kv_heads], grads_ref[1]), "dv": rel(grads[2][:1, :kv_heads], grads_ref[2])}
+    errors = {"o": rel(o[:1, :q_heads], o_ref)}
+    try:
+        grads = torch.autograd.grad(o, (q, k, v), inputs.do)
+    except Exception as err:  # noqa: BLE001 - a backward that cannot run is a result
+        return errors, _error_text(err)
+    errors.update(dq=rel(grads[0][:1, :q_heads], grads_ref[0]), dk=rel(grads[1][:1, :kv_heads], grads_ref[1]),
+                  dv=rel(grads[2][:1, :kv_heads], grads_ref[2]))
+    return errors, None
 
 
-def time_modes(fn: Callable, inputs: Inputs) -> dict[str, Timing]:
-    """The forward (no autograd) and the backward alone (autograd.grad of a kept graph), each timed
-    ``bench.REPEATS`` times: median ms and range."""
+def time_modes(fn: Callable, inputs: Inputs, modes=MODES) -> dict[str, Timing]:
+    """The forward (no autograd) and the backward alone (autograd.grad of a kept graph), those of ``modes``,
+    each timed ``bench.REPEATS`` times: median ms and range."""
     import torch
 
     from flashcourse.bench.attention import bench_timing
 
     q, k, v = (t.detach().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
-    with torch.no_grad():
-        fwd = bench_timing(lambda: fn(q, k, v))
-    o = fn(q, k, v)
-    bwd = bench_timing(lambda: torch.autograd.grad(o, (q, k, v), inputs.do, retain_graph=True))
-    return {"fwd": fwd, "bwd": bwd}
+    times = {}
+    if "fwd" in modes:
+        with torch.no_grad():
+            times["fwd"] = bench_timing(lambda: fn(q, k, v))
+    if "bwd" in modes:
+        o = fn(q, k, v)
+        times["bwd"] = bench_timing(lambda: torch.autograd.grad(o, (q, k, v), inputs.do, retain_graph=True))
+    return times
+
+
+def failed_modes(errors: dict, backward_error: str | None) -> dict[str, dict]:
+    """The modes a provider may not be timed in, each with its row's status and error: the forward needs o
+    within ``VALID_REL_ERR``, the backward o and every gradient."""
+    def wrong(names):
+        return not all(math.isfinite(errors[n]) and errors[n] < VALID_REL_ERR for n in names)
+
+    failed = {}
+    if wrong(["o"]):
+        failed["fwd"] = {"status": "wrong", "error": f"relative errors {errors} over {VALID_REL_ERR}"}
+    if backward_error is not None:
+        failed["bwd"] = {"status": "error", "error": backward_error}
+    elif wrong(["o", "dq", "dk", "dv"]):
+        failed["bwd"] = {"status": "wrong", "error": f"relative errors {errors} over {VALID_REL_ERR}"}
+    return failed
 
 
 def _error_text(err: BaseException) -> str:
@@ -359,7 +434,7 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
         try:
             start = time.perf_counter()
             fn = provider_fn(provider, variant, inputs)
-            errors = relative_errors(variant, inputs, fn, reference)  # the first call: compiles
+            errors, backward_error = relative_errors(variant, inputs, fn, reference)  # the first call: compiles
             if inputs.q.is_cuda:
                 torch.cuda.synchronize()
             row.update(compile_s=time.perf_counter() - start, rel_err=errors)
@@ -367,23 +442,23 @@ def run_variant(variant: Variant, dtype: str, providers=PROVIDERS, log=print) ->
             if build is not None:
                 row.update(block_mask_build_ms=build.ms, block_mask_build_ms_min=build.ms_min,
                            block_mask_build_ms_max=build.ms_max)
-            if all(math.isfinite(e) and e < VALID_REL_ERR for e in errors.values()):
-                ready[provider] = (fn, row)
-            else:
-                row.update(status="wrong", error=f"relative errors {errors} over {VALID_REL_ERR}")
+            failed = failed_modes(errors, backward_error)
         except Exception as err:  # noqa: BLE001 - a provider that cannot run this variant is a result
-            row.update(status="error", error=_error_text(err))
-        log(f"validate {variant.name} {dtype} {provider}: {row.get('rel_err')} {row.get('error', '')}")
-        if provider not in ready:
-            rows += [{**row, "mode": mode} for mode in ("fwd", "bwd")]
+            failed = {mode: {"status": "error", "error": _error_text(err)} for mode in MODES}
+        log(f"validate {variant.name} {dtype} {provider}: {row.get('rel_err')} "
+            + " ".join(f"{mode}: {f['error']}" for mode, f in failed.items()))
+        rows += [{**row, "mode": mode, **f} for mode, f in failed.items()]
+        modes = [mode for mode in MODES if mode not in failed]
+        if modes:
+            ready[provider] = (fn, row, modes)
         torch.cuda.empty_cache()
-    for fn, row in ready.values():
+    for fn, row, modes in ready.values():
         try:
-            times = time_modes(fn, inputs)
-            rows += [{**row, "mode": mode, "status": "ok", **timing.fields(variant_flops(variant, visible, mode))}
-                     for mode, timing in times.items()]
+            times = time_modes(fn, inputs, modes)
+            rows += [{**row, "mode": mode, "status": "ok", **times[mode].fields(variant_flops(variant, visible, mode))}
+                     for mode in modes]
         except Exception as err:  # noqa: BLE001
-            rows += [{**row, "mode": mode, "status": "error", "error": _error_text(err)} for mode in ("fwd", "bwd")]
+            rows += [{**row, "mode": mode, "status": "error", "error": _error_text(err)} for mode in modes]
         torch.cuda.empty_cache()
     kv_bytes = 2 * inputs.k.numel() * inputs.k.element_size()
     for r in rows:  # K/V bytes each provider reads: the GQA saving
@@ -432,7 +507,7 @@ def earlier_rows_today(directory) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
     """One line per (variant, dtype, mode): TFLOP/s over visible entries of every provider, our ratios."""
     providers = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
-    lines = [f"{'variant':22}{'dtype':>9}{'mode':>5}{'density':>8}" + "".join(f"{p[:14]:>15}" for p in providers)
+    lines = [f"{'variant':25}{'dtype':>9}{'mode':>5}{'density':>8}" + "".join(f"{p[:14]:>15}" for p in providers)
              + "   ours/flex  ours/expanded  vs our causal"]
     groups: dict = {}
     for r in rows:
@@ -444,7 +519,7 @@ def format_table(rows: list[dict]) -> str:
         mine = group.get("flashcourse", {})
         extras = "".join(f"{mine[k]:{w}.2f}" if k in mine else f"{'-':>{w}}" for k, w in
                          (("ratio_vs_flex", 12), ("ratio_vs_flashcourse_expanded_kv", 15), ("vs_our_causal", 15)))
-        lines.append(f"{variant:22}{dtype:>9}{mode:>5}{any_row['density']:8.3f}{cells}{extras}")
+        lines.append(f"{variant:25}{dtype:>9}{mode:>5}{any_row['density']:8.3f}{cells}{extras}")
     return "\n".join(lines)
 
 
@@ -463,6 +538,9 @@ def run(dtypes=DTYPES, names=None, providers=PROVIDERS, log=print, on_variant=No
     """Every variant (or those named) in every dtype; ``on_variant(rows)`` after each (saves partial runs)."""
     from flashcourse.bench.attention import warm_up_gpu
 
+    unknown = sorted(set(names or ()) - {v.name for v in VARIANTS})
+    if unknown:  # a misspelt name would otherwise measure nothing, silently
+        raise ValueError(f"no variant named {unknown}: the variants are {[v.name for v in VARIANTS]}")
     allow_flex_recompiles()
     warm_up_gpu()
     rows: list[dict] = []
