@@ -74,3 +74,50 @@ def test_kv_dtype_errors_puts_fp8_beside_fp16():
     errors = decode_bench.kv_dtype_errors(q, k, v)
     assert set(errors) == {"float16", "float8_e4m3fn"}
     assert errors["float16"] < 2e-3 < errors["float8_e4m3fn"] < 0.1
+
+
+def test_candidates_check_then_time_against_the_float16_cache(monkeypatch):
+    """``candidates`` at a tiny size (interpreter, fake timers): one row per candidate, layout and length; each
+    checked against float64 before it is timed, a wrong one recorded and left untimed; every FP8 row's
+    ``speedup_vs_fp16_cache`` is fp16_shipped's time over its own, ``speedup_vs_fp16_best`` the fastest float16
+    candidate's, with their ranges."""
+    make_cache = decode_bench.make_cache
+    monkeypatch.setattr(decode_bench, "make_cache", lambda *shape: make_cache(*shape, dtype=torch.float16,
+                                                                              device=DEVICE))
+    speeds = {"fp16_shipped": 4.0, "fp16_fused": 3.0, "shipped": 3.5, "t128_ci_2x_fused": 2.0}
+    calls = {}
+
+    def timer(fn, rep=0):  # a time per candidate (read off the function's closure), drifting a little each round
+        calls[fn] = calls.get(fn, 0) + 1
+        return speeds[fn.__closure__[0].cell_contents[0].candidate_name] * (1 + 0.1 * (calls[fn] - 2))
+
+    real_fn = decode_bench._candidate_fn
+
+    def tagged_fn(candidate, cache):
+        fn = real_fn(candidate, cache)
+        if candidate.name == "broken":  # a kernel that gets the answer wrong
+            return lambda: fn() * 2
+        fn.candidate_name = candidate.name
+        return fn
+
+    monkeypatch.setattr(decode_bench, "graph_ms", timer)
+    monkeypatch.setattr(decode_bench, "_candidate_fn", tagged_fn)
+    chosen = [c._replace(block_n=c.block_n and 16) for c in decode_bench.CANDIDATES if c.name in speeds]
+    chosen.append(decode_bench.Candidate("broken", "float8_e4m3fn"))
+    rows = decode_bench.candidates(lengths=(40,), page_sizes=(16,), chosen=tuple(chosen), shape=(1, 8, 2, 64),
+                                   rotate_bytes=0, log=lambda line: None)
+    assert len(rows) == 2 * len(chosen)
+    assert {r.get("page_size") for r in rows} == {None, 16}
+    broken = [r for r in rows if r["candidate"] == "broken"]
+    assert all(r["status"] == "wrong" and r["rel_err"] > 0.1 and "ms" not in r for r in broken)
+    ok = [r for r in rows if r["candidate"] != "broken"]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 and r["repeats"] == 3 for r in ok)
+    fused = next(r for r in ok if r["candidate"] == "t128_ci_2x_fused" and "page_size" not in r)
+    assert fused["ms"] == pytest.approx(2.0) and fused["speedup_vs_fp16_cache"] == pytest.approx(2.0)
+    assert fused["speedup_vs_fp16_best"] == pytest.approx(1.5) and fused["fp16_best"] == "fp16_fused"
+    assert fused["speedup_vs_fp16_cache_min"] == pytest.approx(3.6 / 2.2)  # fp16's fastest over its slowest
+    assert fused["switches"] == {"col_interleave": 4, "mask_tail_only": True, "programs_per_sm": 2,
+                                 "fused_combine": True}
+    assert "speedup_vs_fp16_cache" not in next(r for r in ok if r["candidate"] == "fp16_fused")
+    table = decode_bench.format_candidates(rows)
+    assert "t128_ci_2x_fused" in table and "wrong" in table and "2.00" in table

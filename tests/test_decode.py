@@ -11,7 +11,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
-from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
+from flashcourse.kernels.decode import DecodeSwitches, quantize_kv_cache, v_keys_adjacent  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -633,6 +633,98 @@ def test_scales_for_a_16_bit_cache_are_refused(rng):
         kernels.flash_decode(q, k, v, k_scale=torch.ones(2, 2, device=DEVICE))
 
 
+# The FP8 cache's candidate remedies (bench.decode.CANDIDATES): each switch, and V stored keys-adjacent.
+SWITCHES = {"interleaved": DecodeSwitches(col_interleave=4, mask_tail_only=True),
+            "interleaved by 2": DecodeSwitches(col_interleave=2),
+            "fused combine": DecodeSwitches(fused_combine=True),
+            "all": DecodeSwitches(col_interleave=4, fused_combine=True, programs_per_sm=2, mask_tail_only=True)}
+
+
+def fp8_cache(rng, h_q, h_kv, page_size, v_layout, n=70, batch=3):
+    """(q, k8, v8, options, k_true, v_true): an FP8 cache, contiguous or in shuffled pages, V in the given layout,
+    with the dequantised values it holds (contiguous)."""
+    q, k, v = make(rng, batch, h_q, h_kv, n, 64, torch.float16)
+    lens = torch.tensor([1, n, 33][:batch], dtype=torch.int32, device=DEVICE)
+    options = {"cache_seqlens": lens}
+    if page_size is None:
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+        k_true, v_true = dequantised(k8, k_scale), dequantised(v8, v_scale)
+    else:
+        kp, vp, table = paged(k, v, page_size, rng)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lens)
+        k_true, v_true = dequantised(unpaged(k8, table), k_scale), dequantised(unpaged(v8, table), v_scale)
+        options["block_table"] = table
+    if v_layout == "keys_adjacent":
+        v8 = v_keys_adjacent(v8)
+        assert v8.stride(2) == 1
+    return q, k8, v8, options | {"k_scale": k_scale, "v_scale": v_scale}, k_true, v_true
+
+
+@pytest.mark.parametrize("v_layout", ["as_given", "keys_adjacent"])
+@pytest.mark.parametrize("page_size", [None, 16])
+@pytest.mark.parametrize("switches", list(SWITCHES), ids=list(SWITCHES))
+def test_fp8_cache_candidates_read_the_dequantised_cache(rng, switches, page_size, v_layout):
+    """Every switch of the split kernel, with V as given and keys-adjacent, contiguous and paged, GQA groups 1 and
+    4: the output is attention in float64 on the dequantised cache, at float16's tolerance. Lengths 1, 70 and 33
+    (not multiples of the 16-key tile), 3 splits: whole tiles, tails, and a split with no key."""
+    for h_q, h_kv in ((2, 2), (8, 2)):
+        q, k8, v8, options, k_true, v_true = fp8_cache(rng, h_q, h_kv, page_size, v_layout)
+        o = kernels.flash_decode(q, k8, v8, num_splits=3, switches=SWITCHES[switches], **options)
+        assert_close(o, expected(q, k_true, v_true, options["cache_seqlens"].tolist()),
+                     what=f"FP8 decode, {switches}, V {v_layout}, pages {page_size}, GQA {h_q // h_kv}")
+
+
+@pytest.mark.parametrize("switches", ["interleaved", "all"])
+def test_float16_cache_takes_the_switches_too(rng, switches):
+    q, k, v = make(rng, 3, 8, 2, 70, 64, torch.float16)
+    lens = [1, 70, 33]
+    o = kernels.flash_decode(q, k, v, num_splits=3, switches=SWITCHES[switches],
+                             cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    assert_close(o, expected(q, k, v, lens), what=f"float16 decode, {switches}")
+
+
+def test_switches_with_a_window_softcap_and_alibi(rng):
+    """A paged window keeps its masks on every tile (its first tile may start before the window)."""
+    q, k8, v8, options, k_true, v_true = fp8_cache(rng, 8, 2, 16, "keys_adjacent")
+    slopes = torch.linspace(0.5, 0.0625, 8, device=DEVICE)
+    o = kernels.flash_decode(q * 4, k8, v8, num_splits=2, switches=SWITCHES["all"], window=(40, -1), softcap=2.0,
+                             alibi_slopes=slopes, **options)
+    want = expected_variant(q * 4, k_true, v_true, options["cache_seqlens"].tolist(), window_left=40, softcap=2.0,
+                            slopes=slopes.cpu().numpy())
+    assert_close(o, want, what="FP8 decode with every switch, a window, softcap and ALiBi")
+
+
+@pytest.mark.parametrize("switches,error,words", [
+    ("interleave 3", ValueError, "col_interleave = 3: expected 1, 2 or 4"),
+    ("interleave at D = 32", ValueError, r"BLOCK_D / col_interleave = 8 >= 16"),
+    ("no programs", ValueError, "programs_per_sm = 0: expected at least 1"),
+    ("a dict", TypeError, "switches is a dict: expected a DecodeSwitches"),
+])
+def test_bad_switches(rng, switches, error, words):
+    bad = {"interleave 3": DecodeSwitches(col_interleave=3), "interleave at D = 32": DecodeSwitches(col_interleave=4),
+           "no programs": DecodeSwitches(programs_per_sm=0), "a dict": {"col_interleave": 4}}[switches]
+    q, k, v = make(rng, 1, 2, 2, 20, 32 if switches == "interleave at D = 32" else 64, torch.float32)
+    with pytest.raises(error, match=words):
+        kernels.flash_decode(q, k, v, switches=bad)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+@pytest.mark.parametrize("v_layout", ["as_given", "keys_adjacent"])
+def test_gpu_fp8_cache_candidates_long(rng, page_size, v_layout):
+    """The candidates' switches on the GPU at 20K keys, each called twice: the fused combine's arrival counts must
+    be back at zero after a call (the second call merges too), and 2 programs an SM change only the splits."""
+    q, k8, v8, options, k_true, v_true = fp8_cache(rng, 32, 8, page_size, v_layout, n=20000, batch=2)
+    want = expected(q, k_true, v_true, options["cache_seqlens"].tolist())
+    for name, switches in SWITCHES.items():
+        for call in range(2):
+            o = kernels.flash_decode(q, k8, v8, block_n=128, num_warps=4, num_stages=3, switches=switches,
+                                     **options)
+            assert_close(o, want, what=f"FP8 decode at 20K keys, {name}, V {v_layout}, pages {page_size}, "
+                                       f"call {call + 1}")
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -704,33 +796,40 @@ def test_decode_benchmark_rows_on_cpu(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the compiled pipeline
 SM90_SHARED_MEMORY = r"""
-import json, sys
+import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from flashcourse.kernels.decode import _decode_split_kernel as kernel
 
 names = kernel.arg_names
-# what the launcher specialises: 1, or divisible by 16
-unit_strides = ("stride_qd", "stride_kd", "stride_vd", "stride_od")
-shared = {}
-for page_size, kv in ((None, "fp16"), (16, "fp16"), (256, "fp16"), (None, "fp8e4nv"), (16, "fp8e4nv")):
+shared, byte_reads = {}, {}
+# (page size, K/V dtype, what else): the shipped kernel, then the FP8 cache's two remedies for its one-byte V reads
+cases = [(None, "fp16", ""), (16, "fp16", ""), (256, "fp16", ""), (None, "fp8e4nv", ""), (16, "fp8e4nv", ""),
+         (None, "fp8e4nv", "interleaved"), (None, "fp8e4nv", "keys_adjacent")]
+for page_size, kv, remedy in cases:
+    # what the launcher specialises: 1, or divisible by 16 (SPLIT_LEN is a multiple of BLOCK_N, N_MAX here 32K)
+    unit_strides = ("stride_qd", "stride_kd", "stride_od", "stride_vn" if remedy == "keys_adjacent" else "stride_vd")
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                 "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
-                "OUT": "*fp16"}
+                "OUT": "*fp16", "COUNTERS": "*i32"}
     values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
                   PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", DIRECT=False,
-                  **dict.fromkeys(unit_strides, 1))
+                  MASK_TAIL_ONLY=bool(remedy), COL_INTERLEAVE=4 if remedy == "interleaved" else 1,
+                  FUSED_COMBINE=False, BLOCK_S=16, **dict.fromkeys(unit_strides, 1))
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-             if n in pointers or (n.startswith("stride_") and n not in unit_strides and "_bt_" not in n)}
+             if n in pointers or n in ("N_MAX", "SPLIT_LEN")
+             or (n.startswith("stride_") and n not in unit_strides and "_bt_" not in n)}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    shared[f"{kv} {page_size}"] = compiled.metadata.shared
-json.dump(shared, sys.stdout)
+    name = f"{kv} {remedy or page_size}"
+    shared[name] = compiled.metadata.shared
+    byte_reads[name] = len(re.findall(r"ld\.shared\.[bus]8", compiled.asm["ptx"]))
+json.dump({"shared": shared, "byte_reads": byte_reads}, sys.stdout)
 """
 
 
@@ -739,7 +838,9 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     shared memory as the contiguous one. A block-table load that feeds the K/V addresses in the same loop step
     (the old per-row lookup) made Triton's pipeliner prefetch one tile ahead instead of two: half the buffers,
     0.66x the contiguous cache's bandwidth on the H200. The FP8 cache's kernel stages one-byte tiles: about half
-    the float16 kernel's shared memory, contiguous and paged alike."""
+    the float16 kernel's shared memory, contiguous and paged alike. As shipped it reads V from shared memory a
+    byte at a time (P V's operand wants the keys adjacent; sm_90 has no 8-bit ldmatrix.trans); P V computed
+    column-interleaved, or V stored keys-adjacent, reads it in words: no one-byte reads."""
     import json
     import os
     import subprocess
@@ -755,6 +856,9 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     if done.returncode != 0 and no_ptxas:
         pytest.skip("Triton's ptxas is missing here: cannot compile for sm_90")
     assert done.returncode == 0, f"the decode kernel does not compile for sm_90:\n{done.stderr[-3000:]}"
-    shared = json.loads(done.stdout.strip().splitlines()[-1])
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    shared, byte_reads = compiled["shared"], compiled["byte_reads"]
     assert shared["fp16 16"] == shared["fp16 256"] == shared["fp16 None"], f"shared memory (bytes): {shared}"
     assert shared["fp8e4nv 16"] == shared["fp8e4nv None"] <= 0.6 * shared["fp16 None"], shared
+    assert byte_reads["fp16 None"] == 0 and byte_reads["fp8e4nv None"] >= 64, byte_reads
+    assert byte_reads["fp8e4nv interleaved"] == byte_reads["fp8e4nv keys_adjacent"] == 0, byte_reads

@@ -17,7 +17,7 @@ device.setup()  # before triton is imported
 import torch  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
-from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
+from flashcourse.kernels.decode import DecodeSwitches, quantize_kv_cache  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 DEVICE = "cuda" if device.setup() == "cuda" else "cpu"
@@ -54,9 +54,11 @@ class GraphRecorder:
     def __init__(self, backend: str = "aot_eager"):
         self.backend = torch._dynamo.lookup_backend(backend)
         self.targets: list[set] = []
+        self.decode_args: list[tuple] = []  # each decode op's arguments, as the graph passes them
 
     def __call__(self, gm, example_inputs):
         self.targets.append({node.target for node in gm.graph.nodes})
+        self.decode_args += [node.args for node in gm.graph.nodes if node.target in DECODE_OPS]
         return self.backend(gm, example_inputs)
 
 
@@ -91,17 +93,24 @@ def case(rng, name):
     if name == "fp8 cache":
         k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
         return {"k_scale": k_scale, "v_scale": v_scale, "cache_seqlens": lengths(33, 40)}, k8, v8
+    if name == "fp8 cache, switches":  # the kernel's options beyond its tiles reach the compiled op too
+        k, v = cache(rng, d=64)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
+        switches = DecodeSwitches(col_interleave=4, fused_combine=True, programs_per_sm=2, mask_tail_only=True)
+        return {"k_scale": k_scale, "v_scale": v_scale, "cache_seqlens": lengths(33, 40), "num_splits": 2,
+                "switches": switches}, k8, v8
     raise KeyError(name)
 
 
-CASES = ("contiguous, lengths", "lengths as a list, one split", "paged, window, softcap, alibi", "fp8 cache")
+CASES = ("contiguous, lengths", "lengths as a list, one split", "paged, window, softcap, alibi", "fp8 cache",
+         "fp8 cache, switches")
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_compiled_fullgraph_matches_eager(rng, name):
     options, k_cache, v_cache = case(rng, name)
     torch.manual_seed(int(rng.integers(2**31)))
-    layer = DecodeLayer(24, 4, 16, options).to(DEVICE)
+    layer = DecodeLayer(24, 4, k_cache.shape[3], options).to(DEVICE)
     x = torch.tensor(rng.standard_normal((2, 24)), dtype=torch.float32, device=DEVICE)
     recorder = GraphRecorder()
     with torch.no_grad():
@@ -109,6 +118,8 @@ def test_compiled_fullgraph_matches_eager(rng, name):
         eager = layer(x, k_cache, v_cache)
     assert_close(compiled, eager, what=f"compiled decode layer, {name}")
     assert len(recorder.targets) == 1 and DECODE_OPS & recorder.targets[0], f"{name}: no decode op in the one graph"
+    if "switches" in options:  # the op carries them, as (col_interleave, fused_combine, programs_per_sm, tail)
+        assert tuple(recorder.decode_args[0][-4:]) == tuple(options["switches"]), recorder.decode_args
 
 
 def test_compiled_call_checks_its_inputs(rng):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from typing import NamedTuple
 
 import torch
 
@@ -364,4 +365,241 @@ def format_table(rows: list[dict]) -> str:
                                             ("ratio_vs_sdpa_cudnn", 10), ("speedup_vs_fp16_cache", 12)))
         lines.append(f"{head}{r['ms'] * 1e3:8.1f}  {format_spread(r, 'bandwidth_tbs', '.2f'):18}"
                      f"{100 * r['bandwidth_tbs'] / best:6.0f}%{ratios}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ FP8 cache candidates
+class Candidate(NamedTuple):
+    """A launch of our decode kernel that :func:`candidates` checks and times: its tiles (None: the launch that
+    ``flash_decode`` chooses), its switches (``kernels.decode.DecodeSwitches`` fields; None: the defaults) and the
+    layout of V in the cache ("keys_adjacent": ``kernels.decode.v_keys_adjacent``). ``expect`` is what the
+    compiled kernel and the profile predict, written before the GPU run."""
+
+    name: str
+    kv_dtype: str  # "float16" or "float8_e4m3fn"
+    block_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    switches: dict | None = None
+    v_layout: str = "as_given"
+    expect: str = ""
+
+
+_CI = {"col_interleave": 4, "mask_tail_only": True}  # P V without one-byte shared-memory reads
+_KEYS_ADJACENT = {"mask_tail_only": True}  # V's keys adjacent: 16-byte copies and ldmatrix, no selects on the keys
+# Remedies for the FP8 cache's bandwidth on sm_90 at D = 128. Nsight Compute, 2026-12-02, 32K keys: the shipped FP8
+# launch is latency-bound, one program per SM, 33% of issue slots busy, V read from shared memory a byte at a time
+# (mio_throttle and short_scoreboard among the top stalls), the combine launch 3.3 us of 34; the float16 cache's
+# launch streams at 79% of DRAM's peak with 13% of issue slots busy. The figures below come from compiling each for
+# sm_90 with Triton 3.6 (scripts/decode_compile.py, contiguous cache): registers a thread, shared memory, programs
+# an SM holds, and issue slots per 128 keys (the main loop's instructions, all warps): float16 1,968, shipped FP8
+# 4,160. At the float16 launch's 35.9 us those 1,968 are 12.5% of an SM's slots and the FP8 launch's 4,160 at its
+# 30.9 us 31%: the two utilisations Nsight Compute measured. At 1.7x the float16 cache's speed, 128 keys get about
+# 2,300 cycles, 9,200 issue slots.
+CANDIDATES = (
+    Candidate("fp16_shipped", "float16",
+              expect="the reference: 128 keys, 4 warps, 3 stages; 3.7-4.3 TB/s"),
+    Candidate("fp16_fused", "float16", switches={"fused_combine": True, "mask_tail_only": True},
+              expect="no combine launch, 1,688 slots per 128 keys: 1.05-1.1x fp16_shipped at 32K, 1.0-1.03x at 128K"),
+    Candidate("shipped", "float8_e4m3fn",
+              expect="256 keys, 8 warps: 179 regs, 140 KB, 1 program an SM, 4,160 slots, 64 one-byte V reads a "
+                     "thread per 128 keys: 1.1-1.3x, as on 2026-12-02"),
+    Candidate("shipped_fused", "float8_e4m3fn", switches={"fused_combine": True},
+              expect="shipped without the combine launch (3.3 us at 32K): 1.2-1.3x at 32K, 1.3-1.35x at 128K"),
+    Candidate("t128", "float8_e4m3fn", 128, 4, 3,
+              expect="205 regs, 72 KB, 1 program an SM, 3,916 slots, 128 one-byte reads: 1.05-1.15x (the "
+                     "2026-12-01 launch had 5 stages)"),
+    Candidate("t128_2x", "float8_e4m3fn", 128, 4, 3, {"programs_per_sm": 2},
+              expect="t128 with 2 programs an SM (2 fit): independent waits overlap, but the byte reads of both "
+                     "share one shared-memory pipe: 1.3-1.5x"),
+    Candidate("t128_ci", "float8_e4m3fn", 128, 4, 3, _CI,
+              expect="P V column-interleaved: no one-byte reads, 16-byte copies of V, 128 regs, 84 KB, 3,528 "
+                     "slots; one program an SM still exposes its latency: 1.2-1.4x"),
+    Candidate("t128_ci_2x", "float8_e4m3fn", 128, 4, 3, {**_CI, "programs_per_sm": 2},
+              expect="t128_ci, 2 programs an SM (2 fit): 1.4-1.7x"),
+    Candidate("t128_ci_2x_fused", "float8_e4m3fn", 128, 4, 3, {**_CI, "programs_per_sm": 2, "fused_combine": True},
+              expect="t128_ci_2x without the combine launch: 1.5-1.8x at 32K, 1.45-1.75x at 128K"),
+    Candidate("t64_ci_3x_fused", "float8_e4m3fn", 64, 4, 4, {**_CI, "programs_per_sm": 3, "fused_combine": True},
+              expect="64 keys, 4 stages: 96 regs, 60 KB, 3 programs an SM, 4,024 slots: 1.4-1.7x"),
+    Candidate("t128_kadj_2x", "float8_e4m3fn", 128, 4, 3, {**_KEYS_ADJACENT, "programs_per_sm": 2},
+              v_layout="keys_adjacent",
+              expect="V stored keys-adjacent: 16-byte copies, ldmatrix, 168 regs, 72 KB (3 fit; 2 at pages of 16), "
+                     "2,520 slots: 1.6-1.9x"),
+    Candidate("t128_kadj_2x_fused", "float8_e4m3fn", 128, 4, 3,
+              {**_KEYS_ADJACENT, "programs_per_sm": 2, "fused_combine": True}, v_layout="keys_adjacent",
+              expect="t128_kadj_2x without the combine launch: 1.7-2.0x at 32K, 1.6-1.9x at 128K"),
+)
+
+
+def _candidate_fn(candidate: Candidate, cache: dict):
+    """A no-argument call of ``flash_decode`` for ``candidate`` on one prepared ``cache`` (see :func:`_caches`)."""
+    from flashcourse import kernels
+    from flashcourse.kernels.decode import DecodeSwitches
+
+    launch = {name: value for name in ("block_n", "num_warps", "num_stages")
+              if (value := getattr(candidate, name)) is not None}
+    if candidate.switches is not None:
+        launch["switches"] = DecodeSwitches(**candidate.switches)
+    k, v = cache["k"], cache["v_" + candidate.v_layout]
+    return lambda: kernels.flash_decode(cache["q"], k, v, **cache["options"], **launch)
+
+
+def _caches(q, k, v, kv_dtype: str, page_size: int | None, v_layouts) -> dict:
+    """One cache as the candidates read it: K, V in each layout of ``v_layouts``, and ``flash_decode``'s options
+    (block table, lengths, scales); float8_e4m3fn quantised by ``quantize_kv_cache``, through the block table
+    when paged."""
+    from flashcourse.kernels.decode import quantize_kv_cache, v_keys_adjacent
+
+    options = {}
+    if page_size is not None:
+        lengths = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+        k, v, table = to_paged(k, v, page_size)
+        options = {"block_table": table, "cache_seqlens": lengths}
+    if kv_dtype == "float8_e4m3fn":
+        k, v, k_scale, v_scale = quantize_kv_cache(k, v, block_table=options.get("block_table"),
+                                                   cache_seqlens=options.get("cache_seqlens"))
+        options |= {"k_scale": k_scale, "v_scale": v_scale}
+    cache = {"q": q, "k": k, "options": options}
+    for layout in v_layouts:
+        cache["v_" + layout] = v if layout == "as_given" else v_keys_adjacent(v)
+    return cache
+
+
+def _newest_launch() -> dict:
+    """Splits and compiled resources of the plan ``flash_decode`` made last (its split kernel as Triton compiled
+    it on this GPU): registers a thread, spilled bytes, shared memory, and how many programs an SM holds."""
+    from flashcourse.kernels import decode
+
+    if not decode._PLANS:  # plans are kept on a GPU only
+        return {}
+    plan = next(reversed(decode._PLANS.values()))
+    row = {"num_splits": plan.num_splits}
+    prepared = plan.launches[0] if plan.launches else None
+    compiled = getattr(prepared, "compiled", None)
+    if compiled is None:
+        return row
+    regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
+    warps = plan.split_args["num_warps"]
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    by_regs = props.regs_per_multiprocessor // (-(-regs // 8) * 8 * 32 * warps)
+    by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)  # 1 KB of each block's is the system's
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    return row | {"registers": regs, "spill_bytes": int(compiled.n_spills), "shared_bytes": shared,
+                  "programs_per_sm_fit": min(by_regs, by_shared, by_threads)}
+
+
+def candidates(lengths=(32768, 131072), page_sizes=PAGE_SIZES, chosen=CANDIDATES, shape=(1, 32, 8, 128),
+               rounds: int = REPEATS, rep_ms: int = 20, rotate_bytes: int = L2_ROTATE_BYTES,
+               budget_s: float | None = None, log=print) -> list[dict]:
+    """Check, then time, every candidate of ``chosen`` on the contiguous cache and on the paged one at each page
+    size, at each KV length: one row each (``provider`` "flashcourse" or "flashcourse_paged", ``page_size``,
+    ``kv_len``, ``kv_dtype``, ``candidate``, its launch, switches and ``v_layout``; what :func:`_newest_launch`
+    reads; ``rel_err`` and ``max_abs_err`` against attention in float64 on the values its cache holds (over
+    1e-2 relative: status "wrong", not timed); times and TB/s as :func:`run`'s rows). Every call reads the next of
+    ``caches_rotated`` caches (at least ``rotate_bytes`` of others between two reads of one). Each float8_e4m3fn
+    row gets ``speedup_vs_fp16_cache`` (fp16_shipped's time at its layout and length over its own, with the
+    repeats' range) and ``speedup_vs_fp16_best`` (the fastest float16 candidate's). ``budget_s``: after the first
+    round, stop adding rounds once this many seconds have passed since the start."""
+    import time
+
+    start_time = time.monotonic()
+    rows = []
+    batch, h_q, h_kv, d = shape
+    v_layouts = sorted({c.v_layout for c in chosen})
+    for n in lengths:
+        copies = rotation_copies(2 * batch * h_kv * n * d, rotate_bytes)  # FP8's bytes: the fewest of any cache
+        fp16_caches = [make_cache(batch, h_q, h_kv, d, n) for _ in range(copies)]
+        q, k, v = fp16_caches[0]
+        timed = []
+        for page_size in (None, *page_sizes):
+            layout = {"provider": "flashcourse" if page_size is None else "flashcourse_paged", "kv_len": n}
+            if page_size is not None:
+                layout["page_size"] = page_size
+            for kv_dtype in KV_DTYPES:
+                mine = [c for c in chosen if c.kv_dtype == kv_dtype]
+                if not mine:
+                    continue
+                caches = [_caches(*qkv, kv_dtype, page_size, v_layouts) for qkv in fp16_caches]
+                exact = _exact(caches[0], q, k, v, kv_dtype)
+                for c in mine:
+                    row = {**layout, "batch": batch, "h_q": h_q, "h_kv": h_kv, "head_dim": d, "dtype": "float16",
+                           "kv_dtype": kv_dtype, "candidate": c.name, "block_n": c.block_n, "num_warps": c.num_warps,
+                           "num_stages": c.num_stages, "switches": c.switches or {}, "v_layout": c.v_layout,
+                           "caches_rotated": copies, "expect": c.expect}
+                    try:
+                        fns = [_candidate_fn(c, cache) for cache in caches]
+                        o = fns[0]().double()
+                        row.update(_newest_launch(), rel_err=float((o - exact).norm() / exact.norm()),
+                                   max_abs_err=float((o - exact).abs().max()))
+                        row["status"] = "ok" if row["rel_err"] < 1e-2 else "wrong"
+                        if row["status"] == "ok":
+                            kv_bytes = 2 * k.numel() * (1 if kv_dtype == "float8_e4m3fn" else k.element_size())
+                            timed.append((row, rotated(fns), [], kv_bytes))
+                    except Exception as err:  # noqa: BLE001 - a candidate that fails to build or run is a result
+                        row.update(status="failed", error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                    log(f"checked {c.name:20} {kv_dtype:14} page {page_size} N={n}: {row['status']} "
+                        f"{row.get('error', '')}")
+                    rows.append(row)
+                del caches
+        for round_ in range(rounds):
+            if round_ and budget_s is not None and time.monotonic() - start_time > budget_s:
+                log(f"budget of {budget_s} s spent: {round_} round(s) at N={n}")
+                break
+            for _row, fn, times, _bytes in timed:
+                times.append(graph_ms(fn, rep=rep_ms) / copies)
+        for row, _fn, times, kv_bytes in timed:
+            row.update(timing_fields(times, kv_bytes))
+        del timed, fp16_caches
+        torch.cuda.empty_cache()
+    _candidate_ratios(rows)
+    return rows
+
+
+def _exact(cache: dict, q, k, v, kv_dtype: str) -> torch.Tensor:
+    """Attention in float64 on the values ``cache`` holds (the float16 cache, or the FP8 one dequantised), computed
+    on the contiguous cache (a paged cache holds the same values)."""
+    if kv_dtype == "float16":
+        return reference_decode(q, k, v)
+    from flashcourse.kernels.decode import quantize_kv_cache
+
+    k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)  # the paged quantisation gives these values too
+    return reference_decode(q, k8.double() * k_scale.double()[:, :, None, None],
+                            v8.double() * v_scale.double()[:, :, None, None])
+
+
+def _candidate_ratios(rows: list[dict]) -> None:
+    """Each timed float8_e4m3fn row's ``speedup_vs_fp16_cache`` (against fp16_shipped at its layout and length)
+    and ``speedup_vs_fp16_best`` (against the fastest float16 candidate there), with ranges where both have them."""
+    timed = [r for r in rows if r.get("status") == "ok" and "ms" in r]
+    for r in timed:
+        if r["kv_dtype"] != "float8_e4m3fn":
+            continue
+        same = [f for f in timed if f["kv_dtype"] == "float16" and f["kv_len"] == r["kv_len"]
+                and f.get("page_size") == r.get("page_size")]
+        shipped = next((f for f in same if f["candidate"] == "fp16_shipped"), None)
+        if shipped is not None:
+            r.update(_ratio(r, shipped, "speedup_vs_fp16_cache", "ms"))
+        if same:
+            best = min(same, key=lambda f: f["ms"])
+            r.update(_ratio(r, best, "speedup_vs_fp16_best", "ms"), fp16_best=best["candidate"])
+
+
+def format_candidates(rows: list[dict]) -> str:
+    """The candidates' rows as a table: layout, length, time, TB/s, speed-up over the float16 cache, and what
+    the compiled kernel holds."""
+    lines = [f"{'candidate':20}{'kv':>5}{'page':>5}{'KV len':>8}{'us':>8}{'TB/s':>7}{'vs fp16':>9}{'vs best':>9}"
+             f"{'regs':>6}{'shared':>8}{'fit':>5}{'splits':>7}  status"]
+    for r in rows:
+        kv = "fp8" if r["kv_dtype"] == "float8_e4m3fn" else "fp16"
+        head = f"{r['candidate']:20}{kv:>5}{r.get('page_size') or '':>5}{r['kv_len']:>8}"
+        if "ms" not in r:
+            lines.append(f"{head}  {r.get('status')} {r.get('error', '')}")
+            continue
+        cells = [f"{r['ms'] * 1e3:8.1f}", f"{r['bandwidth_tbs']:7.2f}"]
+        cells += [f"{r[key]:9.2f}" if key in r else f"{'-':>9}"
+                  for key in ("speedup_vs_fp16_cache", "speedup_vs_fp16_best")]
+        cells += [f"{r[key]:{width}}" if key in r else f"{'-':>{width}}"
+                  for key, width in (("registers", 6), ("shared_bytes", 8), ("programs_per_sm_fit", 5),
+                                     ("num_splits", 7))]
+        lines.append(head + "".join(cells) + f"  {r['status']}")
     return "\n".join(lines)
