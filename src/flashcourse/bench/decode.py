@@ -480,10 +480,10 @@ def _newest_launch() -> dict:
         return row
     regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
     warps = plan.split_args["num_warps"]
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    by_regs = props.regs_per_multiprocessor // (-(-regs // 8) * 8 * 32 * warps)
-    by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)  # 1 KB of each block's is the system's
-    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())  # an H100/H200 SM where torch lacks one
+    by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (-(-regs // 8) * 8 * 32 * warps)
+    by_shared = getattr(props, "shared_memory_per_multiprocessor", 233472) // (shared + 1024)  # 1 KB: the system's
+    by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
     return row | {"registers": regs, "spill_bytes": int(compiled.n_spills), "shared_bytes": shared,
                   "programs_per_sm_fit": min(by_regs, by_shared, by_threads)}
 

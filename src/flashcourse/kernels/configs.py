@@ -284,7 +284,9 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_
     and stays as the next candidate. Elsewhere the first launch keeps the float16 launch's bytes in flight with
     ``2 * stages - 1`` stages; not for widened rows past 512 bytes (float32 q at D = 256), whose conversion
     scratch the compiler also puts in shared memory: 114,688 B at 3 stages on sm_89, past the L4's 99 KB. Not
-    swept yet (``bench decode --tune`` sweeps the FP8 cache too)."""
+    swept yet (``bench decode --tune`` sweeps the FP8 cache too). The remedies for the one-byte V reads and the
+    exposed latency (the kernel's ``DecodeSwitches``, V stored keys-adjacent, more programs per SM) are launches
+    of ``bench.decode.CANDIDATES``, which ``scripts/gpu_decode_fp8.py`` checks and times on the GPU."""
     if props.interpreter:
         return (KernelConfig(16, 16, 4, 1),)
     row = _row_bytes(block_d, elem_bytes)
