@@ -261,7 +261,10 @@ def _decode_split_kernel(
             col_ok = cols < end
             if PAGED:  # logical position -> (page from the block table, row inside the page)
                 if PAGE_SIZE >= BLOCK_N:
-                    in_page = start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)
+                    in_page = start_n % PAGE_SIZE
+                    if MASK_TAIL_ONLY:  # a multiple of BLOCK_N (so is every tile's start): said, for V stored
+                        in_page = tl.multiple_of(in_page, BLOCK_N)  # keys-adjacent, copies along the keys stay wide
+                    in_page = in_page + tl.arange(0, BLOCK_N)
                 else:
                     in_page = tl.arange(0, BLOCK_N) % PAGE_SIZE
                 k_off = page * stride_kb + in_page * stride_kn
