@@ -713,16 +713,16 @@ def test_bad_switches(rng, switches, error, words):
 @pytest.mark.parametrize("page_size", [None, 16, 256])
 @pytest.mark.parametrize("v_layout", ["as_given", "keys_adjacent"])
 def test_gpu_fp8_cache_candidates_long(rng, page_size, v_layout):
-    """The candidates' switches on the GPU at 20K keys, each called twice: the fused combine's arrival counts must
-    be back at zero after a call (the second call merges too), and 2 programs an SM change only the splits."""
+    """Every switch at once on the GPU at 20K keys (the candidates' tiles), called three times: the fused
+    combine's arrival counts must be back at zero after each call, so that the next one merges too, and its last
+    program must read the partials that other SMs wrote."""
     q, k8, v8, options, k_true, v_true = fp8_cache(rng, 32, 8, page_size, v_layout, n=20000, batch=2)
     want = expected(q, k_true, v_true, options["cache_seqlens"].tolist())
-    for name, switches in SWITCHES.items():
-        for call in range(2):
-            o = kernels.flash_decode(q, k8, v8, block_n=128, num_warps=4, num_stages=3, switches=switches,
-                                     **options)
-            assert_close(o, want, what=f"FP8 decode at 20K keys, {name}, V {v_layout}, pages {page_size}, "
-                                       f"call {call + 1}")
+    for call in range(3):
+        o = kernels.flash_decode(q, k8, v8, block_n=128, num_warps=4, num_stages=3, switches=SWITCHES["all"],
+                                 **options)
+        assert_close(o, want, what=f"FP8 decode at 20K keys, every switch, V {v_layout}, pages {page_size}, "
+                                   f"call {call + 1}")
 
 
 @pytest.mark.gpu
