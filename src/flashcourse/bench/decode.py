@@ -393,9 +393,9 @@ _KEYS_ADJACENT = {"mask_tail_only": True}  # V's keys adjacent: 16-byte copies a
 # launch streams at 79% of DRAM's peak with 13% of issue slots busy. The figures below come from compiling each for
 # sm_90 with Triton 3.6 (scripts/decode_compile.py, contiguous cache): registers a thread, shared memory, programs
 # an SM holds, and issue slots per 128 keys (the main loop's instructions, all warps): float16 1,968, shipped FP8
-# 4,160. At the float16 launch's 35.9 us those 1,968 are 12.5% of an SM's slots and the FP8 launch's 4,160 at its
-# 30.9 us 31%: the two utilisations Nsight Compute measured. At 1.7x the float16 cache's speed, 128 keys get about
-# 2,300 cycles, 9,200 issue slots.
+# 4,160. Per microsecond (128 keys in 2.24 us and in 1.93 us) that is 2.5 times as many, as Nsight Compute's 33%
+# and 13% say; 13% of 4 slots a cycle puts the clock near 1.7 GHz. At 1.7x the float16 cache's speed 128 keys get
+# 1.32 us, about 2,200 cycles and 8,900 issue slots: the shipped FP8 loop would need 47% of them busy.
 CANDIDATES = (
     Candidate("fp16_shipped", "float16",
               expect="the reference: 128 keys, 4 warps, 3 stages; 3.7-4.3 TB/s"),
