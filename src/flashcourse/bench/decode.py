@@ -505,7 +505,6 @@ def candidates(lengths=(32768, 131072), page_sizes=PAGE_SIZES, chosen=CANDIDATES
     start_time = time.monotonic()
     rows = []
     batch, h_q, h_kv, d = shape
-    v_layouts = sorted({c.v_layout for c in chosen})
     for n in lengths:
         copies = rotation_copies(2 * batch * h_kv * n * d, rotate_bytes)  # FP8's bytes: the fewest of any cache
         fp16_caches = [make_cache(batch, h_q, h_kv, d, n) for _ in range(copies)]
@@ -519,6 +518,7 @@ def candidates(lengths=(32768, 131072), page_sizes=PAGE_SIZES, chosen=CANDIDATES
                 mine = [c for c in chosen if c.kv_dtype == kv_dtype]
                 if not mine:
                     continue
+                v_layouts = sorted({c.v_layout for c in mine})
                 caches = [_caches(*qkv, kv_dtype, page_size, v_layouts) for qkv in fp16_caches]
                 exact = _exact(caches[0], q, k, v, kv_dtype)
                 for c in mine:
