@@ -262,8 +262,8 @@ def _decode_split_kernel(
             if PAGED:  # logical position -> (page from the block table, row inside the page)
                 if PAGE_SIZE >= BLOCK_N:
                     in_page = start_n % PAGE_SIZE
-                    if MASK_TAIL_ONLY:  # a multiple of BLOCK_N (so is every tile's start): said, for V stored
-                        in_page = tl.multiple_of(in_page, BLOCK_N)  # keys-adjacent, copies along the keys stay wide
+                    if MASK_TAIL_ONLY:  # tiles start on multiples of BLOCK_N; told so, the compiler keeps the
+                        in_page = tl.multiple_of(in_page, BLOCK_N)  # copies of a keys-adjacent V 16 bytes wide
                     in_page = in_page + tl.arange(0, BLOCK_N)
                 else:
                     in_page = tl.arange(0, BLOCK_N) % PAGE_SIZE
