@@ -113,10 +113,11 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     record = Compiled(name, head_dim, str(dtype).removeprefix("torch."), causal, ok=False)
     stage = module.STAGES[name]
     signature, constexprs = module.kernel_signature(stage, head_dim, dtype, causal)
+    launch = stage.at(head_dim) if hasattr(stage, "at") else stage  # a forward stage's launch by head dim (v8f)
     start = time.perf_counter()
     try:
         compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", SM90, 32), options=stage.options())
+                                  target=GPUTarget("cuda", SM90, 32), options=launch.options())
         usage = resource_usage(compiled.asm["cubin"])
     except Exception as error:  # noqa: BLE001 - every stage is tried; the error is the result
         record.error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"

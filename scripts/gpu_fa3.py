@@ -1,20 +1,32 @@
-"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8e) checked and timed on
+"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8f) checked and timed on
 an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
+    PYTHONPATH=src python scripts/gpu_fa3.py --stages v8a,v8d,v8f --references sdpa_cudnn,v7 --out /tmp/fa3
+
+``--stages`` (or ``--stage``, repeated) runs only the stages named; such a run is saved as
+``<date>-<device>-fa3-stages-<stages>.json``, so that it never becomes the newest ``*-fa3-stages.json`` (the
+complete table that ``kernels/plan.py``'s dispatch and lesson 13 read). ``--references`` times only the
+references named.
 
 For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
 is killed after ``--stage-timeout`` seconds and recorded as such; rows are written as they come, so a killed
 child keeps what it finished; the whole run stays within ``--budget`` seconds, 540 by default, so that it fits a
 10-minute command with the JSON written):
 
-1. correctness against a float64 PyTorch reference: causal and not, N in {1, 17, 128, 1000, 4096}, D 64 and 128,
-   float16 and bfloat16, B = 2, H = 2 (N = 4096: B = 1); o within ``flashcourse.tolerance``'s (rtol, atol) of
-   the inputs' dtype, lse (natural log) within the same atol + rtol * |lse|;
+1. correctness against a float64 PyTorch reference: causal (top-left) and not, D 64 and 128, float16 and
+   bfloat16, at ``CHECK_SHAPES``: N_q = N_kv in {1, 17, 128, 1000, 4096}; N_q != N_kv with N_kv a multiple of
+   128 (the key tiles the library's routing asks for), N_q awkward, an odd number of query tiles (v8f's
+   middle query tile of a head has no causal partner), N_q > N_kv; and B*H = 64 at N_q = 1000, N_kv = 1024,
+   more query tiles than SMs (v8f's programs take several, its ring and turns running on between them). o
+   within ``flashcourse.tolerance``'s (rtol, atol) of the inputs' dtype, lse (natural log) within the same
+   atol + rtol * |lse|;
 2. timing: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8 (B*H*N constant), causal and not, D 64 and
    128, float16 and bfloat16; each row's ``checks_passed`` says whether every check of its dtype and head dim
-   passed (a kernel timed but wrong is no result).
+   passed (a kernel timed but wrong is no result), and ``bad_vs_sdpa`` how many outputs at the timed shape
+   differ from SDPA's by more than twice the dtype's tolerance (a persistent stage's programs take tens of
+   query tiles there).
 
 The parent times the references on the same shapes: SDPA's cuDNN and flash backends and our v7. Every timing is
 ``flashcourse.bench.time_repeats`` (median of 3 ``do_bench`` runs with their range); ratios to each reference
@@ -42,7 +54,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.pop("TRITON_INTERPRET", None)
 
-CHECK_NS = (1, 17, 128, 1000, 4096)
+# (N_q, N_kv, B, H) of the correctness checks (see the docstring)
+CHECK_SHAPES = ((1, 1, 2, 2), (17, 17, 2, 2), (128, 128, 2, 2), (1000, 1000, 2, 2), (4096, 4096, 1, 2),
+                (1, 128, 2, 2), (200, 384, 2, 3), (576, 640, 2, 3), (700, 256, 2, 2), (1000, 1024, 4, 16))
+QUICK_CHECK_SHAPES = ((1, 1, 2, 2), (17, 17, 2, 2), (1000, 1000, 2, 2), (4096, 4096, 1, 2), (576, 640, 2, 3),
+                      (1000, 1024, 4, 16))
 TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192), (4, 8, 16384))  # (B, H, N): B*H*N constant
 QUICK_TIME_SHAPES = ((4, 32, 4096), (4, 8, 16384))
 HEAD_DIMS = (64, 128)
@@ -69,7 +85,7 @@ def _inputs(batch, heads, n, head_dim, dtype, seed=0):
 
 
 def reference(q, k, v, causal):
-    """o and natural lse in float64 (top-left causal, as the kernels)."""
+    """o and natural lse in float64 (top-left causal, as the kernels: key j visible to query i when j <= i)."""
     import torch
 
     q, k, v = (t.double() for t in (q, k, v))
@@ -85,17 +101,19 @@ def reference(q, k, v, causal):
 _TRACEBACKS_SHOWN = []
 
 
-def check_case(stage, n, head_dim, dtype, causal) -> dict:
+def check_case(stage, shape, head_dim, dtype, causal) -> dict:
+    """One correctness check at ``shape`` = (N_q, N_kv, B, H); the row's ``n`` is N_q, ``n_kv`` N_kv."""
     import torch
 
     from flashcourse.kernels.hopper import fa3
     from flashcourse.tolerance import TOLERANCES
 
-    batch, heads = (1, 2) if n >= 4096 else (2, 2)
+    n, n_kv, batch, heads = shape
     row = {"kind": "check", "provider": f"fa3-{stage}", "stage": stage, "dtype": dtype, "head_dim": head_dim,
-           "n": n, "causal": causal, "batch": batch, "heads": heads}
+           "n": n, "n_kv": n_kv, "causal": causal, "batch": batch, "heads": heads}
     try:
-        q, k, v = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)
+        q = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)[0]
+        k, v = _inputs(batch, heads, n_kv, head_dim, dtype, seed=n_kv + head_dim + 1)[1:]
         o, lse = fa3.fa3_forward(q, k, v, causal=causal, stage=stage)
         torch.cuda.synchronize()
         o_ref, lse_ref = reference(q, k, v, causal)
@@ -116,7 +134,9 @@ def check_case(stage, n, head_dim, dtype, causal) -> dict:
     return row
 
 
-def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal) -> dict:
+def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal, agree=False) -> dict:
+    """One timing row; with ``agree``, also ``bad_vs_sdpa``: the outputs that differ from SDPA's at this shape
+    by more than twice the dtype's (atol + rtol * |o|), ``fn`` returning (o, lse)."""
     import torch
 
     from flashcourse.bench import attention_flops, time_repeats
@@ -125,7 +145,15 @@ def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal) -> dict:
            "batch": batch, "heads": heads, "mode": "fwd"}
     try:
         q, k, v = _inputs(batch, heads, n, head_dim, dtype)
-        fn(q, k, v, causal)
+        out = fn(q, k, v, causal)
+        if agree:
+            from flashcourse.tolerance import TOLERANCES
+
+            rtol, atol = TOLERANCES[dtype]
+            expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            expected = expected.float()
+            row["bad_vs_sdpa"] = int(((out[0].float() - expected).abs() > 2 * (atol + rtol * expected.abs())).sum())
+            del out, expected
         torch.cuda.synchronize()
         timing = time_repeats(lambda: fn(q, k, v, causal))
         row.update(timing.fields(attention_flops(batch, heads, n, head_dim, causal=causal)), status="ok")
@@ -151,16 +179,17 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
             file.write(json.dumps(row) + "\n")
             file.flush()
 
-        ns = CHECK_NS if not quick else (1, 17, 1000, 4096)
+        shapes = CHECK_SHAPES if not quick else QUICK_CHECK_SHAPES
         for dtype in DTYPES:
             for head_dim in HEAD_DIMS:
                 for causal in (False, True):
-                    for n in ns:
-                        row = check_case(stage, n, head_dim, dtype, causal)
+                    for shape in shapes:
+                        row = check_case(stage, shape, head_dim, dtype, causal)
                         emit(row)
                         if row["status"] != "ok":
                             failed.add((dtype, head_dim))
-                        log(f"{stage} check {dtype} D={head_dim} causal={causal} N={n}: {row['status']}"
+                        log(f"{stage} check {dtype} D={head_dim} causal={causal} N_q={shape[0]} N_kv={shape[1]} "
+                            f"B={shape[2]} H={shape[3]}: {row['status']}"
                             + (f" (max |err| o {row['max_err_o']:.2e}, lse {row['max_err_lse']:.2e})"
                                if "max_err_o" in row else ""))
         for row in compiled_rows(fa3.STAGES[stage].kernel, stage):
@@ -169,7 +198,7 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
                 f"{row.get('n_spills')} spills, {row.get('shared')} B shared ({row['status']})")
         for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
             row = time_case(f"fa3-{stage}", lambda q, k, v, c: fa3.fa3_forward(q, k, v, causal=c, stage=stage),
-                            batch, heads, n, head_dim, dtype, causal)
+                            batch, heads, n, head_dim, dtype, causal, agree=True)
             # Timed even where a check failed (an edge case such as N = 1 may fail alone): the row says so.
             row.update(stage=stage, checks_passed=(dtype, head_dim) not in failed)
             emit(row)
@@ -202,7 +231,7 @@ def _shape(r):
     return r["dtype"], r["head_dim"], r["n"], r["causal"], r["batch"], r["heads"]
 
 
-def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
+def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCES) -> list[dict]:
     from flashcourse import kernels
     from flashcourse.bench.providers import sdpa
 
@@ -210,7 +239,7 @@ def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
            "v7": lambda q, k, v, c: kernels.flash_attention_forward(q, k, v, causal=c, version="v7")}
     rows = []
     for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
-        for provider in REFERENCES:
+        for provider in references:
             if time.time() > deadline:
                 rows.append({"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
                              "causal": causal, "batch": batch, "heads": heads, "mode": "fwd",
@@ -221,6 +250,13 @@ def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
             log(f"{provider} {dtype} D={head_dim} N={n} causal={causal}: "
                 + (f"{row['tflops']:.0f} TFLOP/s" if row["status"] == "ok" else row["status"]))
     return rows
+
+
+def results_name(stages, every_stage: bool) -> str:
+    """The results file's name: "fa3-stages" for a run of every stage, the stage table that ``kernels/plan.py``
+    and lesson 13 read from the newest ``*-fa3-stages.json``; a run of some stages is named by them
+    ("fa3-stages-v8a-v8d-v8f"), so that it never stands in for the table."""
+    return "fa3-stages" if every_stage else "fa3-stages-" + "-".join(stages)
 
 
 def run_stages(script: Path, stages, args, *, start: float, reserve: float, import_error: str | None,
@@ -269,6 +305,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
     parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
+    parser.add_argument("--stages", help="stages, comma-separated (v8a,v8d,v8f): the same as --stage for each")
+    parser.add_argument("--references", default=",".join(REFERENCES),
+                        help=f"references to time, comma-separated (default {','.join(REFERENCES)})")
     parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
     parser.add_argument("--stage-timeout", type=float, default=100.0, help="seconds for one stage's child")
     parser.add_argument("--budget", type=float, default=540.0,
@@ -280,6 +319,11 @@ def main(argv=None) -> int:
     if args.child:
         run_child(args.child, Path(args.rows), args.quick)
         return 0
+    chosen = (args.stage or []) + [s.strip() for s in (args.stages or "").split(",") if s.strip()]
+    references = [r.strip() for r in args.references.split(",") if r.strip()]
+    unknown = sorted(set(references) - set(REFERENCES))
+    if unknown:
+        parser.error(f"unknown references {unknown}: expected some of {', '.join(REFERENCES)}")
 
     import torch
     import triton
@@ -296,33 +340,41 @@ def main(argv=None) -> int:
     try:
         from flashcourse.kernels.hopper import fa3
 
-        stages = args.stage or list(fa3.STAGES)
+        unknown = sorted(set(chosen) - set(fa3.STAGES))
+        if unknown:
+            parser.error(f"unknown stages {unknown}: expected some of {', '.join(fa3.STAGES)}")
+        stages = chosen or list(fa3.STAGES)
+        every_stage = set(stages) == set(fa3.STAGES)
         meta.update(tested_triton=list(fa3.TESTED_TRITON),
                     stages={name: {"adds": s.adds, "expected": s.expected, "consumers": s.consumers,
                                    "block_n": s.block_n, "ring_stages": s.stages, "overlap": s.overlap,
                                    "pingpong": s.pingpong, "producer_regs": s.producer_regs,
-                                   "consumer_regs": s.consumer_regs, "maxnreg": s.maxnreg}
+                                   "consumer_regs": s.consumer_regs, "maxnreg": s.maxnreg,
+                                   "persistent": s.persistent, "by_head_dim": s.by_head_dim}
                             for name, s in fa3.STAGES.items()})
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
-        stages, import_error = args.stage or ["v8a", "v8b", "v8c", "v8d", "v8e"], _error_text(error)
+        stages, import_error = chosen or ["v8a", "v8b", "v8c", "v8d", "v8e", "v8f"], _error_text(error)
+        every_stage = not chosen
         log(f"flashcourse.kernels.hopper.fa3 does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")
 
     rows: list[dict] = []
     stage_status = {}
     out = Path(args.out) if args.out else None
+    name = results_name(stages, every_stage)
+    meta.update(references=references)
 
     def save(rows, done=False):
         """The JSON so far (rewritten after every stage: a run cut short keeps what it measured)."""
         meta.update(stage_status=stage_status, seconds=round(time.time() - start, 1), complete=done)
-        return save_results("fa3-stages", rows, directory=out, kind="fa3-stages", meta=meta)
+        return save_results(name, rows, directory=out, kind="fa3-stages", meta=meta)
     rows.extend(run_stages(Path(__file__), stages, args, start=start, reserve=REFERENCE_RESERVE,
                            import_error=import_error, stage_status=stage_status, save=save))
 
-    log("references: SDPA cuDNN, SDPA flash, v7")
+    log(f"references: {', '.join(references)}")
     try:
-        rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40))
+        rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40, references=references))
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")
         stage_status["references"] = _error_text(error)

@@ -27,7 +27,7 @@ if not device.triton_available():
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "fa3_compile.py"
-STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e")
+STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -36,23 +36,40 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-# `make test` compiles v8e, the last stage, which holds every mechanism the others add one by one (warp
-# specialization, the consumers' register budget, the overlap, ping-pong); the four before it are marked `full`
-# (`make test-gpu` compiles them, and `pytest -m full` here).
-@pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for all ten compiles to cubin, a fifth for v8e
-@pytest.mark.parametrize("stages", [pytest.param(STAGES[-1:], id="v8e"),
-                                    pytest.param(STAGES[:-1], id="v8a-v8d", marks=pytest.mark.full)])
+# `make test` compiles v8e, which holds every mechanism that v8b-v8d add one by one to the warp-specialized kernel
+# (warp specialization, the consumers' register budget, the overlap, ping-pong), and v8f, the persistent kernel
+# (three consumer warpgroups at D = 64); the four before v8e are marked `full` (`make test-gpu` compiles them, and
+# `pytest -m full` here).
+@pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for v8a-v8e's ten compiles to cubin; v8e and
+# v8f's four: about 20 s
+@pytest.mark.parametrize("stages", [pytest.param(STAGES[-2:], id="v8e-v8f"),
+                                    pytest.param(STAGES[:-2], id="v8a-v8d", marks=pytest.mark.full)])
 def test_every_stage_compiles_for_sm90(stages, tmp_path):
+    _compile_and_check(stages, (), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.full  # eight compiles, about 40 s: `make test` compiles v8f in float16, causal (above)
+def test_v8f_compiles_in_both_dtypes_causal_and_not(tmp_path):
+    """v8f's consumers at D = 64 have 160 registers a thread and use nearly all of them: every variant is
+    checked for spills, not only the float16 causal one."""
+    _compile_and_check(("v8f",), ("--all",), tmp_path, variants=4)
+
+
+def _compile_and_check(stages, flags, tmp_path, variants=1):
+    """Compile ``stages`` with scripts/fa3_compile.py and check each record: compiled, no spill, shared memory
+    within sm_90's 227 KB, wgmma present, the register budgets of each stage."""
     out = tmp_path / "fa3.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), *(a for s in stages for a in ("--stage", s)), "--json",
-                           str(out)], capture_output=True, text=True, env=_env(tmp_path), timeout=900)
+    proc = subprocess.run([sys.executable, str(SCRIPT), *(a for s in stages for a in ("--stage", s)), *flags,
+                           "--json", str(out)], capture_output=True, text=True, env=_env(tmp_path), timeout=900)
     if proc.stdout.startswith("skipped:"):
         pytest.skip(proc.stdout.strip())
     assert out.exists(), proc.stdout + proc.stderr[-3000:]
     records = json.loads(out.read_text())["records"]
+    assert len(records) == len(stages) * 2 * variants
     assert {(r["stage"], r["head_dim"]) for r in records} == {(s, d) for s in stages for d in (64, 128)}
     for r in records:
-        where = f"{r['stage']} D={r['head_dim']}"
+        where = f"{r['stage']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
         assert r["ok"], f"{where}: {r['error']}"
         assert r["spill_bytes"] == 0, f"{where} spills {r['spill_bytes']} bytes a thread"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory"
@@ -60,10 +77,13 @@ def test_every_stage_compiles_for_sm90(stages, tmp_path):
         budgets = " ".join(r["setmaxnreg"])
         if r["stage"] == "v8a":
             assert not budgets, f"v8a is not warp-specialized, yet: {budgets}"
-        else:  # the producer's warpgroup gives its registers away
+        elif r["stage"] != "v8f" or r["head_dim"] == 128:  # the producer's warpgroup gives its registers away
             assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"
-        if r["stage"] in ("v8c", "v8d", "v8e"):  # the consumers take 240
-            assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"
+        if r["stage"] in ("v8c", "v8d", "v8e") or (r["stage"] == "v8f" and r["head_dim"] == 128):
+            assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # two consumers
+        if r["stage"] == "v8f" and r["head_dim"] == 64:  # three consumer warpgroups of 160, FA3's at D = 64
+            assert "setmaxnreg.inc.sync.aligned.u32 \t160" in budgets, f"{where}: {budgets}"
+            assert "setmaxnreg.dec.sync.aligned.u32 \t32" in budgets, f"{where}: {budgets}"
     assert proc.returncode == 0, proc.stdout
 
 
@@ -103,6 +123,61 @@ def test_unsupported_inputs_say_what_to_use():
         fa3.fa3_forward(q(), q(), q(), stage="v9")
     assert fa3.TESTED_TRITON == ("3.6",)
     assert list(fa3.STAGES) == list(STAGES)
+
+
+def test_v8f_launch_by_head_dim():
+    """v8f launches three consumer warpgroups (192 query rows, 160 registers each, the producer 32) at D = 64 and
+    two (128 rows, 240 / 24) at D = 128, one program per SM at most; the other stages launch as before."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+
+    try:
+        from flashcourse.kernels.hopper import fa3
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3.py does not import under this Triton: {error}")
+
+    v8f = fa3.STAGES["v8f"]
+    at64, at128 = v8f.at(64), v8f.at(128)
+    assert (at64.consumers, at64.block_m(), at64.consumer_regs, at64.producer_regs) == (3, 192, 160, 32)
+    assert (at128.consumers, at128.block_m(), at128.consumer_regs, at128.producer_regs) == (2, 128, 240, 24)
+    # Warpgroups of 128 threads: the budgets fill, and do not overrun, the 64K registers of an SM.
+    assert 3 * 160 + 32 <= 512 and 2 * 240 + 24 <= 504
+    for name in ("v8a", "v8b", "v8c", "v8d", "v8e"):
+        assert fa3.STAGES[name].at(64) is fa3.STAGES[name] and not fa3.STAGES[name].persistent
+    # Non-causal, N = 4096, B*H = 128 on 132 SMs: 22 query tiles of 192 rows a head, more units than SMs.
+    assert at64.grid(4096, 128, False, 132) == (132,)
+    assert at128.grid(1000, 2, True, 132) == (8,)  # 8 query tiles a head in 4 heavy-light pairs, two heads
+    assert at128.grid(1000, 2, False, 132) == (16,)
+    assert fa3.STAGES["v8d"].grid(1000, 2, True, 132) == (8, 2)
+    signature, constexprs = fa3.kernel_signature(v8f, 64, torch.bfloat16, True)
+    assert signature["BH"] == "i32" and constexprs["CONSUMERS"] == 3 and "OVERLAP" not in constexprs
+    assert "[64,64]" in signature["q_desc"] and "[128,64]" in signature["k_desc"]
+    assert "BH" not in fa3.kernel_signature(fa3.STAGES["v8e"], 64, torch.bfloat16, True)[0]
+
+
+def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path):
+    """scripts/gpu_fa3.py's check shapes reach what v8f adds: N_kv a multiple of 128 with N_q awkward, an odd
+    number of query tiles at 128 and 192 rows (a causal head's middle tile, which has no partner), N_q > N_kv,
+    and more work units than an H100 / H200 has SMs (132), so that programs take several query tiles in turn.
+    A run of some stages is saved apart from the stage table. (Read in a child process: the script drops
+    TRITON_INTERPRET, which this process's kernels need.)"""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+            "g.CHECK_SHAPES, g.QUICK_CHECK_SHAPES, g.results_name(['v8a', 'v8d', 'v8f'], False), "
+            "g.results_name(['v8a'], True)]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=_env(tmp_path), timeout=300)
+    shapes, quick, part, whole = json.loads(proc.stdout.splitlines()[-1])
+    assert any(n_q != n_kv and n_kv % 128 == 0 and n_q % 64 for n_q, n_kv, _, _ in shapes)
+    for block_m in (128, 192):
+        assert any(-(-n_q // block_m) % 2 == 1 and -(-n_q // block_m) > 1 for n_q, _, _, _ in shapes), block_m
+    assert any(n_q > n_kv for n_q, n_kv, _, _ in shapes)
+    units = max(b * h * -(-n_q // 128) // 2 for n_q, _, b, h in shapes)  # causal pairs at D = 128
+    assert units > 132, units
+    assert all(shape in shapes for shape in quick)
+    assert (part, whole) == ("fa3-stages-v8a-v8d-v8f", "fa3-stages")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--references", "sdpa_bogus"],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=300)
+    assert proc.returncode == 2 and "unknown references" in proc.stderr, proc.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------ the ring protocol
@@ -306,7 +381,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
         assert issued == [(wg, t) for t in range(n_tiles - 1) for wg in (0, 1)], issued
 
 
-@pytest.mark.parametrize("stage", STAGES[1:])
+@pytest.mark.parametrize("stage", ["v8b", "v8c", "v8d", "v8e"])  # v8f: test_v8f_protocol
 @pytest.mark.parametrize("n_tiles", [1, 2, 3, 8])
 def test_ring_protocol_of_each_stage(stage, n_tiles):
     """The kernel's own switches per stage (fa3.STAGES), ring depths 2 and 3, a few random interleavings."""
@@ -315,6 +390,156 @@ def test_ring_protocol_of_each_stage(stage, n_tiles):
     for stages in (2, 3):
         for seed in range(3):
             _run_protocol(n_tiles, stages, consumers, overlap, pingpong, seed)
+
+
+def _v8f_items(program: int, programs: int, n_m: int, heads: int, causal: bool):
+    """The query tiles (bh, pid_m) program ``program`` of v8f takes, in order: ``_v8f_unit`` and
+    ``_v8f_query_tile``'s arithmetic, written out again."""
+    per_head = (n_m + 1) // 2 if causal else n_m
+    for unit in range(program, heads * per_head, programs):
+        bh, tile = divmod(unit, per_head)
+        items = 1 + (n_m - 1 - tile != tile) if causal else 1
+        for half in range(items):
+            yield bh, (n_m - 1 - tile - half * (n_m - 1 - 2 * tile)) if causal else tile
+
+
+def _v8f_key_tiles(pid_m: int, block_m: int, block_n: int, n_kv: int, causal: bool) -> int:
+    hi = min(n_kv, (pid_m + 1) * block_m) if causal else n_kv
+    return -(-hi // block_n)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_m", [1, 2, 5, 32])
+def test_v8f_programs_take_every_query_tile_once(n_m, causal):
+    heads, programs = 7, 5
+    taken = [item for p in range(programs) for item in _v8f_items(p, programs, n_m, heads, causal)]
+    assert sorted(taken) == [(bh, m) for bh in range(heads) for m in range(n_m)]
+
+
+def test_v8f_causal_pairs_share_the_work_evenly():
+    """Causal, N = 4096 at D = 128 (32 query tiles a head, B*H = 128) on 132 programs: heavy-light pairs give each
+    program 15 or 16 pairs of 33 key tiles (at most 1/15 more than another); query tiles dealt out one at a time,
+    heaviest first, give some programs 28% more than others."""
+    n_m, heads, programs = 32, 128, 132
+
+    def work(items):
+        return [sum(_v8f_key_tiles(m, 128, 128, n_m * 128, True) for _, m in items(p)) for p in range(programs)]
+
+    pairs = work(lambda p: _v8f_items(p, programs, n_m, heads, True))
+    assert max(pairs) / min(pairs) <= 16 / 15, (max(pairs), min(pairs))
+    one_by_one = work(lambda p: [(bh, n_m - 1 - i) for k, (bh, i) in
+                                 enumerate((bh, i) for bh in range(heads) for i in range(n_m)) if k % programs == p])
+    assert max(one_by_one) / min(one_by_one) > 1.25
+
+
+def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, seed: int, q_empty_flip: int = 1):
+    """v8f's protocol: the ring and the turns run on across the query tiles a program takes; each query tile's
+    Q is loaded into the consumers' buffers once every consumer arrived on ``q_empty`` after its last QK^T."""
+    world = _World()
+    rng = random.Random(seed)
+    k_slot, v_slot, q_slot = [None] * stages, [None] * stages, [None] * consumers
+    k_ready = [_MBarrier(1, world) for _ in range(stages)]
+    v_ready = [_MBarrier(1, world) for _ in range(stages)]
+    k_empty = [_MBarrier(consumers, world) for _ in range(stages)]
+    v_empty = [_MBarrier(consumers, world) for _ in range(stages)]
+    q_ready = [_MBarrier(1, world) for _ in range(consumers)]
+    q_empty = _MBarrier(consumers, world)
+    turns = [_MBarrier(1, world) for _ in range(consumers)]
+    issued, errors = [], []
+
+    def tma(slots, slot, value, barrier):
+        def land():
+            _jitter(random.Random(f"{value} {slot}"))
+            slots[slot] = value
+            barrier.arrive()
+        world.start(land)
+
+    def read(slots, slot, expected):
+        assert slots[slot] == expected, f"slot {slot} holds {slots[slot]}, expected {expected}"
+
+    def producer():
+        r0 = 0
+        for item, n_tiles in enumerate(tiles_per_item):
+            q_empty.wait((item & 1) ^ q_empty_flip)
+            for w in range(consumers):
+                tma(q_slot, w, ("Q", item, w), q_ready[w])
+            for j in range(n_tiles):
+                r = r0 + j
+                slot, phase = r % stages, (r // stages) & 1
+                k_empty[slot].wait(phase ^ 1)
+                tma(k_slot, slot, ("K", item, j), k_ready[slot])
+                v_empty[slot].wait(phase ^ 1)
+                tma(v_slot, slot, ("V", item, j), v_ready[slot])
+            r0 += n_tiles
+
+    def consumer(wg: int):
+        r0 = 0
+        for item, n_tiles in enumerate(tiles_per_item):
+            q_ready[wg].wait(item & 1)
+            read(q_slot, wg, ("Q", item, wg))
+            slot = r0 % stages
+            k_ready[slot].wait((r0 // stages) & 1)
+            read(k_slot, slot, ("K", item, 0))
+            k_empty[slot].arrive()
+            turn0 = r0 - item
+            for j in range(1, n_tiles):
+                r = r0 + j
+                slot, prev, turn = r % stages, (r - 1) % stages, turn0 + j - 1
+                k_ready[slot].wait((r // stages) & 1)
+                v_ready[prev].wait(((r - 1) // stages) & 1)
+                if wg == 0:
+                    turns[0].wait((turn - 1) & 1, pred=turn > 0)
+                else:
+                    turns[wg].wait(turn & 1)
+                with world:
+                    issued.append((wg, turn))
+                read(q_slot, wg, ("Q", item, wg))
+                read(k_slot, slot, ("K", item, j))
+                read(v_slot, prev, ("V", item, j - 1))
+                turns[(wg + 1) % consumers].arrive()
+                _jitter(rng)
+                read(k_slot, slot, ("K", item, j))
+                k_empty[slot].arrive()
+                _jitter(rng)
+                read(v_slot, prev, ("V", item, j - 1))
+                v_empty[prev].arrive()
+            read(q_slot, wg, ("Q", item, wg))
+            q_empty.arrive()
+            last = r0 + n_tiles - 1
+            v_ready[last % stages].wait((last // stages) & 1)
+            read(v_slot, last % stages, ("V", item, n_tiles - 1))
+            v_empty[last % stages].arrive()
+            r0 += n_tiles
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    world.start(guarded, producer)
+    for wg in range(consumers):
+        world.start(guarded, consumer, wg)
+    world.join()
+    assert not errors, errors[0]
+    turns_taken = sum(n - 1 for n in tiles_per_item)
+    assert issued == [(wg, t) for t in range(turns_taken) for wg in range(consumers)], issued
+
+
+@pytest.mark.parametrize("consumers", [2, 3])
+@pytest.mark.parametrize("tiles_per_item", [[1], [3], [2, 1, 4], [1, 1, 5, 2]], ids=str)
+def test_v8f_protocol(tiles_per_item, consumers):
+    """v8f (persistent, 2 or 3 consumer warpgroups in turns), ring depths 2 and 3, a few interleavings."""
+    for stages in (2, 3):
+        for seed in range(2):
+            _run_v8f_protocol(tiles_per_item, stages, consumers, seed)
+
+
+def test_v8f_protocol_model_catches_a_wrong_q_phase():
+    """The v8f model is not vacuous: a producer that waits on q_empty for the wrong parity (item & 1, not its
+    flip) waits on a fresh barrier's running phase before the first Q, which no consumer can complete."""
+    with pytest.raises(AssertionError, match="deadlock"):
+        _run_v8f_protocol([2, 2], 2, 2, seed=0, q_empty_flip=0)
 
 
 def test_the_protocol_model_catches_a_wrong_phase():
