@@ -3,6 +3,7 @@
 its default, against cuDNN's backward in the same run.
 
     PYTHONPATH=src python scripts/sweep_backward_launches.py --out DIR             (a CUDA GPU; about 6 minutes)
+    PYTHONPATH=src python scripts/sweep_backward_launches.py --head-dims 256 --out DIR  (D = 256's cases only)
     PYTHONPATH=src python scripts/sweep_backward_launches.py --list                (the timings it would make)
 
 Why: Nsight Compute on the H200 (2026-12-02, ``*-ncu-limits.json``, D = 128, N = 8192) showed both dQ kernels
@@ -59,6 +60,9 @@ CASES = (
     Case("b3", 128, 16, False, rule="prefix-LM"),
     Case("b1", 64, 32, False),
     Case("b1", 64, 32, True),
+    # D = 256: the backward ran at 0.41x cuDNN's on 2026-12-02 (2026-12-02-nvidia-h200-variants.json)
+    Case("b1", 256, 16, False),
+    Case("b1", 256, 16, True),
 )
 # (BLOCK_M, BLOCK_N, warps, stages). The dQ kernel keeps BLOCK_M query rows and streams keys, the dK/dV kernel
 # the mirror; causal needs dQ's BLOCK_M a multiple of its BLOCK_N and dK/dV's BLOCK_N a multiple of its BLOCK_M.
@@ -67,21 +71,28 @@ DQ_LAUNCHES = {
           KernelConfig(64, 64, 4, 2), KernelConfig(64, 32, 4, 3), KernelConfig(128, 128, 8, 2)),
     64: (KernelConfig(128, 32, 4, 3), KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3),
          KernelConfig(64, 32, 4, 3), KernelConfig(128, 128, 8, 2)),
+    256: (KernelConfig(64, 32, 8, 1), KernelConfig(32, 32, 4, 2), KernelConfig(64, 16, 4, 2),
+          KernelConfig(128, 32, 8, 1), KernelConfig(64, 64, 8, 1), KernelConfig(32, 16, 4, 3)),
 }
 DKDV_LAUNCHES = {
     128: (KernelConfig(64, 128, 8, 2), KernelConfig(64, 128, 8, 3), KernelConfig(32, 64, 4, 3),
           KernelConfig(64, 64, 4, 3)),
     64: (KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 3), KernelConfig(64, 128, 8, 2),
          KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 2)),
+    256: (KernelConfig(32, 64, 8, 1), KernelConfig(32, 32, 4, 2), KernelConfig(16, 64, 4, 2),
+          KernelConfig(32, 128, 8, 1), KernelConfig(64, 64, 8, 1), KernelConfig(16, 32, 4, 3)),
 }
 DEVICE = "cuda"  # the CPU test runs a tiny case through Triton's interpreter
 BLOCK_SIZE = 32  # the b3 case's block mask: sparse blocks that divide every tile above, so its lists are exact
 
 
-def plan(cases=CASES) -> list[tuple[Case, str, KernelConfig | None]]:
-    """Every timing, in order: (case, varied kernel, launch); launch None is the default pair."""
+def plan(cases=CASES, head_dims: tuple[int, ...] | None = None) -> list[tuple[Case, str, KernelConfig | None]]:
+    """Every timing, in order: (case, varied kernel, launch); launch None is the default pair. ``head_dims``:
+    only the cases of these head dims (None: all)."""
     jobs = []
     for case in cases:
+        if head_dims is not None and case.head_dim not in head_dims:
+            continue
         jobs.append((case, "default", None))
         jobs += [(case, "dq", cfg) for cfg in DQ_LAUNCHES[case.head_dim]]
         jobs += [(case, "dkdv", cfg) for cfg in DKDV_LAUNCHES[case.head_dim]]
@@ -165,6 +176,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: start no case after this many (the JSON says which ran)")
     parser.add_argument("--list", action="store_true", help="print every timing the run would make, run none")
+    parser.add_argument("--head-dims", type=lambda text: tuple(int(d) for d in text.split(",")), default=None,
+                        help="comma-separated head dims whose cases run (default: all)")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget {args.budget}: a positive number of seconds is expected")
@@ -173,7 +186,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    jobs = plan()
+    jobs = plan(head_dims=args.head_dims)
     if args.list:
         for case, varied, cfg in jobs:
             print(f"{case.scheme} D={case.head_dim} causal={case.causal} rule={case.rule} {varied} {cfg}")

@@ -3,6 +3,7 @@ the same run: the data behind the configs in kernels/configs.py and the backward
 
     PYTHONPATH=src python scripts/sweep_kernels.py --out DIR                            (a CUDA GPU)
     PYTHONPATH=src python scripts/sweep_kernels.py --kernels bwd --budget 300 --out DIR    (the backward only)
+    PYTHONPATH=src python scripts/sweep_kernels.py --kernels fwd --head-dims 256 --out DIR  (D = 256's forward)
 
 Time on an H200, estimated from the run of 2026-11-30 (about 5 minutes for 11 backward launches a shape, before
 b1 and b2 ran at every launch): about 8 minutes in all, 5-6 with ``--kernels bwd``; most of it is compiling, one
@@ -30,10 +31,15 @@ from flashcourse.bench.attention import Shape
 from flashcourse.kernels.configs import KernelConfig
 
 SHAPES = [Shape("float16", 4, 16, 128, n, c) for n in (4096, 16384) for c in (False, True)] + \
-         [Shape("float16", 4, 32, 64, 8192, c) for c in (False, True)]
+         [Shape("float16", 4, 32, 64, 8192, c) for c in (False, True)] + \
+         [Shape("float16", 4, 16, 256, 8192, c) for c in (False, True)]  # the forward only (no DKDV_CONFIGS)
 FORWARD_CONFIGS = {128: [KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 2),
                          KernelConfig(64, 64, 4, 3), KernelConfig(128, 64, 4, 3)],
-                   64: [KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 4, 3)]}
+                   64: [KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 3), KernelConfig(128, 64, 4, 3)],
+                   # D = 256 ran at 0.79x (non-causal) and 0.84x (causal) cuDNN's forward on 2026-12-02 (variants)
+                   256: [KernelConfig(128, 64, 8, 2), KernelConfig(64, 64, 4, 2), KernelConfig(128, 32, 8, 3),
+                         KernelConfig(128, 64, 8, 1), KernelConfig(64, 64, 8, 2), KernelConfig(64, 32, 4, 3),
+                         KernelConfig(128, 128, 8, 1)]}
 # The dK/dV launches every backward scheme is timed at. b2, b4 and b5 add dQ inside the dK/dV kernel, so it holds a
 # dQ tile too. Each BLOCK_N is a multiple of BLOCK_M, as the causal dK/dV kernel needs (and then the mirrored dQ
 # launch of b1 has BLOCK_M a multiple of BLOCK_N, as the causal dQ kernel needs).
@@ -53,15 +59,18 @@ def backward_launches(scheme: str, head_dim: int) -> list[tuple[KernelConfig, Ke
     return [None, *pairs] if scheme == "b1" else pairs
 
 
-def plan(kernels: tuple[str, ...], schemes: tuple[str, ...], quick: bool) -> list[tuple[Shape, str, str, object]]:
+def plan(kernels: tuple[str, ...], schemes: tuple[str, ...], quick: bool, head_dims: tuple[int, ...] | None = None
+         ) -> list[tuple[Shape, str, str, object]]:
     """Every timing the run makes, in order: (shape, kernel, version, launch), launch a KernelConfig for the
-    forward and a ``backward_launches`` entry for the backward. ``quick``: the first shape of each head dim."""
+    forward and a ``backward_launches`` entry for the backward. ``quick``: the first shape of each head dim;
+    ``head_dims``: only shapes of these head dims (None: all)."""
     shapes = [s for i, s in enumerate(SHAPES) if not quick or s.head_dim not in {t.head_dim for t in SHAPES[:i]}]
+    shapes = [s for s in shapes if head_dims is None or s.head_dim in head_dims]
     jobs = []
     for shape in shapes:
         if "fwd" in kernels:
             jobs += [(shape, "fwd", "v7", cfg) for cfg in FORWARD_CONFIGS[shape.head_dim]]
-        if "bwd" in kernels:
+        if "bwd" in kernels and shape.head_dim in DKDV_CONFIGS:
             jobs += [(shape, "bwd", scheme, pair) for scheme in schemes
                      for pair in backward_launches(scheme, shape.head_dim)]
     return jobs
@@ -150,6 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated: fwd (v7's launches), bwd (the dQ schemes); default both")
     parser.add_argument("--schemes", default=",".join(SCHEMES), help="backward schemes, comma-separated")
     parser.add_argument("--quick", action="store_true", help="one shape per head dim (a check that it runs)")
+    parser.add_argument("--head-dims", type=lambda text: tuple(int(d) for d in text.split(",")), default=None,
+                        help="comma-separated head dims to sweep (default: every shape's)")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: start no shape after this many (the JSON says which ran)")
     parser.add_argument("--list", action="store_true", help="print every timing the run would make, run none")
@@ -168,7 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    jobs = plan(args.kernels, args.schemes, args.quick)
+    jobs = plan(args.kernels, args.schemes, args.quick, args.head_dims)
     if args.list:
         for shape, kernel, version, launch in jobs:
             print(f"{shape.head_dim} {shape.n} causal={shape.causal} {kernel} {version} {launch}")

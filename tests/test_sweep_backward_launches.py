@@ -53,3 +53,8 @@ def _one_call_timing(fn, **_):
 
     fn()
     return Timing(1.0, 1.0, 1.0, 3)
+
+
+def test_head_dims_keep_only_their_cases(sweep):
+    jobs = sweep.plan(head_dims=(256,))
+    assert jobs and {case.head_dim for case, _, _ in jobs} == {256}
