@@ -43,20 +43,19 @@ def compile_candidate(candidate, page_size=None, kv="fp8e4nv", group=4, head_dim
     from flashcourse.kernels.decode import _decode_split_kernel as kernel
 
     switches = candidate.switches or {}
-    ci = switches.get("col_interleave", 1)
-    block_n, warps, stages = candidate.block_n or 256, candidate.num_warps or 8, candidate.num_stages or 3
-    if kv == "fp16" and candidate.block_n is None:
-        block_n, warps = 128, 4  # the float16 cache's launch
-    v_unit = "stride_vn" if candidate.v_layout == "keys_adjacent" else "stride_vd"  # the stride that is 1
+    # A candidate without tiles runs the sm_90 default launch, for the FP8 cache as for the float16 one.
+    block_n, warps, stages = candidate.block_n or 128, candidate.num_warps or 4, candidate.num_stages or 3
+    keys_adjacent = candidate.v_layout == "keys_adjacent"
+    v_unit = "stride_vn" if keys_adjacent else "stride_vd"  # the stride that is 1
     unit = {"stride_qd", "stride_kd", "stride_od", v_unit}
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                 "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
-                "OUT": "*fp16", "COUNTERS": "*i32"}
-    values = dict(GROUP=group, BLOCK_G=max(16, ci * group), HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
+                "OUT": "*fp16"}
+    values = dict(GROUP=group, BLOCK_G=max(16, group), HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                   PAGED=page_size is not None, PAGE_SIZE=page_size or 1, HAS_SEQLENS=page_size is not None,
                   HAS_WINDOW=False, HAS_SOFTCAP=False, HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16",
-                  DIRECT=False, MASK_TAIL_ONLY=switches.get("mask_tail_only", False), COL_INTERLEAVE=ci,
-                  FUSED_COMBINE=switches.get("fused_combine", False), BLOCK_S=32, **dict.fromkeys(unit, 1))
+                  DIRECT=False, MASK_TAIL_ONLY=switches.get("mask_tail_only", keys_adjacent),
+                  **dict.fromkeys(unit, 1))
     names = kernel.arg_names
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}

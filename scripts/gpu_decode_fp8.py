@@ -2,15 +2,14 @@
 float16 cache's on one H100 / H200, in one command of under five minutes.
 
     PYTHONPATH=src python scripts/gpu_decode_fp8.py --out "$OUT"              # 32K and 128K keys, every candidate
-    PYTHONPATH=src python scripts/gpu_decode_fp8.py --out /tmp/c --only t128_ci_2x_fused --lengths 32768
+    PYTHONPATH=src python scripts/gpu_decode_fp8.py --out /tmp/c --only shipped --lengths 32768
 
 For each KV length (B = 1, 32 query heads, 8 KV heads, D = 128), the contiguous cache and the same cache in shuffled
 pages of 16 and of 256 rows: every candidate is first checked against attention in float64 on the values its cache
 holds (the FP8 cache dequantised), then all are timed in rounds as CUDA-graph replays over enough rotated caches
 that the L2 holds none (``bench decode``'s method). Rows: ``bench.decode.candidates``; each FP8 row carries
-``speedup_vs_fp16_cache`` (against the float16 cache's shipped launch at the same layout and length) and
-``speedup_vs_fp16_best`` (against the fastest float16 candidate, the fused combine included), and what Triton
-compiled on this GPU (registers, spills, shared memory, programs an SM holds, splits). JSON:
+``speedup_vs_fp16_cache`` (against the float16 cache's shipped launch at the same layout and length), the launch
+that ran and what Triton compiled on this GPU (registers, spills, shared memory, programs an SM holds, splits). JSON:
 ``<out>/<date>-<device>-decode-fp8-candidates.json``, ``meta.kind = "decode-fp8-candidates"``.
 """
 

@@ -79,12 +79,11 @@ def test_kv_dtype_errors_puts_fp8_beside_fp16():
 def test_candidates_check_then_time_against_the_float16_cache(monkeypatch):
     """``candidates`` at a tiny size (interpreter, fake timers): one row per candidate, layout and length; each
     checked against float64 before it is timed, a wrong one recorded and left untimed; every FP8 row's
-    ``speedup_vs_fp16_cache`` is fp16_shipped's time over its own, ``speedup_vs_fp16_best`` the fastest float16
-    candidate's, with their ranges."""
+    ``speedup_vs_fp16_cache`` is fp16_shipped's time over its own, with its range."""
     make_cache = decode_bench.make_cache
     monkeypatch.setattr(decode_bench, "make_cache", lambda *shape: make_cache(*shape, dtype=torch.float16,
                                                                               device=DEVICE))
-    speeds = {"fp16_shipped": 4.0, "fp16_fused": 3.0, "shipped": 3.5, "t128_ci_2x_fused": 2.0}
+    speeds = {"fp16_shipped": 4.0, "shipped": 3.5, "t128_kadj_2x": 2.0}
     calls = {}
 
     def timer(fn, rep=0):  # a time per candidate (read off the function's closure), drifting a little each round
@@ -112,12 +111,95 @@ def test_candidates_check_then_time_against_the_float16_cache(monkeypatch):
     assert all(r["status"] == "wrong" and r["rel_err"] > 0.1 and "ms" not in r for r in broken)
     ok = [r for r in rows if r["candidate"] != "broken"]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 and r["repeats"] == 3 for r in ok)
-    fused = next(r for r in ok if r["candidate"] == "t128_ci_2x_fused" and "page_size" not in r)
-    assert fused["ms"] == pytest.approx(2.0) and fused["speedup_vs_fp16_cache"] == pytest.approx(2.0)
-    assert fused["speedup_vs_fp16_best"] == pytest.approx(1.5) and fused["fp16_best"] == "fp16_fused"
-    assert fused["speedup_vs_fp16_cache_min"] == pytest.approx(3.6 / 2.2)  # fp16's fastest over its slowest
-    assert fused["switches"] == {"col_interleave": 4, "mask_tail_only": True, "programs_per_sm": 2,
-                                 "fused_combine": True}
-    assert "speedup_vs_fp16_cache" not in next(r for r in ok if r["candidate"] == "fp16_fused")
+    adjacent = next(r for r in ok if r["candidate"] == "t128_kadj_2x" and "page_size" not in r)
+    assert adjacent["ms"] == pytest.approx(2.0) and adjacent["speedup_vs_fp16_cache"] == pytest.approx(2.0)
+    assert adjacent["speedup_vs_fp16_cache_min"] == pytest.approx(3.6 / 2.2)  # fp16's fastest over its slowest
+    assert adjacent["switches"] == {"programs_per_sm": 2, "mask_tail_only": True}
+    assert adjacent["v_layout"] == "keys_adjacent"
+    assert "speedup_vs_fp16_cache" not in next(r for r in ok if r["candidate"] == "fp16_shipped")
     table = decode_bench.format_candidates(rows)
-    assert "t128_ci_2x_fused" in table and "wrong" in table and "2.00" in table
+    assert "t128_kadj_2x" in table and "wrong" in table and "2.00" in table
+    assert decode_bench.candidate_speedups(rows, "shipped") == {(40, None): pytest.approx(4 / 3.5),
+                                                                (40, 16): pytest.approx(4 / 3.5)}
+
+
+def test_newest_launch_reads_what_the_plan_launched(monkeypatch):
+    """A candidates row records the launch ``flash_decode`` chose (plans are kept on a GPU only, so one is faked):
+    keys a tile, warps, stages, whole tiles unmasked, and the splits."""
+    from types import SimpleNamespace
+
+    from flashcourse.kernels import decode
+
+    plan = SimpleNamespace(num_splits=33, launches=None,
+                           split_args={"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "MASK_TAIL_ONLY": False})
+    monkeypatch.setattr(decode, "_PLANS", {"older": None, "newest": plan})
+    assert decode_bench._newest_launch() == {
+        "num_splits": 33, "launch": {"block_n": 128, "num_warps": 4, "num_stages": 3, "mask_tail_only": False}}
+
+
+# The run that chose the FP8 cache's launch, as the docs and lesson 09 quote it.
+def choosing_rows():
+    from flashcourse.bench import load_results
+
+    found = load_results(decode_bench.CHOOSING_RUN)
+    if not found:
+        pytest.skip(f"{decode_bench.CHOOSING_RUN} is not here (a wheel without the results)")
+    return found[0]["rows"]
+
+
+def test_the_choosing_run_made_t128_2x_the_default_and_keys_adjacent_v_the_fastest():
+    rows = choosing_rows()
+    fp8 = sorted({r["candidate"] for r in rows if r["kv_dtype"] == "float8_e4m3fn"})
+    same_layout = [name for name in fp8 if "kadj" not in name]
+    layouts = decode_bench.candidate_speedups(rows, "t128_2x")
+    assert len(layouts) == 6
+    for layout, best in layouts.items():  # t128_2x is the fastest with V as given in every layout
+        assert all(decode_bench.candidate_speedups(rows, name)[layout] <= best for name in same_layout), layout
+    assert [round(x, 2) for x in decode_bench.speedup_span(rows, "t128_2x")] == [1.26, 1.49]
+    assert [round(x, 2) for x in decode_bench.speedup_span(rows, "shipped")] == [1.07, 1.28]
+    assert [round(x, 2) for x in decode_bench.speedup_span(rows, "t128")] == [1.07, 1.16]
+    assert round(decode_bench.speedup_span(rows, "t128_kadj_2x")[1], 2) == 1.79
+    assert [round(x, 2) for x in decode_bench.speedup_span(rows, "t128_kadj_2x", page_sizes=(16,))] == [1.25, 1.33]
+    with pytest.raises(ValueError, match="no timed rows of candidate 'nothing'"):
+        decode_bench.speedup_span(rows, "nothing")
+    fused_lost = [("shipped", "shipped_fused"), ("t128_kadj_2x", "t128_kadj_2x_fused")]
+    for layout in layouts:  # what was removed: the fused combine, beside the launches docs/KERNELS.md names
+        assert all(decode_bench.candidate_speedups(rows, fused)[layout] < decode_bench.candidate_speedups(
+            rows, plain)[layout] for plain, fused in fused_lost), layout
+    ms = {(r["candidate"], r["kv_len"], r.get("page_size")): r["ms"] for r in rows}
+    assert all(ms[("fp16_fused", *layout)] > ms[("fp16_shipped", *layout)] for layout in layouts)
+    table = decode_bench.speedup_table(rows, ("t128_2x", "t128_kadj_2x"))
+    assert table.splitlines()[0] == ("| candidate | 128K, pages of 16 | 128K, pages of 256 | 128K, contiguous | "
+                                     "32K, pages of 16 | 32K, pages of 256 | 32K, contiguous |")
+    assert "| `t128_kadj_2x` | 1.33x | 1.79x | 1.79x | 1.25x | 1.53x | 1.54x |" in table
+
+
+def test_kernels_doc_quotes_the_choosing_run():
+    """docs/KERNELS.md's decoding section says what the choosing run measured, with its file and key."""
+    from pathlib import Path
+
+    rows = choosing_rows()
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "KERNELS.md").read_text()
+    section = doc[doc.index("## Decoding: `flash_decode`"):]
+    lo, hi = decode_bench.speedup_span(rows, "t128_2x")
+    assert decode_bench.CHOOSING_RUN in section and "`speedup_vs_fp16_cache`" in section
+    assert f"{lo:.2f}-{hi:.2f}x" in section
+    assert f"{decode_bench.speedup_span(rows, 't128_kadj_2x')[1]:.2f}x" in section
+    fp8 = list(dict.fromkeys(r["candidate"] for r in rows if r["kv_dtype"] == "float8_e4m3fn"))
+    assert decode_bench.speedup_table(rows, fp8) in section, "the table differs from the run's speedup_table"
+
+
+def test_the_profile_of_the_launch_before():
+    """What lesson 09 and docs/KERNELS.md read from Nsight Compute: both split kernels one program per SM (128 of
+    them on 132 SMs), the FP8 one issuing more than twice the instructions with DRAM far less busy."""
+    from flashcourse.bench import load_results
+
+    found = load_results(decode_bench.PROFILE_RUN)
+    if not found:
+        pytest.skip(f"{decode_bench.PROFILE_RUN} is not here")
+    profile = decode_bench.split_kernel_profile(found[0]["rows"])
+    fp16, fp8 = profile["float16"], profile["float8_e4m3fn"]
+    assert fp16["programs"] == fp8["programs"] == 128 and (fp16["warps"], fp8["warps"]) == (4, 8)
+    assert round(fp8["inst_executed"] / fp16["inst_executed"], 1) == 2.1
+    assert round(fp8["dram_throughput_pct"]) == 47 and round(fp16["dram_throughput_pct"]) == 79
+    assert decode_bench.split_kernel_profile([]) == {}

@@ -94,9 +94,8 @@ def case(rng, name):
         k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
         return {"k_scale": k_scale, "v_scale": v_scale, "cache_seqlens": lengths(33, 40)}, k8, v8
     if name == "fp8 cache, switches":  # the kernel's options beyond its tiles reach the compiled op too
-        k, v = cache(rng, d=64)
         k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
-        switches = DecodeSwitches(col_interleave=4, fused_combine=True, programs_per_sm=2, mask_tail_only=True)
+        switches = DecodeSwitches(programs_per_sm=2, mask_tail_only=True)
         return {"k_scale": k_scale, "v_scale": v_scale, "cache_seqlens": lengths(33, 40), "num_splits": 2,
                 "switches": switches}, k8, v8
     raise KeyError(name)
@@ -118,8 +117,8 @@ def test_compiled_fullgraph_matches_eager(rng, name):
         eager = layer(x, k_cache, v_cache)
     assert_close(compiled, eager, what=f"compiled decode layer, {name}")
     assert len(recorder.targets) == 1 and DECODE_OPS & recorder.targets[0], f"{name}: no decode op in the one graph"
-    if "switches" in options:  # the op carries them, as (col_interleave, fused_combine, programs_per_sm, tail)
-        assert tuple(recorder.decode_args[0][-4:]) == tuple(options["switches"]), recorder.decode_args
+    if "switches" in options:  # the op carries them, as (programs_per_sm, mask_tail_only)
+        assert tuple(recorder.decode_args[0][-2:]) == tuple(options["switches"]), recorder.decode_args
 
 
 def test_compiled_call_checks_its_inputs(rng):

@@ -307,7 +307,7 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 TUNE_SPLITS = (16, 33, 66)
-TUNE_BLOCKS = (32, 64, 128, 256)  # 256: the FP8 cache's first launch on sm_90 (float16's bytes a step)
+TUNE_BLOCKS = (32, 64, 128, 256)  # 256 over 8 warps: the FP8 cache's launch on sm_90 until 2026-12-02
 TUNE_WARPS_STAGES = ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 5))  # (4, 5): the FP8 cache's earlier launch
 
 
@@ -385,50 +385,28 @@ class Candidate(NamedTuple):
     expect: str = ""
 
 
-_CI = {"col_interleave": 4, "mask_tail_only": True}  # P V without one-byte shared-memory reads
-_KEYS_ADJACENT = {"mask_tail_only": True}  # V's keys adjacent: 16-byte copies and ldmatrix, no selects on the keys
-# Remedies for the FP8 cache's bandwidth on sm_90 at D = 128. Nsight Compute, 2026-12-02, 32K keys: the shipped FP8
-# launch is latency-bound, one program per SM, 33% of issue slots busy, V read from shared memory a byte at a time
-# (mio_throttle and short_scoreboard among the top stalls), the combine launch 3.3 us of 34; the float16 cache's
-# launch streams at 79% of DRAM's peak with 13% of issue slots busy. The figures below come from compiling each for
-# sm_90 with Triton 3.6 (scripts/decode_compile.py, contiguous cache): registers a thread, shared memory, programs
-# an SM holds, and issue slots per 128 keys (the main loop's instructions, all warps): float16 1,968, shipped FP8
-# 4,160. Per microsecond (128 keys in 2.24 us and in 1.93 us) that is 2.5 times as many, as Nsight Compute's 33%
-# and 13% say; 13% of 4 slots a cycle puts the clock near 1.7 GHz. At 1.7x the float16 cache's speed 128 keys get
-# 1.32 us, about 2,200 cycles and 8,900 issue slots: the shipped FP8 loop would need 47% of them busy.
+# The FP8 cache's launches on sm_90 at D = 128, after the run that chose its default (CHOOSING_RUN, twelve
+# candidates: the 256-key, 8-warp launch then shipped, P V computed column-interleaved, the combine merged into the
+# split kernel and 64-key tiles three to an SM all lost to t128_2x in every layout, and are gone). fp16_shipped, the
+# float16 cache's launch, is the reference; "shipped" is what flash_decode chooses for the FP8 cache (on sm_90,
+# t128_2x's launch); t128 is that launch one program to an SM, what two programs per SM are measured against;
+# t128_kadj_2x reads V stored keys-adjacent.
 CANDIDATES = (
     Candidate("fp16_shipped", "float16",
-              expect="the reference: 128 keys, 4 warps, 3 stages; 3.7-4.3 TB/s"),
-    Candidate("fp16_fused", "float16", switches={"fused_combine": True, "mask_tail_only": True},
-              expect="no combine launch, 1,688 slots per 128 keys: 1.05-1.1x fp16_shipped at 32K, 1.0-1.03x at 128K"),
+              expect="the reference: 128 keys, 4 warps, 3 stages, one program an SM; 3.4-4.4 TB/s on 2026-12-02"),
     Candidate("shipped", "float8_e4m3fn",
-              expect="256 keys, 8 warps: 179 regs, 140 KB, 1 program an SM, 4,160 slots, 64 one-byte V reads a "
-                     "thread per 128 keys: 1.1-1.3x, as on 2026-12-02"),
-    Candidate("shipped_fused", "float8_e4m3fn", switches={"fused_combine": True},
-              expect="shipped without the combine launch (3.3 us at 32K): 1.2-1.3x at 32K, 1.3-1.35x at 128K"),
-    Candidate("t128", "float8_e4m3fn", 128, 4, 3,
-              expect="205 regs, 72 KB, 1 program an SM, 3,916 slots, 128 one-byte reads: 1.05-1.15x (the "
-                     "2026-12-01 launch had 5 stages)"),
+              expect="flash_decode's FP8 launch: on sm_90 t128_2x's, so t128_2x's speed-up"),
+    Candidate("t128", "float8_e4m3fn", 128, 4, 3, {"programs_per_sm": 1},
+              expect="the float16 launch on the FP8 cache, one program an SM: 1.07-1.16x on 2026-12-02"),
     Candidate("t128_2x", "float8_e4m3fn", 128, 4, 3, {"programs_per_sm": 2},
-              expect="t128 with 2 programs an SM (2 fit): independent waits overlap, but the byte reads of both "
-                     "share one shared-memory pipe: 1.3-1.5x"),
-    Candidate("t128_ci", "float8_e4m3fn", 128, 4, 3, _CI,
-              expect="P V column-interleaved: no one-byte reads, 16-byte copies of V, 128 regs, 84 KB, 3,528 "
-                     "slots; one program an SM still exposes its latency: 1.2-1.4x"),
-    Candidate("t128_ci_2x", "float8_e4m3fn", 128, 4, 3, {**_CI, "programs_per_sm": 2},
-              expect="t128_ci, 2 programs an SM (2 fit): 1.4-1.7x"),
-    Candidate("t128_ci_2x_fused", "float8_e4m3fn", 128, 4, 3, {**_CI, "programs_per_sm": 2, "fused_combine": True},
-              expect="t128_ci_2x without the combine launch: 1.5-1.8x at 32K, 1.45-1.75x at 128K"),
-    Candidate("t64_ci_3x_fused", "float8_e4m3fn", 64, 4, 4, {**_CI, "programs_per_sm": 3, "fused_combine": True},
-              expect="64 keys, 4 stages: 96 regs, 60 KB, 3 programs an SM, 4,024 slots: 1.4-1.7x"),
-    Candidate("t128_kadj_2x", "float8_e4m3fn", 128, 4, 3, {**_KEYS_ADJACENT, "programs_per_sm": 2},
+              expect="t128 with 2 programs an SM (205-210 regs, 72 KB: 2 fit): 1.26-1.49x on 2026-12-02"),
+    Candidate("t128_kadj_2x", "float8_e4m3fn", 128, 4, 3, {"programs_per_sm": 2, "mask_tail_only": True},
               v_layout="keys_adjacent",
-              expect="V stored keys-adjacent: 16-byte copies, ldmatrix, 168 regs, 72 KB (3 fit; 2 paged), 2,520 "
-                     "slots (2,704 at pages of 256, 3,032 at 16): 1.6-1.9x"),
-    Candidate("t128_kadj_2x_fused", "float8_e4m3fn", 128, 4, 3,
-              {**_KEYS_ADJACENT, "programs_per_sm": 2, "fused_combine": True}, v_layout="keys_adjacent",
-              expect="t128_kadj_2x without the combine launch: 1.7-2.0x at 32K, 1.6-1.9x at 128K"),
+              expect="V stored keys-adjacent, whole tiles unmasked: 16-byte copies, ldmatrix: 1.79x contiguous and "
+                     "in pages of 256 at 128K keys, 1.53-1.54x at 32K, 1.25-1.33x in pages of 16 on 2026-12-02"),
 )
+CHOOSING_RUN = "2026-12-02-nvidia-h200-decode-fp8-candidates.json"  # the H200 run that chose the FP8 cache's launch
+PROFILE_RUN = "2026-12-02-nvidia-h200-ncu-limits.json"  # Nsight Compute on the launch shipped before that run
 
 
 def _candidate_fn(candidate: Candidate, cache: dict):
@@ -466,20 +444,24 @@ def _caches(q, k, v, kv_dtype: str, page_size: int | None, v_layouts) -> dict:
 
 
 def _newest_launch() -> dict:
-    """Splits and compiled resources of the plan ``flash_decode`` made last (its split kernel as Triton compiled
-    it on this GPU): registers a thread, spilled bytes, shared memory, and how many programs an SM holds."""
+    """Splits, launch and compiled resources of the plan ``flash_decode`` made last (its split kernel as Triton
+    compiled it on this GPU): ``launch`` (keys a tile, warps, stages, whole tiles unmasked), registers a thread,
+    spilled bytes, shared memory, and how many programs an SM holds."""
     from flashcourse.kernels import decode
 
     if not decode._PLANS:  # plans are kept on a GPU only
         return {}
     plan = next(reversed(decode._PLANS.values()))
-    row = {"num_splits": plan.num_splits}
+    args = plan.split_args
+    row = {"num_splits": plan.num_splits,
+           "launch": {"block_n": args["BLOCK_N"], "num_warps": args["num_warps"], "num_stages": args["num_stages"],
+                      "mask_tail_only": args["MASK_TAIL_ONLY"]}}
     prepared = plan.launches[0] if plan.launches else None
     compiled = getattr(prepared, "compiled", None)
     if compiled is None:
         return row
     regs, shared = int(compiled.n_regs), int(compiled.metadata.shared)
-    warps = plan.split_args["num_warps"]
+    warps = args["num_warps"]
     props = torch.cuda.get_device_properties(torch.cuda.current_device())  # an H100/H200 SM where torch lacks one
     by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (-(-regs // 8) * 8 * 32 * warps)
     by_shared = getattr(props, "shared_memory_per_multiprocessor", 233472) // (shared + 1024)  # 1 KB: the system's
@@ -498,7 +480,7 @@ def candidates(lengths=(32768, 131072), page_sizes=PAGE_SIZES, chosen=CANDIDATES
     1e-2 relative: status "wrong", not timed); times and TB/s as :func:`run`'s rows). Every call reads the next of
     ``caches_rotated`` caches (at least ``rotate_bytes`` of others between two reads of one). Each float8_e4m3fn
     row gets ``speedup_vs_fp16_cache`` (fp16_shipped's time at its layout and length over its own, with the
-    repeats' range) and ``speedup_vs_fp16_best`` (the fastest float16 candidate's). ``budget_s``: after the first
+    repeats' range). ``budget_s``: after the first
     round, stop adding rounds once this many seconds have passed since the start."""
     import time
 
@@ -568,26 +550,20 @@ def _exact(cache: dict, q, k, v, kv_dtype: str) -> torch.Tensor:
 
 
 def _candidate_ratios(rows: list[dict]) -> None:
-    """Each timed float8_e4m3fn row's ``speedup_vs_fp16_cache`` (against fp16_shipped at its layout and length)
-    and ``speedup_vs_fp16_best`` (against the fastest float16 candidate there), with ranges where both have them."""
+    """Each timed float8_e4m3fn row's ``speedup_vs_fp16_cache``: fp16_shipped's time at its layout and length over
+    its own, with the range of the repeats where both have one."""
     timed = [r for r in rows if r.get("status") == "ok" and "ms" in r]
+    shipped = {(r["kv_len"], r.get("page_size")): r for r in timed if r["candidate"] == "fp16_shipped"}
     for r in timed:
-        if r["kv_dtype"] != "float8_e4m3fn":
-            continue
-        same = [f for f in timed if f["kv_dtype"] == "float16" and f["kv_len"] == r["kv_len"]
-                and f.get("page_size") == r.get("page_size")]
-        shipped = next((f for f in same if f["candidate"] == "fp16_shipped"), None)
-        if shipped is not None:
-            r.update(_ratio(r, shipped, "speedup_vs_fp16_cache", "ms"))
-        if same:
-            best = min(same, key=lambda f: f["ms"])
-            r.update(_ratio(r, best, "speedup_vs_fp16_best", "ms"), fp16_best=best["candidate"])
+        base = shipped.get((r["kv_len"], r.get("page_size")))
+        if r["kv_dtype"] == "float8_e4m3fn" and base is not None:
+            r.update(_ratio(r, base, "speedup_vs_fp16_cache", "ms"))
 
 
 def format_candidates(rows: list[dict]) -> str:
     """The candidates' rows as a table: layout, length, time, TB/s, speed-up over the float16 cache, and what
     the compiled kernel holds."""
-    lines = [f"{'candidate':20}{'kv':>5}{'page':>5}{'KV len':>8}{'us':>8}{'TB/s':>7}{'vs fp16':>9}{'vs best':>9}"
+    lines = [f"{'candidate':20}{'kv':>5}{'page':>5}{'KV len':>8}{'us':>8}{'TB/s':>7}{'vs fp16':>9}"
              f"{'regs':>6}{'shared':>8}{'fit':>5}{'splits':>7}  status"]
     for r in rows:
         kv = "fp8" if r["kv_dtype"] == "float8_e4m3fn" else "fp16"
@@ -596,10 +572,58 @@ def format_candidates(rows: list[dict]) -> str:
             lines.append(f"{head}  {r.get('status')} {r.get('error', '')}")
             continue
         cells = [f"{r['ms'] * 1e3:8.1f}", f"{r['bandwidth_tbs']:7.2f}"]
-        cells += [f"{r[key]:9.2f}" if key in r else f"{'-':>9}"
-                  for key in ("speedup_vs_fp16_cache", "speedup_vs_fp16_best")]
+        cells.append(f"{r['speedup_vs_fp16_cache']:9.2f}" if "speedup_vs_fp16_cache" in r else f"{'-':>9}")
         cells += [f"{r[key]:{width}}" if key in r else f"{'-':>{width}}"
                   for key, width in (("registers", 6), ("shared_bytes", 8), ("programs_per_sm_fit", 5),
                                      ("num_splits", 7))]
         lines.append(head + "".join(cells) + f"  {r['status']}")
     return "\n".join(lines)
+
+
+def candidate_speedups(rows: list[dict], name: str) -> dict[tuple[int, int | None], float]:
+    """{(KV length, page size or None for the contiguous cache): ``speedup_vs_fp16_cache``} of candidate ``name``'s
+    timed rows in a candidates run (:func:`candidates`); empty when the run has no such candidate."""
+    return {(r["kv_len"], r.get("page_size")): r["speedup_vs_fp16_cache"] for r in rows
+            if r.get("candidate") == name and r.get("status") == "ok" and "speedup_vs_fp16_cache" in r}
+
+
+def speedup_span(rows: list[dict], name: str, *, page_sizes=None, kv_lens=None) -> tuple[float, float]:
+    """(slowest, fastest) ``speedup_vs_fp16_cache`` of candidate ``name`` over the layouts of a candidates run, or
+    only those with a page size in ``page_sizes`` (None: the contiguous cache) and a length in ``kv_lens``."""
+    values = [v for (kv_len, page), v in candidate_speedups(rows, name).items()
+              if (page_sizes is None or page in page_sizes) and (kv_lens is None or kv_len in kv_lens)]
+    if not values:
+        raise ValueError(f"no timed rows of candidate {name!r} in these layouts")
+    return min(values), max(values)
+
+
+def speedup_table(rows: list[dict], names) -> str:
+    """A markdown table of ``speedup_vs_fp16_cache``: one row per candidate of ``names``, one column per KV length
+    and layout (the float16 cache's shipped launch at the same layout and length is 1)."""
+    layouts = sorted({(r["kv_len"], r.get("page_size") or 0) for r in rows if "kv_len" in r},
+                     key=lambda layout: (-layout[0], layout[1] or math.inf))
+    heads = [f"{n // 1024}K, {f'pages of {p}' if p else 'contiguous'}" for n, p in layouts]
+    lines = ["| candidate | " + " | ".join(heads) + " |", "|---|" + "---|" * len(layouts)]
+    for name in names:
+        speedups = candidate_speedups(rows, name)
+        cells = [f"{speedups[(n, p or None)]:.2f}x" if (n, p or None) in speedups else "-" for n, p in layouts]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def split_kernel_profile(rows: list[dict]) -> dict[str, dict]:
+    """What Nsight Compute measured of the split kernel in an ncu-limits run (``scripts/ncu_limits.py``; cases
+    ``decode-fp16`` and ``decode-fp8``, 32K keys, contiguous), by cache dtype ("float16", "float8_e4m3fn"):
+    ``programs`` (the grid's size), ``warps`` a program, ``duration_us``, ``dram_throughput_pct`` (DRAM busy, %
+    of peak), ``inst_executed`` (warp instructions), ``issue_slots_busy_pct`` and ``eligible_warps_per_scheduler``
+    (warps ready to issue, on average, per scheduler and cycle)."""
+    profile = {}
+    for kv_dtype, case in (("float16", "decode-fp16"), ("float8_e4m3fn", "decode-fp8")):
+        row = next((r for r in rows if r.get("case") == case and r.get("kernel") == "_decode_split_kernel"), None)
+        if row is None:
+            continue
+        grid = [int(x) for x in row["grid"].strip("()").split(",")]
+        profile[kv_dtype] = {"programs": math.prod(grid), "warps": int(row["block"].strip("()").split(",")[0]) // 32,
+                             **{key: row[key] for key in ("duration_us", "dram_throughput_pct", "inst_executed",
+                                                          "issue_slots_busy_pct", "eligible_warps_per_scheduler")}}
+    return profile

@@ -30,6 +30,7 @@ __all__ = [
     "decode_candidates",
     "decode_config",
     "decode_num_splits",
+    "decode_programs_per_sm",
     "device_props",
     "forward_candidates",
     "forward_config",
@@ -272,21 +273,15 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_
     caller), block_n the keys per loop step. Decode streams K and V once, so deep pipelines pay.
 
     ``elem_bytes`` is q's: the K/V tiles are widened to it in registers. ``fp8_cache``: the tiles are staged in
-    shared memory at one byte per element, so a stage costs half. Sized by bytes, not rows: on sm_90 the first
-    launch takes twice the keys per step (the float16 launch's 32 KB of K and V a step at D = 128, and its
-    stages) over 8 warps. The FP8 step looks bound by instructions, not bytes (at 32K keys it took 33 us to the
-    float16 step's 36 with half the bytes): widening e4m3 in registers, and V
-    read from shared memory a byte at a time (Triton loads it straight into P V's transposed operand layout:
-    128 one-byte loads a thread per 128-key tile at 4 warps, compiled for sm_90); with 4 warps each scheduler of
-    an SM has one warp and nothing to hide a latency behind. 8 warps halve each thread's share and give every
-    scheduler two. The earlier launch (128 keys, 4 warps, ``2 * stages - 1`` stages: the float16 launch's bytes in
-    flight) streamed at 2.0-2.5 TB/s on the H200 against the float16 cache's 3.7-4.3 (2026-12-01 decode results)
-    and stays as the next candidate. Elsewhere the first launch keeps the float16 launch's bytes in flight with
-    ``2 * stages - 1`` stages; not for widened rows past 512 bytes (float32 q at D = 256), whose conversion
-    scratch the compiler also puts in shared memory: 114,688 B at 3 stages on sm_89, past the L4's 99 KB. Not
-    swept yet (``bench decode --tune`` sweeps the FP8 cache too). The remedies for the one-byte V reads and the
-    exposed latency (the kernel's ``DecodeSwitches``, V stored keys-adjacent, more programs per SM) are launches
-    of ``bench.decode.CANDIDATES``, which ``scripts/gpu_decode_fp8.py`` checks and times on the GPU."""
+    shared memory at one byte per element. On sm_90 up to 256-byte rows (D = 128 in 16 bits) the FP8 cache takes
+    the float16 cache's launch (73,728 B of shared memory, two fit an SM), with two programs per SM
+    (:func:`decode_programs_per_sm`): chosen on the H200 from the FP8 cache's candidates
+    (``2026-12-02-nvidia-h200-decode-fp8-candidates.json``, key ``speedup_vs_fp16_cache``: 1.26-1.49x the float16
+    cache at 32K and 128K keys, contiguous and in pages of 16 and 256, against 1.07-1.28x for the 256-key, 8-warp
+    launch that one SM held alone, and 1.07-1.16x for this launch one to an SM). Elsewhere the FP8 cache keeps the
+    float16 launch's bytes in flight with ``2 * stages - 1`` stages (unmeasured); not for widened rows past 512
+    bytes (float32 q at D = 256), whose conversion scratch the compiler also puts in shared memory: 114,688 B at
+    3 stages on sm_89, past the L4's 99 KB."""
     if props.interpreter:
         return (KernelConfig(16, 16, 4, 1),)
     row = _row_bytes(block_d, elem_bytes)
@@ -298,12 +293,26 @@ def decode_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_
         first = KernelConfig(16, 64 if row <= 256 else 32, 4, stages)
     else:
         first = KernelConfig(16, 64 if row <= 256 else 32 if row <= 512 else 16, 4, 1)
-    if fp8_cache and row <= 512:
-        deeper = replace(first, num_stages=2 * first.num_stages - 1)
-        if props.capability >= (9, 0) and row <= 256:
-            return tuple(dict.fromkeys((KernelConfig(16, 2 * first.block_n, 8, first.num_stages), deeper, *smaller)))
-        first = deeper
+    if fp8_cache and row <= 512 and not _fp8_cache_shares_sms(props, row):
+        first = replace(first, num_stages=2 * first.num_stages - 1)
     return tuple(dict.fromkeys((first, *smaller)))
+
+
+def _fp8_cache_shares_sms(props: DeviceProps, row: int) -> bool:
+    """Where the FP8 cache's decode runs the float16 launch, two programs to an SM (measured on the H200)."""
+    return props.capability >= (9, 0) and row <= 256
+
+
+def decode_programs_per_sm(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_cache: bool = False) -> int:
+    """How many programs per SM the default number of decode splits aims at. Two for the FP8 cache on sm_90 up to
+    256-byte rows. Nsight Compute on the H200 (``2026-12-02-nvidia-h200-ncu-limits.json``, case ``decode-fp8``, the
+    launch then shipped) found one FP8 program per SM issuing 2.1 times the float16 program's instructions (its
+    one-byte reads of V and the widening) with DRAM 47% busy, against the float16 cache's 79%: alone on its SM,
+    the program could not keep enough loads in flight. A second program's loads fill the gaps:
+    1.26-1.49x the float16 cache, against 1.07-1.16x for the same launch one to an SM (:func:`decode_candidates`).
+    One elsewhere: the float16 cache's program streams near the read bandwidth alone, and on other GPUs the FP8
+    cache is unmeasured."""
+    return 2 if fp8_cache and _fp8_cache_shares_sms(props, _row_bytes(block_d, elem_bytes)) else 1
 
 
 def decode_config(props: DeviceProps, block_d: int, elem_bytes: int, *, fp8_cache: bool = False) -> KernelConfig:

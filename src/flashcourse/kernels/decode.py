@@ -27,10 +27,11 @@ same loop step as a level of indirection and then prefetches K/V one tile ahead 
 sm_90, the earlier per-row lookup held one K/V buffer in shared memory instead of two; what it cost on the H200 is
 in docs/KERNELS.md, paged decoding).
 
-The split kernel also has switches beyond its tiles (:class:`DecodeSwitches`), candidate remedies for the FP8
-cache's bandwidth that ``scripts/gpu_decode_fp8.py`` times: P V column-interleaved, so that a one-byte V tile
-leaves shared memory in words (:func:`_interleaved_update`); the combine done by each row's last split instead of
-a second launch; more programs per SM; whole key tiles without masks. All are off by default.
+The split kernel has two switches beyond its tiles (:class:`DecodeSwitches`), both chosen per call unless it
+passes them: how many programs an SM should hold (two for the FP8 cache on sm_90, where one program could not keep
+its loads in flight), and whether a split's whole key tiles run without masks (on for a V cache stored with its
+keys adjacent, :func:`v_keys_adjacent`, whose copies a mask along the keys would narrow). What they were chosen
+from: the FP8 cache's candidates, timed on the H200 by ``scripts/gpu_decode_fp8.py`` (docs/KERNELS.md, decoding).
 """
 
 from __future__ import annotations
@@ -72,48 +73,58 @@ E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
 
 
 class DecodeSwitches(NamedTuple):
-    """The split kernel's options beyond its tiles: remedies for the FP8 cache's bandwidth, each a candidate that
-    ``scripts/gpu_decode_fp8.py`` times on the GPU (docs/KERNELS.md, FP8 KV cache). All off is the kernel as it
-    shipped; :func:`default_switches` says which a call takes by default.
+    """The split kernel's options beyond its tiles; a field left None is chosen per call (:func:`default_switches`).
 
-    - ``col_interleave``: 1, or 4 (2 also works) to compute P V column-interleaved (:func:`_interleaved_update`),
-      so that a one-byte V tile leaves shared memory in 4-byte words instead of one byte at a time;
-    - ``fused_combine``: the last program of each (sequence, KV head) to finish merges the splits (an arrival
-      count per plan), instead of a second kernel launch;
-    - ``programs_per_sm``: the default number of splits aims at this many programs per SM instead of one, so
-      that one program's waits overlap another's (needs launches small enough for that many to fit an SM);
+    - ``programs_per_sm``: the default number of splits aims at this many programs per SM, so that one program's
+      waits overlap another's (it helps only where that many fit an SM; with ``num_splits`` given it does nothing);
     - ``mask_tail_only``: a split's whole key tiles run without masks on the keys, its last tile apart with
       them. For a V cache stored keys-adjacent (:func:`v_keys_adjacent`) this is what keeps its copies 16 bytes
-      wide: a mask that varies along the keys narrows them to one byte."""
+      wide: a mask that varies along the keys narrows them to one element."""
 
-    col_interleave: int = 1
-    fused_combine: bool = False
-    programs_per_sm: int = 1
-    mask_tail_only: bool = False
+    programs_per_sm: int | None = None
+    mask_tail_only: bool | None = None
 
 
-def default_switches(fp8_cache: bool) -> DecodeSwitches:
-    """The switches a call takes unless it passes its own: all off for both caches until the GPU runs of the
-    candidates choose (the FP8 cache is the one they are for)."""
-    return DecodeSwitches()
+def default_switches(props: configs.DeviceProps, block_d: int, elem_bytes: int, *, fp8_cache: bool,
+                     v_keys_adjacent: bool) -> DecodeSwitches:
+    """The switches of a call that leaves them to us: ``configs.decode_programs_per_sm`` programs per SM (two for
+    the FP8 cache on sm_90), and whole tiles without masks exactly when V is stored keys-adjacent (the layout
+    whose copies a mask along the keys narrows; as V is usually stored, D adjacent, the kernel keeps its masks)."""
+    return DecodeSwitches(programs_per_sm=configs.decode_programs_per_sm(props, block_d, elem_bytes,
+                                                                         fp8_cache=fp8_cache),
+                          mask_tail_only=v_keys_adjacent)
 
 
-def _check_switches(switches) -> DecodeSwitches:
+def _check_switches(switches) -> DecodeSwitches | None:
+    if switches is None:
+        return None
     if not isinstance(switches, DecodeSwitches):
         raise TypeError(f"switches is a {type(switches).__name__}: expected a DecodeSwitches (or None)")
-    if switches.col_interleave not in (1, 2, 4):
-        raise ValueError(f"col_interleave = {switches.col_interleave}: expected 1, 2 or 4 (elements of V a "
-                         "shared-memory word holds)")
-    if switches.programs_per_sm < 1:
-        raise ValueError(f"programs_per_sm = {switches.programs_per_sm}: expected at least 1")
+    programs = switches.programs_per_sm
+    if programs is not None and (not isinstance(programs, int) or isinstance(programs, bool) or programs < 1):
+        raise ValueError(f"programs_per_sm = {programs!r}: expected an int, at least 1 (or None: chosen per call)")
     return switches
+
+
+def _resolve_switches(switches, default: DecodeSwitches) -> DecodeSwitches:
+    """``switches`` (None, or a DecodeSwitches whose None fields are left to us), completed from ``default``."""
+    switches = _check_switches(switches)
+    if switches is None:
+        return default
+    return DecodeSwitches(*(chosen if mine is None else mine for mine, chosen in zip(switches, default, strict=True)))
+
+
+def _is_keys_adjacent(v_cache: torch.Tensor) -> bool:
+    """Whether V is stored with each head's keys adjacent (stride 1 along the keys, not along D)."""
+    return v_cache.stride(2) == 1 and v_cache.stride(3) != 1
 
 
 def v_keys_adjacent(v_cache: torch.Tensor) -> torch.Tensor:
     """The same V cache, shape and values, stored with each head's keys adjacent (``stride(2) == 1``): the
     layout in which P V's operand has its reduction dimension (the keys) contiguous, as the FP8 forward reads V:
-    no byte-wide shared-memory reads (with ``DecodeSwitches(mask_tail_only=True)``, 16-byte copies too). A
-    serving engine would write each new token into it a column at a time."""
+    no byte-wide shared-memory reads, and (``flash_decode`` then runs whole key tiles without masks) 16-byte
+    copies. On the H200 it made the FP8 cache 1.25-1.79x as fast as the float16 cache, against 1.26-1.49x with V as
+    given (docs/KERNELS.md, decoding). A serving engine would write each new token into it a column at a time."""
     return v_cache.transpose(2, 3).contiguous().transpose(2, 3)
 
 
@@ -136,67 +147,8 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, B
 
 
 @triton.jit
-def _combine_row(O_PART, LSE_PART, OUT, out_offset, row, stride_od, NUM_SPLITS, HEAD_DIM: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, FUSED: tl.constexpr):
-    """Merge the NUM_SPLITS partial outputs of one (batch, query head) row (``row``, counted over B * H_q) into o
-    at ``OUT + out_offset``. ``FUSED`` (the split kernel's last program merges): other SMs wrote the partials
-    during this launch and L1 is not kept coherent between SMs, so they are read past it (``.cg``)."""
-    CACHE: tl.constexpr = ".cg" if FUSED else ""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < NUM_SPLITS
-    lse_s = tl.load(LSE_PART + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"),
-                    cache_modifier=CACHE)  # (BLOCK_S,)
-    o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
-                  mask=s_ok[:, None], other=0.0, cache_modifier=CACHE)  # (BLOCK_S, BLOCK_D)
-    lse_max = tl.max(lse_s, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights all 0 below
-    w = tl.exp(lse_s - lse_max)  # exp(-inf) = 0: empty splits add nothing
-    total = tl.sum(w, 0)
-    o = tl.sum(w[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(OUT + out_offset + offs_d * stride_od, o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
-@triton.jit
-def _interleaved_update(acc, l_i, m_i, qk, v, qk_scale, COL_INTERLEAVE: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """``online_softmax_update`` with P V computed column-interleaved (C = COL_INTERLEAVE): tile row r belongs to
-    query head r // C and produces the output columns d = C * c + r % C, so ``acc`` is (BLOCK_G, BLOCK_D // C).
-
-    Why: a dot reduces over its K dimension, and the tensor cores want each thread's consecutive K elements in one
-    register. For P V that dimension is the keys, while a V tile in memory has D adjacent: with 16-bit V, ldmatrix
-    transposes on the way out of shared memory; with one-byte V (sm_90 has no 8-bit ldmatrix.trans) Triton reads
-    it a byte at a time. Here the product is rewritten so that its K dimension runs along D inside each key:
-        A[r, C*n + j] = p[r, n] if j == r % C else 0        (BLOCK_G, C * BLOCK_N): p spread over C slots
-        B[C*n + j, c] = v[n, C*c + j]                       (C * BLOCK_N, BLOCK_D // C): v's own bytes, reshaped
-        (A B)[r, c] = sum_n p[r, n] v[n, C*c + r % C]        column C*c + r % C of row r's head's P V.
-    B's C consecutive K elements are C adjacent bytes of one key of V: one 4-byte shared-memory load for C = 4.
-    The tensor cores do the same work as the plain product with C times fewer distinct heads per tile, so the
-    C copies fill rows that a small group (GQA 4) leaves as padding anyway."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # the softmax statistics exactly as online_softmax_update
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # A, built with joins (each adds a register dimension) so that it stays in registers until the dot needs it.
-    p = p.to(v.dtype)
-    slot = (tl.arange(0, BLOCK_G) % COL_INTERLEAVE)[:, None]  # which of the C columns each row produces
-    p0 = tl.where(slot == 0, p, 0.0)
-    p1 = tl.where(slot == 1, p, 0.0)
-    if COL_INTERLEAVE == 2:
-        a = tl.reshape(tl.join(p0, p1), (BLOCK_G, BLOCK_N * 2))  # a[r, 2n + j] = p_j[r, n]
-    else:  # join(join(p0, p2), join(p1, p3))[r, n, i, k] = p_(2i + k)[r, n], at a[r, 4n + 2i + k]
-        p2 = tl.where(slot == 2, p, 0.0)
-        p3 = tl.where(slot == 3, p, 0.0)
-        a = tl.reshape(tl.join(tl.join(p0, p2), tl.join(p1, p3)), (BLOCK_G, BLOCK_N * 4))
-    b = tl.reshape(tl.permute(tl.reshape(v, (BLOCK_N, BLOCK_D // COL_INTERLEAVE, COL_INTERLEAVE)), (0, 2, 1)),
-                   (BLOCK_N * COL_INTERLEAVE, BLOCK_D // COL_INTERLEAVE))  # b[C*n + j, c] = v[n, C*c + j]
-    acc = acc * alpha[:, None] + tl.dot(a, b, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, COUNTERS, qk_scale,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, qk_scale,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -205,8 +157,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr, COL_INTERLEAVE: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr, BLOCK_S: tl.constexpr,
+    KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
@@ -225,13 +176,10 @@ def _decode_split_kernel(
         start = first // BLOCK_N * BLOCK_N + pid_split * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, seqlen)
 
-    # Tile rows: the query heads of this KV head's group (row r is head r // COL_INTERLEAVE, see
-    # _interleaved_update), padded to a dot-able 16.
-    offs_g = tl.arange(0, BLOCK_G)
+    offs_g = tl.arange(0, BLOCK_G)  # query heads of this KV head's group, padded to a dot-able 16
     offs_d = tl.arange(0, BLOCK_D)
-    group_row = offs_g // COL_INTERLEAVE
-    row_ok = group_row < GROUP
-    heads = h_kv * GROUP + group_row
+    row_ok = offs_g < GROUP
+    heads = h_kv * GROUP + offs_g
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
@@ -241,10 +189,10 @@ def _decode_split_kernel(
         slope2 = tl.load(ALIBI_SLOPES + heads, mask=row_ok, other=0.0)[:, None] * LOG2E_IN_KERNEL
     m_i = tl.full([BLOCK_G], MASKED_FILL, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D // COL_INTERLEAVE], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
     # keys and the last one runs apart with them: a mask that varies along the keys narrows the copies of a V
-    # stored keys-adjacent to one byte, and costs selects on every tile. A paged window's first tile may start
+    # stored keys-adjacent to one element, and costs selects on every tile. A paged window's first tile may start
     # before the window, so there every tile keeps its masks.
     TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not (PAGED and HAS_WINDOW)
     full_end = end
@@ -295,37 +243,19 @@ def _decode_split_kernel(
                 step_scale = 1.0
             if phase == 1 or not TAIL_APART:
                 qk = tl.where(col_ok[None, :], qk, float("-inf"))
-            if COL_INTERLEAVE == 1:
-                acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
-            else:
-                acc, l_i, m_i = _interleaved_update(acc, l_i, m_i, qk, v, step_scale, COL_INTERLEAVE=COL_INTERLEAVE,
-                                                    BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-                                                    DOT_PRECISION=DOT_PRECISION)
+            acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
     o, lse = normalise_rows(acc, l_i, m_i)
     if KV_FP8:  # true V = v8 * v_scale: o is a weighted mean of V's rows, so the factor applies once, here
         o = o * tl.load(V_SCALE + pid_bh)
-    # Output column of each element of o (BLOCK_G, BLOCK_D // COL_INTERLEAVE): column c of row r is
-    # d = COL_INTERLEAVE * c + r % COL_INTERLEAVE (with COL_INTERLEAVE = 1, simply c).
-    out_d = tl.arange(0, BLOCK_D // COL_INTERLEAVE)[None, :] * COL_INTERLEAVE + (offs_g % COL_INTERLEAVE)[:, None]
-    o_mask = row_ok[:, None] & (out_d < HEAD_DIM)
     if DIRECT:  # one split: its output is the answer, written in q's dtype; no partials, no combine launch
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + out_d * stride_od, o.to(OUT.dtype.element_ty),
-                 mask=o_mask)
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 o.to(OUT.dtype.element_ty), mask=q_mask)
     else:
         row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
-        tl.store(O_PART + row[:, None] * BLOCK_D + out_d, o, mask=row_ok[:, None])
-        tl.store(LSE_PART + row, lse, mask=row_ok & (offs_g % COL_INTERLEAVE == 0))  # one copy of each row's lse
-        if FUSED_COMBINE:  # the last split of this (batch, KV head) to finish merges them all: no second launch
-            tl.debug_barrier()  # every thread's partial is stored before the count below says so
-            arrived = tl.atomic_add(COUNTERS + pid_bh, 1, sem="acq_rel", scope="gpu")  # splits done before this one
-            if arrived == NUM_SPLITS - 1:
-                tl.store(COUNTERS + pid_bh, 0)  # back to 0, ready for the next call
-                for g in tl.static_range(GROUP):
-                    _combine_row(O_PART, LSE_PART, OUT, b * stride_ob + (h_kv * GROUP + g) * stride_oh,
-                                 (b * H_KV + h_kv) * GROUP + g, stride_od, NUM_SPLITS, HEAD_DIM, BLOCK_D, BLOCK_S,
-                                 FUSED=True)
+        tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSE_PART + row, lse, mask=row_ok)
 
 
 @triton.jit
@@ -334,8 +264,19 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
     pid = tl.program_id(0)  # one (batch, query head) row
     b = pid // H_Q
     h = pid % H_Q
-    _combine_row(O_PART, LSE_PART, OUT, b.to(tl.int64) * stride_ob + h * stride_oh, pid, stride_od, NUM_SPLITS,
-                 HEAD_DIM, BLOCK_D, BLOCK_S, FUSED=False)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    lse_s = tl.load(LSE_PART + pid * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))  # (BLOCK_S,)
+    o_s = tl.load(O_PART + (pid * NUM_SPLITS + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                  mask=s_ok[:, None], other=0.0)  # (BLOCK_S, BLOCK_D)
+    lse_max = tl.max(lse_s, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # all splits empty: weights all 0 below
+    w = tl.exp(lse_s - lse_max)  # exp(-inf) = 0: empty splits add nothing
+    total = tl.sum(w, 0)
+    o = tl.sum(w[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d * stride_od,
+             o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
@@ -456,8 +397,9 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (seqlen - 1 - j).
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
-        switches: None (default: :func:`default_switches` for the cache's dtype) or a :class:`DecodeSwitches`,
-            the split kernel's options beyond its tiles, for tuning.
+        switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
+            a :class:`DecodeSwitches`, the split kernel's options beyond its tiles, for tuning; its None fields
+            are chosen as by default.
 
     No causal mask: the new token sees every cached key (the cache holds only the past). Under
     ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
@@ -483,7 +425,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
         window_left, window_right = _window_pair(window)
         return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
-                                            block_n, num_warps, num_stages, *_switch_ints(switches))
+                                            block_n, num_warps, num_stages, *_switch_fields(switches))
     return _decode(tensors, options, host_lengths)
 
 
@@ -560,10 +502,8 @@ def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | N
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     fp8_cache = k_cache.dtype == FP8
-    switches = default_switches(fp8_cache) if switches is None else _check_switches(switches)
-    if switches.col_interleave > 1 and block_d // switches.col_interleave < 16:
-        raise ValueError(f"col_interleave = {switches.col_interleave} at head dim {head_dim}: P V's dot needs "
-                         f"BLOCK_D / col_interleave = {block_d // switches.col_interleave} >= 16 output columns")
+    switches = _resolve_switches(switches, default_switches(props, block_d, q.element_size(), fp8_cache=fp8_cache,
+                                                            v_keys_adjacent=_is_keys_adjacent(v_cache)))
     candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=fp8_cache)
     if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
         first = candidates[0]
@@ -587,11 +527,11 @@ def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | N
 class _Plan:
     """What a decode call's layouts and options decide, worked out once: the launch, the splits, the grids and
     every kernel argument that is not one of the call's tensors. ``run`` then allocates the outputs and
-    launches: the split kernel alone when there is one split (it writes o) or when its last program merges the
-    splits (``fused_combine``), else the split kernel and the combine kernel."""
+    launches: the split kernel alone when there is one split (it writes o), else the split kernel and the
+    combine kernel."""
 
     __slots__ = ("key", "n_max", "paged", "empty", "num_splits", "part_shape", "split_grid", "split_args",
-                 "combine_grid", "combine_args", "counters", "launches")
+                 "combine_grid", "combine_args", "launches")
 
     def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
                  window_left, softcap, props: configs.DeviceProps, key, switches: DecodeSwitches):
@@ -611,10 +551,6 @@ class _Plan:
         num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
         split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
         self.num_splits = num_splits
-        fused = switches.fused_combine and num_splits > 1
-        # One arrival count per (batch, KV head) for the fused combine, zeroed here and put back to 0 by the last
-        # program of every call: calls of one plan must run one after another (one stream), as decode steps do.
-        self.counters = torch.zeros(batch * h_kv, dtype=torch.int32, device=q.device) if fused else None
         self.part_shape = (batch, h_q, num_splits, block_d)  # O_PART; LSE_PART is its first three dims
         o = torch.empty_like(q)  # as run() allocates it: its strides are q's layout's
         self.split_grid = (num_splits, batch * h_kv)
@@ -626,17 +562,15 @@ class _Plan:
             stride_bt_p=block_table.stride(1) if self.paged else 0,
             H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
             softcap2=(softcap or 1.0) * LOG2E,
-            GROUP=h_q // h_kv, BLOCK_G=max(16, switches.col_interleave * triton.next_power_of_2(h_q // h_kv)),
-            HEAD_DIM=head_dim,
+            GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
             BLOCK_D=block_d, BLOCK_N=block_n, PAGED=self.paged, PAGE_SIZE=k_cache.shape[2] if self.paged else 1,
             HAS_SEQLENS=cache_seqlens is not None, HAS_WINDOW=window_left is not None,
             HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
             DOT_PRECISION=dot_precision(q.dtype), KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
-            MASK_TAIL_ONLY=switches.mask_tail_only, COL_INTERLEAVE=switches.col_interleave, FUSED_COMBINE=fused,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+            MASK_TAIL_ONLY=switches.mask_tail_only,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        self.combine_grid = None if fused else (batch * h_q,)
+        self.combine_grid = (batch * h_q,)
         self.combine_args = dict(**strides(o, "o", axes="bhd"), H_Q=h_q, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
                                  BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
         self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
@@ -647,7 +581,6 @@ class _Plan:
         if self.empty:
             return o
         direct = self.num_splits == 1
-        one_launch = direct or self.combine_grid is None
         o_part = lse_part = o  # one split writes o itself: the partials' pointers are never read
         if not direct:
             o_part = q.new_empty(self.part_shape, dtype=torch.float32)
@@ -658,17 +591,16 @@ class _Plan:
         launch = (q, k_cache, v_cache, q if block_table is None else block_table,
                   q if cache_seqlens is None else cache_seqlens,
                   q if alibi_slopes is None else alibi_slopes.contiguous(),
-                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o,
-                  q if self.counters is None else self.counters)
+                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
         if self.launches is not None:  # a repeat call: no key to hash again, no argument to bind
             for prepared in self.launches:
                 prepared(launch)
             return o
         self._launch(_decode_split_kernel, self.split_grid, self.split_args, _NAMES, launch, self.key)
-        if not one_launch:
+        if not direct:
             self._launch(_decode_combine_kernel, self.combine_grid, self.combine_args, _COMBINE_NAMES, launch,
                          (self.key, "combine"))
-        prepared = (_LAUNCHES.get(self.key),) + (() if one_launch else (_LAUNCHES.get((self.key, "combine")),))
+        prepared = (_LAUNCHES.get(self.key),) + (() if direct else (_LAUNCHES.get((self.key, "combine")),))
         if None not in prepared:  # remembered (a GPU whose Triton shows the convention, the cache on)
             self.launches = prepared
         return o
@@ -688,7 +620,7 @@ _PLANS: dict = {}
 _PLAN_CAPACITY = 256
 _LAUNCHES = LaunchCache()
 _NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART",
-          "OUT", "COUNTERS")
+          "OUT")
 _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
@@ -720,28 +652,27 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
                alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
                window_left: int, window_right: int, softcap: Optional[float], block_n: Optional[int],
-               num_warps: Optional[int], num_stages: Optional[int], col_interleave: int = 0,
-               fused_combine: bool = False, programs_per_sm: int = 0, mask_tail_only: bool = False) -> torch.Tensor:
+               num_warps: Optional[int], num_stages: Optional[int], programs_per_sm: Optional[int] = None,
+               mask_tail_only: Optional[bool] = None) -> torch.Tensor:
     """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
-    four scalars, col_interleave 0 for none (the default switches)."""
+    their two fields (None: chosen per call)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
-    switches = (DecodeSwitches(col_interleave, fused_combine, programs_per_sm, mask_tail_only) if col_interleave
-                else None)
+    switches = (None if (programs_per_sm, mask_tail_only) == (None, None)
+                else DecodeSwitches(programs_per_sm, mask_tail_only))
     return _decode(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches))
 
 
-def _switch_ints(switches) -> tuple:
-    """The op's four scalars for ``switches``: (0, False, 0, False) for None."""
-    if switches is None:
-        return 0, False, 0, False
-    return tuple(_check_switches(switches))
+def _switch_fields(switches) -> tuple:
+    """The op's two switch arguments for ``switches``: (None, None) for None."""
+    switches = _check_switches(switches)
+    return tuple(switches) if switches is not None else (None, None)
 
 
 @_decode_op.register_fake
 def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale,
                     num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages,
-                    col_interleave=0, fused_combine=False, programs_per_sm=0, mask_tail_only=False):
+                    programs_per_sm=None, mask_tail_only=None):
     # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
     # exist here; the kernel clamps them).
     _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
