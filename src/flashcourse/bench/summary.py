@@ -706,3 +706,115 @@ def host_time_note(directory: Path | None = None) -> str | None:
             f"B{small['batch']} H{small['heads']} N{small['n']} D{small['head_dim']} "
             f"({_source(steps[0], steps[2])}): ours **{small['us']:.0f} us**, plain SDPA "
             f"**{small['sdpa_plain_us']:.0f} us**.")
+
+
+# ------------------------------------------------------------------------- lesson 08: what limits the backward
+# scripts/ncu_limits.py's backward cases: name -> (label, the kernels that compute its matrix products as (text in
+# the kernel's name, label, products)). A product is one N x N x D matrix product per head. cuDNN and b6 compute
+# the backward's five (S, dP, dV, dK, dQ) in one kernel; b1's dK/dV kernel computes S, dP, dV and dK, its dQ kernel
+# S and dP again, then dQ. Every other kernel of a case (the Delta preprocess, zeroing, dQ's conversion) computes none.
+BACKWARD_LIMIT_CASES = {
+    "bwd-cudnn": ("cuDNN", (("flash_bprop", "cuDNN", 5),)),
+    "bwd-b1": ("b1", (("_bwd_dkdv_kernel", "b1 dK/dV", 4), ("_bwd_dq_kernel", "b1 dQ", 3))),
+    "bwd-b6a": ("b6a", (("_b6a_kernel", "b6a", 5),)),
+    "bwd-b6c": ("b6c", (("_b6_ws_kernel", "b6c", 5),)),
+}
+BACKWARD_TARGET = 0.9  # of cuDNN's speed: the goal for our default backward
+
+
+def _ncu_backward_run(directory: Path | None):
+    """The newest ``*-ncu-limits.json`` in which every case of BACKWARD_LIMIT_CASES ran, or None."""
+    for data in reversed(load_results("*-ncu-limits.json", directory=directory)):
+        cases = data["meta"].get("cases", {})
+        if all(cases.get(case, {}).get("status") == "ok" for case in BACKWARD_LIMIT_CASES):
+            return data
+    return None
+
+
+def backward_limits(directory: Path | None = None) -> dict | None:
+    """What limits each backward, from the newest ``*-ncu-limits.json`` (scripts/ncu_limits.py, Nsight Compute) with
+    every backward case; None when no committed run has them.
+
+    ``kernels``: {label: {products, us, tflops (the products' FLOP over the kernel's time), tensor_pipe_pct,
+    registers, local_load_bytes (spilled registers read back), global_red_inst (reduction instructions: atomic adds
+    whose result no thread waits for), top_stalls, case, kernel}}, one per kernel that computes products.
+    ``backwards``: {label: {products, us (all its kernels), other_us (those that compute no product), over_cudnn
+    (cuDNN's time over its time), at_cudnn_rate (the same if its products took cuDNN's time per product, its other
+    kernels as measured), needed_tflops (the rate its products need for BACKWARD_TARGET of cuDNN's speed)}}.
+    Also ``flop_per_product`` (2 B H N^2 D, halved for causal), ``shape``, ``device``, ``date`` and ``file``."""
+    data = _ncu_backward_run(directory)
+    if data is None:
+        return None
+    meta, name = data["meta"], Path(data["path"]).name
+    shapes = {case: meta["cases"][case]["shape"] for case in BACKWARD_LIMIT_CASES}
+    shape = shapes["bwd-cudnn"]
+    if any(s != shape for s in shapes.values()):
+        raise ValueError(f"{name}: the backward cases ran different shapes, {shapes}: their rates do not compare")
+    flop = (2.0 * shape["batch"] * shape["heads"] * shape["n"] ** 2 * shape["head_dim"]
+            * (0.5 if shape["causal"] else 1.0))
+    kernels, backwards = {}, {}
+    for case, (backward, computing) in BACKWARD_LIMIT_CASES.items():
+        rows = [r for r in data["rows"] if r["case"] == case]
+        for text, label, products in computing:
+            found = [r for r in rows if text in r["kernel"]]
+            if len(found) != 1:
+                raise ValueError(f"{name}: expected one kernel named like {text!r} in case {case}, found "
+                                 f"{[r['kernel'][:60] for r in found] or 'none'}")
+            row = found[0]
+            kernels[label] = {"case": case, "kernel": row["kernel"], "products": products, "us": row["duration_us"],
+                              "tflops": products * flop / (row["duration_us"] * 1e-6) / 1e12,
+                              "tensor_pipe_pct": row["tensor_pipe_pct"], "registers": row["registers_per_thread"],
+                              "local_load_bytes": row["local_load_bytes"], "global_red_inst": row["global_red_inst"],
+                              "top_stalls": [stall for stall, _ in row["top_stalls"]]}
+        mine = [kernels[label] for _, label, _ in computing]
+        us = sum(r["duration_us"] for r in rows)
+        backwards[backward] = {"products": sum(k["products"] for k in mine), "us": us,
+                               "other_us": us - sum(k["us"] for k in mine)}
+    cudnn = backwards["cuDNN"]
+    us_per_product = kernels["cuDNN"]["us"] / kernels["cuDNN"]["products"]
+    for backward in backwards.values():
+        backward["over_cudnn"] = cudnn["us"] / backward["us"]
+        backward["at_cudnn_rate"] = cudnn["us"] / (backward["products"] * us_per_product + backward["other_us"])
+        seconds_left = (cudnn["us"] / BACKWARD_TARGET - backward["other_us"]) * 1e-6
+        backward["needed_tflops"] = backward["products"] * flop / seconds_left / 1e12
+    return {"device": meta["device"], "date": meta["date"], "file": name, "shape": shape, "flop_per_product": flop,
+            "kernels": kernels, "backwards": backwards}
+
+
+def backward_limits_markdown(limits: dict) -> str:
+    """Lesson 08's table of :func:`backward_limits`: per kernel its products, time, rate and what Nsight Compute saw."""
+    s = limits["shape"]
+    lines = [f"{limits['device']}, {limits['date']} (`{limits['file']}`; {DTYPE_NAMES.get(s['dtype'], s['dtype'])}, "
+             f"B = {s['batch']}, H = {s['heads']}, N = {s['n']}, D = {s['head_dim']}, "
+             f"{'causal' if s['causal'] else 'non-causal'}; "
+             f"one product {limits['flop_per_product'] / 1e12:.2f} TFLOP):",
+             "", "| kernel | products | time (us) | TFLOP/s | tensor pipe busy | registers / thread "
+             "| local memory read (MB) | global reductions (M) |", "|---|---|---|---|---|---|---|---|"]
+    for label, k in limits["kernels"].items():
+        lines.append(f"| {label} | {k['products']} | {k['us']:,.0f} | {k['tflops']:.0f} | {k['tensor_pipe_pct']:.0f}% "
+                     f"| {k['registers']:.0f} | {k['local_load_bytes'] / 1e6:,.0f} "
+                     f"| {k['global_red_inst'] / 1e6:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
+    """b1 over cuDNN's backward at its default launch and at the best launch of the newest
+    ``*-backward-launches.json`` (scripts/sweep_backward_launches.py: one kernel's launch changed at a time, key
+    ``ratio_vs_sdpa_cudnn``), per (head_dim, n, causal): {head_dim, n, causal, default, best, varied, launch};
+    None without a sweep."""
+    newest = _newest("*-backward-launches.json", directory)
+    if newest is None:
+        return None
+    found = []
+    rows = [r for r in newest[1] if r.get("scheme") == "b1" and r.get("ratio_vs_sdpa_cudnn") is not None]
+    for key in dict.fromkeys((r["head_dim"], r["n"], r["causal"]) for r in rows):
+        mine = [r for r in rows if (r["head_dim"], r["n"], r["causal"]) == key]
+        default = next((r for r in mine if r["varied"] == "default"), None)
+        if default is None:
+            continue
+        best = max(mine, key=lambda r: r["ratio_vs_sdpa_cudnn"])
+        config = best[f"{best['varied']}_config"] if best["varied"] in ("dq", "dkdv") else None
+        found.append({"head_dim": key[0], "n": key[1], "causal": key[2], "default": default["ratio_vs_sdpa_cudnn"],
+                      "best": best["ratio_vs_sdpa_cudnn"], "varied": best["varied"],
+                      "launch": _launch(config) if config else "default"})
+    return found

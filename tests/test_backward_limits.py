@@ -1,0 +1,121 @@
+"""bench.summary's readers of lesson 08's profile: what limits each backward (scripts/ncu_limits.py's JSON) and
+b1's launch sweep, on small result files written here, with numbers worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashcourse.bench import summary
+
+# One product: 2 * B * H * N^2 * D = 2 * 1 * 1 * 1000^2 * 100 = 2e8 FLOP.
+SHAPE = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 100, "dtype": "float16", "causal": False}
+
+
+def kernel_row(case, kernel, us, *, pipe=50.0, registers=128.0, local=0.0, red=0.0):
+    """One (case, kernel) row as scripts/ncu_limits.py writes it (only the fields the reader uses)."""
+    return {"case": case, "kernel": kernel, "duration_us": us, "tensor_pipe_pct": pipe,
+            "registers_per_thread": registers, "local_load_bytes": local, "global_red_inst": red,
+            "top_stalls": [["barrier", 2.0], ["wait", 1.0]]}
+
+
+def profile_rows():
+    # cuDNN: 100 us for 5 products (10 TFLOP/s) + 10 us of other kernels; b1: 5 us preprocess, 80 us for 4
+    # products, 60 us for 3 (10 TFLOP/s each); b6a / b6c: 250 us for 5 (4 TFLOP/s) + 8 us of other kernels.
+    return [kernel_row("bwd-cudnn", "void cudnn::compute_dot_do_o", 4.0),
+            kernel_row("bwd-cudnn", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", 100.0, pipe=67.0),
+            kernel_row("bwd-cudnn", "void cudnn::convert_dq_to_16bits<0>", 6.0),
+            kernel_row("bwd-b1", "_bwd_preprocess", 5.0),
+            kernel_row("bwd-b1", "_bwd_dkdv_kernel", 80.0, registers=255.0, local=8e6),
+            kernel_row("bwd-b1", "_bwd_dq_kernel", 60.0, registers=255.0, local=587e6),
+            *(kernel_row(case, name, us, red=red)
+              for case, main in (("bwd-b6a", "_b6a_kernel"), ("bwd-b6c", "_b6_ws_kernel"))
+              for name, us, red in (("_bwd_preprocess", 5.0, 0.0), ("FillFunctor", 1.0, 0.0), (main, 250.0, 2**28),
+                                    ("_dq_convert_kernel", 2.0, 0.0)))]
+
+
+def write_profile(directory, date, rows, *, statuses=None):
+    cases = {case: {"shape": dict(SHAPE), "status": (statuses or {}).get(case, "ok")}
+             for case in summary.BACKWARD_LIMIT_CASES}
+    cases["decode-fp16"] = {"shape": {}, "status": "ok"}
+    meta = {"date": date, "device": "NVIDIA H200", "kind": "ncu-limits", "cases": cases}
+    (directory / f"{date}-nvidia-h200-ncu-limits.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+
+
+def test_rates_and_ceilings_from_a_written_profile(tmp_path):
+    assert summary.backward_limits(tmp_path) is None  # nothing measured yet
+    write_profile(tmp_path, "2026-12-02", profile_rows())
+    limits = summary.backward_limits(tmp_path)
+    assert limits["flop_per_product"] == 2e8 and limits["file"] == "2026-12-02-nvidia-h200-ncu-limits.json"
+    kernels, backwards = limits["kernels"], limits["backwards"]
+    assert list(kernels) == ["cuDNN", "b1 dK/dV", "b1 dQ", "b6a", "b6c"]
+    assert [kernels[k]["products"] for k in kernels] == [5, 4, 3, 5, 5]
+    assert [kernels[k]["tflops"] for k in kernels] == pytest.approx([10.0, 10.0, 10.0, 4.0, 4.0])
+    assert kernels["b1 dQ"]["local_load_bytes"] == 587e6 and kernels["b6c"]["global_red_inst"] == 2**28
+    assert kernels["cuDNN"]["tensor_pipe_pct"] == 67.0 and kernels["b1 dK/dV"]["registers"] == 255.0
+    assert kernels["b6a"]["top_stalls"] == ["barrier", "wait"]
+    assert {name: (b["products"], b["us"], b["other_us"]) for name, b in backwards.items()} == {
+        "cuDNN": (5, 110.0, 10.0), "b1": (7, 145.0, 5.0), "b6a": (5, 258.0, 8.0), "b6c": (5, 258.0, 8.0)}
+    # b1 measured: 110 / 145. At cuDNN's 20 us a product: 7 * 20 + 5 = 145 us, the same here (equal rates).
+    assert backwards["b1"]["over_cudnn"] == pytest.approx(110 / 145)
+    assert backwards["b1"]["at_cudnn_rate"] == pytest.approx(110 / 145)
+    # b6: 5 * 20 + 8 = 108 us at cuDNN's rate, faster than cuDNN's 110 (fewer other microseconds)
+    assert backwards["b6a"]["at_cudnn_rate"] == pytest.approx(110 / 108)
+    assert backwards["b6a"]["over_cudnn"] == pytest.approx(110 / 258)
+    # 0.9x cuDNN is 122.2 us; b1's products then have 117.2 us for 1.4e9 FLOP: 11.94 TFLOP/s
+    assert backwards["b1"]["needed_tflops"] == pytest.approx(11.943, abs=1e-3)
+    for b in backwards.values():  # at the needed rate, each backward takes cuDNN's time over the target
+        seconds = b["products"] * 2e8 / (b["needed_tflops"] * 1e12) + b["other_us"] * 1e-6
+        assert backwards["cuDNN"]["us"] * 1e-6 / seconds == pytest.approx(summary.BACKWARD_TARGET)
+    table = summary.backward_limits_markdown(limits)
+    assert "N = 1000, D = 100, non-causal; one product 0.00 TFLOP" in table
+    assert "| b1 dQ | 3 | 60 | 10 | 50% | 255 | 587 | 0 |" in table
+    assert "| b6c | 5 | 250 | 4 | 50% | 128 | 0 | 268 |" in table
+
+
+def test_the_newest_profile_with_every_backward_case_is_read(tmp_path):
+    write_profile(tmp_path, "2026-12-02", profile_rows())
+    newer = [r for r in profile_rows() if r["case"] != "bwd-b6c"]
+    write_profile(tmp_path, "2026-12-05", newer, statuses={"bwd-b6c": "not run: the run's budget is spent"})
+    assert summary.backward_limits(tmp_path)["date"] == "2026-12-02"
+    causal = profile_rows()
+    write_profile(tmp_path, "2026-12-06", causal)
+    data = json.loads((tmp_path / "2026-12-06-nvidia-h200-ncu-limits.json").read_text())
+    for case in data["meta"]["cases"].values():
+        case["shape"]["causal"] = True
+    (tmp_path / "2026-12-06-nvidia-h200-ncu-limits.json").write_text(json.dumps(data))
+    limits = summary.backward_limits(tmp_path)
+    assert limits["date"] == "2026-12-06" and limits["flop_per_product"] == 1e8  # causal: half of each product
+    assert limits["kernels"]["cuDNN"]["tflops"] == pytest.approx(5.0)
+
+
+def test_a_profile_that_cannot_be_compared_is_refused(tmp_path):
+    write_profile(tmp_path, "2026-12-02", [r for r in profile_rows() if r["kernel"] != "_bwd_dq_kernel"])
+    with pytest.raises(ValueError, match="_bwd_dq_kernel.*bwd-b1"):
+        summary.backward_limits(tmp_path)
+    write_profile(tmp_path, "2026-12-02", profile_rows())
+    data = json.loads((tmp_path / "2026-12-02-nvidia-h200-ncu-limits.json").read_text())
+    data["meta"]["cases"]["bwd-b6a"]["shape"]["n"] = 2000
+    (tmp_path / "2026-12-02-nvidia-h200-ncu-limits.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="different shapes"):
+        summary.backward_limits(tmp_path)
+
+
+def test_b1_launch_sweep_gives_the_default_and_the_best_launch(tmp_path):
+    assert summary.b1_launch_sweep(tmp_path) is None
+    launch = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+    base = {"dtype": "float16", "batch": 4, "heads": 16, "head_dim": 128, "n": 8192, "rule": None}
+    rows = [{**base, "causal": True, "scheme": "sdpa_cudnn", "varied": None, "ms": 5.6},
+            {**base, "causal": True, "scheme": "b1", "varied": "default", "dq_config": {}, "dkdv_config": {},
+             "ratio_vs_sdpa_cudnn": 0.71},
+            {**base, "causal": True, "scheme": "b1", "varied": "dq", "dq_config": launch, "dkdv_config": {},
+             "ratio_vs_sdpa_cudnn": 0.76},
+            {**base, "causal": True, "scheme": "b1", "varied": "dkdv", "dq_config": {}, "dkdv_config": {},
+             "ratio_vs_sdpa_cudnn": 0.66},
+            {**base, "causal": False, "scheme": "b3", "rule": "prefix-LM", "varied": "default",
+             "ratio_vs_sdpa_cudnn": None}]
+    meta = {"date": "2026-12-02", "device": "NVIDIA H200"}
+    (tmp_path / "2026-12-02-nvidia-h200-backward-launches.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert summary.b1_launch_sweep(tmp_path) == [{"head_dim": 128, "n": 8192, "causal": True, "default": 0.71,
+                                                  "best": 0.76, "varied": "dq", "launch": "128x64/w8/s3"}]
