@@ -292,10 +292,12 @@ def test_a_launch_at_other_tiles_than_planned_is_served(rng, documents_mask, mon
 
 def test_the_lists_are_built_once(rng, monkeypatch):
     """Building classifies the sparse blocks once. With block_mask no step classifies a tile again; without,
-    every step does three times (forward 32 x 16, dK/dV 16 x 32, dQ 32 x 16)."""
-    calls = []
-    real = blockmask.tile_kinds
+    every step does three times (forward 32 x 16, dK/dV 16 x 32, dQ 32 x 16), from the documents' id ranges."""
+    calls, by_ranges = [], []
+    real, real_ranges = blockmask.tile_kinds, blockmask.document_tile_kinds
     monkeypatch.setattr(blockmask, "tile_kinds", lambda *a, **kw: calls.append(a[5:7]) or real(*a, **kw))
+    monkeypatch.setattr(blockmask, "document_tile_kinds",
+                        lambda *a, **kw: by_ranges.append(a[3:5]) or real_ranges(*a, **kw))
     shape, options, batch_heads, block_size = CASES["documents + causal, GQA, N not a multiple of the tiles"]
     options = options_of(shape, options)
     bm = build(shape, options, batch_heads, block_size)
@@ -305,9 +307,9 @@ def test_the_lists_are_built_once(rng, monkeypatch):
     for _ in range(2):
         step(q, k, v, do, block_mask=bm)
         kernels.flash_attention(q, k, v, block_mask=bm, enable_gqa=True)  # inference
-    assert calls == []
+    assert calls == by_ranges == []
     step(q, k, v, do, **options)
-    assert len(calls) == 3
+    assert calls == [] and by_ranges == [(32, 16), (16, 32), (32, 16)]
 
 
 def test_the_call_may_repeat_the_options(rng):

@@ -3,21 +3,36 @@ Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized 
 2412.05496).
 
 Causal and window bounds are classified analytically inside the attention kernels. Documents and ``mask_mod``
-cannot be, so :func:`_tile_kinds_kernel` evaluates the whole rule on every tile and writes its kind (0 empty,
-1 partial, 2 full) to a (B_mask, H_mask, row tiles, column tiles) int8 map. B_mask and H_mask are 1 where the
-mask is the same on every batch row or every head: documents differ per row, and a ``mask_mod`` only per row or
-head where its source reads b or h (``rules.mask_mod_reads``; a prefix-LM reads neither, so its map is one
-(b, h) deep, not B * H, and the kernels read row 0 for every batch row and head). The host turns each row of the
-map into two lists, its full tiles and its partial tiles, so an attention kernel loops over those alone: empty
-tiles are never loaded, full tiles run without mask code.
+cannot be, so each tile's kind (0 empty, 1 partial, 2 full) is written to a (B_mask, H_mask, row tiles, column
+tiles) int8 map: :func:`_tile_kinds_kernel` evaluates the whole rule on every score of the tile (documents alone
+take a cheaper way, below). B_mask and H_mask are 1 where the mask is the same on every batch row or every head:
+documents differ per row, and a ``mask_mod`` only per row or head where its source reads b or h
+(``rules.mask_mod_reads``; a prefix-LM reads neither, so its map is one (b, h) deep, not B * H, and the kernels
+read row 0 for every batch row and head). The host turns each row of the map into two lists, its full tiles and
+its partial tiles, so an attention kernel loops over those alone: empty tiles are never loaded, full tiles run
+without mask code.
 
-A call without a block mask gets these lists exactly at each kernel's tile size (the backward twice: dK/dV by
-key tile, dQ by query tile). For a ``mask_mod`` (a pure function: see ``rules.py``) they depend only on the
-function, the causal and window bounds, N_q, N_kv, B_mask, H_mask and the tiles, so :data:`CALL_LISTS` keeps the
-last 32 such lists under that key: a training loop passing the same ``mask_mod`` classifies on its first step
-only, forward and backward. Document ids are a tensor the caller may change in place between calls: their lists
-are classified on every call. :class:`BlockMask` (``kernels.create_block_mask``) classifies once, for every
-later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
+Documents alone (no ``mask_mod``) do not need every score looked at. :func:`document_tile_kinds` takes the
+smallest and largest id of each query tile's rows and of each key tile's keys (one pass over the ids, O(N)), then
+classifies every tile with a few comparisons: O(B (N / BLOCK)^2) work instead of the O(B N^2) of evaluating every
+score. Under the documents a tile is empty where the two id ranges do not overlap (no id in both), full where all
+its rows and keys carry one id, and partial otherwise; that is combined with the causal and window bounds, which
+a tile's span of j - i decides exactly, and a tile that runs past N is never full. For packed documents (ids never
+decreasing along the sequence, as packing lays them out) this is exactly :func:`tile_kinds`' map: overlapping
+ranges then share an id, whose positions are contiguous, and the bounds keep the diagonal i = j (documents force
+N_q = N_kv, window sides are >= 0), so a tile the bounds leave seen holds a visible pair of that id (on the
+diagonal, or at the tile's corner nearest to it). For ids in any other order a tile may be called partial where it
+is empty or full (ranges 0..2 and 1..1 overlap but share no id), never the opposite kind: the attention stays
+exact and only masks scores it could have skipped.
+
+A call without a block mask gets these lists at each kernel's tile size (the backward twice: dK/dV by key tile, dQ
+by query tile), exact ones but for document ids in no order. For a ``mask_mod`` (a pure function: see
+``rules.py``) they depend only on the function, the causal and window bounds, N_q, N_kv, B_mask, H_mask and the
+tiles, so :data:`CALL_LISTS` keeps the last 32 such lists under that key: a training loop passing the same
+``mask_mod`` classifies on its first step only, forward and backward. Document ids are a tensor the caller may
+change in place between calls: their lists are classified on every call, from the ranges (score by score where a
+``mask_mod`` comes with them). :class:`BlockMask` (``kernels.create_block_mask``) evaluates every score once, for
+every later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
 FlexAttention's ``BlockMask`` does (128 is the default ``BLOCK_SIZE`` of PyTorch's ``create_block_mask``). So
 the same mask serves every head dim, dtype and GPU, whatever tiles their launches take. A kernel derives its lists
 from that one map: its tile is full where every sparse block it overlaps is full, empty where every one is empty,
@@ -86,6 +101,92 @@ def tile_kinds(rules: Rules, batch: int, heads: int, n_q: int, n_kv: int, block_
     return kinds
 
 
+@triton.jit
+def _id_range(doc_ids, start, N, BLOCK: tl.constexpr, SPAN: tl.constexpr):
+    """The smallest and largest document id of positions start .. start + BLOCK - 1 below N (start < N); SPAN is
+    BLOCK rounded up to a power of two (Triton's ranges are), so any tile size works."""
+    positions = start + tl.arange(0, SPAN)
+    inside = (positions < N) & (positions < start + BLOCK)
+    ids = tl.load(doc_ids + positions, mask=inside, other=0)
+    ids = tl.where(inside, ids, tl.load(doc_ids + start))  # past N: the first id again, which moves neither end
+    return tl.min(ids, 0), tl.max(ids, 0)
+
+
+@triton.jit
+def _key_id_ranges_kernel(KEY_MIN, KEY_MAX, DOC_IDS, stride_doc_b, N, BLOCK_N: tl.constexpr,
+                          SPAN_N: tl.constexpr):
+    pid_n = tl.program_id(0)
+    b = tl.program_id(1)
+    low, high = _id_range(DOC_IDS + b * stride_doc_b, pid_n * BLOCK_N, N, BLOCK_N, SPAN_N)
+    tile = b * tl.num_programs(0) + pid_n
+    tl.store(KEY_MIN + tile, low)
+    tl.store(KEY_MAX + tile, high)
+
+
+@triton.jit
+def _document_tile_kinds_kernel(KINDS, DOC_IDS, KEY_MIN, KEY_MAX, stride_doc_b, N, UPPER, LOWER,
+                                HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_N: tl.constexpr, SPAN_M: tl.constexpr, COLUMNS: tl.constexpr):
+    """One query tile's row of the kinds map, COLUMNS key tiles at a time, from id ranges and the bounds."""
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    first_row = pid_m * BLOCK_M
+    last_row = tl.minimum(first_row + BLOCK_M, N) - 1  # the last row that exists
+    q_min, q_max = _id_range(DOC_IDS + b * stride_doc_b, first_row, N, BLOCK_M, SPAN_M)
+    row_of_map = KINDS + (b * tl.num_programs(0) + pid_m).to(tl.int64) * tiles_n
+    for start in range(0, tiles_n, COLUMNS):
+        n = start + tl.arange(0, COLUMNS)
+        in_map = n < tiles_n
+        k_min = tl.load(KEY_MIN + b * tiles_n + n, mask=in_map, other=0)
+        k_max = tl.load(KEY_MAX + b * tiles_n + n, mask=in_map, other=0)
+        first_col = n * BLOCK_N
+        last_col = tl.minimum(first_col + BLOCK_N, N) - 1
+        # Documents: where the two ranges do not overlap, no row shares an id with a key; where every row and key
+        # carry one id, every pair does.
+        seen = (q_min <= k_max) & (k_min <= q_max)
+        whole = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
+        # A tile past N is never whole: its missing rows or keys see nothing.
+        whole = whole & (first_row + BLOCK_M <= N) & (first_col + BLOCK_N <= N)
+        # Bounds (visible()'s, for a whole tile): j - i takes every value from first_col - last_row to
+        # last_col - first_row here, so some pair is seen where that span meets [LOWER, UPPER], every pair where
+        # it lies inside.
+        if HAS_UPPER:
+            seen = seen & (first_col - last_row <= UPPER)
+            whole = whole & (last_col - first_row <= UPPER)
+        if HAS_LOWER:
+            seen = seen & (last_col - first_row >= LOWER)
+            whole = whole & (first_col - last_row >= LOWER)
+        kind = tl.where(seen, tl.where(whole, 2, 1), 0)  # FULL, PARTIAL, EMPTY
+        tl.store(row_of_map + n, kind.to(tl.int8), mask=in_map)
+
+
+# Key tiles one program of _document_tile_kinds_kernel classifies at once.
+DOCUMENT_COLUMNS = 64
+
+
+def document_tile_kinds(rules: Rules, batch: int, n: int, block_m: int, block_n: int, device) -> torch.Tensor:
+    """The (batch, 1, cdiv(n, block_m), cdiv(n, block_n)) int8 map of tile kinds under documents and the causal /
+    window bounds of ``rules`` (no ``mask_mod``), from each tile's range of ids (the module docstring says why that
+    is :func:`tile_kinds`' map for packed ids, and never a wrong kind for any ids). Two launches: the key tiles'
+    ranges, then the map, each query tile taking its own range."""
+    ids = rules.document_ids  # (batch, n) int32, contiguous (rules.parse_rules makes it so)
+    upper, lower = rules.key_bounds(n, n)
+    tiles_m, tiles_n = triton.cdiv(n, block_m), triton.cdiv(n, block_n)
+    kinds = torch.empty((batch, 1, tiles_m, tiles_n), dtype=torch.int8, device=device)
+    if kinds.numel() == 0:
+        return kinds
+    key_min, key_max = torch.empty((2, batch, tiles_n), dtype=ids.dtype, device=device)
+    _key_id_ranges_kernel[(tiles_n, batch)](KEY_MIN=key_min, KEY_MAX=key_max, DOC_IDS=ids,
+                                           stride_doc_b=ids.stride(0), N=n, BLOCK_N=block_n,
+                                           SPAN_N=triton.next_power_of_2(block_n))
+    _document_tile_kinds_kernel[(tiles_m, batch)](
+        KINDS=kinds, DOC_IDS=ids, KEY_MIN=key_min, KEY_MAX=key_max, stride_doc_b=ids.stride(0), N=n,
+        UPPER=upper or 0, LOWER=lower or 0, HAS_UPPER=upper is not None, HAS_LOWER=lower is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPAN_M=triton.next_power_of_2(block_m), COLUMNS=DOCUMENT_COLUMNS)
+    return kinds
+
+
 @dataclass(frozen=True)
 class TileLists:
     """For every row of tiles (B_mask, H_mask, rows): how many full and partial tiles it has, and which, ascending
@@ -143,8 +244,12 @@ def no_tile_lists(stand_in: torch.Tensor) -> dict:
 
 def build_lists(rules: Rules, batch: int, heads: int, n_q: int, n_kv: int, block_m: int, block_n: int, device, *,
                 by_key: bool) -> TileLists:
-    """The tile lists of one kernel: per query tile (forward, dQ) or, ``by_key``, per key tile (dK/dV)."""
-    kinds = tile_kinds(rules, batch, heads, n_q, n_kv, block_m, block_n, device)
+    """The tile lists of one kernel: per query tile (forward, dQ) or, ``by_key``, per key tile (dK/dV); documents
+    without a ``mask_mod`` from id ranges, anything else from every score."""
+    if rules.document_ids is not None and rules.mask_mod is None:
+        kinds = document_tile_kinds(rules, batch, n_q, block_m, block_n, device)
+    else:
+        kinds = tile_kinds(rules, batch, heads, n_q, n_kv, block_m, block_n, device)
     return tile_lists(kinds.transpose(-1, -2) if by_key else kinds)
 
 
