@@ -1,6 +1,7 @@
 """What limits each kernel, in Nsight Compute's counters: the backward at D = 128 (b1, the Gluon b6a and b6c, cuDNN's),
-decoding from an FP8 KV cache against an fp16 one, and a prefix-LM ``mask_mod`` forward and backward against
-compiled FlexAttention. One GPU call, under 9 minutes:
+decoding from an FP8 KV cache against an fp16 one, a prefix-LM ``mask_mod`` forward and backward against
+compiled FlexAttention, and the rows of ``bench variants`` that missed their target on 2026-12-02 beside what they
+were compared with (:data:`VARIANT_GAPS`). One GPU call, under 9 minutes (the first ten cases took 3 minutes):
 
     PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --out /tmp/ncu        # every case under ncu, one JSON
     PYTHONPATH=src python scripts/ncu_limits.py --list                          # the cases
@@ -269,6 +270,49 @@ def _mask_case(provider: str, mode: str):
     return build
 
 
+def _variant_case(name: str, provider: str, mode: str):
+    """A row of ``bench variants`` (its shape, rule and provider, fp16) as one profiled call: the forward under
+    no_grad, or the backward alone (``autograd.grad``)."""
+    def build():
+        import torch
+
+        from flashcourse.bench import variants
+
+        variant = next(v for v in variants.VARIANTS if v.name == name)  # _variant_shape checked the name
+        inputs = variants.make_inputs(variant, "float16")
+        attend = variants.provider_fn(provider, variant, inputs)
+        if mode == "bwd":
+            return _autograd_backward(attend, inputs.q, inputs.k, inputs.v, inputs.do)
+
+        def forward():
+            with torch.no_grad():
+                return attend(inputs.q, inputs.k, inputs.v)
+        return forward
+    return build
+
+
+# The variants that missed 1.0x FlexAttention (or 0.9x cuDNN at D = 256) in the 2026-12-02 variants run, each
+# beside what it was compared with: (variant of bench variants, pass, our provider, theirs).
+VARIANT_GAPS = (
+    ("mask_mod: chunked local", "fwd", "flashcourse", "flex"),
+    ("window 1024", "bwd", "flashcourse", "flex"),
+    ("8 documents, causal", "bwd", "flashcourse", "flex"),
+    ("head_dim: 256", "fwd", "flashcourse", "sdpa_cudnn"),
+)
+
+
+def _variant_shape(name: str, mode: str) -> dict:
+    from flashcourse.bench.variants import VARIANTS
+
+    variant = next(v for v in VARIANTS if v.name == name)
+    return {"variant": name, "batch": variant.batch, "heads": variant.heads, "heads_kv": variant.heads_kv,
+            "n": variant.n, "head_dim": variant.head_dim, "dtype": "float16", "mode": mode}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 CASES = (
     Case("bwd-b1", "backward", "b1", "b1's dK/dV and dQ kernels (Triton) and their preprocess", BWD, _backward_b1),
     Case("bwd-cudnn", "backward", "sdpa_cudnn", "cuDNN's backward through SDPA (autograd.grad)", BWD,
@@ -289,7 +333,11 @@ CASES = (
          {**MASK, "mode": "fwd"}, _mask_case("flex", "fwd")),
     Case("prefix-lm-bwd-flex", "mask rule", "flex", "compiled flex_attention backward (autograd.grad)",
          {**MASK, "mode": "bwd"}, _mask_case("flex", "bwd")),
-)
+) + tuple(
+    Case(f"{_slug(name)}-{mode}-{'ours' if provider == 'flashcourse' else _slug(provider)}", "variant gap", provider,
+         f"bench variants' {name!r} {mode}, {provider}", _variant_shape(name, mode),
+         _variant_case(name, provider, mode))
+    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs))
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 

@@ -81,7 +81,10 @@ def test_list_prints_every_case_in_order(limits, capsys):
     shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert shown == [case.name for case in limits.CASES]
     assert {"bwd-b1", "bwd-b6a", "bwd-b6c", "bwd-cudnn", "decode-fp16", "decode-fp8", "prefix-lm-fwd-ours",
-            "prefix-lm-bwd-ours", "prefix-lm-fwd-flex", "prefix-lm-bwd-flex"} == set(shown)
+            "prefix-lm-bwd-ours", "prefix-lm-fwd-flex", "prefix-lm-bwd-flex", "mask-mod-chunked-local-fwd-ours",
+            "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
+            "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
+            "head-dim-256-fwd-sdpa-cudnn"} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -334,3 +337,15 @@ def test_a_refused_metric_is_dropped_and_the_case_run_again(limits, tmp_path):
     assert data["meta"]["metrics"] == [] and "Failed to find metric" in data["meta"]["metrics_dropped"]
     assert {name: c["status"] for name, c in data["meta"]["cases"].items()} == {"bwd-b1": "ok", "decode-fp16": "ok"}
     assert len(data["rows"]) == 4
+
+
+def test_variant_gap_cases_take_their_shape_from_bench_variants(limits):
+    from flashcourse.bench.variants import VARIANTS
+
+    by_name = {v.name: v for v in VARIANTS}
+    gaps = [case for case in limits.CASES if case.group == "variant gap"]
+    assert len(gaps) == 2 * len(limits.VARIANT_GAPS)
+    for case in gaps:
+        variant = by_name[case.shape["variant"]]
+        assert (case.shape["n"], case.shape["head_dim"], case.shape["heads"]) == (variant.n, variant.head_dim,
+                                                                                 variant.heads)
