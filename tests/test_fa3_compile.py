@@ -36,14 +36,15 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-# `make test` compiles v8e, which holds every mechanism that v8b-v8d add one by one to the warp-specialized kernel
-# (warp specialization, the consumers' register budget, the overlap, ping-pong), and v8f, the persistent kernel
-# (three consumer warpgroups at D = 64); the four before v8e are marked `full` (`make test-gpu` compiles them, and
+# `make test` compiles v8f, which holds every mechanism that v8b-v8e add one by one to the warp-specialized kernel
+# (warp specialization, the consumers' register budget, the overlap, ping-pong) and runs them persistently, with
+# three consumer warpgroups at D = 64; the stages before it are marked `full` (`make test-gpu` compiles them, and
 # `pytest -m full` here).
-@pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for v8a-v8e's ten compiles to cubin; v8e and
-# v8f's four: about 20 s
-@pytest.mark.parametrize("stages", [pytest.param(STAGES[-2:], id="v8e-v8f"),
-                                    pytest.param(STAGES[:-2], id="v8a-v8d", marks=pytest.mark.full)])
+@pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for v8a-v8e's ten compiles to cubin; v8f's two:
+# about 10 s
+@pytest.mark.parametrize("stages", [pytest.param(("v8f",), id="v8f"),
+                                    pytest.param(tuple(s for s in STAGES if s != "v8f"), id="v8a-v8e",
+                                                 marks=pytest.mark.full)])
 def test_every_stage_compiles_for_sm90(stages, tmp_path):
     _compile_and_check(stages, (), tmp_path)
 
@@ -56,9 +57,21 @@ def test_v8f_compiles_in_both_dtypes_causal_and_not(tmp_path):
     _compile_and_check(("v8f",), ("--all",), tmp_path, variants=4)
 
 
-def _compile_and_check(stages, flags, tmp_path, variants=1):
+@pytest.mark.slow
+@pytest.mark.full  # sixteen compiles, about 80 s on two shared cores
+def test_head_dim_256_compiles_without_spills(tmp_path):
+    """At D = 256 a consumer warpgroup holds a 64 x 256 fp32 output (128 registers a thread of its 240) beside
+    its scores and P, and Q with two K/V stages of 64 keys take 192 KB of shared memory: v8c-v8f compile in
+    both dtypes, causal and not, with no spill and within sm_90's 227 KB; v8a and v8b do not take D = 256."""
+    records = _compile_and_check(("v8a", "v8b", "v8c", "v8d", "v8e", "v8f"), ("--all", "--head-dims", "256"),
+                                 tmp_path, variants=4, head_dims=(256,), takes=("v8c", "v8d", "v8e", "v8f"))
+    assert all(196608 <= r["shared"] <= 232448 for r in records)  # Q 64 KB + 2 x (K + V) 64 KB, and barriers
+
+
+def _compile_and_check(stages, flags, tmp_path, variants=1, head_dims=(64, 128), takes=None):
     """Compile ``stages`` with scripts/fa3_compile.py and check each record: compiled, no spill, shared memory
-    within sm_90's 227 KB, wgmma present, the register budgets of each stage."""
+    within sm_90's 227 KB, wgmma present, the register budgets of each stage. ``takes``: the stages of
+    ``stages`` that take ``head_dims`` (the others compile nothing). Returns the records."""
     out = tmp_path / "fa3.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), *(a for s in stages for a in ("--stage", s)), *flags,
                            "--json", str(out)], capture_output=True, text=True, env=_env(tmp_path), timeout=900)
@@ -66,8 +79,9 @@ def _compile_and_check(stages, flags, tmp_path, variants=1):
         pytest.skip(proc.stdout.strip())
     assert out.exists(), proc.stdout + proc.stderr[-3000:]
     records = json.loads(out.read_text())["records"]
-    assert len(records) == len(stages) * 2 * variants
-    assert {(r["stage"], r["head_dim"]) for r in records} == {(s, d) for s in stages for d in (64, 128)}
+    takes = stages if takes is None else takes
+    assert len(records) == len(takes) * len(head_dims) * variants
+    assert {(r["stage"], r["head_dim"]) for r in records} == {(s, d) for s in takes for d in head_dims}
     for r in records:
         where = f"{r['stage']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
         assert r["ok"], f"{where}: {r['error']}"
@@ -79,12 +93,13 @@ def _compile_and_check(stages, flags, tmp_path, variants=1):
             assert not budgets, f"v8a is not warp-specialized, yet: {budgets}"
         elif r["stage"] != "v8f" or r["head_dim"] == 128:  # the producer's warpgroup gives its registers away
             assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"
-        if r["stage"] in ("v8c", "v8d", "v8e") or (r["stage"] == "v8f" and r["head_dim"] == 128):
+        if r["stage"] in ("v8c", "v8d", "v8e") or (r["stage"] == "v8f" and r["head_dim"] != 64):
             assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # two consumers
         if r["stage"] == "v8f" and r["head_dim"] == 64:  # three consumer warpgroups of 160, FA3's at D = 64
             assert "setmaxnreg.inc.sync.aligned.u32 \t160" in budgets, f"{where}: {budgets}"
             assert "setmaxnreg.dec.sync.aligned.u32 \t32" in budgets, f"{where}: {budgets}"
     assert proc.returncode == 0, proc.stdout
+    return records
 
 
 def test_kernels_package_does_not_import_fa3():
@@ -109,8 +124,10 @@ def test_unsupported_inputs_say_what_to_use():
 
     with pytest.raises(ValueError, match="float16 or bfloat16.*flash_attention"):
         fa3.fa3_forward(q(dtype=torch.float32), q(dtype=torch.float32), q(dtype=torch.float32))
-    with pytest.raises(ValueError, match=r"head dims \(64, 128\).*flash_attention"):
+    with pytest.raises(ValueError, match=r"stage v8c takes head dims \(64, 128, 256\).*flash_attention"):
         fa3.fa3_forward(q(d=80), q(d=80), q(d=80))
+    with pytest.raises(ValueError, match=r"stage v8a takes head dims \(64, 128\) \(got 256\)"):
+        fa3.fa3_forward(q(d=256), q(d=256), q(d=256), stage="v8a")
     with pytest.raises(ValueError, match="contiguous"):
         t = q().transpose(1, 2)
         fa3.fa3_forward(t, t, t)
@@ -155,6 +172,43 @@ def test_v8f_launch_by_head_dim():
     assert "BH" not in fa3.kernel_signature(fa3.STAGES["v8e"], 64, torch.bfloat16, True)[0]
 
 
+def test_head_dim_256_launch():
+    """D = 256 is v8c-v8f's, with FA3's sizes there: 128-row query tiles over two consumer warpgroups (240
+    registers, a 64 x 256 fp32 output being 128 of them), 64-key tiles in a ring of two stages (the largest
+    power of two whose ring fits beside Q), v8f without ping-pong; D 64 and 128 launch as before."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+
+    try:
+        from flashcourse.kernels.hopper import fa3
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3.py does not import under this Triton: {error}")
+
+    assert [name for name, s in fa3.STAGES.items() if 256 in s.head_dims] == ["v8c", "v8d", "v8e", "v8f"]
+    shared_limit, element = 232448, 2
+
+    def shared(stage, block_n):  # Q, then K and V in each ring stage
+        return stage.block_m() * 256 * element + stage.stages * 2 * block_n * 256 * element
+
+    for name in ("v8c", "v8d", "v8e", "v8f"):
+        stage = fa3.STAGES[name].at(256)
+        assert (stage.consumers, stage.block_m(), stage.block_n[256], stage.stages) == (2, 128, 64, 2), name
+        assert (stage.consumer_regs, stage.producer_regs) == (240, 24), name
+        assert shared(stage, 64) <= shared_limit < shared(stage, 128), name
+        assert "D = 256" in stage.expected, name  # what the stage table expects there, and why
+        signature, constexprs = fa3.kernel_signature(fa3.STAGES[name], 256, torch.float16, False)
+        assert "[64,256]" in signature["q_desc"] and "[64,256]" in signature["k_desc"], name
+        assert constexprs["PINGPONG"] == (name == "v8e"), name
+    # D 64 and 128: (consumers, key tile, ping-pong, consumer registers) as before D = 256 came.
+    before = {"v8a": ((1, 128, False, 0), (1, 64, False, 0)), "v8b": ((1, 128, False, 0), (1, 64, False, 0)),
+              "v8c": ((2, 128, False, 240), (2, 128, False, 240)), "v8d": ((2, 128, False, 240), (2, 128, False, 240)),
+              "v8e": ((2, 128, True, 240), (2, 128, True, 240)), "v8f": ((3, 128, True, 160), (2, 128, True, 240))}
+    for name, launches in before.items():
+        for head_dim, launch in zip((64, 128), launches, strict=True):
+            stage = fa3.STAGES[name].at(head_dim)
+            assert (stage.consumers, stage.block_n[head_dim], stage.pingpong, stage.consumer_regs) == launch, name
+
+
 def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path):
     """scripts/gpu_fa3.py's check shapes reach what v8f adds: N_kv a multiple of 128 with N_q awkward, an odd
     number of query tiles at 128 and 192 rows (a causal head's middle tile, which has no partner), N_q > N_kv,
@@ -178,6 +232,35 @@ def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path)
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--references", "sdpa_bogus"],
                           capture_output=True, text=True, env=_env(tmp_path), timeout=300)
     assert proc.returncode == 2 and "unknown references" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_gpu_script_runs_head_dim_256_apart_and_checks_the_ring_across_query_tiles(tmp_path):
+    """``--head-dims 256`` runs the stages that take it, saved under a name of its own (never the stage table,
+    whatever the stages); a head dim no stage has is refused before anything runs. Its check shapes include,
+    causal and not, a v8f program that takes several query tiles of 128 rows whose count of 64-key tiles is
+    odd, so that the ring's phases carry over from one query tile to the next flipped."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+            "g.CHECK_SHAPES, g.results_name(['v8d', 'v8e', 'v8f'], False, (256,)), "
+            "g.results_name(['v8a', 'v8b', 'v8c', 'v8d', 'v8e', 'v8f'], True, (256,)), "
+            "g.results_name(['v8a'], True, (64, 128)), g.parse_head_dims('256,64')]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=_env(tmp_path), timeout=300)
+    shapes, part, every_256, table, dims = json.loads(proc.stdout.splitlines()[-1])
+    assert (part, table, dims) == ("fa3-stages-v8d-v8e-v8f-d256", "fa3-stages", [64, 256])
+    assert every_256.startswith("fa3-stages-") and every_256.endswith("-d256")
+    for causal in (False, True):
+        carried = False
+        for n_q, n_kv, batch, heads in shapes:
+            n_m = -(-n_q // 128)
+            programs = min(batch * heads * ((n_m + 1) // 2 if causal else n_m), 132)
+            for program in range(programs):
+                tiles = [_v8f_key_tiles(m, 128, 64, n_kv, causal)
+                         for _, m in _v8f_items(program, programs, n_m, batch * heads, causal)]
+                carried |= any(count % 2 for count in tiles[:-1])
+        assert carried, causal
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--head-dims", "80"],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=300)
+    assert proc.returncode == 2 and "expected some of 64, 128, 256" in proc.stderr, proc.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------------------------ the ring protocol
@@ -432,9 +515,11 @@ def test_v8f_causal_pairs_share_the_work_evenly():
     assert max(one_by_one) / min(one_by_one) > 1.25
 
 
-def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, seed: int, q_empty_flip: int = 1):
+def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, seed: int, q_empty_flip: int = 1,
+                      pingpong: bool = True):
     """v8f's protocol: the ring and the turns run on across the query tiles a program takes; each query tile's
-    Q is loaded into the consumers' buffers once every consumer arrived on ``q_empty`` after its last QK^T."""
+    Q is loaded into the consumers' buffers once every consumer arrived on ``q_empty`` after its last QK^T.
+    Without ``pingpong`` (v8f at D = 256) the warpgroups take no turns."""
     world = _World()
     rng = random.Random(seed)
     k_slot, v_slot, q_slot = [None] * stages, [None] * stages, [None] * consumers
@@ -487,16 +572,18 @@ def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, se
                 slot, prev, turn = r % stages, (r - 1) % stages, turn0 + j - 1
                 k_ready[slot].wait((r // stages) & 1)
                 v_ready[prev].wait(((r - 1) // stages) & 1)
-                if wg == 0:
-                    turns[0].wait((turn - 1) & 1, pred=turn > 0)
-                else:
-                    turns[wg].wait(turn & 1)
+                if pingpong:
+                    if wg == 0:
+                        turns[0].wait((turn - 1) & 1, pred=turn > 0)
+                    else:
+                        turns[wg].wait(turn & 1)
                 with world:
                     issued.append((wg, turn))
                 read(q_slot, wg, ("Q", item, wg))
                 read(k_slot, slot, ("K", item, j))
                 read(v_slot, prev, ("V", item, j - 1))
-                turns[(wg + 1) % consumers].arrive()
+                if pingpong:
+                    turns[(wg + 1) % consumers].arrive()
                 _jitter(rng)
                 read(k_slot, slot, ("K", item, j))
                 k_empty[slot].arrive()
@@ -523,7 +610,10 @@ def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, se
     world.join()
     assert not errors, errors[0]
     turns_taken = sum(n - 1 for n in tiles_per_item)
-    assert issued == [(wg, t) for t in range(turns_taken) for wg in range(consumers)], issued
+    if pingpong:
+        assert issued == [(wg, t) for t in range(turns_taken) for wg in range(consumers)], issued
+    else:
+        assert sorted(issued) == sorted((wg, t) for t in range(turns_taken) for wg in range(consumers)), issued
 
 
 @pytest.mark.parametrize("consumers", [2, 3])
@@ -533,6 +623,14 @@ def test_v8f_protocol(tiles_per_item, consumers):
     for stages in (2, 3):
         for seed in range(2):
             _run_v8f_protocol(tiles_per_item, stages, consumers, seed)
+
+
+@pytest.mark.parametrize("tiles_per_item", [[1], [15, 15, 3], [2, 7, 1]], ids=str)
+def test_v8f_protocol_without_turns(tiles_per_item):
+    """v8f at D = 256: two consumer warpgroups take no turns; the ring (two stages), Q and the phases still hold
+    across query tiles with odd counts of key tiles (64-key tiles: 15 at N_kv = 960)."""
+    for seed in range(2):
+        _run_v8f_protocol(tiles_per_item, 2, 2, seed, pingpong=False)
 
 
 def test_v8f_protocol_model_catches_a_wrong_q_phase():
