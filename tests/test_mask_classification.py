@@ -7,6 +7,8 @@ at sizes no tile divides; how many times the tile kinds are classified over repe
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -207,3 +209,27 @@ def test_the_cache_keeps_the_most_recently_used():
     cache.get("a", build("a"))  # used last before c came: kept
     cache.get("b", build("b"))  # dropped when c came: built again
     assert built == ["a", "b", "c", "b"]
+
+
+PREFIX = 20  # read by prefix_of_global below; the test changes it between calls, as a notebook cell might
+
+
+@triton.jit
+def prefix_of_global(b, h, q_idx, kv_idx):
+    """A prefix-LM whose prompt length is a module-level value."""
+    return (kv_idx <= q_idx) | (kv_idx < PREFIX)
+
+
+def test_a_changed_module_value_is_classified_anew(rng, classified, monkeypatch):
+    """Kept lists are keyed by the values a rule reads from its module: after PREFIX changes, the call must see the
+    new mask (the interpreter runs the new value; old lists would leave tiles unmasked)."""
+    q, k, v, _ = make(rng, 1, 2, 70, 70, 32)
+    kernels.flash_attention(q, k, v, mask_mod=prefix_of_global)
+    first = len(classified)
+    monkeypatch.setattr(sys.modules[__name__], "PREFIX", 50)
+    got = kernels.flash_attention(q, k, v, mask_mod=prefix_of_global)
+    assert len(classified) > first, "a new PREFIX must be classified again"
+    keep = np.array([[j <= i or j < 50 for j in range(70)] for i in range(70)])
+    o_ref, _ = torch_attention(q.cpu(), k.cpu(), v.cpu(), extra=keep)
+    assert_close(got, o_ref, dtype="float32", what="o after PREFIX changed")
+    assert ("PREFIX", 50) in rules.mask_mod_constants(prefix_of_global)

@@ -26,21 +26,21 @@ is empty or full (ranges 0..2 and 1..1 overlap but share no id), never the oppos
 exact and only masks scores it could have skipped.
 
 A call without a block mask gets these lists at each kernel's tile size (the backward twice: dK/dV by key tile, dQ
-by query tile), exact ones but for document ids in no order. For a ``mask_mod`` (a pure function: see
-``rules.py``) they depend only on the function, the causal and window bounds, N_q, N_kv, B_mask, H_mask and the
-tiles, so :data:`CALL_LISTS` keeps the last 32 such lists under that key: a training loop passing the same
-``mask_mod`` classifies on its first step only, forward and backward. Document ids are a tensor the caller may
-change in place between calls: their lists are classified on every call, from the ranges (score by score where a
-``mask_mod`` comes with them). :class:`BlockMask` (``kernels.create_block_mask``) evaluates every score once, for
-every later call, and not at any kernel's tiles: at one fixed sparse block, 128 x 128 unless asked otherwise, as
-FlexAttention's ``BlockMask`` does (128 is the default ``BLOCK_SIZE`` of PyTorch's ``create_block_mask``). So
-the same mask serves every head dim, dtype and GPU, whatever tiles their launches take. A kernel derives its lists
-from that one map: its tile is full where every sparse block it overlaps is full, empty where every one is empty,
-and partial otherwise. A partial tile runs the mask code on every score, so derived lists are always correct;
-they are only less sparse than exact ones where a kernel tile lies in a partial sparse block but is itself full
-or empty (FlexAttention's kernels, stepping through the sub-blocks of a 128-wide block, skip no more). Counting
-the full and empty sparse blocks under every kernel tile is one 2-D prefix sum over the map, so any tile size
-works: smaller than the sparse block, larger, or not dividing it.
+by query tile), exact ones but for document ids in no order. For a ``mask_mod`` (a pure function: see ``rules.py``)
+they depend only on the function, the module-level values it reads (``rules.mask_mod_constants``), the causal and
+window bounds, N_q, N_kv, B_mask, H_mask and the tiles, so :data:`CALL_LISTS` keeps the last 32 such lists under
+that key: a training loop passing the same ``mask_mod`` classifies on its first step only, forward and backward.
+Document ids are a tensor the caller may change in place between calls: their lists are classified on every call,
+from the ranges (score by score where a ``mask_mod`` comes with them). :class:`BlockMask`
+(``kernels.create_block_mask``) evaluates every score once, for every later call, and not at any kernel's tiles: at
+one fixed sparse block, 128 x 128 unless asked otherwise, as FlexAttention's ``BlockMask`` does (128 is the default
+``BLOCK_SIZE`` of PyTorch's ``create_block_mask``). So the same mask serves every head dim, dtype and GPU, whatever
+tiles their launches take. A kernel derives its lists from that one map: its tile is full where every sparse block
+it overlaps is full, empty where every one is empty, and partial otherwise. A partial tile runs the mask code on
+every score, so derived lists are always correct; they are only less sparse than exact ones where a kernel tile lies
+in a partial sparse block but is itself full or empty (FlexAttention's kernels, stepping through the sub-blocks of a
+128-wide block, skip no more). Counting the full and empty sparse blocks under every kernel tile is one 2-D prefix
+sum over the map, so any tile size works: smaller than the sparse block, larger, or not dividing it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, visible
-from .rules import Rules, causal_alignment, check_window
+from .rules import Rules, causal_alignment, check_window, mask_mod_constants
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -303,10 +303,11 @@ def call_lists(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: t
     # which the graph must own: it would read freed memory once the cache dropped them.
     if rules.document_ids is not None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         return build().kernel_args()
-    # A mask_mod is pure, so its lists depend only on these: the function itself (a strong reference, so no
-    # other function can ever take its place), the bounds causal and window give, the sizes and the tiles.
-    key = (rules.mask_mod, *rules.key_bounds(n_q, n_kv), n_q, n_kv, batch, heads, block_m, block_n, by_key,
-           q.device)
+    # A mask_mod is a function of its arguments and of the module-level values it reads, so its lists depend only
+    # on these: the function itself (a strong reference, so no other function can ever take its place), those
+    # values (a notebook may change one between calls), the bounds causal and window give, the sizes, the tiles.
+    key = (rules.mask_mod, mask_mod_constants(rules.mask_mod), *rules.key_bounds(n_q, n_kv), n_q, n_kv, batch,
+           heads, block_m, block_n, by_key, q.device)
     return CALL_LISTS.get(key, build).kernel_args()
 
 

@@ -215,6 +215,50 @@ def mask_mod_reads(mask_mod) -> MaskReads:
     return MaskReads(batch=params[0] in used, head=params[1] in used)
 
 
+def mask_mod_constants(mask_mod, _depth: int = 0) -> tuple:
+    """The module-level values a ``mask_mod`` reads, as ((name, value), ...) in name order, and those of the
+    ``@triton.jit`` helpers it calls (two levels down): what, besides its arguments, decides its mask.
+
+    Kept tile lists are keyed by them, so a rule reading ``WINDOW = 256`` is classified again once a notebook
+    sets ``WINDOW = 512`` (the interpreter would run the new value against the old lists: a silently wrong
+    mask). Values that are not plain numbers, strings or ``tl.constexpr`` (modules, ``tl`` itself) enter by
+    identity. The names come from the source once (:func:`_global_names`); each call only looks their values up."""
+    names, namespace = _global_names(mask_mod), _jit_globals(mask_mod)
+    if names is None or namespace is None:
+        return (("<unreadable>", id(mask_mod)),)
+    found = []
+    for name in (name for name in names if name in namespace):
+        value = namespace[name]
+        value = getattr(value, "value", value) if type(value).__name__ == "constexpr" else value
+        if isinstance(value, (bool, int, float, str)):
+            found.append((name, value))
+        elif isinstance(value, KernelInterface) and value is not mask_mod and _depth < 2:
+            found.append((name, mask_mod_constants(value, _depth + 1)))
+        else:
+            found.append((name, id(value)))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _global_names(mask_mod) -> tuple[str, ...] | None:
+    """The names a ``@triton.jit`` function's source reads, its parameters left out (None: no readable source);
+    which of them its module holds is looked up on every call, so a value defined later counts too."""
+    source = _jit_source(mask_mod)
+    try:
+        function = next(node for node in ast.parse(source or "").body if isinstance(node, ast.FunctionDef))
+    except (SyntaxError, StopIteration):
+        return None
+    params = {arg.arg for arg in (*function.args.posonlyargs, *function.args.args)}
+    return tuple(sorted({node.id for statement in function.body for node in ast.walk(statement)
+                         if isinstance(node, ast.Name)} - params))
+
+
+def _jit_globals(mask_mod) -> dict | None:
+    """The module namespace a ``@triton.jit`` function reads its globals from (its Python function's)."""
+    function = getattr(mask_mod, "fn", None)
+    return getattr(function, "__globals__", None)
+
+
 def _jit_source(mask_mod) -> str | None:
     """The source of a ``@triton.jit`` function: Triton's ``src`` (a compiled JITFunction, Triton 3.6 and 3.9:
     the source from ``def`` on, dedented), else the Python function's (the interpreter's InterpretedFunction keeps
