@@ -45,6 +45,7 @@ discard. ``flashcourse.kernels`` does not import this module.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from triton.experimental import gluon
@@ -56,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LN2, _MASKED_FILL, _key_tiles, _tma_load, triton_cdiv
+from .fa3 import _LN2, _MASKED_FILL, _key_tiles, _Ring, _tma_load, _v8f_mask, triton_cdiv
 
 TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile.py); run on a GPU: none yet
 
@@ -85,26 +86,28 @@ def _mma_layout(n):
 
 
 @gluon.jit
-def _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, j, RING: gl.constexpr):
-    """V tile j: staging slot (BLOCK_N, D), D contiguous -> ring slot (D, BLOCK_N), keys contiguous, through the
-    registers of the producer's four warps. The slot is refilled only after both consumers freed it."""
+def _transpose_v(v_stage, ring, j, RING: gl.constexpr):
+    """V tile j: staging slot (BLOCK_N, D), D contiguous -> V^T ring slot (D, BLOCK_N), keys contiguous, through
+    the registers of the producer's four warps. The slot is refilled only after both consumers freed it."""
     # 4 keys x 4 channels a thread: read 4 bytes along D, write 4 bytes along the keys.
     regs: gl.constexpr = gl.BlockedLayout(size_per_thread=[4, 4], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
                                           order=[0, 1])
     slot = j % RING
     phase = (j // RING) & 1
     tile = v_stage.index(slot).load(regs)  # the TMA copy landed: waited on by the caller
-    mbarrier.wait(vt_empty.index(slot), phase ^ 1)
-    vt_smem.index(slot).permute((1, 0)).store(tile)
+    mbarrier.wait(ring.v_empty.index(slot), phase ^ 1)
+    ring.v_smem.index(slot).permute((1, 0)).store(tile)
     fence_async_shared()  # the generic-proxy stores become visible to wgmma (async proxy)
     _warps_barrier()  # all four warps stored before the one arrive
-    mbarrier.arrive(vt_ready.index(slot))
+    mbarrier.arrive(ring.v_ready.index(slot))
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, k_ready, k_empty, v_landed,
-              vt_ready, vt_empty, q_row, kv_row, n_tiles, CONSUMERS: gl.constexpr, RING: gl.constexpr):
-    """Q once; then for each key tile j: K(j) into the ring, V(j) into staging, and the transpose of V(j-1)."""
+def _producer(q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q_row, kv_row, n_tiles,
+              CONSUMERS: gl.constexpr, RING: gl.constexpr):
+    """Q once; then for each key tile j: K(j) into the ring, V(j) into staging, and the transpose of V(j-1) into
+    the ring's V^T slot. ``ring`` is fa3's ``_Ring`` with V^T in the place of V: ``v_smem`` the (D, BLOCK_N)
+    slots, ``v_ready`` / ``v_empty`` their barriers (the consumers see only K and V^T)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     for w in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
@@ -112,9 +115,9 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, 
     for j in range(n_tiles):
         slot = j % RING
         phase = (j // RING) & 1
-        mbarrier.wait(k_empty.index(slot), phase ^ 1)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(ring.k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(ring.k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [kv_row + j * BLOCK_N, 0], ring.k_ready.index(slot), ring.k_smem.index(slot))
         # Staging slot j % RING last held tile j - RING, transposed (read into registers) in an earlier iteration
         # of these same warps, and fenced there: free.
         mbarrier.expect(v_landed.index(slot), v_desc.block_type.nbytes)
@@ -122,11 +125,11 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, 
         if j > 0:
             prev = j - 1
             mbarrier.wait(v_landed.index(prev % RING), (prev // RING) & 1)
-            _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, prev, RING)
+            _transpose_v(v_stage, ring, prev, RING)
     if n_tiles > 0:
         last = n_tiles - 1
         mbarrier.wait(v_landed.index(last % RING), (last // RING) & 1)
-        _transpose_v(v_stage, vt_smem, vt_ready, vt_empty, last, RING)
+        _transpose_v(v_stage, ring, last, RING)
 
 
 # ------------------------------------------------------------------------------------------ consumers
@@ -149,53 +152,92 @@ def _fp8_softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.con
 
 
 @gluon.jit
-def _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows, j_lo, j_hi, N_KV,
-               qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, RING: gl.constexpr, BLOCK_N: gl.constexpr,
-               S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
-    """Key tiles [j_lo, j_hi) of one consumer warpgroup: QK^T, softmax, P to e4m3, P V from the transposed ring."""
+def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr,
+               CAUSAL: gl.constexpr, RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi) of one consumer warpgroup without overlap (v8c_fp8): QK^T, softmax, P to e4m3,
+    P V from the transposed ring."""
+    BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=4)  # 8-bit A operand
     for j in range(j_lo, j_hi):
         slot = j % RING
         phase = (j // RING) & 1
-        mbarrier.wait(k_ready.index(slot), phase)
-        s = warpgroup_mma(q_tile, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(ring.k_ready.index(slot), phase)
+        s = warpgroup_mma(q_tile, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(slot))
+        mbarrier.arrive(ring.k_empty.index(slot))
         p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
                                                CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        p8 = gl.convert_layout(p.to(vt_smem.dtype), p_layout)
-        mbarrier.wait(vt_ready.index(slot), phase)
-        # vt_smem slot: (D, BLOCK_N) with the keys contiguous; its (BLOCK_N, D) view is K-major for P V.
-        acc = warpgroup_mma(p8, vt_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        p8 = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
+        mbarrier.wait(ring.v_ready.index(slot), phase)
+        # The V^T slot: (D, BLOCK_N) with the keys contiguous; its (BLOCK_N, D) view is K-major for P V.
+        acc = warpgroup_mma(p8, ring.v_smem.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(vt_empty.index(slot))
+        mbarrier.arrive(ring.v_empty.index(slot))
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty,
-                  vt_ready, vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
-    """Consumer warpgroup ``wg``: query rows [m0, m0 + 64) against every key tile of the program, then the store
-    of o * v_descale and of the lse without the shift."""
-    ROWS: gl.constexpr = q_smem.shape[1]
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
-    O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
-    q_tile = q_smem.index(wg)
-    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
-    mbarrier.wait(q_bars.index(wg), 0)
-    acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows,
-                               0, full, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, RING=RING, BLOCK_N=BLOCK_N,
-                               S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
-    acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty, rows,
-                               full, n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, RING=RING,
-                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+def _fp8_tiles_overlapped(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, rows, j_lo, j_hi, n_tiles,
+                          N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+                          RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+    """Key tiles [j_lo, j_hi), j_lo >= 1, of v8e_fp8: fa3's intra-warpgroup overlap (v8d) in FP8. QK^T(j) and
+    P(j-1) V(j-1) are issued together (P(j-1) waiting in registers as e4m3, in the A-operand layout); softmax(j)
+    runs while that product is on the tensor cores; the output is rescaled by alpha(j) once it has landed.
+    PINGPONG (v8e): the pair goes out only in this warpgroup's turn (fa3._ws_tiles_overlapped's protocol: turn
+    t of warpgroup 0 waits for warpgroup 1's turn t-1, turn t of warpgroup 1 for warpgroup 0's turn t; each
+    arrives on the other's barrier once its pair is issued), so one warpgroup's exponentials run under the
+    other's products. Masks are fa3._v8f_mask's, which hold no column index in a register.
+
+    The wait for K(j+1), which the next iteration needs first, is made here, between the softmax and the wait
+    for P V. Without it ptxas moves that wait (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) up to just after the row max,
+    before all 64 exponentials, and nothing overlaps: so it compiles fa3.py's v8d / v8e (float16) under Triton
+    3.6 and 3.9. An mbarrier wait is a loop in the PTX, a block boundary ptxas does not move instructions across:
+    every exponential stays between the two waits (tests/test_fa3_fp8_compile.py counts them in the SASS).
+    ``n_tiles``: the program's key tiles (no K(j+1) past the last)."""
+    BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
+    zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=4)
+    for j in range(j_lo, j_hi):
+        slot = j % RING
+        prev = (j - 1) % RING
+        turn = j - 1
+        mbarrier.wait(ring.k_ready.index(slot), (j // RING) & 1)
+        mbarrier.wait(ring.v_ready.index(prev), ((j - 1) // RING) & 1)
+        if PINGPONG:
+            if wg == 0:
+                mbarrier.wait(turns.index(0), (turn - 1) & 1, pred=turn > 0)
+            else:
+                mbarrier.wait(turns.index(1), turn & 1)
+        s = warpgroup_mma(q_tile, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_prev, ring.v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turns.index(1 - wg))
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # groups complete in order: QK^T(j) has landed
+        mbarrier.arrive(ring.k_empty.index(slot))
+        if MASKED:
+            s = _v8f_mask(s, rows, j * BLOCK_N, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
+        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
+                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        nxt = j + 1  # a block boundary before the wait for P V (see above); the next iteration finds K ready
+        mbarrier.wait(ring.k_ready.index(nxt % RING), (nxt // RING) & 1, pred=nxt < n_tiles)
+        # P(j-1) is no dependency here: the wait cannot take 8-bit registers (Triton's lowering refuses them);
+        # it is overwritten only below, after the wait.
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(ring.v_empty.index(prev))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
+    return acc, p_prev, m_i, l_i
+
+
+@gluon.jit
+def _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT: gl.constexpr,
+                    O_LAYOUT: gl.constexpr):
+    """o = acc * v_descale / l (in O's dtype) and the natural lse of rows [m0, m0 + ROWS): fa3._store_rows with
+    v's descale and the shift taken back off the lse."""
+    ROWS: gl.constexpr = acc.shape[0]
+    HEAD_DIM: gl.constexpr = acc.shape[1]
     # l carries 2^P_SHIFT as acc does (o = acc / l is right); the lse takes it off: m - P_SHIFT + log2(l).
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -206,33 +248,87 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, k_smem,
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
     ptrs = O + (base + out_rows)[:, None] * HEAD_DIM + cols[None, :]
     gl.store(ptrs, o.to(O.dtype.element_ty), mask=(out_rows < N_Q)[:, None] & (cols < HEAD_DIM)[None, :])
+    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
     gl.store(LSE + base + rows, lse, mask=rows < N_Q)
 
 
 @gluon.jit
-def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                   vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
-    """The default partition: consumer warpgroup 0."""
-    _fp8_consumer(0, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                  vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, RING=RING)
+def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles,
+                  N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                  RING: gl.constexpr):
+    """Consumer warpgroup ``wg``: query rows [m0, m0 + 64) against every key tile of the program, then the store
+    of o * v_descale and of the lse without the shift."""
+    ROWS: gl.constexpr = q_smem.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
+    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_N)
+    O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
+    q_tile = q_smem.index(wg)
+    rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    mbarrier.wait(q_bars.index(wg), 0)
+    if OVERLAP:
+        # Key tile 0 alone: QK^T and softmax; its P V goes out with tile 1's QK^T. n_tiles >= 1 (the host
+        # launches nothing without keys). Masked whether or not it needs to be, once a program: one code path.
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=4)
+        mbarrier.wait(ring.k_ready.index(0), 0)
+        zero = gl.zeros([ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+        s = warpgroup_mma(q_tile, ring.k_smem.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        mbarrier.arrive(ring.k_empty.index(0))
+        s = _v8f_mask(s, rows, 0, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
+        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
+                                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+        acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
+            acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), n_tiles, N_KV, qk_scale,
+            MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+        acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
+            acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles, n_tiles, N_KV,
+            qk_scale,
+            MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+        # The last tile's P V, alone.
+        last = n_tiles - 1
+        mbarrier.wait(ring.v_ready.index(last % RING), (last // RING) & 1)
+        acc = warpgroup_mma(p_prev, ring.v_smem.index(last % RING).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(ring.v_empty.index(last % RING))
+    else:
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
+        acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, 0, full, N_KV, qk_scale, MASKED=False,
+                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+        acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, full, n_tiles, N_KV, qk_scale, MASKED=True,
+                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+    _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
 
 
 @gluon.jit
-def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                   vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL: gl.constexpr, RING: gl.constexpr):
+def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr):
+    """The default partition: consumer warpgroup 0."""
+    _fp8_consumer(0, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                  CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING)
+
+
+@gluon.jit
+def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
+                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 query rows."""
     ROWS: gl.constexpr = q_smem.shape[1]
-    _fp8_consumer(1, O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                  vt_empty, bh, m0 + ROWS, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL, RING=RING)
+    _fp8_consumer(1, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q,
+                  N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, N_Q, N_KV,
-                    CAUSAL: gl.constexpr, RING: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr):
-    """v8c_fp8: two consumer warpgroups (the default partition and a worker, 4 warps each) and a producer
-    warpgroup that loads and transposes V; launch with num_warps=4. A program takes 128 query rows of one
-    (batch, head) ``bh``; descales are read at ``bh`` (q, k, v share the head: no grouped-query attention)."""
+                    CAUSAL: gl.constexpr, RING: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """v8c_fp8 (OVERLAP and PINGPONG off) and v8e_fp8 (both on): two consumer warpgroups (the default partition
+    and a worker, 4 warps each) and a producer warpgroup that loads and transposes V; launch with num_warps=4.
+    A program takes 128 query rows of one (batch, head) ``bh``; descales are read at ``bh`` (q, k, v share the
+    head: no grouped-query attention)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -258,28 +354,64 @@ def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESC
     v_landed = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     vt_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     vt_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(q_bars.index(w), count=1)
+        mbarrier.init(turns.index(w), count=1)
     for i in gl.static_range(RING):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_landed.index(i), count=1)
         mbarrier.init(vt_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # both consumer warpgroups free the slot
         mbarrier.init(vt_empty.index(i), count=2)
+    # What the consumers read: K and V^T, as fa3's K/V ring (the V staging slots are the producer's alone).
+    ring = _Ring(k_smem, vt_smem, k_ready, k_empty, vt_ready, vt_empty)
 
+    # The argument tuples are written out in each call (fa3._fa3_ws_kernel says why: constexprs stay constexprs).
     q_row = bh * N_Q + m0
     kv_row = bh * N_KV
     gl.warp_specialize([
-        (_fp8_consumer0, (O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                          vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, RING)),
-        (_fp8_consumer1, (O, LSE, qk_scale, v_descale, q_smem, k_smem, vt_smem, q_bars, k_ready, k_empty, vt_ready,
-                          vt_empty, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL, RING)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_stage, vt_smem, q_bars, k_ready, k_empty, v_landed,
-                     vt_ready, vt_empty, q_row, kv_row, n_tiles, 2, RING)),
+        (_fp8_consumer0, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING)),
+        (_fp8_consumer1, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q_row, kv_row, n_tiles, 2,
+                     RING)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-# ------------------------------------------------------------------------------------------ host
+# ------------------------------------------------------------------------------------------ stages and host
+@dataclass(frozen=True)
+class Stage:
+    """One FP8 stage: its switches of ``_fa3_fp8_kernel``, what it adds and what it was expected to do before it
+    ran on a GPU (tiles, ring and register budgets are the module's, the same for every stage)."""
+
+    name: str
+    adds: str
+    expected: str
+    overlap: bool = False
+    pingpong: bool = False
+
+
+STAGES = {
+    s.name: s
+    for s in (
+        Stage("v8c_fp8", "v8c's design in FP8: a producer warpgroup loads K and V by TMA and transposes V tiles "
+              "through registers; two consumer warpgroups, P as e4m3 p * 2^8",
+              "1.0-1.3x cuDNN's fp16 forward at D = 128 (measured on the H200, 2026-12-01: 1.04-1.25x)"),
+        Stage("v8e_fp8", "v8e's schedule in FP8: QK^T(j) issued with P(j-1) V(j-1) and softmax(j) under that "
+              "product (intra-warpgroup overlap, the exponentials kept between the two waits in the SASS), the "
+              "two warpgroups taking turns at the tensor cores (ping-pong)",
+              "D = 128: 1.2-1.4x v8c_fp8, about 1.3-1.7x cuDNN's fp16 (>= 1.5x likeliest at N >= 8192, "
+              "non-causal); D = 64: 1.1-1.3x v8c_fp8. In FP8 a tile's exponentials take the MUFU units about as "
+              "long as its two products take the tensor cores (D = 128), and v8c_fp8 runs them one after the "
+              "other",
+              overlap=True, pingpong=True),
+    )
+}
+DEFAULT_STAGE = "v8c_fp8"  # fa3_fp8_forward's: the stage measured so far
+
+
 def _smem_layout(rows: int, head_dim: int):
     return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float8e4nv)
 
@@ -289,16 +421,20 @@ def tensor_descriptor_signature(rows: int, head_dim: int) -> str:
     return f"tensordesc<fp8e4nv[{rows},{head_dim}],{_smem_layout(rows, head_dim)!r}>"
 
 
-def constexprs(causal: bool) -> dict:
-    return {"CAUSAL": bool(causal), "RING": RING, "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}
+def constexprs(causal: bool, stage: str = DEFAULT_STAGE) -> dict:
+    """The kernel's compile-time arguments for ``stage`` (a name in ``STAGES``)."""
+    spec = _stage(stage)
+    return {"CAUSAL": bool(causal), "RING": RING, "OVERLAP": spec.overlap, "PINGPONG": spec.pingpong,
+            "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}
 
 
 def options() -> dict:
     return {"num_warps": NUM_WARPS}
 
 
-def kernel_signature(head_dim: int, out_dtype: torch.dtype = torch.bfloat16, causal: bool = False):
-    """(signature, constexprs) of the kernel, as ``triton.compile`` takes them."""
+def kernel_signature(head_dim: int, out_dtype: torch.dtype = torch.bfloat16, causal: bool = False,
+                     stage: str = DEFAULT_STAGE):
+    """(signature, constexprs) of ``stage``'s kernel, as ``triton.compile`` takes them."""
     block_n = BLOCK_N[head_dim]
     out = {torch.float16: "fp16", torch.bfloat16: "bf16"}[out_dtype]
     signature = {"q_desc": tensor_descriptor_signature(ROWS, head_dim),
@@ -306,7 +442,7 @@ def kernel_signature(head_dim: int, out_dtype: torch.dtype = torch.bfloat16, cau
                  "v_desc": tensor_descriptor_signature(block_n, head_dim),
                  "O": f"*{out}", "LSE": "*fp32", "Q_DESCALE": "*fp32", "K_DESCALE": "*fp32", "V_DESCALE": "*fp32",
                  "qk_scale": "fp32", "N_Q": "i32", "N_KV": "i32"}
-    consts = constexprs(causal)
+    consts = constexprs(causal, stage)
     signature.update({key: "constexpr" for key in consts})
     return signature, consts
 
@@ -361,12 +497,14 @@ def require_hopper(q: torch.Tensor) -> None:
 
 def fa3_fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_descale=None, k_descale=None,
                     v_descale=None, *, causal: bool = False, scale: float | None = None,
-                    out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+                    out_dtype: torch.dtype = torch.bfloat16,
+                    stage: str = DEFAULT_STAGE) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 forward on the v8 design: q8, k8, v8 float8_e4m3fn (B, H, N, D) as passed (V is transposed inside the
     kernel, no copy), descales (B, H) float32 (None = 1). Returns (o in ``out_dtype``, lse float32, natural log).
-    Hopper only; see ``check_inputs`` and ``require_hopper``."""
+    ``stage``: a name in ``STAGES``. Hopper only; see ``check_inputs`` and ``require_hopper``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    _stage(stage)
     check_inputs(q8, k8, v8, out_dtype)
     batch, heads, n_q, head_dim = q8.shape
     n_kv = k8.shape[2]
@@ -390,5 +528,11 @@ def fa3_fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_desc
     grid = (triton_cdiv(n_q, ROWS * CONSUMERS), batch * heads)
     _fa3_fp8_kernel[grid](describe(q8, n_q, ROWS), describe(k8, n_kv, block_n), describe(v8, n_kv, block_n), o, lse,
                           descales[0], descales[1], descales[2], scale * _LOG2E, n_q, n_kv,
-                          **constexprs(bool(causal)), **options())
+                          **constexprs(bool(causal), stage), **options())
     return o, lse
+
+
+def _stage(name: str) -> Stage:
+    if name not in STAGES:
+        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES)}")
+    return STAGES[name]
