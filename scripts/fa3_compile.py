@@ -8,6 +8,7 @@ registers a thread, spill (local memory) bytes, shared memory (the compiler's al
 
     PYTHONPATH=src python scripts/fa3_compile.py                     # every stage, D 64 and 128, fp16, causal
     PYTHONPATH=src python scripts/fa3_compile.py --all --json out.json   # both dtypes, causal and not
+    PYTHONPATH=src python scripts/fa3_compile.py --head-dims 256 --all   # D = 256: the stages that take it (v8c-v8f)
     PYTHONPATH=src python scripts/fa3_compile.py --backward          # the backward's stages (b6*, fa3_backward.py)
 
 Exit status 1 when a stage fails to compile. ``supported()`` says whether the installed Triton's Gluon offers
@@ -135,17 +136,20 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
 
 
 def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causals=(True,), backward=False):
-    """Every combination, one record at a time (a generator: the caller prints as they come); ``backward``:
-    the backward's stages (b6*) by default instead of the forward's."""
+    """Every combination of a stage with a head dim it takes, one record at a time (a generator: the caller
+    prints as they come); ``backward``: the backward's stages (b6*) by default instead of the forward's."""
     names = list(_module("b6" if backward else "v8").STAGES) if stages is None else stages
     for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals):
-        yield compile_stage(name, d, dt, c)
+        if d in getattr(_module(name).STAGES[name], "head_dims", (d,)):  # D = 256: v8c-v8f only
+            yield compile_stage(name, d, dt, c)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", action="append", help="a stage (repeat); default every stage")
     parser.add_argument("--all", action="store_true", help="fp16 and bf16, causal and not")
+    parser.add_argument("--head-dims", default="64,128",
+                        help="head dims, comma-separated (default 64,128); a stage compiles at those it takes")
     parser.add_argument("--backward", action="store_true",
                         help="the backward's stages (b6*, fa3_backward.py) instead of the forward's")
     parser.add_argument("--json", help="write the records here")
@@ -160,7 +164,9 @@ def main(argv=None) -> int:
     print(f"{'stage':6} {'D':>4} {'dtype':9} {'causal':6} {'regs':>5} {'spill B':>7} {'shared B':>9} "
           f"{'wgmma':>5}  setmaxnreg / error")
     records = []
-    for record in compile_all(args.stage, dtypes=dtypes, causals=causals, backward=args.backward):
+    head_dims = tuple(int(d) for d in args.head_dims.split(",") if d.strip())
+    for record in compile_all(args.stage, head_dims=head_dims, dtypes=dtypes, causals=causals,
+                              backward=args.backward):
         records.append(record)
         if record.ok:
             fits = "" if record.shared <= SHARED_LIMIT else "  (over sm_90's 227 KB!)"

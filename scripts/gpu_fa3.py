@@ -4,26 +4,30 @@ an H100 / H200, in one command. Nothing here had run on a GPU before this script
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --stages v8a,v8d,v8f --references sdpa_cudnn,v7 --out /tmp/fa3
+    PYTHONPATH=src python scripts/gpu_fa3.py --head-dims 256 --budget 250 --out /tmp/fa3  # v8c-v8f, about 3 min
 
 ``--stages`` (or ``--stage``, repeated) runs only the stages named; such a run is saved as
 ``<date>-<device>-fa3-stages-<stages>.json``, so that it never becomes the newest ``*-fa3-stages.json`` (the
 complete table that ``kernels/plan.py``'s dispatch and lesson 13 read). ``--references`` times only the
-references named.
+references named. ``--head-dims`` (64 and 128 by default) checks and times those head dims only, each with the
+stages that take it (``Stage.head_dims``: 256 is v8c-v8f's); a run at other head dims than the default is saved
+apart too, its name ending in them (``fa3-stages-v8c-v8d-v8e-v8f-d256``).
 
 For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
 is killed after ``--stage-timeout`` seconds and recorded as such; rows are written as they come, so a killed
 child keeps what it finished; the whole run stays within ``--budget`` seconds, 540 by default, so that it fits a
 10-minute command with the JSON written):
 
-1. correctness against a float64 PyTorch reference: causal (top-left) and not, D 64 and 128, float16 and
+1. correctness against a float64 PyTorch reference: causal (top-left) and not, each head dim, float16 and
    bfloat16, at ``CHECK_SHAPES``: N_q = N_kv in {1, 17, 128, 1000, 4096}; N_q != N_kv with N_kv a multiple of
    128 (the key tiles the library's routing asks for), N_q awkward, an odd number of query tiles (v8f's
    middle query tile of a head has no causal partner), N_q > N_kv; and B*H = 64 at N_q = 1000, N_kv = 1024,
-   more query tiles than SMs (v8f's programs take several, its ring and turns running on between them). o
-   within ``flashcourse.tolerance``'s (rtol, atol) of the inputs' dtype, lse (natural log) within the same
-   atol + rtol * |lse|;
-2. timing: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8 (B*H*N constant), causal and not, D 64 and
-   128, float16 and bfloat16; each row's ``checks_passed`` says whether every check of its dtype and head dim
+   more query tiles than SMs (v8f's programs take several, its ring and turns running on between them), and at
+   N_kv = 960, 15 key tiles of 64 rows (D = 256) after one another in a program's ring, an odd count that
+   flips the ring's phases from one query tile to the next. o within ``flashcourse.tolerance``'s (rtol, atol)
+   of the inputs' dtype, lse (natural log) within the same atol + rtol * |lse|;
+2. timing: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8 (B*H*N constant), causal and not, each head
+   dim, float16 and bfloat16; each row's ``checks_passed`` says whether every check of its dtype and head dim
    passed (a kernel timed but wrong is no result), and ``bad_vs_sdpa`` how many outputs at the timed shape
    differ from SDPA's by more than twice the dtype's tolerance (a persistent stage's programs take tens of
    query tiles there).
@@ -56,12 +60,13 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 # (N_q, N_kv, B, H) of the correctness checks (see the docstring)
 CHECK_SHAPES = ((1, 1, 2, 2), (17, 17, 2, 2), (128, 128, 2, 2), (1000, 1000, 2, 2), (4096, 4096, 1, 2),
-                (1, 128, 2, 2), (200, 384, 2, 3), (576, 640, 2, 3), (700, 256, 2, 2), (1000, 1024, 4, 16))
+                (1, 128, 2, 2), (200, 384, 2, 3), (576, 640, 2, 3), (700, 256, 2, 2), (1000, 1024, 4, 16),
+                (1000, 960, 4, 16))
 QUICK_CHECK_SHAPES = ((1, 1, 2, 2), (17, 17, 2, 2), (1000, 1000, 2, 2), (4096, 4096, 1, 2), (576, 640, 2, 3),
                       (1000, 1024, 4, 16))
 TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192), (4, 8, 16384))  # (B, H, N): B*H*N constant
 QUICK_TIME_SHAPES = ((4, 32, 4096), (4, 8, 16384))
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the default; --head-dims 256 for the stages that take it
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "sdpa_flash", "v7")
 REFERENCE_RESERVE = 90.0  # seconds kept for timing the references at the end
@@ -163,16 +168,17 @@ def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal, agree=Fals
     return row
 
 
-def time_shapes(quick: bool):
+def time_shapes(quick: bool, head_dims=HEAD_DIMS):
     shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
-    return [(b, h, n, d, dt, c) for dt in DTYPES for d in HEAD_DIMS for (b, h, n) in shapes for c in (False, True)]
+    return [(b, h, n, d, dt, c) for dt in DTYPES for d in head_dims for (b, h, n) in shapes for c in (False, True)]
 
 
-def run_child(stage: str, out: Path, quick: bool) -> None:
-    """One stage: every check, then every timing (``checks_passed`` per row). Rows go to ``out`` one JSON line
-    each, as soon as they exist."""
+def run_child(stage: str, out: Path, quick: bool, head_dims=HEAD_DIMS) -> None:
+    """One stage at those of ``head_dims`` it takes: every check, then every timing (``checks_passed`` per row).
+    Rows go to ``out`` one JSON line each, as soon as they exist."""
     from flashcourse.kernels.hopper import fa3
 
+    head_dims = [d for d in head_dims if d in fa3.STAGES[stage].head_dims]
     failed = set()
     with out.open("a") as file:
         def emit(row):
@@ -181,7 +187,7 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
 
         shapes = CHECK_SHAPES if not quick else QUICK_CHECK_SHAPES
         for dtype in DTYPES:
-            for head_dim in HEAD_DIMS:
+            for head_dim in head_dims:
                 for causal in (False, True):
                     for shape in shapes:
                         row = check_case(stage, shape, head_dim, dtype, causal)
@@ -196,7 +202,7 @@ def run_child(stage: str, out: Path, quick: bool) -> None:
             emit(row)
             log(f"{stage} compiled {row.get('constants', '')}: {row.get('n_regs')} registers, "
                 f"{row.get('n_spills')} spills, {row.get('shared')} B shared ({row['status']})")
-        for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
+        for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
             row = time_case(f"fa3-{stage}", lambda q, k, v, c: fa3.fa3_forward(q, k, v, causal=c, stage=stage),
                             batch, heads, n, head_dim, dtype, causal, agree=True)
             # Timed even where a check failed (an edge case such as N = 1 may fail alone): the row says so.
@@ -231,14 +237,15 @@ def _shape(r):
     return r["dtype"], r["head_dim"], r["n"], r["causal"], r["batch"], r["heads"]
 
 
-def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCES) -> list[dict]:
+def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCES,
+                   head_dims=HEAD_DIMS) -> list[dict]:
     from flashcourse import kernels
     from flashcourse.bench.providers import sdpa
 
     fns = {"sdpa_cudnn": sdpa("sdpa_cudnn"), "sdpa_flash": sdpa("sdpa_flash"),
            "v7": lambda q, k, v, c: kernels.flash_attention_forward(q, k, v, causal=c, version="v7")}
     rows = []
-    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
+    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
         for provider in references:
             if time.time() > deadline:
                 rows.append({"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
@@ -252,19 +259,36 @@ def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCE
     return rows
 
 
-def results_name(stages, every_stage: bool) -> str:
-    """The results file's name: "fa3-stages" for a run of every stage, the stage table that ``kernels/plan.py``
-    and lesson 13 read from the newest ``*-fa3-stages.json``; a run of some stages is named by them
-    ("fa3-stages-v8a-v8d-v8f"), so that it never stands in for the table."""
-    return "fa3-stages" if every_stage else "fa3-stages-" + "-".join(stages)
+def results_name(stages, every_stage: bool, head_dims=HEAD_DIMS) -> str:
+    """The results file's name: "fa3-stages" for a run of every stage at the default head dims, the stage table
+    that ``kernels/plan.py`` and lesson 13 read from the newest ``*-fa3-stages.json``; any other run is named by
+    its stages ("fa3-stages-v8a-v8d-v8f") and its head dims where they are not the default
+    ("fa3-stages-v8d-v8f-d256"), so that it never stands in for the table."""
+    default_dims = tuple(head_dims) == HEAD_DIMS
+    if every_stage and default_dims:
+        return "fa3-stages"
+    return "fa3-stages-" + "-".join(stages) + ("" if default_dims else "-d" + "-".join(map(str, head_dims)))
+
+
+def parse_head_dims(text: str) -> tuple[int, ...]:
+    """``--head-dims``' value ("256", "64,128") as a sorted tuple, or an error that says what is allowed."""
+    allowed = (64, 128, 256)
+    try:
+        head_dims = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        head_dims = ()
+    if not head_dims or not set(head_dims) <= set(allowed):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected some of {', '.join(map(str, allowed))}, "
+                                         "comma-separated")
+    return head_dims
 
 
 def run_stages(script: Path, stages, args, *, start: float, reserve: float, import_error: str | None,
                stage_status: dict, save) -> list[dict]:
     """Each stage in a child process of ``script`` (``--child STAGE --rows FILE``), so that a hang or a crash costs
     that stage only; returns the rows the children wrote, fills ``stage_status`` and calls ``save(rows)`` after
-    every stage. ``args`` carries ``quick``, ``budget`` and ``stage_timeout``; ``reserve`` seconds of the budget
-    are kept for the references timed after the stages."""
+    every stage. ``args`` carries ``quick``, ``budget`` and ``stage_timeout`` (and here ``head_dims``); ``reserve``
+    seconds of the budget are kept for the references timed after the stages."""
     rows: list[dict] = []
     for stage in stages:
         if import_error:
@@ -273,6 +297,8 @@ def run_stages(script: Path, stages, args, *, start: float, reserve: float, impo
         with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
             path = Path(file.name)
         command = [sys.executable, str(script.resolve()), "--child", stage, "--rows", str(path)]
+        if getattr(args, "head_dims", None):  # the forward's option (gpu_fa3_backward.py shares this function)
+            command += ["--head-dims", ",".join(map(str, args.head_dims))]
         if args.quick:
             command.append("--quick")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
@@ -308,6 +334,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stages", help="stages, comma-separated (v8a,v8d,v8f): the same as --stage for each")
     parser.add_argument("--references", default=",".join(REFERENCES),
                         help=f"references to time, comma-separated (default {','.join(REFERENCES)})")
+    parser.add_argument("--head-dims", type=parse_head_dims, default=HEAD_DIMS,
+                        help="head dims, comma-separated (default 64,128; 256 runs the stages that take it)")
     parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
     parser.add_argument("--stage-timeout", type=float, default=100.0, help="seconds for one stage's child")
     parser.add_argument("--budget", type=float, default=540.0,
@@ -317,7 +345,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.child:
-        run_child(args.child, Path(args.rows), args.quick)
+        run_child(args.child, Path(args.rows), args.quick, args.head_dims)
         return 0
     chosen = (args.stage or []) + [s.strip() for s in (args.stages or "").split(",") if s.strip()]
     references = [r.strip() for r in args.references.split(",") if r.strip()]
@@ -336,15 +364,24 @@ def main(argv=None) -> int:
         print("gpu_fa3.py needs a CUDA GPU (Hopper)")
         return 2
     meta = environment_info()
-    meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick)
+    meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick,
+                head_dims=list(args.head_dims))
+    stage_status = {}
     try:
         from flashcourse.kernels.hopper import fa3
 
         unknown = sorted(set(chosen) - set(fa3.STAGES))
         if unknown:
             parser.error(f"unknown stages {unknown}: expected some of {', '.join(fa3.STAGES)}")
-        stages = chosen or list(fa3.STAGES)
+        stages = list(chosen or fa3.STAGES)
         every_stage = set(stages) == set(fa3.STAGES)
+        for stage in [s for s in stages if not set(fa3.STAGES[s].head_dims) & set(args.head_dims)]:
+            stages.remove(stage)
+            stage_status[stage] = (f"not run: it takes head dims {fa3.STAGES[stage].head_dims}, none of "
+                                   f"{args.head_dims}")
+            log(f"stage {stage}: {stage_status[stage]}")
+        if not stages:
+            parser.error(f"none of the stages {chosen or list(fa3.STAGES)} takes head dims {args.head_dims}")
         meta.update(tested_triton=list(fa3.TESTED_TRITON),
                     stages={name: {"adds": s.adds, "expected": s.expected, "consumers": s.consumers,
                                    "block_n": s.block_n, "ring_stages": s.stages, "overlap": s.overlap,
@@ -360,9 +397,8 @@ def main(argv=None) -> int:
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")
 
     rows: list[dict] = []
-    stage_status = {}
     out = Path(args.out) if args.out else None
-    name = results_name(stages, every_stage)
+    name = results_name(stages, every_stage, args.head_dims)
     meta.update(references=references)
 
     def save(rows, done=False):
@@ -374,7 +410,8 @@ def main(argv=None) -> int:
 
     log(f"references: {', '.join(references)}")
     try:
-        rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40, references=references))
+        rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40, references=references,
+                                   head_dims=args.head_dims))
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")
         stage_status["references"] = _error_text(error)

@@ -56,21 +56,34 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
 (FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
-Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), contiguous, one dtype (float16 or bfloat16), D 64
-or 128, no GQA; o like q, lse (B, H, N_q) float32 natural log (as v7, so the backward b1 / b3 takes it as it
-is). ``causal=True`` is the top-left alignment (key j visible to query i when j <= i), as ``flash_attention``.
-The tensors are seen as 2-D (B*H*N, D) for TMA: a tile that runs past its head's last row reads the next head's
-rows. For queries that is harmless (those rows are computed and never stored); for keys the masks give those
-scores -inf and P exactly 0, but the PV product still multiplies that 0 by the next head's V, and 0 * inf is NaN:
-an inf anywhere in another head's V would turn this head's rows to NaN. Past the last head TMA fills zeros.
-So the library's default forward (``kernels/plan.py``) sends a call here only when N_kv is a multiple of the
-stage's key tile, where no key tile runs past its head; any other length takes v7.
+Head dim 256 (v8c-v8f; ``Stage.head_dims``), sized as FlashAttention-3's ``hopper/`` code sizes it: 128-row query
+tiles over two consumer warpgroups of 240 registers (the producer 24), a K/V ring of two stages, P kept in
+registers. Shared memory sets the key tile: Q is 128 x 256 x 2 B = 64 KB and each ring stage (K and V) 2 x BLOCK_N x
+256 x 2 B, so 64 keys (two stages of 64 KB: 192 KB of the 227 KB a block may have) where FA3 takes 80 (224 KB;
+Gluon's register tensors must be powers of two) and 128 would not fit. Registers: a warpgroup's 64 x 256 fp32 output
+is 128 registers a thread, the 64 x 64 scores 32 more, P 16. Two changes follow FA3 above D = 128: the overlapped
+stages rescale the output rows before the PV product rather than after it (``_rescale_first``), and v8f takes no
+ping-pong turns there (FA3's scheduler barrier is for D <= 128). At D 64 and 128 every stage compiles to what it did
+before. At D = 256 every stage compiles without spills under Triton 3.6 (the GPU's); under 3.9 v8f's causal kernel
+keeps a few values in 48 bytes of local memory a thread. Expected (the stage table's ``by_head_dim``), against v7's
+0.79x / 0.84x cuDNN at N = 8192, float16 (2026-12-02): v8d 0.9-1.0x cuDNN, v8e and v8f within a few percent of it.
+
+Layout contract: q (B, H, N_q, D), k and v (B, H, N_kv, D), contiguous, one dtype (float16 or bfloat16), D 64 or 128
+(every stage) or 256 (v8c-v8f), no GQA; o like q, lse (B, H, N_q) float32 natural log (as v7, so the backward b1 /
+b3 takes it as it is). ``causal=True`` is the top-left alignment (key j visible to query i when j <= i), as
+``flash_attention``. The tensors are seen as 2-D (B*H*N, D) for TMA: a tile that runs past its head's last row reads
+the next head's rows. For queries that is harmless (those rows are computed and never stored); for keys the masks
+give those scores -inf and P exactly 0, but the PV product still multiplies that 0 by the next head's V, and 0 * inf
+is NaN: an inf anywhere in another head's V would turn this head's rows to NaN. Past the last head TMA fills zeros.
+So the library's default forward (``kernels/plan.py``) sends a call here only when N_kv is a multiple of the stage's
+key tile, where no key tile runs past its head; any other length takes v7.
 
 Dispatch: on Hopper with a Triton of ``TESTED_TRITON``, ``flash_attention`` runs v8d at D = 128 and v8a at D = 64
 (the fastest stages of the H200's 2026-12-01 run, ``benchmarks/results/*-fa3-stages.json``) wherever a call fits
-the contract above (``kernels.explain`` says which kernel a call runs and why). ``flashcourse.kernels`` imports
-this module only then, inside the plan: Gluon's API moves between Triton releases. :class:`ForwardPlan` is the
-host side the library keeps per layout; :func:`fa3_forward` runs any stage once (the GPU scripts use it).
+the contract above (``kernels.explain`` says which kernel a call runs and why); D = 256 takes v7 until a GPU run
+has measured the stages there. ``flashcourse.kernels`` imports this module only then, inside the plan: Gluon's
+API moves between Triton releases. :class:`ForwardPlan` is the host side the library keeps per layout;
+:func:`fa3_forward` runs any stage once (the GPU scripts use it).
 """
 
 # No ``from __future__ import annotations``: Triton 3.6's ``aggregate`` checks each field against its annotation
@@ -114,6 +127,16 @@ def _mma_layout(n):
     """wgmma accumulator layout of one warpgroup: 4 warps down the rows (16 rows each per instruction), the
     instruction n-wide (the whole tile width: one wgmma per 16 columns of K)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _rescale_first(head_dim):
+    """Whether the overlapped stages rescale the output rows before the PV product that adds to them rather than
+    after it (FlashAttention-3's order above head dim 128, ``RescaleOBeforeGemm`` in its ``hopper/`` mainloop).
+    At D = 256 the rescale is 128 multiplications a thread: for an SM's two warpgroups 256 cycles of its 128 FP32
+    lanes, a quarter of the 1,024 cycles their PV products take at 4,096 FLOP a cycle. After PV it waits on
+    that GEMM and delays the next; before PV it runs while QK^T is on the tensor cores."""
+    return head_dim > 128
 
 
 @gluon.jit
@@ -326,16 +349,20 @@ def _ws_tiles(acc, m_i, l_i, q_smem, ring, rows, j_lo, j_hi, N_KV, qk_scale, MAS
 
 
 @gluon.jit
-def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, ring, turns, wg: gl.constexpr, rows, j_lo, j_hi, N_KV,
-                         qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
+def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns, wg: gl.constexpr, rows, j_lo,
+                         j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
                          STAGES: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr,
                          O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, with intra-warpgroup overlap (v8d): QK^T of tile j and PV of tile j-1
     (P of tile j-1 waiting in registers) are issued together; tile j's softmax runs while PV(j-1) is still on
     the tensor cores; the output rows are rescaled by tile j's alpha once that PV has landed.
+    At D = 256 (``_rescale_first``) the output rows are rescaled earlier instead, by tile j-1's alpha
+    (``alpha_prev``), between issuing QK^T(j) and PV(j-1), while QK^T is on the tensor cores: the 128
+    multiplications a thread of a 64 x 256 output tile then wait on no GEMM.
     PINGPONG (v8e): warpgroup ``wg`` issues that pair of GEMMs only in its turn. Turn t (tile t+1) of warpgroup
     0 waits for warpgroup 1's turn t-1, turn t of warpgroup 1 for warpgroup 0's turn t; each arrives on the
     other's barrier once its GEMMs are issued, so one's softmax runs under the other's GEMMs."""
+    RESCALE_FIRST: gl.constexpr = _rescale_first(acc.shape[1])
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     for j in range(j_lo, j_hi):
@@ -352,6 +379,8 @@ def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, ring, turns, wg: gl.cons
             else:
                 mbarrier.wait(turns.index(1), turn & 1)
         s = warpgroup_mma(q_smem, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if RESCALE_FIRST:
+            acc = acc * alpha_prev[:, None]
         acc = warpgroup_mma(p_prev, ring.v_smem.index(prev), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turns.index(1 - wg))
@@ -361,9 +390,12 @@ def _ws_tiles_overlapped(acc, p_prev, m_i, l_i, q_smem, ring, turns, wg: gl.cons
                                            CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
         acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
         mbarrier.arrive(ring.v_empty.index(prev))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        if RESCALE_FIRST:
+            alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+        else:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
-    return acc, p_prev, m_i, l_i
+    return acc, p_prev, alpha_prev, m_i, l_i
 
 
 @gluon.jit
@@ -397,17 +429,21 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
                 p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=True,
                                                    CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
             p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
-            acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
-                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), N_KV, qk_scale,
-                MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
-                O_LAYOUT=O_LAYOUT)
-            acc, p_prev, m_i, l_i = _ws_tiles_overlapped(
-                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles, N_KV, qk_scale,
-                MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
-                O_LAYOUT=O_LAYOUT)
+            # Tile 0's alpha: the D = 256 order multiplies the (zero) output rows by it before tile 0's PV.
+            alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+            acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
+                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), N_KV,
+                qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N,
+                S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
+                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles,
+                N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N,
+                S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
             # The last tile's PV.
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+            if _rescale_first(HEAD_DIM):
+                acc = acc * alpha_prev[:, None]
             acc = warpgroup_mma(p_prev, ring.v_smem.index(last), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(ring.v_empty.index(last))
@@ -586,15 +622,18 @@ def _v8f_producer(q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, 
 
 
 @gluon.jit
-def _v8f_tiles(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, rows, r0, turn0, j_lo, j_hi, N_KV,
-               qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
-               STAGES: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+def _v8f_tiles(acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, rows, r0, turn0, j_lo,
+               j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
+               STAGES: gl.constexpr, PINGPONG: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, of one query tile, as v8e's: QK^T(j) and PV(j-1) issued together in
     this warpgroup's turn, softmax(j) under PV(j-1). The ring position of key tile j is r0 + j and the turn
     number turn0 + j - 1 (both run on across query tiles). The turns go round CONSUMERS warpgroups: turn t of
     warpgroup w > 0 follows warpgroup w-1's turn t, turn t of warpgroup 0 the last warpgroup's turn t-1; each
-    arrives on the next warpgroup's barrier once its pair of GEMMs is issued."""
+    arrives on the next warpgroup's barrier once its pair of GEMMs is issued. Without PINGPONG (D = 256, as
+    FlashAttention-3 there) no turns; at D = 256 the output rows are rescaled before PV(j-1), as in
+    ``_ws_tiles_overlapped``."""
     BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
+    RESCALE_FIRST: gl.constexpr = _rescale_first(acc.shape[1])
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     for j in range(j_lo, j_hi):
@@ -604,13 +643,17 @@ def _v8f_tiles(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, row
         turn = turn0 + j - 1
         mbarrier.wait(ring.k_ready.index(slot), (r // STAGES) & 1)
         mbarrier.wait(ring.v_ready.index(prev), ((r - 1) // STAGES) & 1)
-        if wg == 0:
-            mbarrier.wait(turns.index(0), (turn - 1) & 1, pred=turn > 0)
-        else:
-            mbarrier.wait(turns.index(wg), turn & 1)
+        if PINGPONG:
+            if wg == 0:
+                mbarrier.wait(turns.index(0), (turn - 1) & 1, pred=turn > 0)
+            else:
+                mbarrier.wait(turns.index(wg), turn & 1)
         s = warpgroup_mma(q_tile, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if RESCALE_FIRST:
+            acc = acc * alpha_prev[:, None]
         acc = warpgroup_mma(p_prev, ring.v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(turns.index((wg + 1) % CONSUMERS))
+        if PINGPONG:
+            mbarrier.arrive(turns.index((wg + 1) % CONSUMERS))
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(slot))
         if MASKED:
@@ -619,14 +662,18 @@ def _v8f_tiles(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, row
                                            CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
         acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
         mbarrier.arrive(ring.v_empty.index(prev))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        if RESCALE_FIRST:
+            alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+        else:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
-    return acc, p_prev, m_i, l_i
+    return acc, p_prev, alpha_prev, m_i, l_i
 
 
 @gluon.jit
 def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units,
-                  n_m, N_Q, N_KV, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+                  n_m, N_Q, N_KV, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
+                  PINGPONG: gl.constexpr):
     """Consumer warpgroup ``wg`` of v8f: rows [m0 + 64 wg, m0 + 64 wg + 64) of every query tile the program takes
     (the producer's order), each as v8e's consumer: tile 0 alone, then the overlapped tiles in turns, the last PV,
     the store."""
@@ -661,19 +708,21 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
                                                BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
             p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
+            alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))  # see _ws_consumer
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
-            acc, p_prev, m_i, l_i = _v8f_tiles(
-                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item, 1, gl.maximum(full, 1), N_KV,
-                qk_scale, MASKED=False, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, S_LAYOUT=S_LAYOUT,
-                O_LAYOUT=O_LAYOUT)
-            acc, p_prev, m_i, l_i = _v8f_tiles(
-                acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item, gl.maximum(full, 1), n_tiles,
-                N_KV,
-                qk_scale, MASKED=True, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, S_LAYOUT=S_LAYOUT,
-                O_LAYOUT=O_LAYOUT)
+            acc, p_prev, alpha_prev, m_i, l_i = _v8f_tiles(
+                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item, 1,
+                gl.maximum(full, 1), N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS,
+                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            acc, p_prev, alpha_prev, m_i, l_i = _v8f_tiles(
+                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item,
+                gl.maximum(full, 1), n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS,
+                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
             mbarrier.arrive(q_empty)  # every QK^T of this query tile has landed: its Q may be overwritten
             last = r0 + n_tiles - 1
             mbarrier.wait(ring.v_ready.index(last % STAGES), (last // STAGES) & 1)
+            if _rescale_first(HEAD_DIM):
+                acc = acc * alpha_prev[:, None]
             acc = warpgroup_mma(p_prev, ring.v_smem.index(last % STAGES), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(ring.v_empty.index(last % STAGES))
@@ -685,32 +734,32 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
 
 @gluon.jit
 def _v8f_consumer0(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _v8f_consumer(0, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
 
 
 @gluon.jit
 def _v8f_consumer1(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1."""
     _v8f_consumer(1, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
 
 
 @gluon.jit
 def _v8f_consumer2(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 2 (three consumers, D = 64)."""
     _v8f_consumer(2, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "BH"])
 def _fa3_v8f_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, BH, CAUSAL: gl.constexpr,
-                    CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                    CONSUMER_REGS: gl.constexpr):
+                    CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """v8f: persistent. A grid of at most one program per SM; program i takes work units i, i + grid, ... (see
     ``_v8f_unit``), each query tile of CONSUMERS * 64 rows with v8e's schedule; BH = batch * heads. Launch with
     num_warps=4 (the default partition is consumer 0)."""
@@ -751,20 +800,20 @@ def _fa3_v8f_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, BH, CAU
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_v8f_consumer0, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
             (_v8f_consumer1, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
             (_v8f_consumer2, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
             (_v8f_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, step, n_units, n_m, N_Q,
                              N_KV, CAUSAL, CONSUMERS, STAGES)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_v8f_consumer0, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
             (_v8f_consumer1, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
             (_v8f_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, step, n_units, n_m, N_Q,
                              N_KV, CAUSAL, CONSUMERS, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -780,7 +829,7 @@ class Stage:
     expected: str
     kernel: object
     consumers: int  # consumer warpgroups per program (64 query rows each)
-    block_n: dict  # head dim -> key tile rows
+    block_n: dict  # head dim -> key tile rows; its keys are the head dims the stage takes
     stages: int = 2  # K/V ring depth
     overlap: bool = False
     pingpong: bool = False
@@ -795,6 +844,10 @@ class Stage:
         defaults (v8f takes three consumer warpgroups at D = 64); the stage itself where nothing differs."""
         changes = self.by_head_dim.get(head_dim)
         return replace(self, **changes, by_head_dim={}) if changes else self
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        return tuple(self.block_n)
 
     @property
     def warp_specialized(self) -> bool:
@@ -812,8 +865,8 @@ class Stage:
         """The kernel's compile-time arguments (of the stage as ``at`` gives it for a head dim)."""
         if not self.warp_specialized:
             return {"CAUSAL": causal}
-        if self.persistent:  # v8f's kernel always overlaps and ping-pongs
-            return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages,
+        if self.persistent:  # v8f's kernel always overlaps
+            return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "PINGPONG": self.pingpong,
                     "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
         return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "OVERLAP": self.overlap,
                 "PINGPONG": self.pingpong, "PRODUCER_REGS": self.producer_regs,
@@ -839,24 +892,39 @@ STAGES = {
               "+0-5% over v8a", _fa3_ws_kernel, consumers=1, block_n={64: 128, 128: 64}, stages=2,
               producer_regs=24, maxnreg=128),
         Stage("v8c", "two consumer warpgroups share the ring; setmaxnreg: producer 24, consumers 240",
-              "+5-10% over v8b", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2,
-              producer_regs=24, consumer_regs=240),
+              "+5-10% over v8b", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2,
+              producer_regs=24, consumer_regs=240,
+              by_head_dim={256: {"expected": "D = 256: about v7 (2026-12-02, float16, N = 8192: 505 / 498 TFLOP/s, "
+                                             "0.79x / 0.84x cuDNN), up to +5%: the softmax and the rescale of 128 "
+                                             "output registers a thread still wait between the GEMMs"}}),
         Stage("v8d", "intra-warpgroup overlap: QK^T(j) with PV(j-1), softmax(j) under PV(j-1)",
-              "+5-10% over v8c", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2,
-              overlap=True, producer_regs=24, consumer_regs=240),
+              "+5-10% over v8c", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2,
+              overlap=True, producer_regs=24, consumer_regs=240,
+              by_head_dim={256: {"expected": "D = 256: +8-15% over v8c, 0.9-1.0x cuDNN (570-640 TFLOP/s at "
+                                             "N = 8192, float16, not causal): a 64-key tile is as many FLOPs as a "
+                                             "128-key tile at D = 128 with half its scores, so PV(j-1) hides the "
+                                             "softmax better than there (+4-7% over v8c), and the output is "
+                                             "rescaled under QK^T (FlashAttention-3's order above D = 128)"}}),
         Stage("v8e", "ping-pong: the two warpgroups take turns at the tensor cores (mbarriers)",
               "+3-8% over v8d: >= 1.0x cuDNN is the target", _fa3_ws_kernel, consumers=2,
-              block_n={64: 128, 128: 128}, stages=2, overlap=True, pingpong=True, producer_regs=24,
-              consumer_regs=240),
+              block_n={64: 128, 128: 128, 256: 64}, stages=2, overlap=True, pingpong=True, producer_regs=24,
+              consumer_regs=240,
+              by_head_dim={256: {"expected": "D = 256: -3% to +1% against v8d: FlashAttention-3 takes no turns "
+                                             "above D = 128, where a warpgroup's softmax already hides under its "
+                                             "own PV and a turn only adds a wait per tile"}}),
         Stage("v8f", "persistent (one program per SM, query tiles in turn, causal ones in heavy-light pairs); "
-              "D = 64: three consumer warpgroups (192-row tiles, 160 registers)",
+              "D = 64: three consumer warpgroups (192-row tiles, 160 registers); D = 256: no ping-pong",
               "D = 128: +3-5% over v8d at N = 4096, +0-2% at 16384; D = 64: +2-5% over v8a; >= 1.0x cuDNN",
-              _fa3_v8f_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2, overlap=True, pingpong=True,
-              producer_regs=24, consumer_regs=240, persistent=True,
-              by_head_dim={64: {"consumers": 3, "producer_regs": 32, "consumer_regs": 160}}),
+              _fa3_v8f_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2, overlap=True,
+              pingpong=True, producer_regs=24, consumer_regs=240, persistent=True,
+              by_head_dim={64: {"consumers": 3, "producer_regs": 32, "consumer_regs": 160},
+                           256: {"pingpong": False,
+                                 "expected": "D = 256: -2% to +4% against v8d (at D = 128 v8f ran at -3% "
+                                             "to +1% of v8d on 2026-12-02; one program already fills an SM "
+                                             "there as here, and the start and end it hides are a smaller "
+                                             "share of a longer tile)"}}),
     )
 }
-HEAD_DIMS = (64, 128)
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -890,8 +958,8 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
     return signature, constexprs
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """What v8 takes, or a ValueError saying what to use instead."""
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stage: Stage) -> None:
+    """What ``stage`` of v8 takes, or a ValueError saying what to use instead."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError("fa3_forward takes q, k, v of shape (B, H, N, D)")
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
@@ -901,8 +969,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"fa3_forward takes float16 or bfloat16 q, k, v of one dtype (got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}); use flashcourse.kernels.flash_attention for float32 or float8")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"fa3_forward takes head dims {HEAD_DIMS} (got {q.shape[3]}); "
+    if q.shape[3] not in stage.head_dims:
+        raise ValueError(f"fa3_forward's stage {stage.name} takes head dims {stage.head_dims} (got {q.shape[3]}); "
                          "use flashcourse.kernels.flash_attention for the others")
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
         raise ValueError("fa3_forward reads q, k, v as contiguous (B, H, N, D) tensors through TMA: pass "
@@ -923,7 +991,7 @@ class ForwardPlan:
     The tensors are seen as 2-D (B*H*N, D) arrays: a tile is addressed by its first row, bh * N + offset."""
 
     def __init__(self, stage: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float | None):
-        check_inputs(q, k, k)
+        check_inputs(q, k, k, _stage(stage))
         batch, heads, n_q, head_dim = q.shape
         self.spec = _stage(stage).at(head_dim)
         n_kv = k.shape[2]
@@ -992,8 +1060,7 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
     """Forward attention with stage ``stage`` of v8 (see the module docstring); returns (o, lse), lse natural
     log, float32. ``causal=True`` is top-left aligned. Hopper only; see ``check_inputs`` for what it takes.
     Each call prepares its launch anew; ``flash_attention`` keeps a :class:`ForwardPlan` per layout instead."""
-    _stage(stage)
-    check_inputs(q, k, v)
+    check_inputs(q, k, v, _stage(stage))
     return ForwardPlan(stage, q, k, causal=bool(causal), scale=scale)(q, k, v)
 
 
