@@ -153,6 +153,40 @@ def test_the_stage_table():
                                                                                          "v8c_fp8")
 
 
+def test_the_gpu_script_rates_every_stage():
+    """scripts/gpu_fa3_fp8.py (run in a child: importing it turns the interpreter off) gives each FP8 row its
+    ratio to cuDNN's fp16 and each stage's rows their ratio to the other stages and the references; its checks
+    reach N_q != N_kv both ways and programs with an unmasked run of key tiles after tile 0."""
+    code = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import gpu_fa3_fp8 as g
+def t(provider, tflops):
+    return dict(kind="time", provider=provider, n=4096, head_dim=128, causal=False, batch=4, heads=16,
+                status="ok", tflops=tflops, tflops_min=tflops - 10, tflops_max=tflops + 10)
+rows = [t("v8c_fp8", 700), t("v8e_fp8", 910), t("triton_fp8_as_given", 600), t("sdpa_cudnn_fp16", 600)]
+g.add_cudnn_ratios(rows)
+print(json.dumps({"rows": {r["provider"]: r for r in rows}, "checks": g.CHECK_NS, "quick": g.QUICK_CHECK_NS}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = result["rows"]
+    assert rows["v8e_fp8"]["ratio_vs_cudnn_fp16"] == pytest.approx(910 / 600)
+    assert rows["v8e_fp8"]["ratio_vs_cudnn_fp16_min"] == pytest.approx(900 / 610)
+    assert rows["v8e_fp8"]["ratio_vs_v8c_fp8"] == pytest.approx(1.3)
+    assert rows["v8c_fp8"]["ratio_vs_v8e_fp8"] == pytest.approx(1 / 1.3)
+    assert rows["v8e_fp8"]["ratio_vs_triton_fp8_as_given"] == pytest.approx(910 / 600)
+    assert rows["triton_fp8_as_given"]["ratio_vs_cudnn_fp16"] == pytest.approx(1.0)
+    assert not any(key.startswith("ratio") for key in rows["sdpa_cudnn_fp16"])
+    for shapes in (result["checks"], result["quick"]):
+        assert any(n_q < n_kv for n_q, n_kv in shapes) and all(n_q > 0 and n_kv > 0 for n_q, n_kv in shapes)
+        # 128-key tiles: some non-causal check has at least two whole tiles after tile 0 (v8e_fp8's unmasked loop)
+        assert any(n_kv // 128 >= 3 for _, n_kv in shapes)
+    assert any(n_q > n_kv for n_q, n_kv in result["checks"])
+
+
 # ------------------------------------------------------------------------------------------ the producer's protocol
 def _forward_test():
     """tests/test_fa3_compile.py as a module: its mbarrier model is reused, not copied."""
