@@ -1,6 +1,6 @@
-"""Forward v8 in FP8: the Gluon FlashAttention-3 forward (v8c's design) on e4m3 q, k, v, with V transposed inside
-the kernel. Compiled for sm_90 on a CPU only, never run yet: ``scripts/gpu_fa3_fp8.py`` is its
-first GPU run.
+"""Forward v8 in FP8: the Gluon FlashAttention-3 forward on e4m3 q, k, v, with V transposed inside the kernel, in
+two stages (``STAGES``): v8c_fp8 (v8c's design; checked and timed on the H200 on 2026-12-01 by
+``scripts/gpu_fa3_fp8.py``) and v8e_fp8 (v8e's schedule; compiled for sm_90 on a CPU, not yet run).
 
 Why a transpose. Hopper's FP8 ``wgmma`` reads both operands K-major: the reduction dim contiguous in shared memory.
 In S = Q K^T the reduction runs over D, and q and k as the user passes them, (B, H, N, D) with D contiguous,
@@ -11,7 +11,7 @@ transformations"; ``hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp``, the ``Transpose_
 tile in shared memory after its TMA copy lands, in the producer warpgroup, with ldmatrix / stmatrix and byte
 permutes, while the consumers compute; and it lays P's registers out as the FP8 A operand wants them.
 
-This stage, ``v8c_fp8``, does the same with Gluon's pieces:
+The first stage, ``v8c_fp8``, does the same with Gluon's pieces:
 
 - the **producer** partition is a whole warpgroup (4 warps, not v8c's one warp): its TMA copies are issued by one
   thread as before (Q once; K tile j into a ring slot; V tile j, as passed, (BLOCK_N, D) with D contiguous, into a
@@ -28,6 +28,22 @@ This stage, ``v8c_fp8``, does the same with Gluon's pieces:
   ``convert_layout``); O += P V^T^T with V^T the permuted view of the (D, BLOCK_N) buffer, which is K-major;
 - **descales** as fp8.py: q's and k's folded into the exponent's scale once per program, v's multiplying the
   output at the end; the lse takes P_SHIFT back off.
+
+The second stage, ``v8e_fp8``, keeps that producer and gives the consumers fa3.py's v8e schedule
+(``_fp8_tiles_overlapped``): QK^T of tile j is issued together with P(j-1) V(j-1), tile j's softmax runs while
+that product is on the tensor cores (FlashAttention-3's intra-warpgroup overlap, Shah et al. 2024, section 3.2),
+and the two warpgroups take turns issuing their pair (ping-pong, section 3.1). It matters more in FP8 than in
+float16: per 128 x 128 tile at D = 128, the two products take the tensor cores about 1,024 clocks (4.2 M
+multiply-adds at 4,096 a clock an SM: the H100 SXM's 1,979 dense FP8 TFLOP/s at 1.83 GHz on 132 SMs), and the
+16,384 exponentials take the SM's MUFU units as long (16 a clock at compute capability 9.0: CUDA C++ Programming
+Guide, arithmetic instruction throughput); v8c_fp8 runs the one after the other in each warpgroup. Two Gluon
+details: the wait for P V cannot list P's 8-bit registers (Triton lowers no such dependency), and ptxas moves that
+wait up before the exponentials unless a block boundary holds it back (the wait for the next K tile is placed
+there; see ``_fp8_tiles_overlapped``). Its masks are
+fa3._v8f_mask's, tile 0 masked always. Same tiles, ring and budgets as v8c_fp8: 168 registers at launch, no
+spills, 57,736 / 115,080 B of shared memory at D 64 / 128, every tile's 66 exponentials between the two waits
+(``scripts/fa3_fp8_compile.py``, Triton 3.6 and 3.9). 256-key tiles would halve the per-tile overhead: at D = 64
+they compile without spills in v8e_fp8 (106,888 B shared), at D = 128 they spill (320 B a thread).
 
 Register budgets: the producer warpgroup now holds a V tile in registers (BLOCK_N * D / 128 bytes a thread, 32
 registers at D = 128), so it gets more than v8c's 24: producer 56, consumers 224 (2 * 128 * 224 + 128 * 56 =
@@ -59,7 +75,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .fa3 import _LN2, _MASKED_FILL, _key_tiles, _Ring, _tma_load, _v8f_mask, triton_cdiv
 
-TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile.py); run on a GPU: none yet
+TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile.py); v8c_fp8 ran under 3.6
 
 FP8 = torch.float8_e4m3fn
 P_SHIFT = 8  # as fp8.P_SHIFT: P is quantised as p * 2^8, the row max 1 -> 256 < 448
