@@ -39,10 +39,10 @@ multiply-adds at 4,096 a clock an SM: the H100 SXM's 1,979 dense FP8 TFLOP/s at 
 Guide, arithmetic instruction throughput); v8c_fp8 runs the one after the other in each warpgroup. Two Gluon
 details: the wait for P V cannot list P's 8-bit registers (Triton lowers no such dependency), and ptxas moves that
 wait up before the exponentials unless a block boundary holds it back (the wait for the next K tile is placed
-there; see ``_fp8_tiles_overlapped``). Its masks are
-fa3._v8f_mask's, tile 0 masked always. Same tiles, ring and budgets as v8c_fp8: 168 registers at launch, no
-spills, 57,736 / 115,080 B of shared memory at D 64 / 128, every tile's 66 exponentials between the two waits
-(``scripts/fa3_fp8_compile.py``, Triton 3.6 and 3.9). 256-key tiles would halve the per-tile overhead: at D = 64
+there; see ``_fp8_tiles_overlapped``). Its masks are fa3._v8f_mask's, tile 0 masked always. Same tiles, ring
+and budgets as v8c_fp8: 168 registers at launch, no spills, 57,736 / 115,080 B of shared memory at D 64 / 128,
+every tile's 66 exponentials between the two waits (``scripts/fa3_fp8_compile.py``, Triton 3.6 and 3.9). 256-key
+tiles would halve the per-tile overhead: at D = 64
 they compile without spills in v8e_fp8 (106,888 B shared), at D = 128 they spill (320 B a thread).
 
 Register budgets: the producer warpgroup now holds a V tile in registers (BLOCK_N * D / 128 bytes a thread, 32
