@@ -303,8 +303,7 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars,
             MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
         acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
             acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles, n_tiles, N_KV,
-            qk_scale,
-            MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
         # The last tile's P V, alone.
         last = n_tiles - 1
         mbarrier.wait(ring.v_ready.index(last % RING), (last // RING) & 1)
