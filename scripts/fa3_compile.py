@@ -4,7 +4,9 @@ needed.
 Each stage is compiled to a cubin with the installed Triton (ptxas ships inside its wheel) for
 ``GPUTarget("cuda", 90, 32)``, and the cubin's resource usage is read back with the wheel's ``cuobjdump``:
 registers a thread, spill (local memory) bytes, shared memory (the compiler's allocation). The PTX is searched for
-``setmaxnreg`` (the register budgets) and ``wgmma`` (the tensor-core instructions).
+``setmaxnreg`` (the register budgets) and ``wgmma`` (the tensor-core instructions). ``ex2_under_pv``: for each
+stretch of SASS between the two waits of an overlapped loop (QK^T(j) landed, PV(j-1) still running), the
+exponentials in it (scripts/fa3_fp8_compile.py's count); v8g should have a tile's all there, v8d-v8f none.
 
     PYTHONPATH=src python scripts/fa3_compile.py                     # every stage, D 64 and 128, fp16, causal
     PYTHONPATH=src python scripts/fa3_compile.py --all --json out.json   # both dtypes, causal and not
@@ -74,6 +76,7 @@ class Compiled:
     shared: int | None = None  # bytes the compiler allocates
     setmaxnreg: list | None = None  # the budgets in the PTX
     wgmma: int | None = None  # wgmma.mma_async instructions in the PTX
+    ex2_under_pv: list | None = None  # MUFU.EX2 between the two wgmma waits, per overlapped stretch of SASS
     seconds: float | None = None
     error: str = ""
 
@@ -107,6 +110,7 @@ def _module(name: str):
 def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, causal: bool = True) -> Compiled:
     """Compile one stage (forward v8* or backward b6*) for sm_90 and read its resources; a failure is recorded,
     not raised."""
+    import fa3_fp8_compile  # beside this script: its SASS reader
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -120,6 +124,7 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
         compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", SM90, 32), options=launch.options())
         usage = resource_usage(compiled.asm["cubin"])
+        instructions = fa3_fp8_compile.sass(compiled.asm["cubin"])
     except Exception as error:  # noqa: BLE001 - every stage is tried; the error is the result
         record.error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
         record.seconds = round(time.perf_counter() - start, 2)
@@ -131,6 +136,7 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     record.shared = compiled.metadata.shared
     record.setmaxnreg = sorted({line.strip().rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line})
     record.wgmma = sum("wgmma.mma_async" in line for line in ptx.splitlines())
+    record.ex2_under_pv = fa3_fp8_compile.overlapped_ex2(instructions)
     record.seconds = round(time.perf_counter() - start, 2)
     return record
 
@@ -162,7 +168,7 @@ def main(argv=None) -> int:
     causals = (False, True) if args.all else (True,)
     print(f"Triton {triton.__version__}, sm_{SM90}")
     print(f"{'stage':6} {'D':>4} {'dtype':9} {'causal':6} {'regs':>5} {'spill B':>7} {'shared B':>9} "
-          f"{'wgmma':>5}  setmaxnreg / error")
+          f"{'wgmma':>5} {'EX2 under PV':>13}  setmaxnreg / error")
     records = []
     head_dims = tuple(int(d) for d in args.head_dims.split(",") if d.strip())
     for record in compile_all(args.stage, head_dims=head_dims, dtypes=dtypes, causals=causals,
@@ -171,7 +177,8 @@ def main(argv=None) -> int:
         if record.ok:
             fits = "" if record.shared <= SHARED_LIMIT else "  (over sm_90's 227 KB!)"
             print(f"{record.stage:6} {record.head_dim:>4} {record.dtype:9} {record.causal!s:6} {record.registers:>5} "
-                  f"{record.spill_bytes:>7} {record.shared:>9} {record.wgmma:>5}  "
+                  f"{record.spill_bytes:>7} {record.shared:>9} {record.wgmma:>5} "
+                  f"{'/'.join(map(str, record.ex2_under_pv)) or '-':>13}  "
                   f"{', '.join(record.setmaxnreg) or '-'}{fits}  [{record.seconds} s]")
         else:
             print(f"{record.stage:6} {record.head_dim:>4} {record.dtype:9} {record.causal!s:6} FAILED  {record.error}")

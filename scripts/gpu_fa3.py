@@ -1,16 +1,17 @@
-"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8f) checked and timed on
+"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8g) checked and timed on
 an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
     PYTHONPATH=src python scripts/gpu_fa3.py --stages v8a,v8d,v8f --references sdpa_cudnn,v7 --out /tmp/fa3
+    PYTHONPATH=src python scripts/gpu_fa3.py --stages v8c,v8d,v8g --references sdpa_cudnn --out /tmp/fa3  # v8g's hold
     PYTHONPATH=src python scripts/gpu_fa3.py --head-dims 256 --budget 250 --out /tmp/fa3  # v8c-v8f, about 3 min
 
 ``--stages`` (or ``--stage``, repeated) runs only the stages named; such a run is saved as
 ``<date>-<device>-fa3-stages-<stages>.json``, so that it never becomes the newest ``*-fa3-stages.json`` (the
 complete table that ``kernels/plan.py``'s dispatch and lesson 13 read). ``--references`` times only the
 references named. ``--head-dims`` (64 and 128 by default) checks and times those head dims only, each with the
-stages that take it (``Stage.head_dims``: 256 is v8c-v8f's); a run at other head dims than the default is saved
+stages that take it (``Stage.head_dims``: 256 is v8c-v8g's); a run at other head dims than the default is saved
 apart too, its name ending in them (``fa3-stages-v8c-v8d-v8e-v8f-d256``).
 
 For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
@@ -385,13 +386,14 @@ def main(argv=None) -> int:
         meta.update(tested_triton=list(fa3.TESTED_TRITON),
                     stages={name: {"adds": s.adds, "expected": s.expected, "consumers": s.consumers,
                                    "block_n": s.block_n, "ring_stages": s.stages, "overlap": s.overlap,
-                                   "pingpong": s.pingpong, "producer_regs": s.producer_regs,
+                                   "pingpong": s.pingpong, "hold_pv_wait": s.hold_pv_wait,
+                                   "producer_regs": s.producer_regs,
                                    "consumer_regs": s.consumer_regs, "maxnreg": s.maxnreg,
                                    "persistent": s.persistent, "by_head_dim": s.by_head_dim}
                             for name, s in fa3.STAGES.items()})
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
-        stages, import_error = chosen or ["v8a", "v8b", "v8c", "v8d", "v8e", "v8f"], _error_text(error)
+        stages, import_error = chosen or ["v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g"], _error_text(error)
         every_stage = not chosen
         log(f"flashcourse.kernels.hopper.fa3 does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ if not device.triton_available():
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "fa3_compile.py"
-STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f")
+STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -43,7 +44,7 @@ def _env(tmp_path: Path) -> dict:
 @pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for v8a-v8e's ten compiles to cubin; v8f's two:
 # about 10 s
 @pytest.mark.parametrize("stages", [pytest.param(("v8f",), id="v8f"),
-                                    pytest.param(tuple(s for s in STAGES if s != "v8f"), id="v8a-v8e",
+                                    pytest.param(tuple(s for s in STAGES if s not in ("v8f", "v8g")), id="v8a-v8e",
                                                  marks=pytest.mark.full)])
 def test_every_stage_compiles_for_sm90(stages, tmp_path):
     _compile_and_check(stages, (), tmp_path)
@@ -70,6 +71,23 @@ def test_head_dim_256_compiles_without_spills(tmp_path):
                                  tmp_path, variants=4, head_dims=(256,), takes=("v8c", "v8d", "v8e", "v8f"),
                                  spills={("v8f", True): 48})
     assert all(196608 <= r["shared"] <= 232448 for r in records)  # Q 64 KB + 2 x (K + V) 64 KB, and barriers
+
+
+@pytest.mark.slow
+@pytest.mark.full  # eight compiles, about 40 s
+def test_v8g_keeps_the_exponentials_under_pv(tmp_path):
+    """v8g's wait for K(j+1) holds the wait for PV(j-1) below the softmax: in the SASS every exponential of a tile
+    (64 of P's and alpha's: a 64 x 128 score tile over 128 threads) lies between the two GEMM waits of each
+    overlapped loop (unmasked and masked, in each consumer warpgroup), at D 64 and 128, both dtypes, causal and
+    not, without spills. v8d, compiled beside it, has none there: ptxas moves its PV wait above them."""
+    records = _compile_and_check(("v8d", "v8g"), ("--all",), tmp_path, variants=4)
+    for r in records:
+        where = f"{r['stage']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
+        assert len(r["ex2_under_pv"]) >= 2, f"{where}: {r['ex2_under_pv']}"
+        if r["stage"] == "v8g":
+            assert min(r["ex2_under_pv"]) >= 64, f"{where}: {r['ex2_under_pv']}"
+        else:
+            assert max(r["ex2_under_pv"]) < 64, f"{where}: {r['ex2_under_pv']}"
 
 
 def _compile_and_check(stages, flags, tmp_path, variants=1, head_dims=(64, 128), takes=None, spills=None):
@@ -101,7 +119,7 @@ def _compile_and_check(stages, flags, tmp_path, variants=1, head_dims=(64, 128),
             assert not budgets, f"v8a is not warp-specialized, yet: {budgets}"
         elif r["stage"] != "v8f" or r["head_dim"] == 128:  # the producer's warpgroup gives its registers away
             assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"
-        if r["stage"] in ("v8c", "v8d", "v8e") or (r["stage"] == "v8f" and r["head_dim"] != 64):
+        if r["stage"] in ("v8c", "v8d", "v8e", "v8g") or (r["stage"] == "v8f" and r["head_dim"] != 64):
             assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # two consumers
         if r["stage"] == "v8f" and r["head_dim"] == 64:  # three consumer warpgroups of 160, FA3's at D = 64
             assert "setmaxnreg.inc.sync.aligned.u32 \t160" in budgets, f"{where}: {budgets}"
@@ -178,6 +196,11 @@ def test_v8f_launch_by_head_dim():
     assert signature["BH"] == "i32" and constexprs["CONSUMERS"] == 3 and "OVERLAP" not in constexprs
     assert "[64,64]" in signature["q_desc"] and "[128,64]" in signature["k_desc"]
     assert "BH" not in fa3.kernel_signature(fa3.STAGES["v8e"], 64, torch.bfloat16, True)[0]
+    # v8g is v8d with the held PV wait (which needs a ring of two stages: test_held_pv_wait_needs_two_ring_stages);
+    # no other stage holds it, so their kernels compile as before.
+    assert fa3.STAGES["v8g"] == replace(fa3.STAGES["v8d"], name="v8g", adds=fa3.STAGES["v8g"].adds,
+                                        expected=fa3.STAGES["v8g"].expected, by_head_dim={}, hold_pv_wait=True)
+    assert [n for n, s in fa3.STAGES.items() if s.constexprs(True).get("HOLD_PV_WAIT")] == ["v8g"]
 
 
 def test_head_dim_256_launch():
@@ -192,7 +215,7 @@ def test_head_dim_256_launch():
     except (ImportError, AttributeError) as error:
         pytest.skip(f"fa3.py does not import under this Triton: {error}")
 
-    assert [name for name, s in fa3.STAGES.items() if 256 in s.head_dims] == ["v8c", "v8d", "v8e", "v8f"]
+    assert [name for name, s in fa3.STAGES.items() if 256 in s.head_dims] == ["v8c", "v8d", "v8e", "v8f", "v8g"]
     shared_limit, element = 232448, 2
 
     def shared(stage, block_n):  # Q, then K and V in each ring stage
@@ -382,7 +405,8 @@ def _jitter(rng: random.Random):
     time.sleep(rng.random() * 2e-4)
 
 
-def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, pingpong: bool, seed: int):
+def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, pingpong: bool, seed: int,
+                  hold: bool = False):
     world = _World()
     rng = random.Random(seed)
     k_slot, v_slot = [None] * stages, [None] * stages
@@ -449,6 +473,8 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
             _jitter(rng)
             read(k_slot, slot, ("K", j))
             k_empty[slot].arrive()
+            if hold:  # v8g: K(j+1) waited between the softmax and PV(j-1)'s wait, V(j-1) still held
+                k_ready[(j + 1) % stages].wait(((j + 1) // stages) & 1, pred=j + 1 < n_tiles)
             _jitter(rng)
             read(v_slot, prev, ("V", j - 1))
             v_empty[prev].arrive()
@@ -472,15 +498,25 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
         assert issued == [(wg, t) for t in range(n_tiles - 1) for wg in (0, 1)], issued
 
 
-@pytest.mark.parametrize("stage", ["v8b", "v8c", "v8d", "v8e"])  # v8f: test_v8f_protocol
+@pytest.mark.parametrize("stage", ["v8b", "v8c", "v8d", "v8e", "v8g"])  # v8f: test_v8f_protocol
 @pytest.mark.parametrize("n_tiles", [1, 2, 3, 8])
 def test_ring_protocol_of_each_stage(stage, n_tiles):
     """The kernel's own switches per stage (fa3.STAGES), ring depths 2 and 3, a few random interleavings."""
-    spec = {"v8b": (1, False, False), "v8c": (2, False, False), "v8d": (2, True, False), "v8e": (2, True, True)}
-    consumers, overlap, pingpong = spec[stage]
+    spec = {"v8b": (1, False, False, False), "v8c": (2, False, False, False), "v8d": (2, True, False, False),
+            "v8e": (2, True, True, False), "v8g": (2, True, False, True)}
+    consumers, overlap, pingpong, hold = spec[stage]
     for stages in (2, 3):
         for seed in range(3):
-            _run_protocol(n_tiles, stages, consumers, overlap, pingpong, seed)
+            _run_protocol(n_tiles, stages, consumers, overlap, pingpong, seed, hold=hold)
+
+
+def test_held_pv_wait_needs_two_ring_stages():
+    """v8g's wait for K(j+1) comes before this warpgroup frees V(j-1); with a ring of one stage the producer must
+    free that slot (V(j-1)) before it loads K(j+1), so both wait forever: the model finds it (and the stage table
+    gives v8g two stages)."""
+    with pytest.raises(AssertionError, match="Deadlock|waits"):
+        _run_protocol(3, 1, 2, True, False, 0, hold=True)
+    _run_protocol(3, 1, 2, True, False, 0, hold=False)
 
 
 def _v8f_items(program: int, programs: int, n_m: int, heads: int, causal: bool):

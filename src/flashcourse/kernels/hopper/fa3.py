@@ -53,6 +53,12 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       three programs do (v8c-v8e's 8 lose to v8a there), with v8e's schedule and one K/V tile read for 192 rows:
       +2-5% over v8a, >= 1.0x cuDNN; at N = 4096 less, 192-row tiles computing 4224 rows for 4096.
 
+- v8g (HOLD_PV_WAIT): v8d as it was meant to run. Compiled, v8d/v8e/v8f wait for PV(j-1) before their
+      exponentials: ptxas moves that wait up to just after the row max (0 of a tile's exponentials between the two
+      GEMM waits, Triton 3.6), so the softmax never ran under PV(j-1), which may be why v8d beat v8c by only 3-10%.
+      v8g makes the wait for K(j+1) between the softmax and the PV wait: a loop in the PTX, which ptxas moves no
+      instruction across. Expected: +3-8% over v8d at D = 128.
+
 (FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
@@ -350,9 +356,9 @@ def _ws_tiles(acc, m_i, l_i, q_smem, ring, rows, j_lo, j_hi, N_KV, qk_scale, MAS
 
 @gluon.jit
 def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns, wg: gl.constexpr, rows, j_lo,
-                         j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                         STAGES: gl.constexpr, BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr,
-                         O_LAYOUT: gl.constexpr):
+                         j_hi, n_tiles, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                         PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr, STAGES: gl.constexpr,
+                         BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, with intra-warpgroup overlap (v8d): QK^T of tile j and PV of tile j-1
     (P of tile j-1 waiting in registers) are issued together; tile j's softmax runs while PV(j-1) is still on
     the tensor cores; the output rows are rescaled by tile j's alpha once that PV has landed.
@@ -361,7 +367,17 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
     multiplications a thread of a 64 x 256 output tile then wait on no GEMM.
     PINGPONG (v8e): warpgroup ``wg`` issues that pair of GEMMs only in its turn. Turn t (tile t+1) of warpgroup
     0 waits for warpgroup 1's turn t-1, turn t of warpgroup 1 for warpgroup 0's turn t; each arrives on the
-    other's barrier once its GEMMs are issued, so one's softmax runs under the other's GEMMs."""
+    other's barrier once its GEMMs are issued, so one's softmax runs under the other's GEMMs.
+    HOLD_PV_WAIT (v8g): the wait for K(j+1), which the next iteration makes first, is made here too, between
+    the softmax and the wait for PV(j-1). Without it ptxas (Triton 3.6 and 3.9) moves the wait for PV(j-1)
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) up to just after the row max, above every exponential of the tile, and
+    the softmax never runs under PV(j-1). An mbarrier wait is a loop in the PTX, a block boundary ptxas moves
+    no instruction across, so the exponentials stay between the two GEMM waits (as fa3_fp8's v8e_fp8 does).
+    It cannot deadlock: when it is made, this warpgroup has released K up to tile j and V up to tile j-2, and
+    the producer, which loads K(0), V(0), K(1), V(1), ... in order, needs no more to load K(j+1): before it the
+    slots of K(j+1-STAGES) and V(j-STAGES), released for STAGES >= 2 (with one stage V(j-1) would be needed,
+    which is freed only after this wait). ``n_tiles``: the program's key tiles (no K(j+1) past the last); the
+    masked loop's first wait then finds the phase it waits for already complete."""
     RESCALE_FIRST: gl.constexpr = _rescale_first(acc.shape[1])
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
@@ -388,6 +404,9 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
         mbarrier.arrive(ring.k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
                                            CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        if HOLD_PV_WAIT:
+            nxt = j + 1
+            mbarrier.wait(ring.k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_tiles)
         acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
         mbarrier.arrive(ring.v_empty.index(prev))
         if RESCALE_FIRST:
@@ -400,7 +419,8 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
 
 @gluon.jit
 def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
+                 STAGES: gl.constexpr):
     """One consumer warpgroup: 64 query rows from m0, every key tile of the program, then the store."""
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
@@ -432,13 +452,13 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
             # Tile 0's alpha: the D = 256 order multiplies the (zero) output rows by it before tile 0's PV.
             alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
             acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
-                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), N_KV,
-                qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N,
-                S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), n_tiles,
+                N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT,
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
             acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
                 acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles,
-                N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, STAGES=STAGES, BLOCK_N=BLOCK_N,
-                S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT,
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
             # The last tile's PV.
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -460,25 +480,27 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
 
 @gluon.jit
 def _ws_consumer0(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
+                  STAGES: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _ws_consumer(0, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL,
-                 OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
+                 OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES)
 
 
 @gluon.jit
 def _ws_consumer1(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
+                  STAGES: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 rows of the program's query tile."""
     ROWS: gl.constexpr = q_smem.shape[1]
     _ws_consumer(1, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q, N_KV,
-                 CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, STAGES=STAGES)
+                 CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr,
                    CONSUMERS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                   PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                   HOLD_PV_WAIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """v8b-v8e: a producer warp and CONSUMERS warpgroups of 4 warps (launch with num_warps=4: the default
     partition is consumer 0). A program takes CONSUMERS * 64 query rows (q_desc's block is one warpgroup's)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -522,16 +544,16 @@ def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: 
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
             (_ws_consumer1, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
                             STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
                             STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -833,6 +855,7 @@ class Stage:
     stages: int = 2  # K/V ring depth
     overlap: bool = False
     pingpong: bool = False
+    hold_pv_wait: bool = False  # the wait for the next K tile holds the PV wait below the softmax (v8g)
     producer_regs: int = 0  # setmaxnreg budgets (Triton 3.6's warp_specialize requires the workers')
     consumer_regs: int = 0
     maxnreg: int | None = None  # registers a thread at launch (None: what the compiler needs)
@@ -869,7 +892,7 @@ class Stage:
             return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "PINGPONG": self.pingpong,
                     "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
         return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "OVERLAP": self.overlap,
-                "PINGPONG": self.pingpong, "PRODUCER_REGS": self.producer_regs,
+                "PINGPONG": self.pingpong, "HOLD_PV_WAIT": self.hold_pv_wait, "PRODUCER_REGS": self.producer_regs,
                 "CONSUMER_REGS": self.consumer_regs}
 
     def grid(self, n_q: int, batch_heads: int, causal: bool, sm_count: int) -> tuple[int, ...]:
@@ -923,6 +946,12 @@ STAGES = {
                                              "to +1% of v8d on 2026-12-02; one program already fills an SM "
                                              "there as here, and the start and end it hides are a smaller "
                                              "share of a longer tile)"}}),
+        Stage("v8g", "v8d with the PV wait held below the softmax: the wait for K(j+1) between them, a block "
+              "boundary ptxas moves no exponential across",
+              "+3-8% over v8d at D = 128: v8d's compiled loop waits for PV(j-1) before its exponentials, so its "
+              "softmax never ran under PV(j-1); here it does (about v8d's promised +5-10% over v8c, which it "
+              "missed)", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2,
+              overlap=True, hold_pv_wait=True, producer_regs=24, consumer_regs=240),
     )
 }
 
