@@ -12,12 +12,12 @@ compute capability 8.9) must refuse it with an error naming what is needed; one 
     PYTHONPATH=src python scripts/launch_fit.py                    # every target, the CI's case set
     PYTHONPATH=src python scripts/launch_fit.py --target T4 --cases all --json out.json
 
-``--cases ci`` (default) takes each kernel with its options off, with every bound and score option on at once,
-and with a block mask (documents and ``mask_mod``): both launch choices (with and without partly masked tiles)
-and the most code the options add; the numbered versions in float16; float32 from D = 64. ``--cases all`` takes
-every option on its own and bfloat16 too (minutes per target). Exit status 1 when a launch does not
-fit. Run with the Triton whose allocation you want to check: CI's on a CPU, the GPU machine's in
-``make test-gpu``.
+``--cases ci`` (default) takes each kernel with its options off, with every bound and score option on at once, and
+with a block mask (documents and ``mask_mod``): both launch choices (with and without partly masked tiles) and the
+most code the options add; the classifier of documents passed per call at the default tiles; the numbered versions
+in float16; float32 from D = 64. ``--cases all`` takes every option on its own and bfloat16 too (minutes per
+target). Exit status 1 when a launch does not fit. Run with the Triton whose allocation you want to check: CI's on a
+CPU, the GPU machine's in ``make test-gpu``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
-from flashcourse.kernels import configs, fp8  # noqa: E402
+from flashcourse.kernels import blockmask, configs, fp8, rules  # noqa: E402
 from flashcourse.kernels._checks import FP8_CACHE_CAPABILITY  # noqa: E402
 from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
 
@@ -275,6 +275,21 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
         kernels.flash_attention_backward(q, k, v, o, lse, torch.ones_like(q), causal=causal, version=version)
 
 
+def classify_documents(props: configs.DeviceProps) -> None:
+    """Document ids passed per call are classified by two small kernels of their own
+    (``blockmask.document_tile_kinds``), which the option sets reach only beside a ``mask_mod`` (classified score
+    by score there): compile them at the tiles of this GPU's default launches at D = 128."""
+    q = torch.zeros(1, 2, N, 128, dtype=torch.float16)
+    docs = torch.zeros(1, N, dtype=torch.int32)
+    docs[:, N // 2:] = 1
+    call = rules.parse_rules(q, q, causal=True, document_ids=docs)
+    launches = (configs.forward_config(props, 128, 2, causal=True),
+                *configs.backward_config(props, 128, 2, causal=True))
+    for block_m, block_n in dict.fromkeys((c.block_m, c.block_n) for c in launches):
+        RECORDER.case = f"D=128 documents per call, {block_m} x {block_n} tiles"
+        blockmask.document_tile_kinds(call, 1, N, block_m, block_n, q.device)
+
+
 def dtypes_for(props: configs.DeviceProps, cases: str) -> list[torch.dtype]:
     """float16 and float32 always; bfloat16 (its launches are float16's) only in the full set, where it runs."""
     extra = [torch.bfloat16] if cases == "all" and configs.supports_bf16(props) else []
@@ -295,6 +310,7 @@ def check_target(target: str, cases: str = "ci", head_dims=HEAD_DIMS, limit: int
         if cases == "ci" and dtype == torch.float32 and head_dim < 64:
             continue  # rows of 64 and 128 bytes: float16's D = 32 and 64 take the same tiles
         run_cases(props, dtype, head_dim, cases)
+    classify_documents(props)
     limit = props.shared_memory_per_block if limit is None else limit
     return [Launch(target, *row, limit) for row in RECORDER.launches]
 
