@@ -52,6 +52,17 @@ def open_until_kernel_metadata_written(page, lab_server, relative_path: str):
     return panel
 
 
+def saved_notebook(page, path: Path) -> dict:
+    """The notebook the server wrote. The tab's dirty mark clears when the save request is answered, which can be
+    a moment before the file on disk holds the whole notebook (a read then found it empty): read until it parses."""
+    for _ in range(UI_TIMEOUT_MS // 100):
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            page.wait_for_timeout(100)
+    return json.loads(path.read_text())  # still not whole: the error says what was read
+
+
 @pytest.mark.parametrize("relative_path", NOTEBOOKS, ids=_name)
 def test_opening_a_notebook_keeps_its_kernel_metadata(page, lab_server, relative_path):
     """Saving right after opening writes the kernelspec and language_info back unchanged (with "Python 3
@@ -65,7 +76,7 @@ def test_opening_a_notebook_keeps_its_kernel_metadata(page, lab_server, relative
     open_until_kernel_metadata_written(page, lab_server, copy)
     page.keyboard.press("Control+s")
     page.wait_for_function(f"() => !document.querySelector('{CURRENT_TAB}.jp-mod-dirty')", timeout=UI_TIMEOUT_MS)
-    after = {key: json.loads(path.read_text())["metadata"][key] for key in KERNEL_METADATA}
+    after = {key: saved_notebook(page, path)["metadata"][key] for key in KERNEL_METADATA}
     assert after == before, f"opening {relative_path} rewrote its kernel metadata {before} as {after}"
 
 
