@@ -24,33 +24,39 @@ H200 = configs.KNOWN_DEVICES["H200"]
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def newest_stage_results() -> dict:
-    files = sorted(RESULTS.glob("*-fa3-stages.json"))
-    assert files, "no *-fa3-stages.json in benchmarks/results"
-    return json.loads(files[-1].read_text())
+def stage_results(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
 
 
 def test_the_stage_table_names_the_fastest_stage_of_the_newest_results():
     """Per (head dim, dtype): the stage with the highest geometric-mean TFLOP/s over its timed rows, and it beats
-    v7 there too, or the default would be slower than what it replaces."""
-    rows = [r for r in newest_stage_results()["rows"] if r["kind"] == "time" and r["status"] == "ok"]
-    rates = defaultdict(list)
-    for row in rows:
-        rates[row["head_dim"], row["dtype"], row["provider"]].append(row["tflops"])
-    cases = {(d, dtype) for d, dtype, _ in rates}
-    assert cases == {(d, name) for d, name in ((64, "float16"), (64, "bfloat16"), (128, "float16"),
-                                                (128, "bfloat16"))}
-    for head_dim, dtype in cases:
-        def mean(provider, head_dim=head_dim, dtype=dtype):
-            values = rates[head_dim, dtype, provider]
-            return math.exp(sum(map(math.log, values)) / len(values))
+    v7 there too, or the default would be slower than what it replaces. D 64 and 128 come from the newest complete
+    stage table (``*-fa3-stages.json``), D = 256 from the newest run of the stages that take it (``*-d256.json``)."""
+    newest_table = sorted(RESULTS.glob("*-fa3-stages.json"))[-1].name
+    newest_256 = sorted(RESULTS.glob("*-fa3-stages-*-d256.json"))[-1].name
+    files = {Path(path).name for path in plan.FA3_RESULTS.values()}
+    assert files == {newest_table, newest_256}
+    cases = set()
+    for name in sorted(files):
+        rows = [r for r in stage_results(name)["rows"] if r["kind"] == "time" and r["status"] == "ok"]
+        rates = defaultdict(list)
+        for row in rows:
+            rates[row["head_dim"], row["dtype"], row["provider"]].append(row["tflops"])
+        for head_dim, dtype in {(d, dtype) for d, dtype, _ in rates}:
+            assert plan.FA3_RESULTS[head_dim].endswith(name), (head_dim, name)
+            cases.add((head_dim, dtype))
 
-        stages = {p.removeprefix("fa3-"): mean(p) for d, t, p in rates if (d, t) == (head_dim, dtype)
-                  and p.startswith("fa3-")}
-        fastest = max(stages, key=stages.get)
-        assert plan.FA3_FASTEST[head_dim, DTYPES[dtype]] == fastest, (head_dim, dtype, stages)
-        assert stages[fastest] > mean("v7"), (head_dim, dtype)
-    assert plan.FA3_RESULTS.endswith(sorted(RESULTS.glob("*-fa3-stages.json"))[-1].name)
+            def mean(provider, head_dim=head_dim, dtype=dtype, rates=rates):
+                values = rates[head_dim, dtype, provider]
+                return math.exp(sum(map(math.log, values)) / len(values))
+
+            stages = {p.removeprefix("fa3-"): mean(p) for d, t, p in rates if (d, t) == (head_dim, dtype)
+                      and p.startswith("fa3-")}
+            fastest = max(stages, key=stages.get)
+            assert plan.FA3_FASTEST[head_dim, DTYPES[dtype]] == fastest, (head_dim, dtype, stages)
+            assert stages[fastest] > mean("v7"), (head_dim, dtype)
+    assert cases == {(d, name) for d in (64, 128, 256) for name in DTYPES}
+    assert set(plan.FA3_FASTEST) == {(d, DTYPES[name]) for d, name in cases}
 
 
 def t(*shape, dtype=torch.float16):
@@ -62,7 +68,7 @@ def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **opt
     return plan.choose_route(q, k, v, rules, block_mask=block_mask, props=props, triton_version=triton_version)
 
 
-@pytest.mark.parametrize(("head_dim", "stage"), [(128, "v8d"), (64, "v8a")])
+@pytest.mark.parametrize(("head_dim", "stage"), [(128, "v8d"), (64, "v8f"), (256, "v8d")])
 @pytest.mark.parametrize("causal", [False, True, "top_left", "bottom_right"])
 def test_on_an_h200_the_default_forward_is_the_fastest_gluon_stage(head_dim, stage, causal):
     q = t(2, 4, 256, head_dim)
@@ -265,8 +271,11 @@ def _reference(q, k, v, causal, do):
 GPU_CASES = [  # (name, expected forward, n_q, n_kv, head_dim, dtype, heads_kv, layout)
     ("v8d", "v8d", 200, 256, 128, torch.bfloat16, 2, "contiguous"),
     ("v8d short queries", "v8d", 17, 128, 128, torch.float16, 2, "contiguous"),
-    ("v8a", "v8a", 1, 256, 64, torch.float16, 2, "contiguous"),
-    ("v8a", "v8a", 256, 256, 64, torch.bfloat16, 2, "contiguous"),
+    ("v8f", "v8f", 1, 256, 64, torch.float16, 2, "contiguous"),
+    ("v8f", "v8f", 256, 256, 64, torch.bfloat16, 2, "contiguous"),
+    ("v8f: query tiles in turn", "v8f", 1000, 1024, 64, torch.float16, 2, "contiguous"),
+    ("v8d: D = 256", "v8d", 200, 256, 256, torch.bfloat16, 2, "contiguous"),
+    ("v8d: D = 256, short", "v8d", 17, 64, 256, torch.float16, 2, "contiguous"),
     ("v7: awkward keys", "v7", 17, 200, 128, torch.float16, 2, "contiguous"),
     ("v7: GQA", "v7", 200, 200, 64, torch.float16, 1, "contiguous"),
     ("v7: D = 96", "v7", 128, 128, 96, torch.float16, 2, "contiguous"),

@@ -29,8 +29,8 @@ tensors.
 Layout: the modules of this package serve calls (v7 and b3, b1 for dense calls, decoding, FP8, block masks, the
 rules, the plan of a call, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the
 dQ schemes b2, b4, b5); ``hopper/`` holds the Gluon kernels for sm_90 (v8, b6). On Hopper with a tested Triton
-the default forward is a Gluon stage (v8d at D = 128, v8a at D = 64) where a call fits it, imported only then;
-``explain(q, k, v, **options)`` says which kernels a call runs and why (``plan.py``).
+the default forward is a Gluon stage (v8f at D = 64, v8d at D = 128 and 256) where a call fits it, imported
+only then; ``explain(q, k, v, **options)`` says which kernels a call runs and why (``plan.py``).
 """
 
 from flashcourse import device as _device
@@ -434,8 +434,8 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     lse = -inf), never NaN.
 
     Which kernels run: by default v7 and b3 (b1 when the call needs none of b3's options); on a Hopper GPU
-    with a tested Triton, the forward is the fastest Gluon stage for the head dim and dtype (v8d at D = 128, v8a
-    at D = 64, ``kernels/hopper/fa3.py``) wherever the call fits it (float16 / bfloat16, no GQA, plain or
+    with a tested Triton, the forward is the fastest Gluon stage for the head dim and dtype (v8f at D = 64, v8d
+    at D = 128 and 256, ``kernels/hopper/fa3.py``) wherever the call fits it (float16 / bfloat16, no GQA, plain or
     top-left causal, no other option, contiguous inputs, N_k a multiple of its key tile). :func:`explain` says
     which kernels a call runs and why. A repeat call (same shapes, strides, dtype, device and options) reuses
     the plan its first call made (``plan.py``): no checks again, only the launches.
@@ -493,8 +493,9 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
-    runs: on a Hopper GPU with a tested Triton, the fastest Gluon stage for the head dim and dtype (v8d at D = 128,
-    v8a at D = 64) where the call fits it, else v7; b1 for a backward that needs none of b3's options, else b3.
+    runs: on a Hopper GPU with a tested Triton, the fastest Gluon stage for the head dim and dtype (v8f at D = 64,
+    v8d at D = 128 and 256) where the call fits it, else v7; b1 for a backward that needs none of b3's options,
+    else b3.
     Nothing is launched.
 
     Args:

@@ -36,14 +36,19 @@ from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_
 from .rules import Rules, parse_rules
 
 # The Gluon stage that serves the default forward on Hopper, per (head dim, dtype): the fastest stage over the
-# timed rows of the newest committed fa3-stages results (tests/test_plan.py reads that file and holds this table
-# to it). At D = 128 the intra-warpgroup overlap (v8d) wins; at D = 64 the plain one-warpgroup stage (v8a) does.
-FA3_RESULTS = "benchmarks/results/2026-12-01-nvidia-h200-fa3-stages.json"
+# timed rows of the committed fa3-stages results of that head dim (tests/test_plan.py reads those files and holds
+# this table to them). At D = 64 the persistent stage with three consumer warpgroups (v8f) wins; at D = 128 and
+# 256 the intra-warpgroup overlap (v8d) does.
+FA3_RESULTS = {64: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages.json",
+               128: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages.json",
+               256: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages-v8c-v8d-v8e-v8f-v8g-d256.json"}
 FA3_FASTEST = {
-    (64, torch.float16): "v8a",
-    (64, torch.bfloat16): "v8a",
+    (64, torch.float16): "v8f",
+    (64, torch.bfloat16): "v8f",
     (128, torch.float16): "v8d",
     (128, torch.bfloat16): "v8d",
+    (256, torch.float16): "v8d",
+    (256, torch.bfloat16): "v8d",
 }
 HOPPER = (9, 0)
 
@@ -51,7 +56,7 @@ HOPPER = (9, 0)
 @dataclass(frozen=True)
 class Route:
     """Which forward and backward kernels a call runs, and why (what :func:`flashcourse.kernels.explain`
-    returns). ``forward`` is a version name of ``FORWARD_VERSIONS`` ("v7") or a Gluon stage ("v8a" ... "v8e");
+    returns). ``forward`` is a version name of ``FORWARD_VERSIONS`` ("v7") or a Gluon stage ("v8a" ... "v8g");
     ``backward`` a name of ``BACKWARD_VERSIONS``."""
 
     forward: str
@@ -83,7 +88,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     n_kv = k.shape[2]
     stage = FA3_FASTEST.get((head_dim, q.dtype))
     if stage is None:
-        return None, (f"v8 takes head dims 64 and 128 in float16 or bfloat16; this call is D = {head_dim}, "
+        return None, (f"v8 takes head dims 64, 128 and 256 in float16 or bfloat16; this call is D = {head_dim}, "
                       f"{str(q.dtype).replace('torch.', '')}")
     if k.shape[1] != heads:
         return None, f"v8 has no grouped-query attention (H_q = {heads}, H_kv = {k.shape[1]})"
@@ -117,7 +122,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
     return stage, (f"the fastest Gluon stage at D = {head_dim} in {str(q.dtype).replace('torch.', '')} on the H200 "
-                   f"({FA3_RESULTS})")
+                   f"({FA3_RESULTS[head_dim]})")
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,

@@ -84,12 +84,12 @@ is NaN: an inf anywhere in another head's V would turn this head's rows to NaN. 
 So the library's default forward (``kernels/plan.py``) sends a call here only when N_kv is a multiple of the stage's
 key tile, where no key tile runs past its head; any other length takes v7.
 
-Dispatch: on Hopper with a Triton of ``TESTED_TRITON``, ``flash_attention`` runs v8d at D = 128 and v8a at D = 64
-(the fastest stages of the H200's 2026-12-01 run, ``benchmarks/results/*-fa3-stages.json``) wherever a call fits
-the contract above (``kernels.explain`` says which kernel a call runs and why); D = 256 takes v7 until a GPU run
-has measured the stages there. ``flashcourse.kernels`` imports this module only then, inside the plan: Gluon's
-API moves between Triton releases. :class:`ForwardPlan` is the host side the library keeps per layout;
-:func:`fa3_forward` runs any stage once (the GPU scripts use it).
+Dispatch: on Hopper with a Triton of ``TESTED_TRITON``, ``flash_attention`` runs v8f at D = 64 and v8d at D = 128
+and 256 (the fastest stages of the H200's 2026-12-02 runs, ``benchmarks/results/*-fa3-stages.json`` and
+``*-fa3-stages-*-d256.json``; ``kernels/plan.py``'s ``FA3_FASTEST``) wherever a call fits the contract above
+(``kernels.explain`` says which kernel a call runs and why). ``flashcourse.kernels`` imports this module only then,
+inside the plan: Gluon's API moves between Triton releases. :class:`ForwardPlan` is the host side the library keeps
+per layout; :func:`fa3_forward` runs any stage once (the GPU scripts use it).
 """
 
 # No ``from __future__ import annotations``: Triton 3.6's ``aggregate`` checks each field against its annotation
