@@ -537,9 +537,11 @@ def _rectangle(x: float, y: float, colour: str):
 
 # --------------------------------------------------------------------------------------------- recorded runs
 STAGE_ORDERS = {"v8a": sequential, "v8b": sequential, "v8c": lock_step,
-                "v8d": lambda tiles: lock_step(tiles, overlap=True), "v8e": pingpong_overlapped}
+                "v8d": lambda tiles: lock_step(tiles, overlap=True), "v8e": pingpong_overlapped,
+                "v8f": pingpong_overlapped, "v8g": lambda tiles: lock_step(tiles, overlap=True)}
 """The order each Gluon stage runs, as this simulator sees it (v8b adds only the producer; v8c's two warpgroups run
-one loop with nothing to stagger them)."""
+one loop with nothing to stagger them; v8f is v8e's order in a persistent grid, which the model of one query tile
+cannot see; v8g is v8d's order with the PV wait where the model already puts it, below the softmax)."""
 
 
 def stage_rates(run: dict, *, n: int, causal: bool = False) -> dict[tuple[str, str, int], float]:
