@@ -1,6 +1,6 @@
 """Where a training step's host time goes on a GPU: our step split into its pieces, beside plain SDPA's.
 
-    PYTHONPATH=src python scripts/train_step_host_split.py        # about 15 s on an H200
+    PYTHONPATH=src python scripts/train_step_host_split.py [--out DIR]       # about 15 s on an H200
 
 On the tiny inputs of ``python -m flashcourse.bench overhead`` (1, 16, 128, 64, fp16, causal), where the GPU waits for
 the host, it times (three rounds of 1,000 calls, each round synchronised once; microseconds per call):
@@ -13,20 +13,24 @@ the host, it times (three rounds of 1,000 calls, each round synchronised once; m
 - four ``torch.empty_like`` (a step's allocations).
 
 Then ``torch.profiler`` (CPU activities) over 200 steps of each, whose table shows the autograd nodes' host time.
+With ``--out``, the timings are also saved as ``<date>-<device>-train-step-host-split.json`` (one row per piece and
+round: ``piece``, ``round``, ``us_per_call``).
 The first run (H200, 2026-12-02, at 1a7bc36; ``benchmarks/results/2026-12-02-nvidia-h200-session3-log.txt``) found the
 bare Python Function step alone at 106-164 us against SDPA's whole step at 150-212 us.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from flashcourse import kernels
-from flashcourse.bench import overhead
+from flashcourse.bench import overhead, save_results
 
 ROUNDS = 3
 CALLS = 1000
@@ -78,10 +82,18 @@ def us_per_call(call) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="folder for the JSON (default: print only)")
+    args = parser.parse_args()
     calls = pieces()
+    rows = []
     for round_ in range(ROUNDS):
         for name, call in calls.items():
-            print(f"round {round_} {name:28s} {us_per_call(call):7.1f} us/call", flush=True)
+            rows.append({"piece": name, "round": round_, "us_per_call": us_per_call(call)})
+            print(f"round {round_} {name:28s} {rows[-1]['us_per_call']:7.1f} us/call", flush=True)
+    if args.out is not None:
+        print("wrote", save_results("train-step-host-split", rows, directory=args.out, kind="train-step-host-split",
+                                    extra={"calls": CALLS, "rounds": ROUNDS, "shape": [1, 16, 128, 64]}))
     for name in ("flashcourse_train_step", "sdpa_train_step"):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(PROFILED_STEPS):
