@@ -9,6 +9,13 @@
 #   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
 #   scripts/gpu_run.sh limits     Nsight Compute over the backward (b1, b6a, b6c, cuDNN), FP8 vs fp16 decode and a
 #                                 prefix-LM mask_mod (ours, Flex): scripts/ncu_limits.py, one JSON within 480 s
+#                                 (every case in order until the budget is spent; the gap cases, last: `gaps`)
+#   scripts/gpu_run.sh gaps       Nsight Compute over the gaps of the 2026-12-02 runs, each beside its reference:
+#                                 the default forward at N = 4096 (D = 128, and causal; D = 64 causal) and cuDNN's,
+#                                 the FP8 forward v8c_fp8 (V as given), Triton FP8 (V keys-adjacent) and cuDNN fp16
+#                                 at D = 128, N = 8192, the backward at D = 256 causal (b1) and cuDNN's; one JSON
+#                                 <date>-<device>-ncu-limits.json (rename it -ncu-gaps before committing) and the raw
+#                                 pages as ncu-limits-raw.tgz
 #   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
 #   scripts/gpu_run.sh grids      the attention grid in four parts (dtype x head dim); merge them with
 #                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
@@ -120,6 +127,17 @@ fa3_backward)
     ;;
 limits)
     stage limits 560 $py scripts/ncu_limits.py --run-ncu --budget 470 --out "$OUT"
+    # the raw pages as one archive: a device call returns at most 8 files from $OUT
+    (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
+    ;;
+gaps)  # ncu_limits.GAP_CASES, in order (tests/test_ncu_limits.py holds this list to them): 11 cases, where the
+    # 19 cases run so far took 8-48 s each under ncu (meta.cases of the 2026-12-02 -ncu-limits / -ncu-variant-gaps)
+    gap_cases=(fwd-d128-n4096-ours fwd-d128-n4096-cudnn fwd-d128-n4096-causal-ours fwd-d128-n4096-causal-cudnn
+               fwd-d64-n4096-causal-ours fwd-d64-n4096-causal-cudnn fp8-fwd-v8c fp8-fwd-triton-keys-adjacent
+               fp8-fwd-cudnn-fp16 bwd-d256-causal-ours bwd-d256-causal-cudnn)
+    only=()
+    for name in "${gap_cases[@]}"; do only+=(--only "$name"); done
+    stage gaps 560 $py scripts/ncu_limits.py --run-ncu "${only[@]}" --budget 470 --out "$OUT"
     # the raw pages as one archive: a device call returns at most 8 files from $OUT
     (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
     ;;

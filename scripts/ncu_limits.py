@@ -1,9 +1,14 @@
 """What limits each kernel, in Nsight Compute's counters: the backward at D = 128 (b1, the Gluon b6a and b6c, cuDNN's),
 decoding from an FP8 KV cache against an fp16 one, a prefix-LM ``mask_mod`` forward and backward against
-compiled FlexAttention, and the rows of ``bench variants`` that missed their target on 2026-12-02 beside what they
-were compared with (:data:`VARIANT_GAPS`). One GPU call, under 9 minutes (the first ten cases took 3 minutes):
+compiled FlexAttention, the rows of ``bench variants`` that missed their target on 2026-12-02 beside what they
+were compared with (:data:`VARIANT_GAPS`), and the other gaps of the 2026-12-02 H200 runs (:data:`GAP_CASES`,
+groups :data:`GAP_GROUPS`): the default forward at N = 4096, the FP8 forward at D = 128 and the backward at
+D = 256, each beside its reference. A GPU call (under 9 minutes) runs the cases in order until ``--budget`` is
+spent; the first ten cases took 3 minutes, the nine of a variant-gap run 3 more, so every case no longer fits in one
+call and a call names its cases with ``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
 
-    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --out /tmp/ncu        # every case under ncu, one JSON
+    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --out /tmp/ncu        # the cases in order, until the budget
+    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --only fp8-fwd-v8c --only fp8-fwd-cudnn-fp16 --out /tmp/ncu
     PYTHONPATH=src python scripts/ncu_limits.py --list                          # the cases
     PYTHONPATH=src python scripts/ncu_limits.py --dry                           # each case once, no ncu: kernels
     PYTHONPATH=src python scripts/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
@@ -306,11 +311,111 @@ def _variant_shape(name: str, mode: str) -> dict:
 
     variant = next(v for v in VARIANTS if v.name == name)
     return {"variant": name, "batch": variant.batch, "heads": variant.heads, "heads_kv": variant.heads_kv,
-            "n": variant.n, "head_dim": variant.head_dim, "dtype": "float16", "mode": mode}
+            "n": variant.n, "head_dim": variant.head_dim, "dtype": "float16", "causal": variant.causal, "mode": mode}
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# The gaps that the 2026-12-02 H200 runs left, none profiled before, each case beside its reference:
+# 1. The default forward (on Hopper a Gluon stage, plan.FA3_FASTEST) trails cuDNN only at N = 4096: D = 128
+#    non-causal and causal, D = 64 causal (``ratio_vs_sdpa_cudnn`` of the fwd rows in
+#    2026-12-02-nvidia-h200-attention-fp16.json and -bf16.json). The grid's shapes: B = 4, N = 4096, H = 16 at
+#    D = 128 and H = 32 at D = 64 (bench attention's HEAD_CONFIGS), float16.
+FWD_GAP = {"batch": 4, "n": 4096, "dtype": "float16", "mode": "fwd"}
+FWD_GAP_HEADS = {64: 32, 128: 16}
+FORWARD_GAPS = ((128, False), (128, True), (64, True))  # (head dim, causal)
+# 2. The FP8 forward's stage v8c_fp8 with V as given against our Triton FP8 kernel with V kept keys-adjacent and
+#    cuDNN's fp16 forward (``tflops`` and ``ratio_vs_cudnn_fp16`` of the D = 128 time rows in
+#    2026-12-02-nvidia-h200-fa3-fp8.json): bench fp8's inputs (B = 4, H = 16, outlier channels in q and k),
+#    N = 8192, non-causal, a bfloat16 output, called as scripts/gpu_fa3_fp8.py calls them.
+FP8_GAP = {"batch": 4, "heads": 16, "n": 8192, "head_dim": 128, "causal": False, "out_dtype": "bfloat16",
+           "mode": "fwd"}
+FP8_STAGE = "v8c_fp8"
+# 3. The backward at D = 256 (b1, through autograd) against cuDNN's (``ratio_vs_sdpa_cudnn`` of the bwd rows of
+#    'head_dim: 256' and 'head_dim: 256, causal' in 2026-12-02-nvidia-h200-variants.json): bench variants' causal
+#    row, its shape (B = 4, H = 16, N = 8192), inputs and providers.
+BWD_GAP_VARIANT = "head_dim: 256, causal"
+GAP_GROUPS = ("forward gap", "fp8 gap", "backward gap")
+
+
+def _forward_gap_shape(head_dim: int, causal: bool) -> dict:
+    return {**FWD_GAP, "heads": FWD_GAP_HEADS[head_dim], "head_dim": head_dim, "causal": causal}
+
+
+def _forward_gap_case(head_dim: int, causal: bool, provider: str):
+    """The forward under no_grad as ``bench attention`` times it: ours through ``kernels.flash_attention`` (the
+    route it takes is printed into the case's log), or SDPA pinned to cuDNN."""
+    def build():
+        import torch
+
+        from flashcourse.bench.attention import provider_fn
+
+        q, k, v = _inputs(_forward_gap_shape(head_dim, causal), 3)
+        attend = provider_fn(provider)
+        if provider == "flashcourse":
+            from flashcourse import kernels
+
+            route = kernels.explain(q, k, v, causal=causal)
+            print(f"route: forward {route.forward}: {route.forward_why}", flush=True)
+
+        def forward():
+            with torch.no_grad():
+                return attend(q, k, v, causal)
+        return forward
+    return build
+
+
+def _fp8_gap_case(provider: str):
+    """One FP8 forward (inputs quantised outside the profiled call) or cuDNN's fp16 forward of the same inputs."""
+    def build():
+        import torch
+
+        from flashcourse.bench import fp8 as bench_fp8
+        from flashcourse.bench.providers import sdpa
+        from flashcourse.kernels import fp8
+
+        q, k, v = bench_fp8.make_inputs(FP8_GAP["n"], FP8_GAP["head_dim"], seed=0)
+        causal, out_dtype = FP8_GAP["causal"], getattr(torch, FP8_GAP["out_dtype"])
+        if provider == "sdpa_cudnn_fp16":
+            attend = sdpa("sdpa_cudnn")
+            return lambda: attend(q, k, v, causal)
+        x = fp8.quantize_fp8(q, k, v)
+        if provider == "triton_fp8_keys_adjacent":
+            v8 = fp8.v_keys_contiguous(x.v)  # copied once, here: the profiled call reads V keys-adjacent
+            return lambda: fp8.flash_attention_forward_fp8(x.q, x.k, v8, **x.descales(), causal=causal,
+                                                           out_dtype=out_dtype)
+        from flashcourse.kernels.hopper import fa3_fp8  # Gluon: imported on the GPU machine only
+
+        return lambda: fa3_fp8.fa3_fp8_forward(x.q, x.k, x.v, x.q_descale, x.k_descale, x.v_descale, causal=causal,
+                                               out_dtype=out_dtype, stage=FP8_STAGE)
+    return build
+
+
+def _ours_or(provider: str, theirs: str) -> str:
+    return "ours" if provider == "flashcourse" else theirs
+
+
+GAP_CASES = tuple(
+    Case(f"fwd-d{d}-n{FWD_GAP['n']}{'-causal' if causal else ''}-{_ours_or(provider, 'cudnn')}", "forward gap",
+         provider, ("the default forward, flash_attention under no_grad (a Gluon stage on Hopper)"
+                    if provider == "flashcourse" else "cuDNN's forward through SDPA, no_grad"),
+         _forward_gap_shape(d, causal), _forward_gap_case(d, causal, provider))
+    for d, causal in FORWARD_GAPS for provider in ("flashcourse", "sdpa_cudnn")) + (
+    Case("fp8-fwd-v8c", "fp8 gap", FP8_STAGE, f"Gluon FP8 forward {FP8_STAGE}, V as given (transposed in the kernel)",
+         {**FP8_GAP, "dtype": "float8_e4m3fn", "v_layout": "as_given"}, _fp8_gap_case(FP8_STAGE)),
+    Case("fp8-fwd-triton-keys-adjacent", "fp8 gap", "triton_fp8_keys_adjacent",
+         "Triton FP8 forward, V stored keys-adjacent (copied before the profiled call)",
+         {**FP8_GAP, "dtype": "float8_e4m3fn", "v_layout": "keys_adjacent"}, _fp8_gap_case("triton_fp8_keys_adjacent")),
+    Case("fp8-fwd-cudnn-fp16", "fp8 gap", "sdpa_cudnn_fp16", "cuDNN's fp16 forward through SDPA, the same inputs",
+         {**FP8_GAP, "dtype": "float16"}, _fp8_gap_case("sdpa_cudnn_fp16")),
+) + tuple(
+    Case(f"bwd-d256-causal-{_ours_or(provider, 'cudnn')}", "backward gap", provider,
+         f"bench variants' {BWD_GAP_VARIANT!r} bwd, {provider} (autograd.grad"
+         + ("; b1 by the route)" if provider == "flashcourse" else ")"),
+         _variant_shape(BWD_GAP_VARIANT, "bwd"), _variant_case(BWD_GAP_VARIANT, provider, "bwd"))
+    for provider in ("flashcourse", "sdpa_cudnn"))
 
 
 CASES = (
@@ -337,7 +442,7 @@ CASES = (
     Case(f"{_slug(name)}-{mode}-{'ours' if provider == 'flashcourse' else _slug(provider)}", "variant gap", provider,
          f"bench variants' {name!r} {mode}, {provider}", _variant_shape(name, mode),
          _variant_case(name, provider, mode))
-    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs))
+    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 
@@ -748,8 +853,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.list:
+        name_width, group_width = (max(len(getattr(c, key)) for c in CASES) for key in ("name", "group"))
         for case in CASES:
-            print(f"{case.name:20} {case.group:10} {case.what}")
+            print(f"{case.name:{name_width}} {case.group:{group_width}} {case.what}")
         return 0
     if args.case:
         run_case(CASES_BY_NAME[args.case], list_kernels=args.kernels)

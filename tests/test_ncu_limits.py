@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +79,11 @@ RAW = csv_lines([IDENTITY + [name for name, _, _ in RAW_METRICS], [""] * len(IDE
                  DKDV + [value for _, _, value in RAW_METRICS]])
 
 
+GAP_NAMES = ("fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn", "fwd-d128-n4096-causal-ours", "fwd-d128-n4096-causal-cudnn",
+             "fwd-d64-n4096-causal-ours", "fwd-d64-n4096-causal-cudnn", "fp8-fwd-v8c", "fp8-fwd-triton-keys-adjacent",
+             "fp8-fwd-cudnn-fp16", "bwd-d256-causal-ours", "bwd-d256-causal-cudnn")
+
+
 def test_list_prints_every_case_in_order(limits, capsys):
     assert limits.main(["--list"]) == 0
     shown = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
@@ -84,7 +92,7 @@ def test_list_prints_every_case_in_order(limits, capsys):
             "prefix-lm-bwd-ours", "prefix-lm-fwd-flex", "prefix-lm-bwd-flex", "mask-mod-chunked-local-fwd-ours",
             "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
             "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
-            "head-dim-256-fwd-sdpa-cudnn"} == set(shown)
+            "head-dim-256-fwd-sdpa-cudnn", *GAP_NAMES} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -349,3 +357,147 @@ def test_variant_gap_cases_take_their_shape_from_bench_variants(limits):
         variant = by_name[case.shape["variant"]]
         assert (case.shape["n"], case.shape["head_dim"], case.shape["heads"]) == (variant.n, variant.head_dim,
                                                                                  variant.heads)
+
+
+def test_gap_cases_are_listed_last_by_group(limits, capsys):
+    assert limits.main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[-len(GAP_NAMES):]] == list(GAP_NAMES)
+    assert [c.name for c in limits.GAP_CASES] == list(GAP_NAMES)
+    assert [c.name for c in limits.CASES if c.group in limits.GAP_GROUPS] == list(GAP_NAMES)
+    assert [c.group for c in limits.GAP_CASES] == ["forward gap"] * 6 + ["fp8 gap"] * 3 + ["backward gap"] * 2
+    for case in limits.GAP_CASES:  # each of ours beside its reference, in one group
+        assert case.group in lines[list(GAP_NAMES).index(case.name) - len(GAP_NAMES)]
+        twin = case.name.replace("-ours", "-cudnn")
+        if twin != case.name:
+            assert limits.CASES_BY_NAME[twin].group == case.group
+
+
+def test_gap_cases_are_selected_by_only(limits):
+    picked = ["fp8-fwd-v8c", "fwd-d64-n4096-causal-ours", "bwd-d256-causal-cudnn"]
+    args = limits.parse_args(["--run-ncu", "--out", "/tmp/x", *(a for n in picked for a in ("--only", n))])
+    assert [c.name for c in limits.select_cases(args.only)] == picked
+    with pytest.raises(SystemExit, match="unknown case 'fwd-d256-n4096-ours'"):
+        limits.parse_args(["--dry", "--only", "fwd-d256-n4096-ours"])
+    assert limits.parse_args(["--case", "fp8-fwd-triton-keys-adjacent"]).case == "fp8-fwd-triton-keys-adjacent"
+
+
+def _timed_rows(name: str) -> list[dict]:
+    return json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
+
+
+def test_gap_cases_profile_rows_the_benchmarks_timed(limits):
+    """Each gap case is a shape and provider with an ok time row in the committed H200 results it comes from."""
+    from flashcourse.bench import fp8 as bench_fp8
+    from flashcourse.bench.attention import HEAD_CONFIGS
+    from flashcourse.bench.variants import VARIANTS
+
+    heads = {d: h for h, d in HEAD_CONFIGS}
+    attention = _timed_rows("2026-12-02-nvidia-h200-attention-fp16.json")
+    for case in (c for c in limits.GAP_CASES if c.group == "forward gap"):
+        s = case.shape
+        assert (s["batch"], s["n"], s["dtype"], s["mode"]) == (4, 4096, "float16", "fwd")
+        assert s["heads"] == heads[s["head_dim"]]  # the grid's heads at this head dim, the same FLOPs per token
+        assert case.provider in ("flashcourse", "sdpa_cudnn")
+        (row,) = [r for r in attention if r["provider"] == case.provider and r["mode"] == "fwd"
+                  and (r["batch"], r["heads"], r["n"], r["head_dim"], r["causal"]) == (
+                      s["batch"], s["heads"], s["n"], s["head_dim"], s["causal"])]
+        assert row["status"] == "ok"
+    fp8_rows = _timed_rows("2026-12-02-nvidia-h200-fa3-fp8.json")
+    for case in (c for c in limits.GAP_CASES if c.group == "fp8 gap"):
+        s = case.shape
+        assert (s["batch"], s["heads"]) == (bench_fp8.BATCH, bench_fp8.HEADS)  # the inputs bench fp8 makes
+        (row,) = [r for r in fp8_rows if r["kind"] == "time" and r["provider"] == case.provider
+                  and (r["batch"], r["heads"], r["n"], r["head_dim"], r["causal"]) == (
+                      s["batch"], s["heads"], s["n"], s["head_dim"], s["causal"])]
+        assert row["status"] == "ok" and row.get("v_layout") == s.get("v_layout")
+        assert row["out_dtype"] == s["out_dtype"]
+    assert limits.CASES_BY_NAME["fp8-fwd-v8c"].provider == limits.FP8_STAGE
+    variant = next(v for v in VARIANTS if v.name == limits.BWD_GAP_VARIANT)
+    variants = _timed_rows("2026-12-02-nvidia-h200-variants.json")
+    for case in (c for c in limits.GAP_CASES if c.group == "backward gap"):
+        s = case.shape
+        assert (s["batch"], s["heads"], s["n"], s["head_dim"], s["causal"], s["mode"]) == (
+            variant.batch, variant.heads, variant.n, variant.head_dim, variant.causal, "bwd") == (
+            4, 16, 8192, 256, True, "bwd")
+        (row,) = [r for r in variants if r["variant"] == variant.name and r["provider"] == case.provider
+                  and r["mode"] == "bwd" and r["dtype"] == s["dtype"]]
+        assert row["status"] == "ok"
+
+
+def test_gap_builders_call_what_the_route_and_the_stages_name(limits):
+    """What the builders import exists here: the forward's Gluon stage at each gap's head dim (on Hopper), b1 for
+    the D = 256 backward, the FP8 stage and the Triton FP8 calls."""
+    import torch
+
+    from flashcourse import kernels
+    from flashcourse.kernels import fp8, plan
+
+    for head_dim, _ in limits.FORWARD_GAPS:
+        assert plan.FA3_FASTEST[(head_dim, torch.float16)].startswith("v8")
+    s = limits.CASES_BY_NAME["bwd-d256-causal-ours"].shape
+    q = torch.zeros(1, 1, 16, s["head_dim"], dtype=torch.float16)
+    assert kernels.explain(q, q, q, causal=s["causal"]).backward == "b1"
+    assert callable(fp8.quantize_fp8) and callable(fp8.v_keys_contiguous) and callable(fp8.flash_attention_forward_fp8)
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    try:
+        from flashcourse.kernels.hopper import fa3_fp8
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_fp8.py does not import under this Triton: {error}")
+    assert limits.FP8_STAGE in fa3_fp8.STAGES and callable(fa3_fp8.fa3_fp8_forward)
+
+
+def test_the_script_imports_no_gluon_module(tmp_path):
+    """Gluon modules are imported inside the case builders only: the script loads under any Triton."""
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location('ncu_limits', {str(SCRIPT)!r})\n"
+            "module = importlib.util.module_from_spec(spec)\n"
+            "sys.modules['ncu_limits'] = module\n"
+            "spec.loader.exec_module(module)\n"
+            "print(sorted(m for m in sys.modules if 'hopper' in m.split('.') and m.startswith('flashcourse')\n"
+            "             or m.startswith('triton.experimental.gluon')), len(module.CASES))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[] 29", proc.stdout
+
+
+STUB_PYTHON = '''#!{python}
+"""python3 for scripts/gpu_run.sh: records its arguments; a --run-ncu makes the raw folder ncu_limits.py would."""
+import json, os, sys
+from pathlib import Path
+
+with open(os.environ["STUB_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+if "--run-ncu" in sys.argv:
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    (out / "ncu-limits").mkdir(parents=True, exist_ok=True)
+    (out / "ncu-limits" / "case.log").write_text("log")
+    (out / "2099-01-01-stub-ncu-limits.json").write_text("{}")
+'''
+
+
+def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
+    """scripts/gpu_run.sh gaps (python3 and nvidia-smi stubbed): one ncu_limits.py --run-ncu over GAP_CASES in
+    their order, a budget inside the stage's limit, the raw folder archived; under 8 files come back."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 1980 MHz, 3201 MHz, 30'\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
+    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STUB_CALLS=str(calls))
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "gaps"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = [json.loads(line) for line in calls.read_text().splitlines()]
+    (command,) = [c for c in runs if c and c[0] == "scripts/ncu_limits.py"]
+    args = limits.parse_args(command[1:])
+    assert args.run_ncu and args.out == out
+    assert [c.name for c in limits.select_cases(args.only)] == [c.name for c in limits.GAP_CASES]
+    stage_limit = int(re.search(r"stage gaps (\d+) ", (ROOT / "scripts" / "gpu_run.sh").read_text()).group(1))
+    assert args.budget + 60 <= stage_limit <= 570  # the case processes are killed inside the stage's limit
+    assert "=== gaps took" in proc.stdout
+    left = sorted(p.name for p in out.iterdir())
+    assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
