@@ -14,10 +14,10 @@ compute capability 8.9) must refuse it with an error naming what is needed; one 
 
 ``--cases ci`` (default) takes each kernel with its options off, with every bound and score option on at once, and
 with a block mask (documents and ``mask_mod``): both launch choices (with and without partly masked tiles) and the
-most code the options add; the classifier of documents passed per call at the default tiles; the numbered versions
-in float16; float32 from D = 64. ``--cases all`` takes every option on its own and bfloat16 too (minutes per
-target). Exit status 1 when a launch does not fit. Run with the Triton whose allocation you want to check: CI's on a
-CPU, the GPU machine's in ``make test-gpu``.
+most code the options add; the classifier of documents passed per call at the default tiles, with its tile lists;
+the numbered versions in float16; float32 from D = 64. ``--cases all`` takes every option on its own and bfloat16
+too (minutes per target). Exit status 1 when a launch does not fit. Run with the Triton whose allocation you want to
+check: CI's on a CPU, the GPU machine's in ``make test-gpu``.
 """
 
 from __future__ import annotations
@@ -278,7 +278,8 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
 def classify_documents(props: configs.DeviceProps) -> None:
     """Document ids passed per call are classified by two small kernels of their own
     (``blockmask.document_tile_kinds``), which the option sets reach only beside a ``mask_mod`` (classified score
-    by score there): compile them at the tiles of this GPU's default launches at D = 128."""
+    by score there): compile them at the tiles of this GPU's default launches at D = 128, with the kernel that
+    turns the map into tile lists (``blockmask.tile_lists``), reading it as laid out and transposed."""
     q = torch.zeros(1, 2, N, 128, dtype=torch.float16)
     docs = torch.zeros(1, N, dtype=torch.int32)
     docs[:, N // 2:] = 1
@@ -287,7 +288,9 @@ def classify_documents(props: configs.DeviceProps) -> None:
                 *configs.backward_config(props, 128, 2, causal=True))
     for block_m, block_n in dict.fromkeys((c.block_m, c.block_n) for c in launches):
         RECORDER.case = f"D=128 documents per call, {block_m} x {block_n} tiles"
-        blockmask.document_tile_kinds(call, 1, N, block_m, block_n, q.device)
+        kinds = blockmask.document_tile_kinds(call, 1, N, block_m, block_n, q.device)
+        blockmask.tile_lists(kinds)  # per query tile: the forward, dQ
+        blockmask.tile_lists(kinds.transpose(-1, -2))  # per key tile: dK/dV (other strides, another compile)
 
 
 def dtypes_for(props: configs.DeviceProps, cases: str) -> list[torch.dtype]:

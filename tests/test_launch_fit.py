@@ -63,7 +63,7 @@ def test_every_chosen_launch_fits(capability, tmp_path):
     # every kernel family the public API launches was compiled: forward, backward, decode (and FP8 on Hopper)
     expected = {"_fwd_v7_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dkdv_b3_kernel", "_bwd_dq_b3_kernel",
                 "_decode_split_kernel", "_decode_combine_kernel", "_tile_kinds_kernel", "_key_id_ranges_kernel",
-                "_document_tile_kinds_kernel"}
+                "_document_tile_kinds_kernel", "_tile_lists_kernel"}
     if capability >= (9, 0):
         expected.add("_fwd_fp8_kernel")
     assert expected <= kernels_seen, expected - kernels_seen

@@ -8,9 +8,9 @@ tiles) int8 map: :func:`_tile_kinds_kernel` evaluates the whole rule on every sc
 take a cheaper way, below). B_mask and H_mask are 1 where the mask is the same on every batch row or every head:
 documents differ per row, and a ``mask_mod`` only per row or head where its source reads b or h
 (``rules.mask_mod_reads``; a prefix-LM reads neither, so its map is one (b, h) deep, not B * H, and the kernels
-read row 0 for every batch row and head). The host turns each row of the map into two lists, its full tiles and
-its partial tiles, so an attention kernel loops over those alone: empty tiles are never loaded, full tiles run
-without mask code.
+read row 0 for every batch row and head). :func:`tile_lists` turns each row of the map into two lists, its full
+tiles and its partial tiles (one launch of :func:`_tile_lists_kernel`), so an attention kernel loops over those
+alone: empty tiles are never loaded, full tiles run without mask code.
 
 Documents alone (no ``mask_mod``) do not need every score looked at. :func:`document_tile_kinds` takes the
 smallest and largest id of each query tile's rows and of each key tile's keys (one pass over the ids, O(N)), then
@@ -223,17 +223,65 @@ class TileLists:
         return {"full": full, "partial": partial, "empty": total - full - partial}
 
 
-def _list_of(kinds: torch.Tensor, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
-    hit = kinds == kind
-    counts = hit.sum(-1, dtype=torch.int32)
-    # A stable sort of "not this kind" puts this kind's column indices first, in ascending order.
-    order = torch.sort((~hit).to(torch.int8), dim=-1, stable=True).indices
-    return counts.contiguous(), order.to(torch.int32).contiguous()
+@triton.jit
+def _tile_lists_kernel(KINDS, FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, HEADS, ROWS, COLUMNS,
+                       stride_b, stride_h, stride_r, stride_c, CHUNK: tl.constexpr):
+    """One row of the kinds map (one (b, h, row), flattened onto the grid's x axis, which has no 65,535 limit) into
+    its full and its partial list, as the two rows of (2, CHUNK) blocks. The map is read through its strides, so a
+    transposed view needs no copy."""
+    pid = tl.program_id(0)
+    row = pid % ROWS
+    b = pid // ROWS // HEADS
+    h = pid // ROWS % HEADS
+    kinds_row = KINDS + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + row.to(tl.int64) * stride_r
+    kind_of_list = 2 - tl.arange(0, 2)  # FULL, PARTIAL
+    is_full = kind_of_list == 2
+    # First pass: each list's count, which the second needs (a list's misses start where its hits end).
+    counts = tl.zeros((2,), tl.int32)
+    for start in range(0, COLUMNS, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        kind = tl.load(kinds_row + cols.to(tl.int64) * stride_c, mask=cols < COLUMNS, other=0)  # past the row: EMPTY
+        counts += tl.sum((kind[None, :] == kind_of_list[:, None]).to(tl.int32), 1)
+    tl.store(tl.where(is_full, FULL_COUNTS, PARTIAL_COUNTS) + pid, counts)
+    # Second pass, a stable partition chunk by chunk: a hit goes to the hits before its chunk + its rank among the
+    # chunk's hits, a miss to the list's count + the misses before its chunk + its rank among the chunk's misses.
+    # So a list holds its hits ascending, then its misses ascending: what a stable sort of "not a hit" gives.
+    lists = tl.where(is_full, FULL_TILES, PARTIAL_TILES)[:, None] + pid.to(tl.int64) * COLUMNS  # contiguous rows
+    hits_before = tl.zeros((2,), tl.int32)
+    for start in range(0, COLUMNS, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        in_row = cols < COLUMNS
+        kind = tl.load(kinds_row + cols.to(tl.int64) * stride_c, mask=in_row, other=0)
+        hit = (kind[None, :] == kind_of_list[:, None]).to(tl.int32)  # (2, CHUNK)
+        miss = in_row[None, :].to(tl.int32) - hit
+        hit_rank = tl.cumsum(hit, 1) - hit  # exclusive: the hits left of each column in this chunk
+        miss_rank = tl.cumsum(miss, 1) - miss
+        misses_before = start - hits_before  # every column before the chunk is a hit or a miss
+        place = tl.where(hit != 0, hits_before[:, None] + hit_rank, (counts + misses_before)[:, None] + miss_rank)
+        tl.store(lists + place, cols[None, :], mask=in_row[None, :])
+        hits_before += tl.sum(hit, 1)
+
+
+# Columns one program of _tile_lists_kernel takes at a time: a row of up to 256 tiles (N = 16,384 at 64-wide
+# tiles) is one chunk; longer rows loop.
+TILE_LIST_CHUNK = 256
 
 
 def tile_lists(kinds: torch.Tensor) -> TileLists:
-    """The full and partial tiles of every row of a kinds map (B, H_mask, rows, columns)."""
-    return TileLists(*_list_of(kinds, FULL), *_list_of(kinds, PARTIAL))
+    """The full and partial tiles of every row of a kinds map (B, H_mask, rows, columns), any strides (dK/dV pass
+    the map transposed). One launch, because a call with document ids makes its lists on every call: a compare, a
+    sum and a stable sort in PyTorch are several small kernels per list, each a launch the host pays for."""
+    batch, heads, rows, columns = kinds.shape
+    full_counts, partial_counts = (torch.empty((batch, heads, rows), dtype=torch.int32, device=kinds.device)
+                                   for _ in range(2))
+    full_tiles, partial_tiles = (torch.empty((batch, heads, rows, columns), dtype=torch.int32, device=kinds.device)
+                                 for _ in range(2))
+    if full_counts.numel():  # rows without columns still get their counts (zero)
+        _tile_lists_kernel[(full_counts.numel(),)](
+            KINDS=kinds, FULL_COUNTS=full_counts, FULL_TILES=full_tiles, PARTIAL_COUNTS=partial_counts,
+            PARTIAL_TILES=partial_tiles, HEADS=heads, ROWS=rows, COLUMNS=columns, stride_b=kinds.stride(0),
+            stride_h=kinds.stride(1), stride_r=kinds.stride(2), stride_c=kinds.stride(3), CHUNK=TILE_LIST_CHUNK)
+    return TileLists(full_counts, full_tiles, partial_counts, partial_tiles)
 
 
 def no_tile_lists(stand_in: torch.Tensor) -> dict:
