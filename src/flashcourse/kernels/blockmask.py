@@ -225,46 +225,55 @@ class TileLists:
 
 @triton.jit
 def _tile_lists_kernel(KINDS, FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, HEADS, ROWS, COLUMNS,
-                       stride_b, stride_h, stride_r, stride_c, CHUNK: tl.constexpr):
-    """One row of the kinds map (one (b, h, row), flattened onto the grid's x axis, which has no 65,535 limit) into
-    its full and its partial list, as the two rows of (2, CHUNK) blocks. The map is read through its strides, so a
-    transposed view needs no copy."""
-    pid = tl.program_id(0)
-    row = pid % ROWS
-    b = pid // ROWS // HEADS
-    h = pid // ROWS % HEADS
-    kinds_row = KINDS + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + row.to(tl.int64) * stride_r
+                       TOTAL_ROWS, stride_b, stride_h, stride_r, stride_c, ROWS_PER_PROGRAM: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """``ROWS_PER_PROGRAM`` rows of the kinds map (rows of every (b, h) numbered one after another, on the grid's
+    x axis, which has no 65,535 limit) into their full and partial lists, as (2, ROWS_PER_PROGRAM, CHUNK) blocks:
+    list, row, column. The map is read through its strides, so a transposed view needs no copy."""
+    flat = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)  # (R,) rows of the flat numbering
+    live = flat < TOTAL_ROWS
+    row = flat % ROWS
+    b = flat // ROWS // HEADS
+    h = flat // ROWS % HEADS
+    kinds_rows = KINDS + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + row.to(tl.int64) * stride_r
     kind_of_list = 2 - tl.arange(0, 2)  # FULL, PARTIAL
     is_full = kind_of_list == 2
+    kind_of_list = kind_of_list[:, None, None]
     # First pass: each list's count, which the second needs (a list's misses start where its hits end).
-    counts = tl.zeros((2,), tl.int32)
+    counts = tl.zeros((2, ROWS_PER_PROGRAM), tl.int32)
     for start in range(0, COLUMNS, CHUNK):
         cols = start + tl.arange(0, CHUNK)
-        kind = tl.load(kinds_row + cols.to(tl.int64) * stride_c, mask=cols < COLUMNS, other=0)  # past the row: EMPTY
-        counts += tl.sum((kind[None, :] == kind_of_list[:, None]).to(tl.int32), 1)
-    tl.store(tl.where(is_full, FULL_COUNTS, PARTIAL_COUNTS) + pid, counts)
+        in_row = live[:, None] & (cols < COLUMNS)[None, :]
+        kind = tl.load(kinds_rows[:, None] + cols.to(tl.int64)[None, :] * stride_c, mask=in_row, other=0)  # (R, C)
+        counts += tl.sum((kind[None, :, :] == kind_of_list).to(tl.int32), 2)
+    count_ptrs = tl.where(is_full[:, None], FULL_COUNTS, PARTIAL_COUNTS) + flat[None, :]
+    tl.store(count_ptrs, counts, mask=live[None, :])
     # Second pass, a stable partition chunk by chunk: a hit goes to the hits before its chunk + its rank among the
     # chunk's hits, a miss to the list's count + the misses before its chunk + its rank among the chunk's misses.
     # So a list holds its hits ascending, then its misses ascending: what a stable sort of "not a hit" gives.
-    lists = tl.where(is_full, FULL_TILES, PARTIAL_TILES)[:, None] + pid.to(tl.int64) * COLUMNS  # contiguous rows
-    hits_before = tl.zeros((2,), tl.int32)
+    lists = (tl.where(is_full[:, None, None], FULL_TILES, PARTIAL_TILES)
+             + flat.to(tl.int64)[None, :, None] * COLUMNS)  # each row's list is contiguous
+    hits_before = tl.zeros((2, ROWS_PER_PROGRAM), tl.int32)
     for start in range(0, COLUMNS, CHUNK):
         cols = start + tl.arange(0, CHUNK)
-        in_row = cols < COLUMNS
-        kind = tl.load(kinds_row + cols.to(tl.int64) * stride_c, mask=in_row, other=0)
-        hit = (kind[None, :] == kind_of_list[:, None]).to(tl.int32)  # (2, CHUNK)
-        miss = in_row[None, :].to(tl.int32) - hit
-        hit_rank = tl.cumsum(hit, 1) - hit  # exclusive: the hits left of each column in this chunk
-        miss_rank = tl.cumsum(miss, 1) - miss
+        in_row = live[:, None] & (cols < COLUMNS)[None, :]
+        kind = tl.load(kinds_rows[:, None] + cols.to(tl.int64)[None, :] * stride_c, mask=in_row, other=0)
+        hit = (kind[None, :, :] == kind_of_list).to(tl.int32)  # (2, R, C); a column past the row reads EMPTY
+        miss = in_row[None, :, :].to(tl.int32) - hit
+        hit_rank = tl.cumsum(hit, 2) - hit  # exclusive: the hits left of each column in this chunk
+        miss_rank = tl.cumsum(miss, 2) - miss
         misses_before = start - hits_before  # every column before the chunk is a hit or a miss
-        place = tl.where(hit != 0, hits_before[:, None] + hit_rank, (counts + misses_before)[:, None] + miss_rank)
-        tl.store(lists + place, cols[None, :], mask=in_row[None, :])
-        hits_before += tl.sum(hit, 1)
+        place = tl.where(hit != 0, hits_before[:, :, None] + hit_rank,
+                         (counts + misses_before)[:, :, None] + miss_rank)
+        tl.store(lists + place, cols[None, None, :], mask=in_row[None, :, :])
+        hits_before += tl.sum(hit, 2)
 
 
 # Columns one program of _tile_lists_kernel takes at a time: a row of up to 256 tiles (N = 16,384 at 64-wide
-# tiles) is one chunk; longer rows loop.
+# tiles) is one chunk; longer rows loop. Rows per program: enough that a map of a few thousand rows is a few
+# hundred programs (Triton's CPU interpreter pays per program), few enough that a program's block stays small.
 TILE_LIST_CHUNK = 256
+TILE_LIST_ROWS = 8
 
 
 def tile_lists(kinds: torch.Tensor) -> TileLists:
@@ -276,11 +285,13 @@ def tile_lists(kinds: torch.Tensor) -> TileLists:
                                    for _ in range(2))
     full_tiles, partial_tiles = (torch.empty((batch, heads, rows, columns), dtype=torch.int32, device=kinds.device)
                                  for _ in range(2))
-    if full_counts.numel():  # rows without columns still get their counts (zero)
-        _tile_lists_kernel[(full_counts.numel(),)](
+    total_rows = full_counts.numel()
+    if total_rows:  # rows without columns still get their counts (zero)
+        _tile_lists_kernel[(triton.cdiv(total_rows, TILE_LIST_ROWS),)](
             KINDS=kinds, FULL_COUNTS=full_counts, FULL_TILES=full_tiles, PARTIAL_COUNTS=partial_counts,
-            PARTIAL_TILES=partial_tiles, HEADS=heads, ROWS=rows, COLUMNS=columns, stride_b=kinds.stride(0),
-            stride_h=kinds.stride(1), stride_r=kinds.stride(2), stride_c=kinds.stride(3), CHUNK=TILE_LIST_CHUNK)
+            PARTIAL_TILES=partial_tiles, HEADS=heads, ROWS=rows, COLUMNS=columns, TOTAL_ROWS=total_rows,
+            stride_b=kinds.stride(0), stride_h=kinds.stride(1), stride_r=kinds.stride(2), stride_c=kinds.stride(3),
+            ROWS_PER_PROGRAM=TILE_LIST_ROWS, CHUNK=TILE_LIST_CHUNK)
     return TileLists(full_counts, full_tiles, partial_counts, partial_tiles)
 
 
