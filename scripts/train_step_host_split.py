@@ -15,8 +15,9 @@ the host, it times (three rounds of 1,000 calls, each round synchronised once; m
 Then ``torch.profiler`` (CPU activities) over 200 steps of each, whose table shows the autograd nodes' host time.
 With ``--out``, the timings are also saved as ``<date>-<device>-train-step-host-split.json`` (one row per piece and
 round: ``piece``, ``round``, ``us_per_call``).
-The first run (H200, 2026-12-02, at 1a7bc36; ``benchmarks/results/2026-12-02-nvidia-h200-session3-log.txt``) found the
-bare Python Function step alone at 106-164 us against SDPA's whole step at 150-212 us.
+The first run (H200, 2026-12-02, at 1a7bc36; its printed lines in ``2026-12-02-nvidia-h200-session3-log.txt``, as
+numbers in ``2026-12-02-nvidia-h200-train-step-host-split.json``, which lesson 08 reads) found the bare Python
+Function step alone at 106-164 us against SDPA's whole step at 150-212 us.
 """
 
 from __future__ import annotations

@@ -353,6 +353,25 @@ def test_host_time_note_reads_the_overhead_and_the_smallest_eager_step(tmp_path)
     assert "bf16 B8 H12 N1024 D64" in note and "ours **400 us**, plain SDPA **200 us**" in note
 
 
+def test_host_split_table_shows_each_pieces_median_and_range_in_order(tmp_path):
+    from flashcourse.bench import summary
+
+    assert summary.host_split_table(tmp_path) is None
+    meta = {"date": "2026-12-02", "device": "NVIDIA H200", "kind": "train-step-host-split", "rounds": 3, "calls": 1000}
+    pieces = {"sdpa_train_step": (212.0, 150.4, 205.0), "bare_function_step": (164.0, 106.0, 157.0),
+              "not_a_piece_shown": (1.0, 2.0, 3.0)}
+    rows = [{"piece": piece, "round": r, "us_per_call": us} for piece, times in pieces.items()
+            for r, us in enumerate(times)]
+    path = tmp_path / "2026-12-02-nvidia-h200-train-step-host-split.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    table = summary.host_split_table(tmp_path)
+    lines = table.splitlines()
+    sdpa = lines.index("| plain SDPA: the whole step | 205 (150-212) |")
+    bare = lines.index("| a Python autograd.Function that launches nothing | 157 (106-164) |")
+    assert sdpa < bare and "not_a_piece_shown" not in table and "3 rounds of 1000 calls" in table
+    assert "ours: the whole step" not in table  # a piece the run lacks gets no row
+
+
 def test_a_recorded_measurement_that_fails_in_its_child_is_a_failed_row_and_the_run_goes_on(monkeypatch):
     """With isolation on (as on a GPU), each recorded measurement goes to ``in_child``; eager ones never do. Here the
     child of our cuda_graph measurement dies (simulated): its row says so, and every later measurement still runs."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import statistics
 from pathlib import Path
 
 from flashcourse.bench import format_spread, load_results, results_dir
@@ -710,6 +711,34 @@ def host_time_note(directory: Path | None = None) -> str | None:
             f"B{small['batch']} H{small['heads']} N{small['n']} D{small['head_dim']} "
             f"({_source(steps[0], steps[2])}): ours **{small['us']:.0f} us**, plain SDPA "
             f"**{small['sdpa_plain_us']:.0f} us**.")
+
+
+HOST_SPLIT_PIECES = (  # scripts/train_step_host_split.py's pieces, in the order lesson 08 shows them
+    ("sdpa_train_step", "plain SDPA: the whole step"),
+    ("flashcourse_train_step", "ours: the whole step"),
+    ("bare_function_step", "a Python autograd.Function that launches nothing"),
+    ("sdpa_forward_grad", "plain SDPA: the forward, inputs requiring grad"),
+    ("ours_forward_grad", "ours: the forward, inputs requiring grad"),
+    ("ours_backward_functional", "ours: the backward alone (no autograd)"),
+)
+
+
+def host_split_table(directory: Path | None = None) -> str | None:
+    """Lesson 08's split of a training step's host time (the newest ``*-train-step-host-split.json``,
+    ``scripts/train_step_host_split.py``): per piece, the median of its rounds and their range, in microseconds per
+    call; None when no such run is recorded."""
+    newest = _newest("*-train-step-host-split.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    lines = [f"Host time per call on tiny inputs ({_source(meta, name)}; median of "
+             f"{meta.get('rounds', 'the')} rounds of {meta.get('calls', 'many')} calls, range in brackets):", "",
+             "| piece | us per call |", "|---|---|"]
+    for piece, label in HOST_SPLIT_PIECES:
+        times = sorted(r["us_per_call"] for r in rows if r["piece"] == piece)
+        if times:
+            lines.append(f"| {label} | {statistics.median(times):.0f} ({times[0]:.0f}-{times[-1]:.0f}) |")
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------- lesson 08: what limits the backward
