@@ -223,7 +223,10 @@ class TileLists:
         return {"full": full, "partial": partial, "empty": total - full - partial}
 
 
-@triton.jit
+# Its sizes and strides are not specialised on (divisible by 16, equal to 1): one compiled kernel serves every map,
+# where a call with document ids at a new length would otherwise compile another before it could start.
+@triton.jit(do_not_specialize=["HEADS", "ROWS", "COLUMNS", "TOTAL_ROWS", "stride_b", "stride_h", "stride_r",
+                               "stride_c"])
 def _tile_lists_kernel(KINDS, FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, HEADS, ROWS, COLUMNS,
                        TOTAL_ROWS, stride_b, stride_h, stride_r, stride_c, ROWS_PER_PROGRAM: tl.constexpr,
                        CHUNK: tl.constexpr):
