@@ -734,10 +734,16 @@ def host_split_table(directory: Path | None = None) -> str | None:
     lines = [f"Host time per call on tiny inputs ({_source(meta, name)}; median of "
              f"{meta.get('rounds', 'the')} rounds of {meta.get('calls', 'many')} calls, range in brackets):", "",
              "| piece | us per call |", "|---|---|"]
+    medians = {}
     for piece, label in HOST_SPLIT_PIECES:
         times = sorted(r["us_per_call"] for r in rows if r["piece"] == piece)
         if times:
-            lines.append(f"| {label} | {statistics.median(times):.0f} ({times[0]:.0f}-{times[-1]:.0f}) |")
+            medians[piece] = statistics.median(times)
+            lines.append(f"| {label} | {medians[piece]:.0f} ({times[0]:.0f}-{times[-1]:.0f}) |")
+    if "bare_function_step" in medians and "sdpa_train_step" in medians:
+        share = medians["bare_function_step"] / medians["sdpa_train_step"]
+        lines += ["", f"The Python Function that launches nothing costs **{share:.0%}** of plain SDPA's whole step "
+                      "(medians)."]
     return "\n".join(lines) + "\n"
 
 
