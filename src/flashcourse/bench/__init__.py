@@ -189,6 +189,7 @@ ROW_IDENTITY = {
     "versions": ("provider", "dtype", "batch", "heads", "head_dim", "n", "causal", "mode", "forward_version",
                  "backward_version"),
     "variants": ("variant", "dtype", "provider", "mode"),
+    "train-step": ("dtype", "batch", "heads", "n", "head_dim", "causal", "mode"),
 }
 
 
