@@ -231,7 +231,11 @@ def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, ca
         elif row <= 256:  # each kernel's launch swept alone at N = 8192 (*-backward-launches.json, 2026-12-02):
             # dQ at 128 x 32 over 4 warps spilled (Nsight Compute: 587 MB of local loads in b1's, 16 GB in b3's)
             dkdv, dq = KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 3)
-        elif row <= 512:  # D=256: dK and dV (or dQ) accumulators over 8 warps, two stages
+        elif row <= 512 and block_d >= 256:  # fp16/bf16: each launch swept alone at N = 8192, causal and not
+            # (*-backward-launches-d256.json, 2026-12-02): with dQ at 128 x 32 over 8 warps, one stage, b1 took
+            # 60.5 / 27.6 ms against 76.2 / 36.8 with 64 x 32 / 8 / 2; with dK/dV at 32 x 32 / 4 / 2, 71.9 / 35.7
+            dkdv, dq = KernelConfig(32, 32, 4, 2), KernelConfig(128, 32, 8, 1)
+        elif row <= 512:  # float32 at D=128: dK and dV (or dQ) accumulators over 8 warps, two stages
             dkdv, dq = KernelConfig(32, 64, 8, 2), KernelConfig(64, 32, 8, 2)
         else:
             dkdv, dq = KernelConfig(16, 64, 8, 1), KernelConfig(32, 32, 4, 1)
