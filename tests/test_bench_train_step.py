@@ -336,6 +336,22 @@ def test_lesson_reads_the_newest_run_with_recorded_modes(tmp_path):
     assert "ours 250 us of 400, plain SDPA 80 us of 200" in text  # what the graph took off each eager step
     assert "reduce-overhead, ours, bf16 B8 H12 N1024 D64: RuntimeError: capture refused" in text
     assert "(no graph): torch.compile declined" in text
+    assert "the graph keeps 25% of the gap, so much of our extra time was host time" in text
+
+
+def test_graph_verdict_says_gpu_time_when_the_graph_keeps_the_gap(tmp_path):
+    from flashcourse.bench import summary
+
+    small, big = step_row("eager", 270, 200), {**step_row("eager", 480, 360), "batch": 16}
+    write_run(tmp_path, "2026-12-03", [small, big, step_row("cuda_graph", 266, 198),
+                                       {**step_row("cuda_graph", 461, 359), "batch": 16},
+                                       step_row("reduce_overhead", 729, 774)])
+    text = summary.train_step_modes_markdown(summary.train_step_modes(tmp_path))
+    assert ("reduce-overhead made both steps slower than eager at bf16 B8 H12 N1024 D64 (ours 729 against 270 us, "
+            "plain SDPA 774 against 200)") in text
+    assert "B16 H12 N1024 D64 (ours" not in text  # no reduce-overhead row there
+    assert "eager 1.33-1.35x, replayed from a CUDA graph 1.28-1.34x" in text
+    assert "the graph keeps 92% of the gap, so almost all of our extra time is GPU time" in text
 
 
 def test_host_time_note_reads_the_overhead_and_the_smallest_eager_step(tmp_path):

@@ -653,7 +653,7 @@ def train_step_modes_markdown(data: dict) -> str:
     and every failed capture or compile with its error."""
     modes = [m for m in MODE_NAMES if any(r.get("mode", "eager") == m for r in data["rows"])]
     by_shape: dict = {}
-    for row in data["rows"]:
+    for row in sorted(data["rows"], key=lambda r: (r["dtype"], r["n"], r["head_dim"], r["batch"])):
         shape = (DTYPE_NAMES.get(row["dtype"], row["dtype"]), row["batch"], row["heads"], row["n"], row["head_dim"])
         by_shape.setdefault(shape, {})[row.get("mode", "eager")] = row
     names = " / ".join(MODE_NAMES[m] for m in modes)
@@ -677,6 +677,17 @@ def train_step_modes_markdown(data: dict) -> str:
     if saved:
         lines += ["", "What replaying the CUDA graph took off each eager step (the host time the GPU had waited for):",
                   *(f"- {line}" for line in saved)]
+        lines += ["", graph_verdict(by_shape)]
+    slower = [f"{dtype} B{b} H{h} N{n} D{d} (ours {compiled['us']:.0f} against {eager['us']:.0f} us, plain SDPA "
+              f"{compiled['sdpa_plain_us']:.0f} against {eager['sdpa_plain_us']:.0f})"
+              for (dtype, b, h, n, d), rows in by_shape.items()
+              for eager, compiled in [(rows.get("eager", {}), rows.get("reduce_overhead", {}))]
+              if all(r.get(f"{p}status") == "ok" for r in (eager, compiled) for p in ("", "sdpa_plain_"))
+              and all(compiled[f"{p}us"] > eager[f"{p}us"] for p in ("", "sdpa_plain_"))]
+    if slower:
+        lines += ["", "reduce-overhead made both steps slower than eager at " + "; ".join(slower) + ": the "
+                  "compiled step does more work than the eager one, and this run does not say what (a profile of "
+                  "the compiled step would)."]
     failures = [f"- {MODE_NAMES.get(r.get('mode'), r.get('mode'))}, {who}, {DTYPE_NAMES.get(r['dtype'], r['dtype'])} "
                 f"B{r['batch']} H{r['heads']} N{r['n']} D{r['head_dim']}: {r.get(f'{p}error', r.get(f'{p}status'))}"
                 for r in data["rows"] for p, who in (("", "ours"), ("sdpa_plain_", "plain SDPA"))
@@ -687,6 +698,26 @@ def train_step_modes_markdown(data: dict) -> str:
         lines += ["", "(no graph): torch.compile declined to record a CUDA graph there; that time is compiled code "
                   "launched from the host."]
     return "\n".join(lines)
+
+
+def graph_verdict(by_shape: dict) -> str:
+    """Whether the gap to plain SDPA was host time or GPU time, from the shapes timed both eager and replayed from
+    a CUDA graph: a graph removes the host's share, so a ratio that stays where it was is the kernels' own."""
+    pairs = [(rows["eager"]["ratio_vs_sdpa_plain"], rows["cuda_graph"]["ratio_vs_sdpa_plain"])
+             for rows in by_shape.values() if all("ratio_vs_sdpa_plain" in rows.get(m, {}) for m in
+                                                   ("eager", "cuda_graph"))]
+    if not pairs:
+        return ""
+    eager, graph = [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def span(xs):
+        return f"{min(xs):.2f}x" if min(xs) == max(xs) else f"{min(xs):.2f}-{max(xs):.2f}x"
+
+    kept = sum(g - 1 for g in graph) / sum(e - 1 for e in eager) if sum(e - 1 for e in eager) > 0 else 1.0
+    where = ("so almost all of our extra time is GPU time, the kernels themselves, which a graph cannot remove"
+             if kept >= 0.8 else "so much of our extra time was host time, which the graph removed")
+    return (f"Ours / plain SDPA: eager {span(eager)}, replayed from a CUDA graph {span(graph)}: the graph keeps "
+            f"{kept:.0%} of the gap, {where}.")
 
 
 def host_time_note(directory: Path | None = None) -> str | None:
