@@ -1,4 +1,4 @@
-"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8g) checked and timed on
+"""Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8h) checked and timed on
 an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
     PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
@@ -393,7 +393,7 @@ def main(argv=None) -> int:
                             for name, s in fa3.STAGES.items()})
         import_error = None
     except Exception as error:  # noqa: BLE001 - the references are still timed
-        stages, import_error = chosen or ["v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g"], _error_text(error)
+        stages, import_error = chosen or ["v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g", "v8h"], _error_text(error)
         every_stage = not chosen
         log(f"flashcourse.kernels.hopper.fa3 does not import: {import_error}")
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; stages {stages}")

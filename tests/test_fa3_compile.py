@@ -28,7 +28,7 @@ if not device.triton_available():
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "fa3_compile.py"
-STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g")
+STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g", "v8h")
 
 
 def _env(tmp_path: Path) -> dict:
@@ -44,7 +44,7 @@ def _env(tmp_path: Path) -> dict:
 @pytest.mark.slow  # 35-55 s on two shared cores (Triton 3.6 / 3.9) for v8a-v8e's ten compiles to cubin; v8f's two:
 # about 10 s
 @pytest.mark.parametrize("stages", [pytest.param(("v8f",), id="v8f"),
-                                    pytest.param(tuple(s for s in STAGES if s not in ("v8f", "v8g")), id="v8a-v8e",
+                                    pytest.param(tuple(s for s in STAGES if s not in ("v8f", "v8g")), id="v8a-v8e,v8h",
                                                  marks=pytest.mark.full)])
 def test_every_stage_compiles_for_sm90(stages, tmp_path):
     _compile_and_check(stages, (), tmp_path)
@@ -201,6 +201,10 @@ def test_v8f_launch_by_head_dim():
     assert fa3.STAGES["v8g"] == replace(fa3.STAGES["v8d"], name="v8g", adds=fa3.STAGES["v8g"].adds,
                                         expected=fa3.STAGES["v8g"].expected, by_head_dim={}, hold_pv_wait=True)
     assert [n for n, s in fa3.STAGES.items() if s.constexprs(True).get("HOLD_PV_WAIT")] == ["v8g"]
+    # v8h is v8d with a third ring stage, at D 64 and 128 only (at D = 256 Q and three stages need 256 KB).
+    assert fa3.STAGES["v8h"] == replace(fa3.STAGES["v8d"], name="v8h", adds=fa3.STAGES["v8h"].adds,
+                                        expected=fa3.STAGES["v8h"].expected, by_head_dim={}, stages=3,
+                                        block_n={64: 128, 128: 128})
 
 
 def test_head_dim_256_launch():

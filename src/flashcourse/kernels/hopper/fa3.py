@@ -952,6 +952,12 @@ STAGES = {
               "softmax never ran under PV(j-1); here it does (about v8d's promised +5-10% over v8c, which it "
               "missed)", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2,
               overlap=True, hold_pv_wait=True, producer_regs=24, consumer_regs=240),
+        Stage("v8h", "v8d with a 3-deep K/V ring: at D = 128, 32 KB of Q and 3 x 64 KB of K and V, the 224 KB "
+              "cuDNN's forward also fills (not D = 256: 64 KB of Q and 3 x 64 KB pass the 227 KB an SM gives)",
+              "+1-3% over v8d at N = 4096 (2026-12-02, Nsight Compute: v8d's warps wait at barriers 2.2x as much "
+              "as cuDNN's, which keeps a third K/V tile in flight), about v8d at N = 16384",
+              _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=3, overlap=True, producer_regs=24,
+              consumer_regs=240),
     )
 }
 
