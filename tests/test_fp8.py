@@ -4,11 +4,15 @@ On a CPU: the quantiser and the rotation against float64, the refusal without an
 index, mask, descale and layout logic run in the Triton interpreter with 16-bit values (the launch is
 dtype-agnostic; P is cast to V's dtype). Not the FP8 rounding of P itself: the interpreter's float32 -> e4m3
 cast drops the carry when rounding up overflows the mantissa (125 -> 64 instead of 128), so a full FP8 run there
-is wrong by up to 2x per weight. The tests marked ``gpu`` run the real FP8 kernel on Hopper against the float64
-attention of the dequantised inputs, within :func:`fp8.error_bound` (its docstring derives it).
+is wrong by up to 2x per weight; :func:`fp8.error_bound` is checked against the kernels' arithmetic written out
+in torch instead (``kernel_numerics``), at 1 to 4096 keys. The tests marked ``gpu`` run the real FP8 kernel on
+Hopper against the float64 attention of the dequantised inputs, within :func:`fp8.error_bound` (its docstring
+derives it).
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -146,6 +150,92 @@ def test_fp8_scores_in_the_interpreter(rng):
     o_ref, lse_ref, _ = fp8.reference_forward(*x.dequantized(), causal=True)
     assert_close(o, o_ref, what="o")
     assert_close(lse, lse_ref, dtype="float32", what="lse")
+
+
+# ------------------------------------------------------------------------------------------ error_bound (CPU)
+def kernel_numerics(x: fp8.Fp8QKV, *, acc_bits=13, block_n=128):
+    """The FP8 kernels' arithmetic in torch (fp8.py's kernel and fa3_fp8's stages make the same roundings), one KV
+    head per query head: scores of the FP8 values summed 32 products a step, the running sum cut to ``acc_bits``
+    mantissa bits after each step (Hopper's FP8 wgmma truncates, DeepSeek-V3 section 3.3.2; None: exact), key
+    tiles of ``block_n`` with a running max, p * 2^P_SHIFT cast to e4m3 (torch's CPU cast rounds to nearest, unlike
+    the interpreter's), float32 sums, bfloat16 output. Returns (o, the weights P V used over the row's final max)."""
+    q, k, v = (t.double() for t in (x.q, x.k, x.v))
+    s = None
+    for c in range(0, q.shape[-1], 32):
+        s = q[..., c:c + 32] @ k[..., c:c + 32].transpose(-1, -2) + (0 if s is None else s)  # exact in float64
+        if acc_bits is not None:
+            mantissa, exponent = torch.frexp(s)
+            s = torch.ldexp(torch.trunc(mantissa * 2**acc_bits) / 2**acc_bits, exponent)
+    t = s.float() * ((x.q_descale * x.k_descale)[:, :, None, None] / q.shape[-1] ** 0.5 / math.log(2))
+    m = torch.full(t.shape[:-1], -torch.inf)
+    l, acc, tiles = torch.zeros(t.shape[:-1]), torch.zeros(t.shape[:-1] + v.shape[-1:]), []
+    for j in range(0, t.shape[-1], block_n):
+        m_new = torch.maximum(m, t[..., j:j + block_n].amax(-1))
+        alpha = torch.exp2(m - m_new)
+        p = torch.exp2(t[..., j:j + block_n] - (m_new - fp8.P_SHIFT)[..., None])
+        p8 = p.to(fp8.FP8).float()
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p8 @ v[..., j:j + block_n, :].float()
+        tiles.append((p8, m_new))
+        m = m_new
+    o = (acc * (x.v_descale[:, :, None, None] / l[..., None])).to(torch.bfloat16)
+    weights = torch.cat([p8 * torch.exp2(m_t - m)[..., None] for p8, m_t in tiles], -1) / 2**fp8.P_SHIFT
+    return o, weights
+
+
+def script_inputs(rng, n_q, n_kv, d):
+    """scripts/gpu_fa3_fp8.py's: N(0, 1) with 4 outlier channels x4 in q and k, quantised (not incoherent)."""
+    q, k, v = (randn(rng, 1, 2, n, d, device="cpu") for n in (n_q, n_kv, n_kv))
+    channels = (3, 17, 30, 41)
+    return fp8.quantize_fp8(with_outlier_channels(q, channels, 4.0), with_outlier_channels(k, channels, 4.0), v)
+
+
+@pytest.mark.parametrize("n_kv", [1, 16, 64, 200, 1000, 4096])
+@pytest.mark.parametrize("d", [64, 128])
+def test_error_bound_holds_for_the_kernels_numerics_at_every_n_kv(rng, n_kv, d):
+    """Few keys put a row's weight on a few of them, where P's rounding errors do not average out: the bound must
+    hold with margin there too, against the reference with P exact and with P rounded (the GPU script's)."""
+    x = script_inputs(rng, 512, n_kv, d)
+    o, _ = kernel_numerics(x)
+    qd, kd, vd = x.dequantized()
+    for p_shift in (fp8.P_SHIFT, None):
+        o_ref, _, p_abs_v = fp8.reference_forward(qd, kd, vd, p_shift=p_shift)
+        bound = fp8.error_bound(o_ref, p_abs_v, float(vd.abs().max()), n_kv)
+        ratio = float(((o.double() - o_ref).abs() / bound).max())
+        assert ratio < 0.9, f"p_shift={p_shift}: error {ratio:.2f}x the bound"
+
+
+@pytest.mark.parametrize("n_kv,acc_bits", [(200, None), (16, 13)])
+def test_kernel_and_reference_round_p_apart_by_up_to_two_roundings(rng, n_kv, acc_bits):
+    """Why error_bound counts P's rounding twice against reference_forward(p_shift=P_SHIFT). Exact scores over two
+    key tiles: the first tile's weights were rounded on the running max. One tile, scores cut as the tensor core
+    cuts them: weights near a midpoint of e4m3's grid go the other way. Either way some weight lands more than one
+    rounding (2^-4) from the reference's, never more than two (2^-3, plus the 2^-7 margin for the scores)."""
+    x = script_inputs(rng, 512, n_kv, 64)
+    _, weights = kernel_numerics(x, acc_bits=acc_bits)
+    qd, kd, _ = x.dequantized()
+    s = qd.double() @ kd.double().transpose(-1, -2) / 8
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    rounded = (p * 2**fp8.P_SHIFT).to(fp8.FP8).double() / 2**fp8.P_SHIFT
+    normal = p >= 2.0 ** -(fp8.P_SHIFT + 6)
+    apart = ((weights.double() - rounded).abs() / p)[normal].max()
+    assert 2**-4 < apart <= 2**-3 + 2**-7, float(apart)
+
+
+@pytest.mark.parametrize("n_kv", [200, 4096])
+def test_error_bound_catches_wrong_outputs(rng, n_kv):
+    """Wrong kernels: one key left out (the heaviest of some row), and the softmax scale applied twice."""
+    x = script_inputs(rng, 512, n_kv, 64)
+    qd, kd, vd = x.dequantized()
+    o_ref, _, p_abs_v = fp8.reference_forward(qd, kd, vd, p_shift=fp8.P_SHIFT)
+    bound = fp8.error_bound(o_ref, p_abs_v, float(vd.abs().max()), n_kv)
+    s = qd[0, 0].double() @ kd[0, 0].double().T
+    heaviest = int(torch.softmax(s / 8, -1).max(-1).values.argmax())  # the row whose top key weighs the most
+    keep = [j for j in range(n_kv) if j != int(s[heaviest].argmax())]
+    wrong = {"a key left out": fp8.reference_forward(qd, kd[:, :, keep], vd[:, :, keep])[0],
+             "scale twice": fp8.reference_forward(qd, kd, vd, scale=1 / 64)[0]}
+    for name, o in wrong.items():
+        assert ((o - o_ref).abs() > bound).any(), name
 
 
 # ------------------------------------------------------------------------------------------ refusals (CPU)
