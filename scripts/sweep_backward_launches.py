@@ -1,9 +1,10 @@
 """Each backward kernel's launch alone: b1's dQ and dK/dV kernels (dense, causal or not) and b3's (a prefix-LM
-``mask_mod`` through a block mask built once), every candidate launch of one kernel timed with the other kernel at
-its default, against cuDNN's backward in the same run.
+``mask_mod`` through a block mask built once; a causal 1024-key window; GQA 32/8, causal), every candidate launch of
+one kernel timed with the other kernel at its default, against cuDNN's backward in the same run (dense cases).
 
     PYTHONPATH=src python scripts/sweep_backward_launches.py --out DIR             (a CUDA GPU; about 6 minutes)
     PYTHONPATH=src python scripts/sweep_backward_launches.py --head-dims 256 --out DIR  (D = 256's cases only)
+    PYTHONPATH=src python scripts/sweep_backward_launches.py --rules "window 1024,GQA 32/8" --out DIR  (those only)
     PYTHONPATH=src python scripts/sweep_backward_launches.py --list                (the timings it would make)
 
 Why: Nsight Compute on the H200 (2026-12-02, ``*-ncu-limits.json``, D = 128, N = 8192) showed both dQ kernels
@@ -11,7 +12,9 @@ spilling registers at their default launch, 128 query rows over 4 warps: b1's dQ
 5.1 ms, b3's 16 GB in 4.9 ms (its tensor pipe 38% busy against b1's 73%). The older sweep (``sweep_kernels.py
 --kernels bwd``) moved both kernels together, the dQ launch mirrored from the dK/dV one; here each moves alone,
 so a gain is the kernel's own. The backward's time is the sum of its kernels', so the best dK/dV launch and the
-best dQ launch found apart make the best pair.
+best dQ launch found apart make the best pair. The window and GQA cases are the two variants whose backward still
+trailed FlexAttention in the variants run of 07d21a8 (0.91-0.93x and 0.96-0.97x, ``*-variants.json``); Nsight
+Compute found the window's dK/dV kernel the least busy of its three (``*-ncu-variant-gaps.json``).
 
 Writes DIR/<date>-<device>-backward-launches.json: one row per (shape, scheme, varied kernel, launch) with the
 median time of three repeats and its spread (``bench.time_repeats``), TFLOP/s, the ratio to cuDNN's backward on
@@ -42,7 +45,8 @@ def prefix_lm(b, h, q_idx, kv_idx):
 
 @dataclass(frozen=True)
 class Case:
-    """One shape and the backward scheme timed on it: b1 (dense, ``causal``) or b3 under a named rule."""
+    """One shape and the backward scheme timed on it: b1 (dense, ``causal``) or b3 under a named rule (with
+    ``window`` keys to the left, or ``heads_kv`` K/V heads under ``heads`` query heads)."""
 
     scheme: str
     head_dim: int
@@ -52,6 +56,8 @@ class Case:
     batch: int = 4
     n: int = 8192
     dtype: str = "float16"
+    window: int | None = None
+    heads_kv: int | None = None
 
 
 CASES = (
@@ -63,6 +69,8 @@ CASES = (
     # D = 256: the backward ran at 0.41x cuDNN's on 2026-12-02 (2026-12-02-nvidia-h200-variants.json)
     Case("b1", 256, 16, False),
     Case("b1", 256, 16, True),
+    Case("b3", 128, 16, True, rule="window 1024", window=1024),
+    Case("b3", 128, 32, True, rule="GQA 32/8", heads_kv=8),
 )
 # (BLOCK_M, BLOCK_N, warps, stages). The dQ kernel keeps BLOCK_M query rows and streams keys, the dK/dV kernel
 # the mirror; causal needs dQ's BLOCK_M a multiple of its BLOCK_N and dK/dV's BLOCK_N a multiple of its BLOCK_M.
@@ -86,12 +94,15 @@ DEVICE = "cuda"  # the CPU test runs a tiny case through Triton's interpreter
 BLOCK_SIZE = 32  # the b3 case's block mask: sparse blocks that divide every tile above, so its lists are exact
 
 
-def plan(cases=CASES, head_dims: tuple[int, ...] | None = None) -> list[tuple[Case, str, KernelConfig | None]]:
-    """Every timing, in order: (case, varied kernel, launch); launch None is the default pair. ``head_dims``:
-    only the cases of these head dims (None: all)."""
+def plan(cases=CASES, head_dims: tuple[int, ...] | None = None, rules: tuple[str, ...] | None = None
+         ) -> list[tuple[Case, str, KernelConfig | None]]:
+    """Every timing, in order: (case, varied kernel, launch); launch None is the default pair. ``head_dims``,
+    ``rules``: only the cases of these head dims, of these rules (None: all)."""
     jobs = []
     for case in cases:
         if head_dims is not None and case.head_dim not in head_dims:
+            continue
+        if rules is not None and case.rule not in rules:
             continue
         jobs.append((case, "default", None))
         jobs += [(case, "dq", cfg) for cfg in DQ_LAUNCHES[case.head_dim]]
@@ -113,11 +124,19 @@ def sweep_case(case: Case, jobs: list, log) -> list[dict]:
 
     shape = Shape(case.dtype, case.batch, case.heads, case.head_dim, case.n, case.causal)
     torch.manual_seed(0)
-    q, k, v, do = (torch.randn(case.batch, case.heads, case.n, case.head_dim, device=DEVICE,
-                               dtype=getattr(torch, case.dtype)) for _ in range(4))
-    base = {**shape.__dict__, "scheme": case.scheme, "rule": case.rule}
-    if case.rule is None:
+    heads_kv = case.heads_kv or case.heads
+    q, k, v, do = (torch.randn(case.batch, heads, case.n, case.head_dim, device=DEVICE,
+                               dtype=getattr(torch, case.dtype))
+                   for heads in (case.heads, heads_kv, heads_kv, case.heads))
+    base = {**shape.__dict__, "scheme": case.scheme, "rule": case.rule, "heads_kv": heads_kv}
+    if case.rule is None or case.heads_kv:  # GQA: the causal rule; k and v's fewer heads say the rest
         rules, block_mask, flops = causal_rules(case.causal), None, shape.flops("bwd")
+    elif case.window:
+        rules, block_mask = parse_rules(q, k, causal=case.causal, window=(case.window, 0)), None
+        # query i sees keys i - window .. i: the first window rows fewer
+        visible = case.window * (case.window + 1) // 2 + (case.n - case.window) * (case.window + 1)
+        dense = Shape(case.dtype, case.batch, case.heads, case.head_dim, case.n, False)
+        flops = dense.flops("bwd") * visible / case.n ** 2
     else:
         rules = parse_rules(q, k, mask_mod=prefix_lm)
         block_mask = kernels.create_block_mask(prefix_lm, None, None, case.n, case.n, BLOCK_SIZE=BLOCK_SIZE,
@@ -138,7 +157,7 @@ def sweep_case(case: Case, jobs: list, log) -> list[dict]:
 
     rows = []
     reference_ms = None
-    if case.rule is None and q.is_cuda:  # cuDNN is the yardstick on a GPU; the CPU test runs without it
+    if case.rule is None and q.is_cuda:  # cuDNN is the yardstick on dense shapes on a GPU (not on the CPU test)
         cudnn = sdpa("sdpa_cudnn")
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         out = cudnn(*leaves, case.causal)
@@ -178,6 +197,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--list", action="store_true", help="print every timing the run would make, run none")
     parser.add_argument("--head-dims", type=lambda text: tuple(int(d) for d in text.split(",")), default=None,
                         help="comma-separated head dims whose cases run (default: all)")
+    parser.add_argument("--rules", type=lambda text: tuple(r.strip() for r in text.split(",")), default=None,
+                        help="comma-separated rules whose cases run, e.g. 'window 1024,GQA 32/8' (default: all)")
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error(f"--budget {args.budget}: a positive number of seconds is expected")
@@ -186,7 +207,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    jobs = plan(head_dims=args.head_dims)
+    jobs = plan(head_dims=args.head_dims, rules=args.rules)
+    if not jobs:
+        raise SystemExit(f"no case has head dims {args.head_dims} and rules {args.rules}: the rules are "
+                         f"{sorted({c.rule for c in CASES if c.rule})}")
     if args.list:
         for case, varied, cfg in jobs:
             print(f"{case.scheme} D={case.head_dim} causal={case.causal} rule={case.rule} {varied} {cfg}")

@@ -32,14 +32,16 @@ def test_plan_varies_one_kernel_at_a_time(sweep):
             assert cfg.block_n % cfg.block_m == 0
 
 
-@pytest.mark.parametrize("scheme, causal, rule", [("b1", True, None), ("b3", False, "prefix-LM")])
-def test_tiny_case_matches_default(sweep, monkeypatch, scheme, causal, rule):
+@pytest.mark.parametrize("scheme, causal, rule, extra", [
+    ("b1", True, None, {}), ("b3", False, "prefix-LM", {}),
+    ("b3", True, "window 1024", {"window": 8}), ("b3", True, "GQA 32/8", {"heads": 4, "heads_kv": 2})])
+def test_tiny_case_matches_default(sweep, monkeypatch, scheme, causal, rule, extra):
     monkeypatch.setitem(sweep.DQ_LAUNCHES, 16, (KernelConfig(32, 16, 4, 1),))
     monkeypatch.setitem(sweep.DKDV_LAUNCHES, 16, (KernelConfig(16, 32, 4, 1),))
     monkeypatch.setattr(sweep, "BLOCK_SIZE", 16)
     monkeypatch.setattr(sweep, "DEVICE", "cpu")
     monkeypatch.setattr("flashcourse.bench.time_repeats", _one_call_timing)
-    case = sweep.Case(scheme, 16, 2, causal, rule=rule, batch=1, n=40, dtype="float32")
+    case = sweep.Case(scheme, 16, extra.pop("heads", 2), causal, rule=rule, batch=1, n=40, dtype="float32", **extra)
     rows = sweep.sweep_case(case, [job for job in sweep.plan((case,))], lambda *_: None)
     assert [r["varied"] for r in rows] == ["default", "dq", "dkdv"]
     for row in rows:
@@ -58,3 +60,21 @@ def _one_call_timing(fn, **_):
 def test_head_dims_keep_only_their_cases(sweep):
     jobs = sweep.plan(head_dims=(256,))
     assert jobs and {case.head_dim for case, _, _ in jobs} == {256}
+
+
+def test_rules_keep_only_their_cases(sweep):
+    jobs = sweep.plan(rules=("window 1024", "GQA 32/8"))
+    assert {case.rule for case, _, _ in jobs} == {"window 1024", "GQA 32/8"}
+    assert {case.heads_kv for case, _, _ in jobs} == {None, 8}
+
+
+def test_window_flops_count_the_visible_entries(sweep, monkeypatch):
+    """The window case's FLOPs are the dense backward's times the share of (query, key) pairs a causal window of
+    ``window`` keys to the left shows: counted here entry by entry on a small square."""
+    import torch
+
+    n, window = 40, 8
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    visible = int(((j <= i) & (j >= i - window)).sum())
+    assert visible == window * (window + 1) // 2 + (n - window) * (window + 1)
+
