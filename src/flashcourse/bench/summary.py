@@ -888,3 +888,40 @@ def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
                       "best": best["ratio_vs_sdpa_cudnn"], "varied": best["varied"],
                       "launch": _launch(config) if config else "default"})
     return found
+
+
+# ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
+# scripts/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
+FORWARD_GAP_PAIRS = (
+    ("D = 128, N = 4096", "fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn"),
+    ("D = 128, N = 4096, causal", "fwd-d128-n4096-causal-ours", "fwd-d128-n4096-causal-cudnn"),
+    ("D = 64, N = 4096, causal", "fwd-d64-n4096-causal-ours", "fwd-d64-n4096-causal-cudnn"),
+)
+
+
+def forward_gaps(directory: Path | None = None) -> dict | None:
+    """The forward-gap pairs of the newest ``*-ncu-gaps.json`` (Nsight Compute, one kernel each): per label,
+    ours and cuDNN's row with the counters lesson 13 reads; None when no such profile is recorded."""
+    newest = _newest("*-ncu-gaps.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    by_case = {row["case"]: row for row in rows}
+    pairs = {label: (by_case[ours], by_case[theirs]) for label, ours, theirs in FORWARD_GAP_PAIRS
+             if ours in by_case and theirs in by_case}
+    return {"source": _source(meta, name), "pairs": pairs} if pairs else None
+
+
+def forward_gaps_table(gaps: dict) -> str:
+    """Ours against cuDNN per forward-gap pair: time, tensor pipe busy, share of cycles issuing an instruction,
+    warps waiting at a barrier per issuing cycle, and shared memory a program."""
+    lines = [f"Nsight Compute ({gaps['source']}), ours / cuDNN:", "",
+             f"{'':28}{'time (us)':>18}{'tensor pipe':>16}{'issuing':>16}{'barrier waits':>16}{'shared KB':>14}"]
+    for label, (ours, theirs) in gaps["pairs"].items():
+        cells = [f"{ours['duration_us']:.0f} / {theirs['duration_us']:.0f}",
+                 f"{ours['tensor_pipe_pct']:.0f}% / {theirs['tensor_pipe_pct']:.0f}%",
+                 f"{ours['issue_active_pct']:.0f}% / {theirs['issue_active_pct']:.0f}%",
+                 f"{ours['stalls']['barrier']:.1f} / {theirs['stalls']['barrier']:.1f}",
+                 f"{ours['dynamic_shared_bytes'] / 1024:.0f} / {theirs['dynamic_shared_bytes'] / 1024:.0f}"]
+        lines.append(f"{label:28}" + "".join(f"{c:>{w}}" for c, w in zip(cells, (18, 16, 16, 16, 14), strict=True)))
+    return "\n".join(lines)
