@@ -77,6 +77,7 @@ class Compiled:
     setmaxnreg: list | None = None  # the budgets in the PTX
     wgmma: int | None = None  # wgmma.mma_async instructions in the PTX
     ex2_under_pv: list | None = None  # MUFU.EX2 between the two wgmma waits, per overlapped stretch of SASS
+    opcodes: dict | None = None  # SASS instructions of the kinds in fa3_fp8_compile.OPCODES
     seconds: float | None = None
     error: str = ""
 
@@ -137,6 +138,7 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     record.setmaxnreg = sorted({line.strip().rstrip(";") for line in ptx.splitlines() if "setmaxnreg" in line})
     record.wgmma = sum("wgmma.mma_async" in line for line in ptx.splitlines())
     record.ex2_under_pv = fa3_fp8_compile.overlapped_ex2(instructions)
+    record.opcodes = fa3_fp8_compile.opcode_counts(instructions)
     record.seconds = round(time.perf_counter() - start, 2)
     return record
 

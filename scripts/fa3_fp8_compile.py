@@ -53,6 +53,7 @@ class Compiled:
     stmatrix: int | None = None
     fence_proxy_async: int | None = None
     overlapped_ex2: list = field(default_factory=list)  # MUFU.EX2 between the two waits, per stretch
+    opcodes: dict = field(default_factory=dict)  # SASS instructions of the kinds in OPCODES (opcode_counts)
     seconds: float | None = None
     error: str = ""
 
@@ -65,6 +66,26 @@ def sass(cubin: bytes) -> list[str]:
         out = subprocess.run([os.path.join(_fa3_compile()._tools_dir(), "cuobjdump"), "-sass", file.name],
                              capture_output=True, text=True, check=True).stdout
     return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", out)]
+
+
+# The instructions that separate an FP8 kernel's work from fp16's besides the products: shuffles and byte permutes
+# (P's layout for the 8-bit wgmma, V's transpose), shared-memory loads and stores (the transpose through a staging
+# buffer), conversions, exponentials, and the wgmma themselves (HGMMA fp16, QGMMA FP8).
+OPCODES = ("SHFL", "PRMT", "LDS", "STS", "F2FP", "MUFU", "HGMMA", "QGMMA")
+
+
+def opcode_counts(instructions: list[str]) -> dict[str, int]:
+    """How many of the compiled kernel's SASS instructions (static: each once, wherever it sits) have each opcode
+    of OPCODES, a predicate (``@P0``) and suffixes (``.EX2``) aside."""
+    counts = dict.fromkeys(OPCODES, 0)
+    for op in instructions:
+        words = op.split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        name = words[0].split(".")[0] if words else ""
+        if name in counts:
+            counts[name] += 1
+    return counts
 
 
 def overlapped_ex2(instructions: list[str]) -> list[int]:
@@ -114,6 +135,7 @@ def compile_stage(stage: str, head_dim: int, causal: bool) -> Compiled:
     record.stmatrix = sum("stmatrix" in line for line in ptx)
     record.fence_proxy_async = sum("fence.proxy.async" in line for line in ptx)
     record.overlapped_ex2 = overlapped_ex2(instructions)
+    record.opcodes = opcode_counts(instructions)
     record.seconds = round(time.perf_counter() - start, 2)
     return record
 

@@ -93,6 +93,10 @@ def test_overlapped_ex2_counts_what_sits_between_the_waits(monkeypatch):
            "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R6, R6",
            "WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R7, R7"]
     assert fa3_fp8_compile.overlapped_ex2(ops) == [2, 0]
+    counted = fa3_fp8_compile.opcode_counts(ops + ["@!P0 SHFL.IDX PT, R1, R2, R3, R4", "SHFL.BFLY PT, R5, R6, R7",
+                                                   "PRMT R1, R2, 0x5410, R3", "QGMMA.64x128x32.F32.E4M3.E4M3 R0, gdesc",
+                                                   "LDSM.16.M88.4 R0, [R1]", "HFMA2 R0, R1, R2, R3"])
+    assert counted == {"SHFL": 2, "PRMT": 1, "LDS": 0, "STS": 0, "F2FP": 0, "MUFU": 5, "HGMMA": 0, "QGMMA": 1}
 
 
 def test_kernels_package_does_not_import_fa3_fp8():
