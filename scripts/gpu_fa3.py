@@ -27,9 +27,10 @@ child keeps what it finished; the whole run stays within ``--budget`` seconds, 5
    N_kv = 960, 15 key tiles of 64 rows (D = 256) after one another in a program's ring, an odd count that
    flips the ring's phases from one query tile to the next. o within ``flashcourse.tolerance``'s (rtol, atol)
    of the inputs' dtype, lse (natural log) within the same atol + rtol * |lse|;
-2. timing: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8 (B*H*N constant), causal and not, each head
-   dim, float16 and bfloat16; each row's ``checks_passed`` says whether every check of its dtype and head dim
-   passed (a kernel timed but wrong is no result), and ``bad_vs_sdpa`` how many outputs at the timed shape
+2. timing: N 4096 / 8192 / 16384 with B = 4 and H = 32 / 16 / 8 (B*H*N constant), or the ``--lengths`` given
+   (shorter ones at B = 4, H = 32), causal and not, each head dim, float16 and bfloat16; each row's
+   ``checks_passed`` says whether every check of its dtype and head dim passed (a kernel timed but wrong is no
+   result), and ``bad_vs_sdpa`` how many outputs at the timed shape
    differ from SDPA's by more than twice the dtype's tolerance (a persistent stage's programs take tens of
    query tiles there).
 
@@ -67,6 +68,7 @@ QUICK_CHECK_SHAPES = ((1, 1, 2, 2), (17, 17, 2, 2), (1000, 1000, 2, 2), (4096, 4
                       (1000, 1024, 4, 16))
 TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192), (4, 8, 16384))  # (B, H, N): B*H*N constant
 QUICK_TIME_SHAPES = ((4, 32, 4096), (4, 8, 16384))
+LENGTHS = tuple(n for _, _, n in TIME_SHAPES)  # the default; --lengths 1024,2048 for shorter sequences
 HEAD_DIMS = (64, 128)  # the default; --head-dims 256 for the stages that take it
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "sdpa_flash", "v7")
@@ -169,12 +171,17 @@ def time_case(provider, fn, batch, heads, n, head_dim, dtype, causal, agree=Fals
     return row
 
 
-def time_shapes(quick: bool, head_dims=HEAD_DIMS):
-    shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
+def time_shapes(quick: bool, head_dims=HEAD_DIMS, lengths=LENGTHS):
+    """(B, H, N, D, dtype, causal) of every timing. The default lengths keep B*H*N constant; a shorter N keeps
+    B = 4, H = 32, as ``bench attention``'s grid does (a GPT-2-size step is N = 1024)."""
+    if tuple(lengths) == LENGTHS:
+        shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
+    else:
+        shapes = tuple((4, 32 if n <= 4096 else 32 * 4096 // n, n) for n in lengths)
     return [(b, h, n, d, dt, c) for dt in DTYPES for d in head_dims for (b, h, n) in shapes for c in (False, True)]
 
 
-def run_child(stage: str, out: Path, quick: bool, head_dims=HEAD_DIMS) -> None:
+def run_child(stage: str, out: Path, quick: bool, head_dims=HEAD_DIMS, lengths=LENGTHS) -> None:
     """One stage at those of ``head_dims`` it takes: every check, then every timing (``checks_passed`` per row).
     Rows go to ``out`` one JSON line each, as soon as they exist."""
     from flashcourse.kernels.hopper import fa3
@@ -203,7 +210,7 @@ def run_child(stage: str, out: Path, quick: bool, head_dims=HEAD_DIMS) -> None:
             emit(row)
             log(f"{stage} compiled {row.get('constants', '')}: {row.get('n_regs')} registers, "
                 f"{row.get('n_spills')} spills, {row.get('shared')} B shared ({row['status']})")
-        for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
+        for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims, lengths):
             row = time_case(f"fa3-{stage}", lambda q, k, v, c: fa3.fa3_forward(q, k, v, causal=c, stage=stage),
                             batch, heads, n, head_dim, dtype, causal, agree=True)
             # Timed even where a check failed (an edge case such as N = 1 may fail alone): the row says so.
@@ -239,14 +246,14 @@ def _shape(r):
 
 
 def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCES,
-                   head_dims=HEAD_DIMS) -> list[dict]:
+                   head_dims=HEAD_DIMS, lengths=LENGTHS) -> list[dict]:
     from flashcourse import kernels
     from flashcourse.bench.providers import sdpa
 
     fns = {"sdpa_cudnn": sdpa("sdpa_cudnn"), "sdpa_flash": sdpa("sdpa_flash"),
            "v7": lambda q, k, v, c: kernels.flash_attention_forward(q, k, v, causal=c, version="v7")}
     rows = []
-    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
+    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims, lengths):
         for provider in references:
             if time.time() > deadline:
                 rows.append({"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
@@ -260,15 +267,27 @@ def reference_rows(quick: bool, deadline: float = math.inf, references=REFERENCE
     return rows
 
 
-def results_name(stages, every_stage: bool, head_dims=HEAD_DIMS) -> str:
-    """The results file's name: "fa3-stages" for a run of every stage at the default head dims, the stage table
-    that ``kernels/plan.py`` and lesson 13 read from the newest ``*-fa3-stages.json``; any other run is named by
-    its stages ("fa3-stages-v8a-v8d-v8f") and its head dims where they are not the default
-    ("fa3-stages-v8d-v8f-d256"), so that it never stands in for the table."""
-    default_dims = tuple(head_dims) == HEAD_DIMS
-    if every_stage and default_dims:
+def results_name(stages, every_stage: bool, head_dims=HEAD_DIMS, lengths=LENGTHS) -> str:
+    """The results file's name: "fa3-stages" for a run of every stage at the default head dims and lengths, the
+    stage table that ``kernels/plan.py`` and lesson 13 read from the newest ``*-fa3-stages.json``; any other run is
+    named by its stages ("fa3-stages-v8a-v8d-v8f"), its head dims and its lengths where they are not the default
+    ("fa3-stages-v8d-v8f-d256", "fa3-stages-v8a-v8f-n1024-2048"), so that it never stands in for the table."""
+    default_dims, default_lengths = tuple(head_dims) == HEAD_DIMS, tuple(lengths) == LENGTHS
+    if every_stage and default_dims and default_lengths:
         return "fa3-stages"
-    return "fa3-stages-" + "-".join(stages) + ("" if default_dims else "-d" + "-".join(map(str, head_dims)))
+    return ("fa3-stages-" + "-".join(stages) + ("" if default_dims else "-d" + "-".join(map(str, head_dims)))
+            + ("" if default_lengths else "-n" + "-".join(map(str, lengths))))
+
+
+def parse_lengths(text: str) -> tuple[int, ...]:
+    """``--lengths``' value ("1024,2048") as a sorted tuple of sequence lengths, or an error that says why."""
+    try:
+        lengths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 128 or any(n % 128 for n in lengths):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sequence lengths, multiples of 128, comma-separated")
+    return lengths
 
 
 def parse_head_dims(text: str) -> tuple[int, ...]:
@@ -298,8 +317,10 @@ def run_stages(script: Path, stages, args, *, start: float, reserve: float, impo
         with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as file:
             path = Path(file.name)
         command = [sys.executable, str(script.resolve()), "--child", stage, "--rows", str(path)]
-        if getattr(args, "head_dims", None):  # the forward's option (gpu_fa3_backward.py shares this function)
+        if getattr(args, "head_dims", None):  # the forward's options (gpu_fa3_backward.py shares this function)
             command += ["--head-dims", ",".join(map(str, args.head_dims))]
+        if getattr(args, "lengths", None):
+            command += ["--lengths", ",".join(map(str, args.lengths))]
         if args.quick:
             command.append("--quick")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"),
@@ -337,6 +358,9 @@ def main(argv=None) -> int:
                         help=f"references to time, comma-separated (default {','.join(REFERENCES)})")
     parser.add_argument("--head-dims", type=parse_head_dims, default=HEAD_DIMS,
                         help="head dims, comma-separated (default 64,128; 256 runs the stages that take it)")
+    parser.add_argument("--lengths", type=parse_lengths, default=LENGTHS,
+                        help="sequence lengths to time, comma-separated (default 4096,8192,16384 with B*H*N "
+                             "constant; others at B = 4, H = 32 up to 4096)")
     parser.add_argument("--quick", action="store_true", help="fewer check lengths and timing shapes")
     parser.add_argument("--stage-timeout", type=float, default=100.0, help="seconds for one stage's child")
     parser.add_argument("--budget", type=float, default=540.0,
@@ -346,7 +370,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.child:
-        run_child(args.child, Path(args.rows), args.quick, args.head_dims)
+        run_child(args.child, Path(args.rows), args.quick, args.head_dims, args.lengths)
         return 0
     chosen = (args.stage or []) + [s.strip() for s in (args.stages or "").split(",") if s.strip()]
     references = [r.strip() for r in args.references.split(",") if r.strip()]
@@ -366,7 +390,7 @@ def main(argv=None) -> int:
         return 2
     meta = environment_info()
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick,
-                head_dims=list(args.head_dims))
+                head_dims=list(args.head_dims), lengths=list(args.lengths))
     stage_status = {}
     try:
         from flashcourse.kernels.hopper import fa3
@@ -400,7 +424,7 @@ def main(argv=None) -> int:
 
     rows: list[dict] = []
     out = Path(args.out) if args.out else None
-    name = results_name(stages, every_stage, args.head_dims)
+    name = results_name(stages, every_stage, args.head_dims, args.lengths)
     meta.update(references=references)
 
     def save(rows, done=False):
@@ -413,7 +437,7 @@ def main(argv=None) -> int:
     log(f"references: {', '.join(references)}")
     try:
         rows.extend(reference_rows(args.quick, deadline=start + args.budget + 40, references=references,
-                                   head_dims=args.head_dims))
+                                   head_dims=args.head_dims, lengths=args.lengths))
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")
         stage_status["references"] = _error_text(error)

@@ -269,6 +269,25 @@ def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path)
     assert proc.returncode == 2 and "unknown references" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_gpu_script_times_shorter_lengths_apart(tmp_path):
+    """``--lengths 1024,2048`` times the stages at a GPT-2-size sequence (B = 4, H = 32, as the attention grid),
+    saved under a name of its own, never the stage table; a length that is no multiple of 128 is refused."""
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+            "g.time_shapes(False, (64,), g.parse_lengths('2048,1024')), g.time_shapes(False, (64,)), "
+            "g.results_name(['v8a', 'v8f'], False, (64, 128), (1024, 2048)), "
+            "g.results_name(['v8a', 'v8b'], True, (64, 128), (1024,))]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=_env(tmp_path), timeout=300)
+    short, default, part, every = json.loads(proc.stdout.splitlines()[-1])
+    assert {(b, h, n) for b, h, n, _, _, _ in short} == {(4, 32, 1024), (4, 32, 2048)}
+    assert {(b, h, n) for b, h, n, _, _, _ in default} == {(4, 32, 4096), (4, 16, 8192), (4, 8, 16384)}
+    assert len(short) == 2 * 2 * 2  # two lengths, two dtypes, causal and not
+    assert (part, every) == ("fa3-stages-v8a-v8f-n1024-2048", "fa3-stages-v8a-v8b-n1024")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--lengths", "1000"],
+                          capture_output=True, text=True, env=_env(tmp_path), timeout=300)
+    assert proc.returncode == 2 and "multiples of 128" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_gpu_script_runs_head_dim_256_apart_and_checks_the_ring_across_query_tiles(tmp_path):
     """``--head-dims 256`` runs the stages that take it, saved under a name of its own (never the stage table,
     whatever the stages); a head dim no stage has is refused before anything runs. Its check shapes include,

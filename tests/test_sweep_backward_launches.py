@@ -93,10 +93,10 @@ with open(os.environ["STUB_CALLS"], "a") as calls:
 '''
 
 
-def test_gpu_run_followup_asks_only_for_what_exists(sweep, tmp_path):
-    """scripts/gpu_run.sh followup (python3 and nvidia-smi stubbed) inside one device call: every stage's limit
-    summed under 9 minutes, the sweep's rules and the variants' names known, the stages named ones fa3.py has.
-    A misspelt name would otherwise be found only on the GPU, after its time was spent."""
+def test_gpu_run_followups_ask_only_for_what_exists(sweep, tmp_path):
+    """scripts/gpu_run.sh followup_kernels and followup_rows (python3 and nvidia-smi stubbed), each inside one
+    device call: its stages' limits summed under 9 minutes, the sweep's rules, the variants' names and the Gluon
+    stages all ones that exist. A misspelt name would otherwise be found only on the GPU, after its time was spent."""
     from flashcourse.bench import variants
 
     tools = tmp_path / "bin"
@@ -105,24 +105,26 @@ def test_gpu_run_followup_asks_only_for_what_exists(sweep, tmp_path):
     (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 1980 MHz, 3201 MHz, 30'\n")
     for tool in tools.iterdir():
         tool.chmod(0o755)
-    calls = tmp_path / "calls.jsonl"
-    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               STUB_CALLS=str(calls))
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "followup"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = {tuple(c[:2]) if c[0] == "-m" else (c[0],): c for c in map(json.loads, calls.read_text().splitlines())
-            if c and c[0] != "-c"}
-    assert set(runs) == {("scripts/gpu_fa3.py",), ("scripts/gpu_fa3_fp8.py",), ("scripts/sweep_backward_launches.py",),
-                         ("-m", "flashcourse.bench")}
-    args = sweep.parse_args(runs[("scripts/sweep_backward_launches.py",)][1:])
+    runs = {}
+    for name in ("followup_kernels", "followup_rows"):
+        calls = tmp_path / f"{name}.jsonl"
+        env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+                   STUB_CALLS=str(calls))
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), name], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs.update({(c[2] if c[0] == "-m" else c[0]): c for c in map(json.loads, calls.read_text().splitlines())
+                     if c and c[0] != "-c"})
+        block = re.search(rf"\n{name}\)(.*?);;", (ROOT / "scripts" / "gpu_run.sh").read_text(), re.S).group(1)
+        assert sum(int(limit) for limit in re.findall(r"stage \w+ (\d+) ", block)) <= 540, name
+    assert set(runs) == {"scripts/gpu_fa3.py", "scripts/gpu_fa3_fp8.py", "scripts/sweep_backward_launches.py",
+                         "variants", "train-step"}
+    args = sweep.parse_args(runs["scripts/sweep_backward_launches.py"][1:])
     assert {case.rule for case, _, _ in sweep.plan(rules=args.rules)} == {"window 1024", "GQA 32/8"}
-    bench = runs[("-m", "flashcourse.bench")]
+    bench = runs["variants"]
     named = bench[bench.index("--variants") + 1:bench.index("--out")]
     assert named and set(named) <= {v.name for v in variants.VARIANTS}
-    fa3_args = runs[("scripts/gpu_fa3.py",)]
+    fa3_args = runs["scripts/gpu_fa3.py"]
     stages = fa3_args[fa3_args.index("--stages") + 1].split(",")
     text = (ROOT / "src" / "flashcourse" / "kernels" / "hopper" / "fa3.py").read_text()
     assert all(f'Stage("{name}",' in text for name in stages), stages
-    block = re.search(r"\nfollowup\)(.*?);;", (ROOT / "scripts" / "gpu_run.sh").read_text(), re.S).group(1)
-    assert sum(int(limit) for limit in re.findall(r"stage \w+ (\d+) ", block)) <= 540
