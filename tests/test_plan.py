@@ -71,7 +71,7 @@ def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **opt
 @pytest.mark.parametrize(("head_dim", "stage"), [(128, "v8d"), (64, "v8f"), (256, "v8d")])
 @pytest.mark.parametrize("causal", [False, True, "top_left", "bottom_right"])
 def test_on_an_h200_the_default_forward_is_the_fastest_gluon_stage(head_dim, stage, causal):
-    q = t(2, 4, 256, head_dim)
+    q = t(1, 2, 4096, head_dim)  # long enough for every stage, causal too (SHORT_CAUSAL_V7)
     chosen = route(q, q, q, causal=causal)
     assert chosen.forward == stage and chosen.gluon
     assert "fastest Gluon stage" in chosen.forward_why and chosen.backward == "b1"
@@ -97,6 +97,34 @@ def test_every_call_outside_the_gluon_contract_runs_v7_and_says_why(why, make):
     chosen = make()
     assert chosen.forward == "v7" and not chosen.gluon
     assert why in chosen.forward_why
+
+
+def test_short_causal_calls_at_d64_run_v7_as_the_grids_measured():
+    """At D = 64 a causal call up to SHORT_CAUSAL_V7's N_q runs v7 (v8f's 192-row tiles waste most there); a
+    longer one, a non-causal one, or another head dim keeps its Gluon stage."""
+    limit = plan.SHORT_CAUSAL_V7[64]
+    for n in (128, 1024, limit):
+        chosen = route(*(t(1, 2, n, 64),) * 3, causal=True)
+        assert chosen.forward == "v7" and "SHORT_CAUSAL_V7" in chosen.forward_why, (n, str(chosen))
+        assert route(*(t(1, 2, n, 64),) * 3).forward == "v8f"
+        assert route(*(t(1, 2, n, 128),) * 3, causal=True).forward == "v8d"
+    assert route(*(t(1, 2, limit + 128, 64),) * 3, causal=True).forward == "v8f"
+    assert route(t(1, 2, limit + 1, 64), t(1, 2, limit + 128, 64), t(1, 2, limit + 128, 64)).forward == "v8f"
+
+
+def test_the_short_causal_limit_follows_the_attention_grids():
+    """SHORT_CAUSAL_V7 holds what the two committed grids measured at D = 64, causal, B = 4, H = 32 (fp16 and
+    bf16): up to the limit v7 (the default of 2026-11-30) ran closer to cuDNN than v8f (2026-12-02), beyond it v8f
+    did (key ratio_vs_sdpa_cudnn)."""
+    for dtype in ("fp16", "bf16"):
+        ratios = {}
+        for date in ("2026-11-30", "2026-12-02"):
+            rows = stage_results(f"{date}-nvidia-h200-attention-{dtype}.json")["rows"]
+            ratios[date] = {r["n"]: r["ratio_vs_sdpa_cudnn"] for r in rows if r["provider"] == "flashcourse"
+                            and r["head_dim"] == 64 and r["causal"] and r["mode"] == "fwd"}
+        v7, v8f = ratios["2026-11-30"], ratios["2026-12-02"]
+        for n in sorted(set(v7) & set(v8f)):
+            assert (v7[n] > v8f[n]) == (n <= plan.SHORT_CAUSAL_V7[64]), (dtype, n, v7[n], v8f[n])
 
 
 def test_awkward_query_lengths_still_take_gluon_when_the_keys_fill_whole_tiles():
@@ -274,6 +302,7 @@ GPU_CASES = [  # (name, expected forward, n_q, n_kv, head_dim, dtype, heads_kv, 
     ("v8f", "v8f", 1, 256, 64, torch.float16, 2, "contiguous"),
     ("v8f", "v8f", 256, 256, 64, torch.bfloat16, 2, "contiguous"),
     ("v8f: query tiles in turn", "v8f", 1000, 1024, 64, torch.float16, 2, "contiguous"),
+    ("v8f: causal past SHORT_CAUSAL_V7", "v8f", 2176, 2176, 64, torch.bfloat16, 2, "contiguous"),
     ("v8d: D = 256", "v8d", 200, 256, 256, torch.bfloat16, 2, "contiguous"),
     ("v8d: D = 256, short", "v8d", 17, 64, 256, torch.float16, 2, "contiguous"),
     ("v7: awkward keys", "v7", 17, 200, 128, torch.float16, 2, "contiguous"),
@@ -304,6 +333,8 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
     expect_forward = forward
     if torch.cuda.get_device_capability() != plan.HOPPER or "tested with Triton" in chosen.forward_why:
         expect_forward = "v7"
+    if causal and n_q <= plan.SHORT_CAUSAL_V7.get(head_dim, 0):
+        expect_forward = "v7"  # v8f's causal path: the case past the limit
     assert chosen.forward == expect_forward, str(chosen)
     do = torch.randn_like(q)
     k_ref = k.repeat_interleave(q.shape[1] // heads_kv, 1)

@@ -6,7 +6,8 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
 
 - forward: on a Hopper GPU (compute capability 9.0) with a Triton the Gluon kernels were tested with, the
   Gluon stage of ``hopper/fa3.py`` that the committed H200 results show fastest for the call's head dim and dtype
-  (:data:`FA3_FASTEST`), wherever the call fits that stage's contract; v7 everywhere else;
+  (:data:`FA3_FASTEST`), wherever the call fits that stage's contract and is not a short causal one
+  (:data:`SHORT_CAUSAL_V7`); v7 everywhere else;
 - backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense).
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
@@ -50,6 +51,12 @@ FA3_FASTEST = {
     (256, torch.float16): "v8d",
     (256, torch.bfloat16): "v8d",
 }
+# Causal calls at most this long (N_q) at a head dim run v7, not the stage of FA3_FASTEST: v8f takes 192 query rows
+# a program at D = 64, and over a short causal sequence its tiles compute up to 1.5x the triangle (N_q = 1024;
+# 1.12x with v7's 128-row tiles). The attention grids, causal, D = 64, B = 4, H = 32, key ratio_vs_sdpa_cudnn:
+# v7 0.73x / 0.83x cuDNN at N = 1024 / 2048 (2026-11-30-nvidia-h200-attention-*.json), v8f 0.57x / 0.71x
+# (2026-12-02-...), and v8f ahead from N = 4096 (tests/test_plan.py holds the limit to both files).
+SHORT_CAUSAL_V7 = {64: 2048}
 HOPPER = (9, 0)
 
 
@@ -108,6 +115,10 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
                           "not one (a transposed (B, N, H, D) view, say); v7 takes any strides")
     if n_q == 0 or n_kv == 0 or batch * heads == 0:
         return None, "an empty call"
+    if rules.causal and n_q <= SHORT_CAUSAL_V7.get(head_dim, 0):
+        return None, (f"causal over N_q = {n_q} <= {SHORT_CAUSAL_V7[head_dim]} at D = {head_dim}: {stage}'s "
+                      "query tiles compute too much of the causal square there, and v7 measured faster "
+                      "(plan.SHORT_CAUSAL_V7)")
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
