@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_run_stub import stub_gpu_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ncu_limits.py"
@@ -480,12 +481,7 @@ if "--run-ncu" in sys.argv:
 def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     """scripts/gpu_run.sh gaps (python3 and nvidia-smi stubbed): one ncu_limits.py --run-ncu over GAP_CASES in
     their order, a budget inside the stage's limit, the raw folder archived; under 8 files come back."""
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
-    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 1980 MHz, 3201 MHz, 30'\n")
-    for tool in tools.iterdir():
-        tool.chmod(0o755)
+    tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
     out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
     env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STUB_CALLS=str(calls))
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "gaps"], cwd=ROOT, env=env,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_run_stub import stub_gpu_tools
 
 from flashcourse.kernels.configs import KernelConfig
 
@@ -99,12 +100,7 @@ def test_gpu_run_followups_ask_only_for_what_exists(sweep, tmp_path):
     stages all ones that exist. A misspelt name would otherwise be found only on the GPU, after its time was spent."""
     from flashcourse.bench import variants
 
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    (tools / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
-    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'NVIDIA H200, 1980 MHz, 3201 MHz, 30'\n")
-    for tool in tools.iterdir():
-        tool.chmod(0o755)
+    tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
     runs = {}
     for name in ("followup_kernels", "followup_rows"):
         calls = tmp_path / f"{name}.jsonl"
