@@ -494,8 +494,8 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
     runs: on a Hopper GPU with a tested Triton, the fastest Gluon stage for the head dim and dtype (v8f at D = 64,
-    v8d at D = 128 and 256) where the call fits it, else v7; b1 for a backward that needs none of b3's options,
-    else b3.
+    v8d at D = 128 and 256) where the call fits it and is not a short causal one at D = 64, else v7; b1 for a
+    backward that needs none of b3's options, else b3.
     Nothing is launched.
 
     Args:
