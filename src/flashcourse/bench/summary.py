@@ -678,12 +678,13 @@ def train_step_modes_markdown(data: dict) -> str:
         lines += ["", "What replaying the CUDA graph took off each eager step (the host time the GPU had waited for):",
                   *(f"- {line}" for line in saved)]
         lines += ["", graph_verdict(by_shape)]
-    slower = [f"{dtype} B{b} H{h} N{n} D{d} (ours {compiled['us']:.0f} against {eager['us']:.0f} us, plain SDPA "
-              f"{compiled['sdpa_plain_us']:.0f} against {eager['sdpa_plain_us']:.0f})"
-              for (dtype, b, h, n, d), rows in by_shape.items()
-              for eager, compiled in [(rows.get("eager", {}), rows.get("reduce_overhead", {}))]
-              if all(r.get(f"{p}status") == "ok" for r in (eager, compiled) for p in ("", "sdpa_plain_"))
-              and all(compiled[f"{p}us"] > eager[f"{p}us"] for p in ("", "sdpa_plain_"))]
+    slower = []
+    for (dtype, b, h, n, d), rows in by_shape.items():
+        eager, compiled = rows.get("eager", {}), rows.get("reduce_overhead", {})
+        both_ok = all(r.get(f"{p}status") == "ok" for r in (eager, compiled) for p in ("", "sdpa_plain_"))
+        if both_ok and all(compiled[f"{p}us"] > eager[f"{p}us"] for p in ("", "sdpa_plain_")):
+            slower.append(f"{dtype} B{b} H{h} N{n} D{d} (ours {compiled['us']:.0f} against {eager['us']:.0f} us, "
+                          f"plain SDPA {compiled['sdpa_plain_us']:.0f} against {eager['sdpa_plain_us']:.0f})")
     if slower:
         lines += ["", "reduce-overhead made both steps slower than eager at " + "; ".join(slower) + ": the "
                   "compiled step does more work than the eager one, and this run does not say what (a profile of "
