@@ -319,10 +319,10 @@ def _slug(text: str) -> str:
 
 
 # The gaps that the 2026-12-02 H200 runs left, none profiled before, each case beside its reference:
-# 1. The default forward (on Hopper a Gluon stage, plan.FA3_FASTEST) trails cuDNN only at N = 4096: D = 128
+# 1. The default forward (on Hopper a Gluon stage, plan.FORWARD_BANDS) trailed cuDNN only at N = 4096: D = 128
 #    non-causal and causal, D = 64 causal (``ratio_vs_sdpa_cudnn`` of the fwd rows in
-#    2026-12-02-nvidia-h200-attention-fp16.json and -bf16.json). The grid's shapes: B = 4, N = 4096, H = 16 at
-#    D = 128 and H = 32 at D = 64 (bench attention's HEAD_CONFIGS), float16.
+#    2026-12-02-nvidia-h200-attention-fp16-1a7bc36.json and -bf16-1a7bc36.json). The grid's shapes: B = 4,
+#    N = 4096, H = 16 at D = 128 and H = 32 at D = 64 (bench attention's HEAD_CONFIGS), float16.
 FWD_GAP = {"batch": 4, "n": 4096, "dtype": "float16", "mode": "fwd"}
 FWD_GAP_HEADS = {64: 32, 128: 16}
 FORWARD_GAPS = ((128, False), (128, True), (64, True))  # (head dim, causal)

@@ -394,7 +394,7 @@ def test_gap_cases_profile_rows_the_benchmarks_timed(limits):
     from flashcourse.bench.variants import VARIANTS
 
     heads = {d: h for h, d in HEAD_CONFIGS}
-    attention = _timed_rows("2026-12-02-nvidia-h200-attention-fp16.json")
+    attention = _timed_rows("2026-12-02-nvidia-h200-attention-fp16-1a7bc36.json")
     for case in (c for c in limits.GAP_CASES if c.group == "forward gap"):
         s = case.shape
         assert (s["batch"], s["n"], s["dtype"], s["mode"]) == (4, 4096, "float16", "fwd")
@@ -434,8 +434,8 @@ def test_gap_builders_call_what_the_route_and_the_stages_name(limits):
     from flashcourse import kernels
     from flashcourse.kernels import fp8, plan
 
-    for head_dim, _ in limits.FORWARD_GAPS:
-        assert plan.FA3_FASTEST[(head_dim, torch.float16)].startswith("v8")
+    for head_dim, causal in limits.FORWARD_GAPS:
+        assert plan.band_forward(head_dim, causal, limits.FWD_GAP["n"])[0].startswith("v8")
     s = limits.CASES_BY_NAME["bwd-d256-causal-ours"].shape
     q = torch.zeros(1, 1, 16, s["head_dim"], dtype=torch.float16)
     assert kernels.explain(q, q, q, causal=s["causal"]).backward == "b1"

@@ -28,35 +28,46 @@ def stage_results(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
-def test_the_stage_table_names_the_fastest_stage_of_the_newest_results():
-    """Per (head dim, dtype): the stage with the highest geometric-mean TFLOP/s over its timed rows, and it beats
-    v7 there too, or the default would be slower than what it replaces. D 64 and 128 come from the newest complete
-    stage table (``*-fa3-stages.json``), D = 256 from the newest run of the stages that take it (``*-d256.json``)."""
-    newest_table = sorted(RESULTS.glob("*-fa3-stages.json"))[-1].name
-    newest_256 = sorted(RESULTS.glob("*-fa3-stages-*-d256.json"))[-1].name
-    files = {Path(path).name for path in plan.FA3_RESULTS.values()}
-    assert files == {newest_table, newest_256}
-    cases = set()
-    for name in sorted(files):
-        rows = [r for r in stage_results(name)["rows"] if r["kind"] == "time" and r["status"] == "ok"]
-        rates = defaultdict(list)
-        for row in rows:
-            rates[row["head_dim"], row["dtype"], row["provider"]].append(row["tflops"])
-        for head_dim, dtype in {(d, dtype) for d, dtype, _ in rates}:
-            assert plan.FA3_RESULTS[head_dim].endswith(name), (head_dim, name)
-            cases.add((head_dim, dtype))
+def _timed(name: str) -> list[dict]:
+    return [r for r in stage_results(name)["rows"] if r["kind"] == "time" and r["status"] == "ok"]
 
-            def mean(provider, head_dim=head_dim, dtype=dtype, rates=rates):
-                values = rates[head_dim, dtype, provider]
-                return math.exp(sum(map(math.log, values)) / len(values))
 
-            stages = {p.removeprefix("fa3-"): mean(p) for d, t, p in rates if (d, t) == (head_dim, dtype)
-                      and p.startswith("fa3-")}
-            fastest = max(stages, key=stages.get)
-            assert plan.FA3_FASTEST[head_dim, DTYPES[dtype]] == fastest, (head_dim, dtype, stages)
-            assert stages[fastest] > mean("v7"), (head_dim, dtype)
-    assert cases == {(d, name) for d in (64, 128, 256) for name in DTYPES}
-    assert set(plan.FA3_FASTEST) == {(d, DTYPES[name]) for d, name in cases}
+def test_each_band_from_n_2048_runs_the_fastest_forward_of_the_stage_table_by_length():
+    """At every timed length from N = 2048 (shorter calls of that script are host-bound), in both dtypes, the
+    forward FORWARD_BANDS names runs within 2% of the fastest of the Gluon stages and v7 timed beside it; and the
+    file is the newest stage table timed by length."""
+    name = Path(plan.FA3_RESULTS[64]).name
+    assert plan.FA3_RESULTS[128] == plan.FA3_RESULTS[64]
+    assert name == sorted(RESULTS.glob("*-fa3-stages-*-n1024-*.json"))[-1].name
+    rates = defaultdict(dict)
+    for row in _timed(name):
+        rates[row["head_dim"], row["causal"], row["n"], row["dtype"]][row["provider"].removeprefix("fa3-")] = \
+            row["tflops"]
+    checked = 0
+    for (head_dim, causal, n, dtype), by_kernel in rates.items():
+        if n < 2048:
+            continue
+        chosen, _ = plan.band_forward(head_dim, causal, n)
+        best = max(v for k, v in by_kernel.items() if k != "sdpa_cudnn")
+        assert by_kernel[chosen] >= 0.98 * best, (head_dim, causal, n, dtype, chosen, by_kernel)
+        checked += 1
+    assert checked == 2 * 2 * 4 * 2  # head dims, causal or not, N 2048-16384, dtypes
+
+
+def test_the_d256_forward_is_the_fastest_stage_of_its_run():
+    """D = 256 (not in the table by length): the stage with the highest geometric-mean TFLOP/s over the newest
+    ``*-d256.json`` run, and faster than v7 there."""
+    name = Path(plan.FA3_RESULTS[256]).name
+    assert name == sorted(RESULTS.glob("*-fa3-stages-*-d256.json"))[-1].name
+    rates = defaultdict(list)
+    for row in _timed(name):
+        rates[row["dtype"], row["provider"].removeprefix("fa3-")].append(row["tflops"])
+    for dtype in DTYPES:
+        means = {k: math.exp(sum(map(math.log, v)) / len(v)) for (t, k), v in rates.items() if t == dtype}
+        assert max((k for k in means if k.startswith("v8")), key=means.get) == "v8d", (dtype, means)
+        assert means["v8d"] > means["v7"], (dtype, means)
+    assert {limit_stage for band in (plan.FORWARD_BANDS[256, c] for c in (False, True))
+            for limit_stage in band} == {(None, "v8d")}
 
 
 def t(*shape, dtype=torch.float16):
@@ -68,13 +79,13 @@ def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **opt
     return plan.choose_route(q, k, v, rules, block_mask=block_mask, props=props, triton_version=triton_version)
 
 
-@pytest.mark.parametrize(("head_dim", "stage"), [(128, "v8d"), (64, "v8f"), (256, "v8d")])
+@pytest.mark.parametrize(("head_dim", "stages"), [(128, ("v8d", "v8f")), (64, ("v8f", "v8a")), (256, ("v8d", "v8d"))])
 @pytest.mark.parametrize("causal", [False, True, "top_left", "bottom_right"])
-def test_on_an_h200_the_default_forward_is_the_fastest_gluon_stage(head_dim, stage, causal):
-    q = t(1, 2, 4096, head_dim)  # long enough for every stage, causal too (SHORT_CAUSAL_V7)
+def test_on_an_h200_the_default_forward_at_n_4096_is_the_fastest_one_measured(head_dim, stages, causal):
+    q = t(1, 2, 4096, head_dim)
     chosen = route(q, q, q, causal=causal)
-    assert chosen.forward == stage and chosen.gluon
-    assert "fastest Gluon stage" in chosen.forward_why and chosen.backward == "b1"
+    assert chosen.forward == stages[bool(causal)] and chosen.gluon
+    assert "the fastest forward at" in chosen.forward_why and chosen.backward == "b1"
 
 
 @pytest.mark.parametrize(("why", "make"), [
@@ -99,32 +110,31 @@ def test_every_call_outside_the_gluon_contract_runs_v7_and_says_why(why, make):
     assert why in chosen.forward_why
 
 
-def test_short_causal_calls_at_d64_run_v7_as_the_grids_measured():
-    """At D = 64 a causal call up to SHORT_CAUSAL_V7's N_q runs v7 (v8f's 192-row tiles waste most there); a
-    longer one, a non-causal one, or another head dim keeps its Gluon stage."""
-    limit = plan.SHORT_CAUSAL_V7[64]
-    for n in (128, 1024, limit):
-        chosen = route(*(t(1, 2, n, 64),) * 3, causal=True)
-        assert chosen.forward == "v7" and "SHORT_CAUSAL_V7" in chosen.forward_why, (n, str(chosen))
-        assert route(*(t(1, 2, n, 64),) * 3).forward == "v8f"
-        assert route(*(t(1, 2, n, 128),) * 3, causal=True).forward == "v8d"
-    assert route(*(t(1, 2, limit + 128, 64),) * 3, causal=True).forward == "v8f"
-    assert route(t(1, 2, limit + 1, 64), t(1, 2, limit + 128, 64), t(1, 2, limit + 128, 64)).forward == "v8f"
+@pytest.mark.parametrize(("head_dim", "causal", "expected"), [
+    (64, True, {128: "v7", 1024: "v7", 1152: "v8a", 8192: "v8a", 8320: "v8f", 32768: "v8f"}),
+    (64, False, {128: "v8f", 1024: "v8f", 8320: "v8f"}),
+    (128, True, {128: "v8d", 1024: "v8d", 1152: "v8f", 8192: "v8f", 8320: "v8d"}),
+    (128, False, {128: "v8d", 8320: "v8d"}),
+])
+def test_the_forward_follows_the_bands_of_n_q(head_dim, causal, expected):
+    """Each band's edges: a call of N_q at a band's limit runs that band's kernel, one key tile longer the next."""
+    for n, forward in expected.items():
+        chosen = route(*(t(1, 1, n, head_dim),) * 3, causal=causal)
+        assert chosen.forward == forward, (n, str(chosen))
+        assert "FORWARD_BANDS" in chosen.forward_why
 
 
-def test_the_short_causal_limit_follows_the_attention_grids():
-    """SHORT_CAUSAL_V7 holds what the two committed grids measured at D = 64, causal, B = 4, H = 32 (fp16 and
-    bf16): up to the limit v7 (the default of 2026-11-30) ran closer to cuDNN than v8f (2026-12-02), beyond it v8f
-    did (key ratio_vs_sdpa_cudnn)."""
+def test_the_short_causal_band_follows_the_attention_grids():
+    """At N = 1024, causal, D = 64 (below the stage table's reliable lengths) v7 ran closer to cuDNN in the grid of
+    cbadf8b than v8f in the grid of 1a7bc36 (same day, same shapes, key ratio_vs_sdpa_cudnn), fp16 and bf16."""
     for dtype in ("fp16", "bf16"):
         ratios = {}
-        for date in ("2026-11-30", "2026-12-02"):
-            rows = stage_results(f"{date}-nvidia-h200-attention-{dtype}.json")["rows"]
-            ratios[date] = {r["n"]: r["ratio_vs_sdpa_cudnn"] for r in rows if r["provider"] == "flashcourse"
-                            and r["head_dim"] == 64 and r["causal"] and r["mode"] == "fwd"}
-        v7, v8f = ratios["2026-11-30"], ratios["2026-12-02"]
-        for n in sorted(set(v7) & set(v8f)):
-            assert (v7[n] > v8f[n]) == (n <= plan.SHORT_CAUSAL_V7[64]), (dtype, n, v7[n], v8f[n])
+        for commit in ("cbadf8b", "1a7bc36"):
+            rows = stage_results(f"2026-12-02-nvidia-h200-attention-{dtype}-{commit}.json")["rows"]
+            ratios[commit] = {r["n"]: r["ratio_vs_sdpa_cudnn"] for r in rows if r["provider"] == "flashcourse"
+                              and r["head_dim"] == 64 and r["causal"] and r["mode"] == "fwd"}
+        assert plan.band_forward(64, True, 1024)[0] == "v7"
+        assert ratios["cbadf8b"][1024] > ratios["1a7bc36"][1024] + 0.1, (dtype, ratios)
 
 
 def test_awkward_query_lengths_still_take_gluon_when_the_keys_fill_whole_tiles():
@@ -296,20 +306,23 @@ def _reference(q, k, v, causal, do):
     return o, q64.grad, k64.grad, v64.grad
 
 
-GPU_CASES = [  # (name, expected forward, n_q, n_kv, head_dim, dtype, heads_kv, layout)
-    ("v8d", "v8d", 200, 256, 128, torch.bfloat16, 2, "contiguous"),
-    ("v8d short queries", "v8d", 17, 128, 128, torch.float16, 2, "contiguous"),
-    ("v8f", "v8f", 1, 256, 64, torch.float16, 2, "contiguous"),
-    ("v8f", "v8f", 256, 256, 64, torch.bfloat16, 2, "contiguous"),
-    ("v8f: query tiles in turn", "v8f", 1000, 1024, 64, torch.float16, 2, "contiguous"),
-    ("v8f: causal past SHORT_CAUSAL_V7", "v8f", 2176, 2176, 64, torch.bfloat16, 2, "contiguous"),
-    ("v8d: D = 256", "v8d", 200, 256, 256, torch.bfloat16, 2, "contiguous"),
-    ("v8d: D = 256, short", "v8d", 17, 64, 256, torch.float16, 2, "contiguous"),
-    ("v7: awkward keys", "v7", 17, 200, 128, torch.float16, 2, "contiguous"),
-    ("v7: GQA", "v7", 200, 200, 64, torch.float16, 1, "contiguous"),
-    ("v7: D = 96", "v7", 128, 128, 96, torch.float16, 2, "contiguous"),
-    ("v7: float32", "v7", 128, 128, 64, torch.float32, 2, "contiguous"),
-    ("v7: (B, N, H, D) view", "v7", 256, 256, 128, torch.bfloat16, 2, "transposed"),
+GPU_CASES = [  # (name, expected forward (not causal, causal), n_q, n_kv, head_dim, dtype, heads_kv, layout)
+    ("v8d", ("v8d", "v8d"), 200, 256, 128, torch.bfloat16, 2, "contiguous"),
+    ("v8d short queries", ("v8d", "v8d"), 17, 128, 128, torch.float16, 2, "contiguous"),
+    ("v8f", ("v8f", "v7"), 1, 256, 64, torch.float16, 2, "contiguous"),
+    ("v8f", ("v8f", "v7"), 256, 256, 64, torch.bfloat16, 2, "contiguous"),
+    ("v8f: query tiles in turn", ("v8f", "v7"), 1000, 1024, 64, torch.float16, 2, "contiguous"),
+    ("v8a: causal, D = 64, 1024 < N_q <= 8192", ("v8f", "v8a"), 2176, 2176, 64, torch.bfloat16, 2, "contiguous"),
+    ("v8f: causal, D = 64, N_q > 8192", ("v8f", "v8f"), 8320, 8320, 64, torch.float16, 2, "contiguous"),
+    ("v8f: causal, D = 128, 1024 < N_q <= 8192", ("v8d", "v8f"), 1152, 1152, 128, torch.float16, 2, "contiguous"),
+    ("v8d: causal, D = 128, N_q > 8192", ("v8d", "v8d"), 8320, 8320, 128, torch.bfloat16, 2, "contiguous"),
+    ("v8d: D = 256", ("v8d", "v8d"), 200, 256, 256, torch.bfloat16, 2, "contiguous"),
+    ("v8d: D = 256, short", ("v8d", "v8d"), 17, 64, 256, torch.float16, 2, "contiguous"),
+    ("v7: awkward keys", ("v7", "v7"), 17, 200, 128, torch.float16, 2, "contiguous"),
+    ("v7: GQA", ("v7", "v7"), 200, 200, 64, torch.float16, 1, "contiguous"),
+    ("v7: D = 96", ("v7", "v7"), 128, 128, 96, torch.float16, 2, "contiguous"),
+    ("v7: float32", ("v7", "v7"), 128, 128, 64, torch.float32, 2, "contiguous"),
+    ("v7: (B, N, H, D) view", ("v7", "v7"), 256, 256, 128, torch.bfloat16, 2, "transposed"),
 ]
 
 
@@ -330,11 +343,9 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
     q, k, v = make(n_q, 2), make(n_kv, heads_kv), make(n_kv, heads_kv)
     options = dict(causal=causal, enable_gqa=heads_kv != 2)
     chosen = kernels.explain(q, k, v, **options)
-    expect_forward = forward
+    expect_forward = forward[causal]
     if torch.cuda.get_device_capability() != plan.HOPPER or "tested with Triton" in chosen.forward_why:
         expect_forward = "v7"
-    if causal and n_q <= plan.SHORT_CAUSAL_V7.get(head_dim, 0):
-        expect_forward = "v7"  # v8f's causal path: the case past the limit
     assert chosen.forward == expect_forward, str(chosen)
     do = torch.randn_like(q)
     k_ref = k.repeat_interleave(q.shape[1] // heads_kv, 1)

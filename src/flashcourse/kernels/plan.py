@@ -5,9 +5,9 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
 ``flash_attention_backward``, the ``torch.library`` ops and ``kernels.explain`` all ask:
 
 - forward: on a Hopper GPU (compute capability 9.0) with a Triton the Gluon kernels were tested with, the
-  Gluon stage of ``hopper/fa3.py`` that the committed H200 results show fastest for the call's head dim and dtype
-  (:data:`FA3_FASTEST`), wherever the call fits that stage's contract and is not a short causal one
-  (:data:`SHORT_CAUSAL_V7`); v7 everywhere else;
+  kernel that the committed H200 results show fastest for the call's head dim, causality and length
+  (:data:`FORWARD_BANDS`: a Gluon stage of ``hopper/fa3.py``, or v7 for short causal calls at D = 64), wherever the
+  call fits that stage's contract; v7 everywhere else;
 - backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense).
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
@@ -36,27 +36,44 @@ from .common import tma_scratch
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
 from .rules import Rules, parse_rules
 
-# The Gluon stage that serves the default forward on Hopper, per (head dim, dtype): the fastest stage over the
-# timed rows of the committed fa3-stages results of that head dim (tests/test_plan.py reads those files and holds
-# this table to them). At D = 64 the persistent stage with three consumer warpgroups (v8f) wins; at D = 128 and
-# 256 the intra-warpgroup overlap (v8d) does.
-FA3_RESULTS = {64: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages.json",
-               128: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages.json",
+# The forward that serves a call on Hopper, per (head dim, causal), in bands of N_q: the first band whose limit the
+# call's N_q does not pass names it, v7 or a Gluon stage (the same in float16 and bfloat16). From N_q = 2048 on, each
+# band's kernel is the fastest of v8a, v8d, v8f, v8h and v7 timed side by side in FA3_RESULTS, or within 2% of it
+# (v8d and v8h trade places by up to 2% between the two dtypes at N = 8192 and 16384); tests/test_plan.py holds the
+# bands to that file. There (B = 4; H = 32, 16 and 8 at N <= 4096, 8192 and 16384), against cuDNN (key
+# ratio_vs_sdpa_cudnn, fp16 / bf16):
+# - D = 64, causal: v8a 0.97 / 0.99x at N = 2048 and 0.99 / 1.00x at 4096 (v8f 0.72x and 0.96 / 0.98x: its 192-row
+#   tiles compute too much of the causal square); v8f 1.09x at 16384 (v8a 1.01x).
+# - D = 128, causal: v8f 1.00 / 0.99x at N = 2048 and 1.03 / 1.02x at 4096 (v8d 0.92 / 0.91x and 0.99x);
+#   v8d 1.05 / 1.07x at 16384 (v8f 1.04x).
+# - Not causal: v8f at D = 64 (1.02-1.12x from N = 2048), v8d at D = 128 (0.94-1.02x, none of the others ahead by 2%).
+# At N_q <= 1024 that script's own calls are host-bound (v8a's repeats spread 105-262 TFLOP/s at D = 64), so the
+# short bands come from the attention grids, where flash_attention runs with its plans: at N = 1024, causal, D = 64
+# v7 0.73x against v8f's 0.57-0.60x (2026-12-02-nvidia-h200-attention-*-cbadf8b.json and -1a7bc36.json), D = 128 v8d
+# 0.82-0.87x.
+# D = 256: v8d, the fastest stage of its own run (FA3_RESULTS[256]).
+_BY_LENGTH = "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages-v8a-v8d-v8f-v8h-n1024-2048-4096-8192-16384.json"
+FA3_RESULTS = {64: _BY_LENGTH, 128: _BY_LENGTH,
                256: "benchmarks/results/2026-12-02-nvidia-h200-fa3-stages-v8c-v8d-v8e-v8f-v8g-d256.json"}
-FA3_FASTEST = {
-    (64, torch.float16): "v8f",
-    (64, torch.bfloat16): "v8f",
-    (128, torch.float16): "v8d",
-    (128, torch.bfloat16): "v8d",
-    (256, torch.float16): "v8d",
-    (256, torch.bfloat16): "v8d",
+FORWARD_BANDS = {
+    (64, False): ((None, "v8f"),),
+    (64, True): ((1024, "v7"), (8192, "v8a"), (None, "v8f")),
+    (128, False): ((None, "v8d"),),
+    (128, True): ((1024, "v8d"), (8192, "v8f"), (None, "v8d")),
+    (256, False): ((None, "v8d"),),
+    (256, True): ((None, "v8d"),),
 }
-# Causal calls at most this long (N_q) at a head dim run v7, not the stage of FA3_FASTEST: v8f takes 192 query rows
-# a program at D = 64, and over a short causal sequence its tiles compute up to 1.5x the triangle (N_q = 1024;
-# 1.12x with v7's 128-row tiles). The attention grids, causal, D = 64, B = 4, H = 32, key ratio_vs_sdpa_cudnn:
-# v7 0.73x / 0.83x cuDNN at N = 1024 / 2048 (2026-11-30-nvidia-h200-attention-*.json), v8f 0.57x / 0.71x
-# (2026-12-02-...), and v8f ahead from N = 4096 (tests/test_plan.py holds the limit to both files).
-SHORT_CAUSAL_V7 = {64: 2048}
+FA3_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def band_forward(head_dim: int, causal: bool, n_q: int) -> tuple[str, int | None]:
+    """(forward, the band's longest N_q or None) that FORWARD_BANDS gives a call; (head_dim, causal) must be a key."""
+    for limit, forward in FORWARD_BANDS[head_dim, causal]:
+        if limit is None or n_q <= limit:
+            return forward, limit
+    raise AssertionError("every FORWARD_BANDS entry ends with an open band")
+
+
 HOPPER = (9, 0)
 
 
@@ -93,8 +110,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         return None, f"the Gluon forward (v8) is for Hopper (compute capability 9.0); this is {where}"
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
-    stage = FA3_FASTEST.get((head_dim, q.dtype))
-    if stage is None:
+    if (head_dim, False) not in FORWARD_BANDS or q.dtype not in FA3_DTYPES:
         return None, (f"v8 takes head dims 64, 128 and 256 in float16 or bfloat16; this call is D = {head_dim}, "
                       f"{str(q.dtype).replace('torch.', '')}")
     if k.shape[1] != heads:
@@ -115,10 +131,12 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
                           "not one (a transposed (B, N, H, D) view, say); v7 takes any strides")
     if n_q == 0 or n_kv == 0 or batch * heads == 0:
         return None, "an empty call"
-    if rules.causal and n_q <= SHORT_CAUSAL_V7.get(head_dim, 0):
-        return None, (f"causal over N_q = {n_q} <= {SHORT_CAUSAL_V7[head_dim]} at D = {head_dim}: {stage}'s "
-                      "query tiles compute too much of the causal square there, and v7 measured faster "
-                      "(plan.SHORT_CAUSAL_V7)")
+    causal = bool(rules.causal)
+    stage, limit = band_forward(head_dim, causal, n_q)
+    band = (f"{'causal' if causal else 'not causal'}, D = {head_dim}, N_q = {n_q}"
+            + (f" <= {limit}" if limit is not None else ""))
+    if stage == "v7":
+        return None, f"v7 measured faster than every Gluon stage at {band} (plan.FORWARD_BANDS)"
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
@@ -132,8 +150,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
-    return stage, (f"the fastest Gluon stage at D = {head_dim} in {str(q.dtype).replace('torch.', '')} on the H200 "
-                   f"({FA3_RESULTS[head_dim]})")
+    return stage, f"the fastest forward at {band} on the H200 (plan.FORWARD_BANDS; {FA3_RESULTS[head_dim]})"
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
