@@ -149,7 +149,8 @@ def sweep_case(case: Case, jobs: list, log) -> list[dict]:
     forward = kernels.FORWARD_VERSIONS["v7"]
     o, lse = run_forward(forward, q, k, v, scale=None, rules=rules, block_mask=block_mask)
     props = configs.device_props(q.device)
-    default_dkdv, default_dq = (c[0] for c in launch_candidates(props, q.shape[-1], q.element_size(), rules))
+    default_dkdv, default_dq = (c[0] for c in launch_candidates(props, q.shape[-1], q.element_size(), rules,
+                                                                grouped=k.shape[1] != q.shape[1]))
 
     def backward(pair):
         return lambda: run_backward(version, q, k, v, o, lse, do, scale=None, rules=rules, block_mask=block_mask,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -53,11 +55,30 @@ def test_forward_candidates_nest_and_step_down(name, block_d, elem_bytes, causal
 @pytest.mark.parametrize("block_d", [16, 64, 128, 256])
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_candidates_nest(name, block_d, elem_bytes, causal):
-    dkdv, dq = configs.backward_candidates(DEVICES[name], block_d, elem_bytes, causal=causal)
+@pytest.mark.parametrize("grouped", [False, True])
+def test_backward_candidates_nest(name, block_d, elem_bytes, causal, grouped):
+    dkdv, dq = configs.backward_candidates(DEVICES[name], block_d, elem_bytes, causal=causal, grouped=grouped)
     assert all(c.block_n % c.block_m == 0 for c in dkdv) and all(c.block_m % c.block_n == 0 for c in dq)
-    assert configs.backward_config(DEVICES[name], block_d, elem_bytes, causal=causal) == (dkdv[0], dq[0])
+    if not grouped:
+        assert configs.backward_config(DEVICES[name], block_d, elem_bytes, causal=causal) == (dkdv[0], dq[0])
     assert len(dkdv) >= 2 and len(dq) >= 2, "a GPU that offers less needs somewhere to step down to"
+
+
+def test_the_sm90_backward_launches_under_rules_are_the_sweeps_fastest():
+    """The H200 sweep of b3's launches under a window and under GQA 32/8 (D = 128, causal, N = 8192, one kernel's
+    launch changed at a time): the launches chosen for each run within 1% of the fastest dK/dV row of that rule,
+    and the grouped dK/dV launch is the one that won under GQA."""
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    rows = json.loads((results / "2026-12-02-nvidia-h200-backward-launches-rules.json").read_text())["rows"]
+    h200 = DEVICES["H200"]
+    for rule, grouped in (("window 1024", False), ("GQA 32/8", True)):
+        timed = [r for r in rows if r["rule"] == rule and r["varied"] in ("default", "dkdv")]
+        chosen = configs.backward_candidates(h200, 128, 2, causal=True, grouped=grouped)[0][0]
+        ms = {tuple(r["dkdv_config"].values()): r["ms"] for r in timed}
+        key = (chosen.block_m, chosen.block_n, chosen.num_warps, chosen.num_stages)
+        assert ms[key] <= 1.01 * min(ms.values()), (rule, chosen, ms)
+    assert configs.backward_candidates(h200, 128, 2, causal=True, grouped=True)[0][0] != \
+        configs.backward_candidates(h200, 128, 2, causal=True)[0][0]
 
 
 def _run_every_kernel(head_dim, dtype):

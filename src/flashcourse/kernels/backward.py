@@ -568,11 +568,12 @@ def check_backward_launch(cfg_dkdv: configs.KernelConfig, cfg_dq: configs.Kernel
         )
 
 
-def launch_candidates(props: configs.DeviceProps, block_d: int, elem_bytes: int, rules: Rules
+def launch_candidates(props: configs.DeviceProps, block_d: int, elem_bytes: int, rules: Rules, *,
+                      grouped: bool = False
                       ) -> tuple[tuple[configs.KernelConfig, ...], tuple[configs.KernelConfig, ...]]:
-    """(dK/dV, dQ) launches for these rules, best first."""
+    """(dK/dV, dQ) launches for these rules, best first; ``grouped``: fewer K/V heads than query heads."""
     masked = rules.causal is not None or rules.window is not None or rules.needs_block_mask
-    return configs.backward_candidates(props, block_d, elem_bytes, causal=masked)
+    return configs.backward_candidates(props, block_d, elem_bytes, causal=masked, grouped=grouped)
 
 
 # The tensors that change from one call of a plan to the next, in the order a prepared launch takes them.
@@ -601,7 +602,8 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     if configs_override is not None:
         dkdv_candidates, dq_candidates = ((configs_override[0],), (configs_override[1],))
     else:
-        dkdv_candidates, dq_candidates = launch_candidates(props, block_d, q.element_size(), rules)
+        dkdv_candidates, dq_candidates = launch_candidates(props, block_d, q.element_size(), rules,
+                                                           grouped=k.shape[1] != heads)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if version.atomic_dq:

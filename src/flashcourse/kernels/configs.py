@@ -212,12 +212,13 @@ def forward_config(props: DeviceProps, block_d: int, elem_bytes: int, *, causal:
 
 
 @functools.cache  # asked on every launch; a pure function of hashable arguments
-def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False
-                        ) -> tuple[tuple[KernelConfig, ...], tuple[KernelConfig, ...]]:
+def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, causal: bool = False,
+                        grouped: bool = False) -> tuple[tuple[KernelConfig, ...], tuple[KernelConfig, ...]]:
     """Launches of the two backward kernels, best first: (dK/dV candidates, dQ candidates).
 
     dK/dV keeps a K and V tile of BLOCK_N rows resident and streams Q and dO in BLOCK_M-row tiles, so its
     BLOCK_N is the large one; dQ is the mirror image. Both need BLOCK_N % BLOCK_M == 0 resp. the reverse.
+    ``grouped``: grouped-query attention, where b3's dK/dV program sums over every query head of its group.
     """
     if props.interpreter:
         return (KernelConfig(16, 32, 4, 1),), (KernelConfig(32, 16, 4, 1),)
@@ -231,6 +232,9 @@ def backward_candidates(props: DeviceProps, block_d: int, elem_bytes: int, *, ca
         elif row <= 256:  # each kernel's launch swept alone at N = 8192 (*-backward-launches.json, 2026-12-02):
             # dQ at 128 x 32 over 4 warps spilled (Nsight Compute: 587 MB of local loads in b1's, 16 GB in b3's)
             dkdv, dq = KernelConfig(64, 64, 4, 2), KernelConfig(128, 64, 8, 3)
+            if grouped:  # a program streams Q and dO of four query heads past its keys (GQA 32/8): at 128 keys over
+                # 8 warps, b3 took 14.6 ms against 15.7 (causal, N = 8192; *-backward-launches-rules.json)
+                dkdv = KernelConfig(64, 128, 8, 2)
         elif row <= 512 and block_d >= 256:  # fp16/bf16: each launch swept alone at N = 8192, causal and not
             # (*-backward-launches-d256.json, 2026-12-02): with dQ at 128 x 32 over 8 warps, one stage, b1 took
             # 60.5 / 27.6 ms against 76.2 / 36.8 with 64 x 32 / 8 / 2; with dK/dV at 32 x 32 / 4 / 2, 71.9 / 35.7
