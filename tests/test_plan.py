@@ -111,7 +111,7 @@ def test_every_call_outside_the_gluon_contract_runs_v7_and_says_why(why, make):
 
 
 @pytest.mark.parametrize(("head_dim", "causal", "expected"), [
-    (64, True, {128: "v7", 1024: "v7", 1152: "v8a", 4096: "v8a", 4224: "v8f", 32768: "v8f"}),
+    (64, True, {128: "v7", 1024: "v7", 1152: "v8a", 8192: "v8a", 8320: "v8f", 32768: "v8f"}),
     (64, False, {128: "v8f", 1024: "v8f", 8320: "v8f"}),
     (128, True, {128: "v8d", 1024: "v8d", 1152: "v8f", 8192: "v8f", 8320: "v8d"}),
     (128, False, {128: "v8d", 8320: "v8d"}),
@@ -312,8 +312,8 @@ GPU_CASES = [  # (name, expected forward (not causal, causal), n_q, n_kv, head_d
     ("v8f", ("v8f", "v7"), 1, 256, 64, torch.float16, 2, "contiguous"),
     ("v8f", ("v8f", "v7"), 256, 256, 64, torch.bfloat16, 2, "contiguous"),
     ("v8f: query tiles in turn", ("v8f", "v7"), 1000, 1024, 64, torch.float16, 2, "contiguous"),
-    ("v8a: causal, D = 64, 1024 < N_q <= 4096", ("v8f", "v8a"), 2176, 2176, 64, torch.bfloat16, 2, "contiguous"),
-    ("v8f: causal, D = 64, N_q > 4096", ("v8f", "v8f"), 4224, 4224, 64, torch.float16, 2, "contiguous"),
+    ("v8a: causal, D = 64, 1024 < N_q <= 8192", ("v8f", "v8a"), 2176, 2176, 64, torch.bfloat16, 2, "contiguous"),
+    ("v8f: causal, D = 64, N_q > 8192", ("v8f", "v8f"), 8320, 8320, 64, torch.float16, 2, "contiguous"),
     ("v8f: causal, D = 128, 1024 < N_q <= 8192", ("v8d", "v8f"), 1152, 1152, 128, torch.float16, 2, "contiguous"),
     ("v8d: causal, D = 128, N_q > 8192", ("v8d", "v8d"), 8320, 8320, 128, torch.bfloat16, 2, "contiguous"),
     ("v8d: D = 256", ("v8d", "v8d"), 200, 256, 256, torch.bfloat16, 2, "contiguous"),
