@@ -85,7 +85,7 @@ def test_on_an_h200_the_default_forward_at_n_4096_is_the_fastest_one_measured(he
     q = t(1, 2, 4096, head_dim)
     chosen = route(q, q, q, causal=causal)
     assert chosen.forward == stages[bool(causal)] and chosen.gluon
-    assert "the fastest forward at" in chosen.forward_why and chosen.backward == "b1"
+    assert "the fastest forward measured" in chosen.forward_why and chosen.backward == "b1"
 
 
 @pytest.mark.parametrize(("why", "make"), [

@@ -218,6 +218,10 @@ def test_recorded_stages_reads_the_newest_run(tmp_path):
     for date in ("2026-12-01", "2026-12-03"):
         (tmp_path / f"{date}-h200-fa3-stages.json").write_text(json.dumps({"meta": {"date": date}, "rows": []}))
     assert schedule.recorded_stages(tmp_path)["meta"]["date"] == "2026-12-03"
+    by_length = tmp_path / "2026-12-04-h200-fa3-stages-v8a-n1024-2048.json"  # not the complete table's name
+    by_length.write_text(json.dumps({"meta": {"date": "2026-12-04"}, "rows": []}))
+    assert schedule.recorded_stages(tmp_path)["meta"]["date"] == "2026-12-03"
+    assert schedule.recorded_stages(tmp_path, pattern="*-fa3-stages-*-n1024-*.json")["path"] == str(by_length)
 
 
 def test_stage_rates_reads_the_committed_h200_run():

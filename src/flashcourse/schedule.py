@@ -551,13 +551,14 @@ def stage_rates(run: dict, *, n: int, causal: bool = False) -> dict[tuple[str, s
             and row.get("causal") == causal and row.get("tflops")}
 
 
-def recorded_stages(directory: Path | None = None) -> dict | None:
-    """The newest ``benchmarks/results/*-fa3-stages.json`` (the Gluon kernel's stages measured on a GPU) as
+def recorded_stages(directory: Path | None = None, *, pattern: str = "*-fa3-stages.json") -> dict | None:
+    """The newest ``benchmarks/results/*-fa3-stages.json`` (the Gluon kernel's stages measured on a GPU), or the
+    newest file matching ``pattern`` (the run by length: ``"*-fa3-stages-*-n1024-*.json"``), as
     {"meta", "rows", "path"}, or None when no such run is recorded."""
     from . import resources
 
     folder = Path(directory) if directory is not None else resources.recorded_results_dir()
-    found = sorted(folder.glob("*-fa3-stages.json"))
+    found = sorted(folder.glob(pattern))
     if not found:
         return None
     data = json.loads(found[-1].read_text())

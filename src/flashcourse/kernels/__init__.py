@@ -434,8 +434,9 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     lse = -inf), never NaN.
 
     Which kernels run: by default v7 and b3 (b1 when the call needs none of b3's options); on a Hopper GPU
-    with a tested Triton, the forward is the fastest Gluon stage for the head dim and dtype (v8f at D = 64, v8d
-    at D = 128 and 256, ``kernels/hopper/fa3.py``) wherever the call fits it (float16 / bfloat16, no GQA, plain or
+    with a tested Triton, the forward is the one measured fastest for the head dim, causality and length
+    (``plan.FORWARD_BANDS``: a Gluon stage of ``kernels/hopper/fa3.py``, v8f at D = 64 and v8d at D = 128 and 256
+    but for causal bands at D = 64 and 128) wherever the call fits it (float16 / bfloat16, no GQA, plain or
     top-left causal, no other option, contiguous inputs, N_k a multiple of its key tile). :func:`explain` says
     which kernels a call runs and why. A repeat call (same shapes, strides, dtype, device and options) reuses
     the plan its first call made (``plan.py``): no checks again, only the launches.
@@ -493,9 +494,9 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
-    runs: on a Hopper GPU with a tested Triton, the fastest Gluon stage for the head dim and dtype (v8f at D = 64,
-    v8d at D = 128 and 256) where the call fits it and is not a short causal one at D = 64, else v7; b1 for a
-    backward that needs none of b3's options, else b3.
+    runs: on a Hopper GPU with a tested Triton, the forward measured fastest for the call's head dim, causality
+    and length (``plan.FORWARD_BANDS``) where the call fits the Gluon stages, else v7; b1 for a backward that needs
+    none of b3's options, else b3.
     Nothing is launched.
 
     Args:
@@ -512,7 +513,8 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 
         q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         print(explain(q, q, q, causal=True))
-        # forward  v8d: the fastest Gluon stage at D = 128 in bfloat16 on the H200 (benchmarks/results/...)
+        # forward  v8f: the fastest forward measured on the H200 at causal, D = 128, N_q = 4096 <= 8192
+        #          (plan.FORWARD_BANDS)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
     if is_causal is not None:

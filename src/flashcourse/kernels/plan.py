@@ -134,10 +134,10 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         return None, "an empty call"
     causal = bool(rules.causal)
     stage, limit = band_forward(head_dim, causal, n_q)
-    band = (f"{'causal' if causal else 'not causal'}, D = {head_dim}, N_q = {n_q}"
+    band = (f"{'causal' if causal else 'non-causal'}, D = {head_dim}, N_q = {n_q}"
             + (f" <= {limit}" if limit is not None else ""))
     if stage == "v7":
-        return None, f"v7 measured faster than every Gluon stage at {band} (plan.FORWARD_BANDS)"
+        return None, f"v7 measured faster on the H200 than every Gluon stage at {band} (plan.FORWARD_BANDS)"
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
@@ -151,7 +151,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
-    return stage, f"the fastest forward at {band} on the H200 (plan.FORWARD_BANDS; {FA3_RESULTS[head_dim]})"
+    return stage, f"the fastest forward measured on the H200 at {band} (plan.FORWARD_BANDS)"
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
