@@ -64,6 +64,7 @@ FORWARD_BANDS = {
     (256, False): ((None, "v8d"),),
     (256, True): ((None, "v8d"),),
 }
+FA3_HEAD_DIMS = frozenset(head_dim for head_dim, _ in FORWARD_BANDS)
 FA3_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -111,7 +112,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         return None, f"the Gluon forward (v8) is for Hopper (compute capability 9.0); this is {where}"
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
-    if (head_dim, False) not in FORWARD_BANDS or q.dtype not in FA3_DTYPES:
+    if head_dim not in FA3_HEAD_DIMS or q.dtype not in FA3_DTYPES:
         return None, (f"v8 takes head dims 64, 128 and 256 in float16 or bfloat16; this call is D = {head_dim}, "
                       f"{str(q.dtype).replace('torch.', '')}")
     if k.shape[1] != heads:
