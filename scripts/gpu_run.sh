@@ -28,12 +28,11 @@
 #                                 in float16 and bfloat16 or the dtypes named, 520 s shared between them; each call
 #                                 writes <date>-<device>-variants.json to $OUT (a later dtype merges into the file);
 #                                 join the calls' files with `python -m flashcourse.bench merge variants <files>`
-#   scripts/gpu_run.sh followup_kernels   what the fourth session of 2026-12-02 built and could not run (~8 min):
-#                                 v8a / v8d / v8f / v8h against cuDNN and v7 at N 1024-16384 (short sequences
-#                                 were never timed per stage), the FP8 stages' checks under the two-rounding
-#                                 bound, the backward launch sweep under a window and under GQA
-#   scripts/gpu_run.sh followup_rows      then (~4 min): the variants' head-dim-256 rows with the new D = 256
-#                                 backward launches, and the training step, eager and CUDA graph, bf16 and fp16
+#   scripts/gpu_run.sh followup   what the fifth session of 2026-12-02 changed and could not run (~4 min): the
+#                                 variants' GQA 32/8 rows (b3's dK/dV at 128 keys over 8 warps under GQA) in
+#                                 float16 and bfloat16, then Nsight Compute over that backward, ours and Flex's
+#                                 (merge the rows into -variants.json with `bench merge variants`; run
+#                                 scripts/gpu_tests.py --no-launch-fit in a call of its own)
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -164,18 +163,12 @@ variants_masks | variants_base)
             --variants "${names[@]}" --out "$OUT"
     done
     ;;
-followup_kernels)
-    stage fa3_stages 330 $py scripts/gpu_fa3.py --stages v8a,v8d,v8f,v8h --references sdpa_cudnn,v7 \
-        --lengths 1024,2048,4096,8192,16384 --budget 300 --out "$OUT"
-    stage fa3_fp8 80 $py scripts/gpu_fa3_fp8.py --out "$OUT"
-    stage backward_launches 130 $py scripts/sweep_backward_launches.py --rules "window 1024,GQA 32/8" --budget 100 \
+followup)
+    stage variants_gqa 110 $py -m flashcourse.bench variants --dtype float16 bfloat16 --variants "GQA 32/8, causal" \
         --out "$OUT"
-    ;;
-followup_rows)
-    stage variants_d256 130 $py -m flashcourse.bench variants --dtype float16 bfloat16 \
-        --variants "head_dim: 256" "head_dim: 256, causal" --out "$OUT"
-    stage train_step 110 $py -m flashcourse.bench train-step --dtype bfloat16 float16 --modes eager cuda_graph \
-        --out "$OUT"
+    stage gqa_ncu 130 $py scripts/ncu_limits.py --run-ncu --only gqa-32-8-causal-bwd-ours \
+        --only gqa-32-8-causal-bwd-flex --budget 100 --out "$OUT"
+    (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

@@ -110,6 +110,12 @@ def plan(cases=CASES, head_dims: tuple[int, ...] | None = None, rules: tuple[str
     return jobs
 
 
+def visible_in_window(n: int, window: int) -> int:
+    """(query, key) pairs a causal window shows over n queries, when query i sees keys i - window .. i: the first
+    window rows see fewer."""
+    return window * (window + 1) // 2 + (n - window) * (window + 1)
+
+
 def sweep_case(case: Case, jobs: list, log) -> list[dict]:
     import torch
 
@@ -133,8 +139,7 @@ def sweep_case(case: Case, jobs: list, log) -> list[dict]:
         rules, block_mask, flops = causal_rules(case.causal), None, shape.flops("bwd")
     elif case.window:
         rules, block_mask = parse_rules(q, k, causal=case.causal, window=(case.window, 0)), None
-        # query i sees keys i - window .. i: the first window rows fewer
-        visible = case.window * (case.window + 1) // 2 + (case.n - case.window) * (case.window + 1)
+        visible = visible_in_window(case.n, case.window)
         dense = Shape(case.dtype, case.batch, case.heads, case.head_dim, case.n, False)
         flops = dense.flops("bwd") * visible / case.n ** 2
     else:

@@ -93,7 +93,8 @@ def test_list_prints_every_case_in_order(limits, capsys):
             "prefix-lm-bwd-ours", "prefix-lm-fwd-flex", "prefix-lm-bwd-flex", "mask-mod-chunked-local-fwd-ours",
             "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
             "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
-            "head-dim-256-fwd-sdpa-cudnn", *GAP_NAMES} == set(shown)
+            "head-dim-256-fwd-sdpa-cudnn", "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex",
+            *GAP_NAMES} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -460,7 +461,7 @@ def test_the_script_imports_no_gluon_module(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[] 29", proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == "[] 31", proc.stdout
 
 
 STUB_PYTHON = '''#!{python}
@@ -497,3 +498,30 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     assert "=== gaps took" in proc.stdout
     left = sorted(p.name for p in out.iterdir())
     assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
+
+
+def test_gpu_run_followup_asks_only_for_what_exists(limits, tmp_path):
+    """scripts/gpu_run.sh followup (python3 and nvidia-smi stubbed), one device call: its stages' limits under 9
+    minutes, the variant a name of bench variants, the Nsight Compute cases ones ncu_limits.py has (the GQA
+    backward, ours and Flex's), the raw folder archived. A misspelt name would otherwise be found only on the GPU."""
+    from flashcourse.bench import variants
+
+    tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
+    out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
+    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STUB_CALLS=str(calls))
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "followup"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {(c[2] if c[0] == "-m" else c[0]): c for c in map(json.loads, calls.read_text().splitlines())
+            if c and c[0] != "-c"}
+    assert set(runs) == {"variants", "scripts/ncu_limits.py"}
+    bench = runs["variants"]
+    assert bench[bench.index("--variants") + 1:bench.index("--out")] == ["GQA 32/8, causal"]
+    assert "GQA 32/8, causal" in {v.name for v in variants.VARIANTS}
+    args = limits.parse_args(runs["scripts/ncu_limits.py"][1:])
+    assert args.run_ncu and [c.name for c in limits.select_cases(args.only)] == [
+        "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex"]
+    block = re.search(r"\nfollowup\)(.*?);;", (ROOT / "scripts" / "gpu_run.sh").read_text(), re.S).group(1)
+    limits_s = [int(limit) for limit in re.findall(r"stage \w+ (\d+) ", block)]
+    assert sum(limits_s) <= 540 and args.budget + 30 <= limits_s[-1]
+    assert "ncu-limits-raw.tgz" in {p.name for p in out.iterdir()}
