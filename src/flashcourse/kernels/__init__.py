@@ -29,8 +29,9 @@ tensors.
 Layout: the modules of this package serve calls (v7 and b3, b1 for dense calls, decoding, FP8, block masks, the
 rules, the plan of a call, the ``torch.library`` ops); ``teaching/`` holds what only teaches (forward v1-v6, the
 dQ schemes b2, b4, b5); ``hopper/`` holds the Gluon kernels for sm_90 (v8, b6). On Hopper with a tested Triton
-the default forward is a Gluon stage (v8f at D = 64, v8d at D = 128 and 256) where a call fits it, imported
-only then; ``explain(q, k, v, **options)`` says which kernels a call runs and why (``plan.py``).
+the default forward is the kernel measured fastest for the call's head dim, causality and length, mostly a Gluon
+stage (``plan.FORWARD_BANDS``), where a call fits it, imported only then; ``explain(q, k, v, **options)`` says
+which kernels a call runs and why (``plan.py``).
 """
 
 from flashcourse import device as _device

@@ -85,8 +85,9 @@ So the library's default forward (``kernels/plan.py``) sends a call here only wh
 key tile, where no key tile runs past its head; any other length takes v7.
 
 Dispatch: on Hopper with a Triton of ``TESTED_TRITON``, ``flash_attention`` runs v8f at D = 64 and v8d at D = 128
-and 256 (the fastest stages of the H200's 2026-12-02 runs, ``benchmarks/results/*-fa3-stages.json`` and
-``*-fa3-stages-*-d256.json``; ``kernels/plan.py``'s ``FA3_FASTEST``) wherever a call fits the contract above
+and 256, but for causal calls v8a at D = 64 up to N_q = 8192 (v7 up to 1024) and v8f at D = 128 from 1152 to 8192
+(the fastest by length in the H200's 2026-12-02 runs, ``benchmarks/results/*-fa3-stages-*-n1024-*.json`` and
+``*-fa3-stages-*-d256.json``; ``kernels/plan.py``'s ``FORWARD_BANDS``) wherever a call fits the contract above
 (``kernels.explain`` says which kernel a call runs and why). ``flashcourse.kernels`` imports this module only then,
 inside the plan: Gluon's API moves between Triton releases. :class:`ForwardPlan` is the host side the library keeps
 per layout; :func:`fa3_forward` runs any stage once (the GPU scripts use it).
