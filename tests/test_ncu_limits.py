@@ -479,16 +479,22 @@ if "--run-ncu" in sys.argv:
 '''
 
 
-def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
-    """scripts/gpu_run.sh gaps (python3 and nvidia-smi stubbed): one ncu_limits.py --run-ncu over GAP_CASES in
-    their order, a budget inside the stage's limit, the raw folder archived; under 8 files come back."""
+def _run_gpu_stage(tmp_path: Path, stage: str) -> tuple[Path, subprocess.CompletedProcess, list[list[str]]]:
+    """Run ``scripts/gpu_run.sh STAGE`` with python3 and nvidia-smi stubbed: ($OUT, the process, the argument lists
+    python3 was called with)."""
     tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
     out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
     env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STUB_CALLS=str(calls))
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "gaps"], cwd=ROOT, env=env,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), stage], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = [json.loads(line) for line in calls.read_text().splitlines()]
+    return out, proc, [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
+    """scripts/gpu_run.sh gaps (python3 and nvidia-smi stubbed): one ncu_limits.py --run-ncu over GAP_CASES in
+    their order, a budget inside the stage's limit, the raw folder archived; under 8 files come back."""
+    out, proc, runs = _run_gpu_stage(tmp_path, "gaps")
     (command,) = [c for c in runs if c and c[0] == "scripts/ncu_limits.py"]
     args = limits.parse_args(command[1:])
     assert args.run_ncu and args.out == out
@@ -506,14 +512,8 @@ def test_gpu_run_followup_asks_only_for_what_exists(limits, tmp_path):
     backward, ours and Flex's), the raw folder archived. A misspelt name would otherwise be found only on the GPU."""
     from flashcourse.bench import variants
 
-    tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
-    out, calls = tmp_path / "out", tmp_path / "calls.jsonl"
-    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(out), STUB_CALLS=str(calls))
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "followup"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = {(c[2] if c[0] == "-m" else c[0]): c for c in map(json.loads, calls.read_text().splitlines())
-            if c and c[0] != "-c"}
+    out, _, calls = _run_gpu_stage(tmp_path, "followup")
+    runs = {(c[2] if c[0] == "-m" else c[0]): c for c in calls if c and c[0] != "-c"}
     assert set(runs) == {"variants", "scripts/ncu_limits.py"}
     bench = runs["variants"]
     assert bench[bench.index("--variants") + 1:bench.index("--out")] == ["GQA 32/8, causal"]
