@@ -30,7 +30,8 @@
 #                                 join the calls' files with `python -m flashcourse.bench merge variants <files>`
 #   scripts/gpu_run.sh followup   what the fifth session of 2026-12-02 changed and could not run (~4 min): the
 #                                 variants' GQA 32/8 rows (b3's dK/dV at 128 keys over 8 warps under GQA) in
-#                                 float16 and bfloat16, then Nsight Compute over that backward, ours and Flex's
+#                                 float16 and bfloat16, then Nsight Compute over that backward, ours and Flex's,
+#                                 and b3's launches under a window again, with dK/dV at 64 x 64 over 8 warps added
 #                                 (merge the rows into -variants.json with `bench merge variants`; run
 #                                 scripts/gpu_tests.py --no-launch-fit in a call of its own)
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
@@ -169,6 +170,7 @@ followup)
     stage gqa_ncu 130 $py scripts/ncu_limits.py --run-ncu --only gqa-32-8-causal-bwd-ours \
         --only gqa-32-8-causal-bwd-flex --budget 100 --out "$OUT"
     (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
+    stage window_sweep 90 $py scripts/sweep_backward_launches.py --rules "window 1024" --budget 60 --out "$OUT"
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

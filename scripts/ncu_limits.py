@@ -335,8 +335,8 @@ FP8_GAP = {"batch": 4, "heads": 16, "n": 8192, "head_dim": 128, "causal": False,
            "mode": "fwd"}
 FP8_STAGE = "v8c_fp8"
 # 3. The backward at D = 256 (b1, through autograd) against cuDNN's (``ratio_vs_sdpa_cudnn`` of the bwd rows of
-#    'head_dim: 256' and 'head_dim: 256, causal' in 2026-12-02-nvidia-h200-variants.json): bench variants' causal
-#    row, its shape (B = 4, H = 16, N = 8192), inputs and providers.
+#    'head_dim: 256' and 'head_dim: 256, causal' in 2026-12-02-nvidia-h200-variants-07d21a8.json): bench variants'
+#    causal row, its shape (B = 4, H = 16, N = 8192), inputs and providers.
 BWD_GAP_VARIANT = "head_dim: 256, causal"
 GAP_GROUPS = ("forward gap", "fp8 gap", "backward gap")
 

@@ -66,7 +66,7 @@ CASES = (
     Case("b3", 128, 16, False, rule="prefix-LM"),
     Case("b1", 64, 32, False),
     Case("b1", 64, 32, True),
-    # D = 256: the backward ran at 0.41x cuDNN's on 2026-12-02 (2026-12-02-nvidia-h200-variants.json)
+    # D = 256: the backward ran at 0.41x cuDNN's on 2026-12-02 (2026-12-02-nvidia-h200-variants-07d21a8.json)
     Case("b1", 256, 16, False),
     Case("b1", 256, 16, True),
     Case("b3", 128, 16, True, rule="window 1024", window=1024),
@@ -82,9 +82,10 @@ DQ_LAUNCHES = {
     256: (KernelConfig(64, 32, 8, 1), KernelConfig(32, 32, 4, 2), KernelConfig(64, 16, 4, 2),
           KernelConfig(128, 32, 8, 1), KernelConfig(64, 64, 8, 1), KernelConfig(32, 16, 4, 3)),
 }
-DKDV_LAUNCHES = {
+DKDV_LAUNCHES = {  # at D = 128, 64 x 64 over 8 warps: half the default's accumulator registers a thread, whose
+    # dK/dV kernel spilled under a window (Nsight Compute, 2026-12-02-nvidia-h200-ncu-variant-gaps.json)
     128: (KernelConfig(64, 128, 8, 2), KernelConfig(64, 128, 8, 3), KernelConfig(32, 64, 4, 3),
-          KernelConfig(64, 64, 4, 3)),
+          KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2)),
     64: (KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 3), KernelConfig(64, 128, 8, 2),
          KernelConfig(64, 64, 4, 3), KernelConfig(64, 128, 4, 2)),
     256: (KernelConfig(32, 64, 8, 1), KernelConfig(32, 32, 4, 2), KernelConfig(16, 64, 4, 2),

@@ -509,12 +509,15 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
 def test_gpu_run_followup_asks_only_for_what_exists(limits, tmp_path):
     """scripts/gpu_run.sh followup (python3 and nvidia-smi stubbed), one device call: its stages' limits under 9
     minutes, the variant a name of bench variants, the Nsight Compute cases ones ncu_limits.py has (the GQA
-    backward, ours and Flex's), the raw folder archived. A misspelt name would otherwise be found only on the GPU."""
+    backward, ours and Flex's), the raw folder archived, the launch sweep under the window rule (whose name the
+    sweep's own test checks). A misspelt name would otherwise be found only on the GPU."""
     from flashcourse.bench import variants
 
     out, _, calls = _run_gpu_stage(tmp_path, "followup")
     runs = {(c[2] if c[0] == "-m" else c[0]): c for c in calls if c and c[0] != "-c"}
-    assert set(runs) == {"variants", "scripts/ncu_limits.py"}
+    assert set(runs) == {"variants", "scripts/ncu_limits.py", "scripts/sweep_backward_launches.py"}
+    sweep = runs["scripts/sweep_backward_launches.py"]
+    assert sweep[sweep.index("--rules") + 1] == "window 1024"
     bench = runs["variants"]
     assert bench[bench.index("--variants") + 1:bench.index("--out")] == ["GQA 32/8, causal"]
     assert "GQA 32/8, causal" in {v.name for v in variants.VARIANTS}
@@ -523,5 +526,5 @@ def test_gpu_run_followup_asks_only_for_what_exists(limits, tmp_path):
         "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex"]
     block = re.search(r"\nfollowup\)(.*?);;", (ROOT / "scripts" / "gpu_run.sh").read_text(), re.S).group(1)
     limits_s = [int(limit) for limit in re.findall(r"stage \w+ (\d+) ", block)]
-    assert sum(limits_s) <= 540 and args.budget + 30 <= limits_s[-1]
+    assert sum(limits_s) <= 540 and args.budget + 30 <= limits_s[1]
     assert "ncu-limits-raw.tgz" in {p.name for p in out.iterdir()}
