@@ -455,3 +455,36 @@ def test_one_default_mask_serves_two_head_dims_on_a_gpu(rng):
         sizes.append(set(bm._lists))
     if configs.device_props(q.device).capability == (9, 0):
         assert sizes[1] - sizes[0], "on Hopper the two head dims launch different tiles, both derived"
+
+
+@triton.jit
+def chunks_of_128(b, h, q_idx, kv_idx):
+    """Causal within chunks of 128 positions: at 128 x 128 tiles, every visited tile is a partial diagonal one."""
+    return (q_idx // 128 == kv_idx // 128) & (kv_idx <= q_idx)
+
+
+@triton.jit
+def prompt_of_512(b, h, q_idx, kv_idx):
+    """A 512-key prompt seen by every query: over 512 queries and keys, every tile is full."""
+    return (kv_idx <= q_idx) | (kv_idx < 512)
+
+
+@pytest.mark.parametrize("mask_mod, small_tiles", [(chunks_of_128, True), (prompt_of_512, False)])
+@pytest.mark.parametrize("prebuilt", [False, True])
+def test_the_forward_takes_small_tiles_where_many_visited_tiles_are_partial(mask_mod, small_tiles, prebuilt):
+    """An H200's forward launch under a rule, chosen on this machine: the window's small tiles where at least a
+    tenth of the dense launch's visited tiles are partial (per call and from a block mask alike), and for packed
+    documents always; the dense launch otherwise."""
+    h200, n = configs.KNOWN_DEVICES["H200"], 512
+    small, dense = (configs.forward_config(h200, 128, 2, causal=masked) for masked in (True, False))
+    assert small != dense  # else this test could not tell the two choices apart
+    q = k = torch.zeros(1, 1, n, 128, dtype=torch.float16, device=DEVICE)
+    block_mask = kernels.create_block_mask(mask_mod, None, None, n, n, device=DEVICE) if prebuilt else None
+    chosen = forward.launch_candidates(kernels.FORWARD_VERSIONS["v7"], h200, 128, 2,
+                                       rules.parse_rules(q, k, mask_mod=mask_mod), block_mask, q, k)[0]
+    assert chosen == (small if small_tiles else dense)
+    ids = torch.zeros(1, n, dtype=torch.int32, device=DEVICE)  # one document: still its own short-run launch
+    documents = rules.parse_rules(q, k, causal=True, document_ids=ids)
+    assert forward.launch_candidates(kernels.FORWARD_VERSIONS["v7"], h200, 128, 2, documents, None, q, k)[0] == small
+    assert forward.launch_candidates(kernels.FORWARD_VERSIONS["v7"], h200, 128, 2, rules.parse_rules(q, k, causal=True),
+                                     None, q, k)[0] == dense

@@ -45,6 +45,7 @@ sum over the map, so any tile size works: smaller than the sparse block, larger,
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -222,6 +223,13 @@ class TileLists:
         total = self.full_tiles.numel()
         return {"full": full, "partial": partial, "empty": total - full - partial}
 
+    @functools.cached_property  # read once (a device-to-host copy); the lists never change
+    def partial_share(self) -> float:
+        """The share of the visited (full or partial) tiles that are partial; 0 where none is visited."""
+        counts = self.kind_counts()
+        visited = counts["full"] + counts["partial"]
+        return counts["partial"] / visited if visited else 0.0
+
 
 # Its sizes and strides are not specialised on (divisible by 16, equal to 1): one compiled kernel serves every map,
 # where a call with document ids at a new length would otherwise compile another before it could start.
@@ -352,8 +360,37 @@ def call_lists(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: t
     :data:`CALL_LISTS` for later calls, for documents made for this call alone."""
     if not rules.needs_block_mask:
         return no_tile_lists(q)
+    return _lists_for_call(rules, block_mask, q, k, block_m, block_n, by_key=by_key).kernel_args()
+
+
+# At least one visited tile in ten partial: there the forward's small tiles beat its dense ones. On the H200 (D = 128,
+# N = 16384, fp16, 2026-12-03-nvidia-h200-forward-launches.json) 64 x 64 tiles over 4 warps ran 8 documents, chunked
+# local and stripes (23%, 22% and 97% of their visited 128 x 128 tiles partial) 1.02x, 1.02x and 2.1x faster than
+# 128 x 128 over 8 warps, and a prefix-LM (1.4% partial) 1.14x slower.
+PARTIAL_SHARE_FOR_SMALL_TILES = 0.1
+
+
+def many_partial_tiles(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: torch.Tensor, block_m: int,
+                       block_n: int) -> bool:
+    """Whether a forward at (block_m, block_n) tiles would find at least PARTIAL_SHARE_FOR_SMALL_TILES of the tiles it
+    visits partial, so that smaller tiles mask less. Packed documents: always (a query sees its own document, a
+    short run of keys whose edges cut tiles; their ids are never read on the host). A ``mask_mod`` or a block
+    mask: from the lists at those tiles, which are kept (:data:`CALL_LISTS`, the block mask's), so their share is
+    read once; while a CUDA graph is captured nothing may be read: no."""
+    if not rules.needs_block_mask:
+        return False
+    if rules.document_ids is not None:
+        return True
+    if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return _lists_for_call(rules, block_mask, q, k, block_m, block_n, by_key=False).partial_share \
+        >= PARTIAL_SHARE_FOR_SMALL_TILES
+
+
+def _lists_for_call(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: torch.Tensor, block_m: int,
+                    block_n: int, *, by_key: bool) -> TileLists:
     if block_mask is not None:
-        return block_mask.tile_lists(block_m, block_n, by_key=by_key).kernel_args()
+        return block_mask.tile_lists(block_m, block_n, by_key=by_key)
     n_q, n_kv = q.shape[2], k.shape[2]
     batch, heads = rules.mask_extent(q.shape[0], q.shape[1])
 
@@ -364,13 +401,13 @@ def call_lists(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: t
     # made while a CUDA graph is captured, which are only recorded there (no kernel runs until a replay), and
     # which the graph must own: it would read freed memory once the cache dropped them.
     if rules.document_ids is not None or (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return build().kernel_args()
+        return build()
     # A mask_mod is a function of its arguments and of the module-level values it reads, so its lists depend only
     # on these: the function itself (a strong reference, so no other function can ever take its place), those
     # values (a notebook may change one between calls), the bounds causal and window give, the sizes, the tiles.
     key = (rules.mask_mod, mask_mod_constants(rules.mask_mod), *rules.key_bounds(n_q, n_kv), n_q, n_kv, batch,
            heads, block_m, block_n, by_key, q.device)
-    return CALL_LISTS.get(key, build).kernel_args()
+    return CALL_LISTS.get(key, build)
 
 
 def rule_args(rules: Rules, q: torch.Tensor, k: torch.Tensor) -> dict:

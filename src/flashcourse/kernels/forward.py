@@ -208,13 +208,17 @@ def check_forward_launch(version: ForwardVersion, config: configs.KernelConfig, 
 
 
 def launch_candidates(version: ForwardVersion, props: configs.DeviceProps, block_d: int, elem_bytes: int,
-                      rules: Rules) -> tuple[configs.KernelConfig, ...]:
+                      rules: Rules, block_mask: blockmask.BlockMask | None, q, k) -> tuple[configs.KernelConfig, ...]:
     """The launches a version takes for these rules, best first."""
     if not version.tuned_launch:
         return configs.baseline_forward_candidates(props, block_d, elem_bytes)
-    # Where many tiles are partly masked, small tiles waste less (v3-v6 under causal); v7 skips and classifies
-    # tiles from the rule bounds, so only a window keeps the small tiles (docs/KERNELS.md, the 2026-11-30 sweeps).
-    masked = rules.window is not None if version.takes_rules else rules.causal is not None
+    if not version.takes_rules:  # v3-v6 mask every diagonal tile: under causal, small tiles waste less
+        return configs.forward_candidates(props, block_d, elem_bytes, causal=rules.causal is not None)
+    # v7 skips empty tiles and runs full ones unmasked, so the dense launch serves causal; small tiles win where
+    # many visited tiles are partial: a window's edges (the 2026-11-30 sweeps), short documents, sparse rules.
+    dense = configs.forward_config(props, block_d, elem_bytes)
+    masked = rules.window is not None or blockmask.many_partial_tiles(rules, block_mask, q, k, dense.block_m,
+                                                                      dense.block_n)
     return configs.forward_candidates(props, block_d, elem_bytes, causal=masked)
 
 
@@ -248,7 +252,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     candidates = (config,) if config is not None else launch_candidates(version, props, block_d, q.element_size(),
-                                                                         rules)
+                                                                         rules, block_mask, q, k)
     use_descriptors = version.needs_descriptors and descriptors_usable(props, q, k, v)
     if use_descriptors:
         triton.set_allocator(tma_scratch(q.device))
