@@ -28,7 +28,7 @@
 #                                 in float16 and bfloat16 or the dtypes named, 520 s shared between them; each call
 #                                 writes <date>-<device>-variants.json to $OUT (a later dtype merges into the file);
 #                                 join the calls' files with `python -m flashcourse.bench merge variants <files>`
-#   scripts/gpu_run.sh followup   what the fifth session of 2026-12-02 changed and could not run (~4 min): the
+#   scripts/gpu_run.sh followup   what the fifth session of 2026-12-02 changed (~2.5 min; ran on 2026-12-03): the
 #                                 variants' GQA 32/8 rows (b3's dK/dV at 128 keys over 8 warps under GQA) in
 #                                 float16 and bfloat16, then Nsight Compute over that backward, ours and Flex's,
 #                                 and b3's launches under a window again, with dK/dV at 64 x 64 over 8 warps added

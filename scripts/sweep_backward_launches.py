@@ -83,7 +83,8 @@ DQ_LAUNCHES = {
           KernelConfig(128, 32, 8, 1), KernelConfig(64, 64, 8, 1), KernelConfig(32, 16, 4, 3)),
 }
 DKDV_LAUNCHES = {  # at D = 128, 64 x 64 over 8 warps: half the default's accumulator registers a thread, whose
-    # dK/dV kernel spilled under a window (Nsight Compute, 2026-12-02-nvidia-h200-ncu-variant-gaps.json)
+    # dK/dV kernel spilled under a window (Nsight Compute, 2026-12-02-nvidia-h200-ncu-variant-gaps.json); it took
+    # 3.60 ms there against the default's 2.38 (2026-12-03-nvidia-h200-backward-launches-window.json)
     128: (KernelConfig(64, 128, 8, 2), KernelConfig(64, 128, 8, 3), KernelConfig(32, 64, 4, 3),
           KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 2)),
     64: (KernelConfig(32, 128, 4, 2), KernelConfig(32, 64, 4, 3), KernelConfig(64, 128, 8, 2),

@@ -416,7 +416,7 @@ def test_gap_cases_profile_rows_the_benchmarks_timed(limits):
         assert row["out_dtype"] == s["out_dtype"]
     assert limits.CASES_BY_NAME["fp8-fwd-v8c"].provider == limits.FP8_STAGE
     variant = next(v for v in VARIANTS if v.name == limits.BWD_GAP_VARIANT)
-    variants = _timed_rows("2026-12-02-nvidia-h200-variants.json")
+    variants = _timed_rows("2026-12-03-nvidia-h200-variants.json")
     for case in (c for c in limits.GAP_CASES if c.group == "backward gap"):
         s = case.shape
         assert (s["batch"], s["heads"], s["n"], s["head_dim"], s["causal"], s["mode"]) == (
