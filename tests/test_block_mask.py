@@ -4,7 +4,8 @@ derived lists never call a tile full or empty that is not (checked against the r
 than, equal to, larger than and not dividing the sparse block); one mask serves launches of different tiles, and
 their outputs and gradients match the float64 spec (variant_spec.py) over two training steps; no tile is
 classified again while it is passed; clear errors when its shapes, device or rules do not fit the call; a repr
-whose counts agree with the rule. Interpreter launches: tiles 32 x 16 forward and dQ, 16 x 32 dK/dV.
+whose counts agree with the rule; the forward's small-tile launch where many visited tiles are partial, per call and
+built once. Interpreter launches: tiles 32 x 16 forward and dQ, 16 x 32 dK/dV.
 """
 
 from __future__ import annotations

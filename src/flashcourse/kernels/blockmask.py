@@ -389,6 +389,7 @@ def many_partial_tiles(rules: Rules, block_mask: BlockMask | None, q: torch.Tens
 
 def _lists_for_call(rules: Rules, block_mask: BlockMask | None, q: torch.Tensor, k: torch.Tensor, block_m: int,
                     block_n: int, *, by_key: bool) -> TileLists:
+    """The tile lists :func:`call_lists` hands a kernel at these tiles (a block-mask rule only)."""
     if block_mask is not None:
         return block_mask.tile_lists(block_m, block_n, by_key=by_key)
     n_q, n_kv = q.shape[2], k.shape[2]
