@@ -36,8 +36,6 @@ from: the FP8 cache's candidates, timed on the H200 by ``scripts/gpu_decode_fp8.
 
 from __future__ import annotations
 
-import math
-import operator
 from dataclasses import replace
 from typing import NamedTuple, Optional
 
@@ -58,7 +56,7 @@ from ._checks import (
 from .common import (
     LOG2E,
     LOG2E_IN_KERNEL,
-    MASKED_FILL,
+    NO_KEY_YET,
     default_scale,
     modified_scores,
     normalise_rows,
@@ -189,7 +187,7 @@ def _decode_split_kernel(
     slope2 = tl.zeros([BLOCK_G, 1], dtype=tl.float32)
     if HAS_ALIBI:  # one slope per query head of the group, in base 2
         slope2 = tl.load(ALIBI_SLOPES + heads, mask=row_ok, other=0.0)[:, None] * LOG2E_IN_KERNEL
-    m_i = tl.full([BLOCK_G], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
