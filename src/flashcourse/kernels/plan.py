@@ -243,8 +243,11 @@ class Plan:
             self._forward_launch = record[0]
         return o, lse
 
-    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None):
-        """(dq, dk, dv) from the forward's (o, lse)."""
+    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None, *, dlse=None):
+        """(dq, dk, dv) from the forward's (o, lse); ``dlse``, the lse's gradient where a loss used it, or None."""
+        if dlse is not None:  # its term sits between the prepared launches: launched in full
+            return run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
+                                block_mask=block_mask, dlse=dlse)
         if self._repeat:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:
