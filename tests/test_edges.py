@@ -1,8 +1,9 @@
 """The public options at their edges (issue 48, "no silent wrong answers"): each case gives the float64 answer or a
 clear error naming the argument. Every test of a case failed on the code before its fix (8e7e024), each in the way
 the issue reproduced it (page 1000 killed the process), except the guards said to be such (softcap's gradients,
-padding past a sequence's pages, the reference's mean of v), which hold what the fixes must keep; decode's scale rule is ``test_decode.py::test_scale_follows_the_attention_rule`` and its
-split test that could not fail is ``test_decode.py::test_split_outputs_combine_with_merge_partials``."""
+padding past a sequence's pages, the reference's mean of v), which hold what the fixes must keep. Decode's scale
+rule is ``test_decode.py::test_scale_follows_the_attention_rule``, and its split test that could not fail is
+``test_decode.py::test_split_outputs_combine_with_merge_partials``."""
 
 from __future__ import annotations
 
