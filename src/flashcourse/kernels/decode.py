@@ -31,7 +31,7 @@ The split kernel has two switches beyond its tiles (:class:`DecodeSwitches`), bo
 passes them: how many programs an SM should hold (two for the FP8 cache on sm_90, where one program could not keep
 its loads in flight), and whether a split's whole key tiles run without masks (on for a V cache stored with its
 keys adjacent, :func:`v_keys_adjacent`, whose copies a mask along the keys would narrow). What they were chosen
-from: the FP8 cache's candidates, timed on the H200 by ``scripts/gpu_decode_fp8.py`` (docs/KERNELS.md, decoding).
+from: the FP8 cache's candidates, timed on the H200 by ``benchmarks/gpu_decode_fp8.py`` (docs/KERNELS.md, decoding).
 """
 
 from __future__ import annotations

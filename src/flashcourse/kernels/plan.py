@@ -185,7 +185,7 @@ def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, 
 
 def repeatable(q) -> bool:
     """Whether launches on q's device can be prepared once and repeated: on a GPU, where Triton compiled them (the
-    interpreter compiles nothing). ``scripts/host_profile.py`` answers True on the CPU to time a GPU's path."""
+    interpreter compiles nothing). ``benchmarks/host_profile.py`` answers True on the CPU to time a GPU's path."""
     return q.is_cuda
 
 
