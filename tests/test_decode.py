@@ -165,7 +165,7 @@ def test_empty_sequence_gives_zero(rng):
     "kwargs,error,words",
     [
         ({"q": (2, 3, 16)}, ValueError, "multiple of H_kv"),
-        ({"q": (2, 4, 8), "kv": (2, 2, 10, 8)}, ValueError, "head dim 8"),
+        ({"q": (2, 4, 4), "kv": (2, 2, 10, 4)}, ValueError, "head dim 4 is not supported: expected 8 to 256"),
         ({"q": (3, 4, 16)}, ValueError, "batch"),
         ({"q": (2, 4, 1, 16)}, ValueError, r"\(B, H_q, D\)"),
     ],

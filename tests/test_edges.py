@@ -232,3 +232,79 @@ def test_reference_agrees_on_the_mean_of_v():
     k = np.full((6, 4), -1e15)
     v = np.arange(24.0).reshape(6, 4)
     assert np.allclose(reference.attention(q, k, v, scale=0.25), v.mean(0))
+
+
+# ------------------------------------------------------------------------------------------------- any head dim
+AWKWARD_HEAD_DIMS = (8, 40, 59, 72, 111, 160, 192, 224)
+
+
+@pytest.mark.parametrize("head_dim", AWKWARD_HEAD_DIMS)
+def test_any_head_dim_from_8_to_256(rng, head_dim):
+    """flash-attn's range (issue 53, item 3): forward, gradients (causal and not) and decode against float64 at
+    head dims no power of two, tiled at the next power of two and masked; the scale is the true D's."""
+    for causal in (False, True):
+        q, k, v = (randn(rng, 1, 2, 19, head_dim).requires_grad_() for _ in range(3))
+        o = kernels.flash_attention(q, k, v, causal=causal)
+        do = randn(rng, *o.shape)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        mask = torch.ones(19, 19, dtype=torch.bool, device=DEVICE).tril() if causal else None
+        expected, _ = float64_attention(q, k, v, mask=mask)
+        want = torch.autograd.grad(expected, (q, k, v), do.double())
+        assert_close(o, expected, what=f"D = {head_dim}, causal={causal} forward")
+        for name, got, spec in zip("qkv", grads, want, strict=True):
+            assert_close(got, spec, what=f"D = {head_dim}, causal={causal} d{name}")
+    q, k, v = randn(rng, 2, 4, head_dim), randn(rng, 2, 2, 40, head_dim), randn(rng, 2, 2, 40, head_dim)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[40, 13], num_splits=2)
+    for b, n in enumerate((40, 13)):
+        expected, _ = float64_attention(q[b, :, None], k[b].repeat_interleave(2, 0)[:, :n],
+                                        v[b].repeat_interleave(2, 0)[:, :n])
+        assert_close(o[b], expected[:, 0], what=f"D = {head_dim} decode, sequence {b}")
+
+
+@pytest.mark.parametrize("head_dim", [4, 7, 257, 320])
+def test_head_dims_outside_8_to_256_are_refused(rng, head_dim):
+    """A ValueError naming the range (flash-attn raises a RuntimeError there; the course keeps ValueError for
+    every bound on an argument, as its other checks)."""
+    q = randn(rng, 1, 2, 4, head_dim)
+    with pytest.raises(ValueError, match=f"head dim {head_dim} is not supported: expected 8 to 256"):
+        kernels.flash_attention(q, q, q)
+    with pytest.raises(ValueError, match=f"head dim {head_dim} is not supported: expected 8 to 256"):
+        kernels.flash_decode(q[:, :, 0], q, q)
+
+
+def test_any_head_dim_needs_no_new_launch_shape():
+    """The launch fit (scripts/launch_fit.py) compiles the head dims of SUPPORTED_HEAD_DIMS for every GPU. The
+    launches of any other head dim are theirs: every launch choice reads the head dim only as its tile, the next
+    power of two >= 16, and every D in 8 .. 256 tiles as one of the supported dims does."""
+    from flashcourse.kernels._checks import SUPPORTED_HEAD_DIMS, padded_head_dim
+
+    fitted = {padded_head_dim(d) for d in SUPPORTED_HEAD_DIMS}
+    assert {padded_head_dim(d) for d in range(8, 257)} == fitted == {16, 32, 64, 128, 256}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", AWKWARD_HEAD_DIMS)
+def test_gpu_any_head_dim(rng, head_dim, dtype):
+    """The same on the GPU in 16-bit, N = 200 and 1 (the TMA path where rows are 16-byte aligned, pointers
+    elsewhere), causal and not, forward, gradients and decode."""
+    for n in (200, 1):
+        for causal in (False, True):
+            q, k, v = (randn(rng, 2, 4, n, head_dim, dtype=dtype).requires_grad_() for _ in range(3))
+            o = kernels.flash_attention(q, k, v, causal=causal)
+            do = randn(rng, *o.shape, dtype=dtype)
+            grads = torch.autograd.grad(o, (q, k, v), do)
+            mask = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril() if causal else None
+            expected, _ = float64_attention(q, k, v, mask=mask)
+            want = torch.autograd.grad(expected, (q, k, v), do.double())
+            assert_close(o, expected, what=f"D = {head_dim}, N = {n}, causal={causal}, {dtype} forward")
+            for name, got, spec in zip("qkv", grads, want, strict=True):
+                assert_close(got, spec, what=f"D = {head_dim}, N = {n}, causal={causal}, {dtype} d{name}")
+    q, k, v = (randn(rng, 2, 8, head_dim, dtype=dtype), randn(rng, 2, 2, 700, head_dim, dtype=dtype),
+               randn(rng, 2, 2, 700, head_dim, dtype=dtype))
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[700, 333])
+    for b, n in enumerate((700, 333)):
+        expected, _ = float64_attention(q[b, :, None], k[b].repeat_interleave(4, 0)[:, :n],
+                                        v[b].repeat_interleave(4, 0)[:, :n])
+        assert_close(o[b], expected[:, 0], what=f"D = {head_dim}, {dtype} decode, sequence {b}")

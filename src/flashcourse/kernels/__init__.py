@@ -1,7 +1,7 @@
 """The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
 
 Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D), H_kv = H_q or, with
-``enable_gqa=True``, a divisor of it; any strides; D in 16, 32, 64, 80, 96, 128, 256)::
+``enable_gqa=True``, a divisor of it; any strides; any head dim D from 8 to 256)::
 
     flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
                     document_ids=None, mask_mod=None, block_mask=None, enable_gqa=False, is_causal=None,
@@ -181,8 +181,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -404,8 +406,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     no input requiring it) it skips autograd and runs the forward alone.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is

@@ -293,7 +293,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
 
     Args:
         q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
-            D one of 16, 32, 64, 80, 96, 128, 256.
+            D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
+            the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
         k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
             capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
