@@ -184,7 +184,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
             256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
             kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
-            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -409,7 +410,8 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
             256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
             kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
-            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
