@@ -352,8 +352,10 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
             and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap)
-            call = Call(layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                        forward_version, backward_version)
+            # A Call's fields as a plain tuple, which hashes and compares equal to the Call kept under them: a
+            # NamedTuple's own constructor is a Python call, several times the cost of the tuple, on every call.
+            call = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
+                    forward_version, backward_version)
             plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
             call = None
@@ -369,7 +371,7 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
                          backward_version=backward_version)
     plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)
     if call is not None:
-        PLANS.put(call, plan)
+        PLANS.put(Call._make(call), plan)
     return plan, rules
 
 
