@@ -87,6 +87,21 @@ def test_on_an_h200_the_default_forward_at_n_4096_is_the_fastest_one_measured(he
     assert "the fastest forward measured" in chosen.forward_why and chosen.backward == "b1"
 
 
+def test_the_bands_are_the_gpus_own_or_the_h200s_said_as_the_fallback():
+    """explain() names the GPU whose measurement chose the forward: the H200's own bands on an H200; a Hopper GPU
+    with no measurement of its own gets the H200's, and the reason says so."""
+    q = t(1, 2, 4096, 128)
+    on_h200 = route(q, q, q, causal=True)
+    assert "measured on the H200" in on_h200.forward_why and "fallback" not in on_h200.forward_why
+    unmeasured = configs.DeviceProps("NVIDIA H800", (9, 0), 227 * 1024, 132)
+    elsewhere = route(q, q, q, causal=True, props=unmeasured)
+    assert elsewhere.forward == on_h200.forward
+    assert "no measurement on the NVIDIA H800, so the H200's, the fallback" in elsewhere.forward_why
+    for name, (gpu, bands) in plan.BANDS_BY_GPU.items():
+        assert name in {p.name for p in configs.KNOWN_DEVICES.values()}, name
+        assert set(bands) == set(plan.FORWARD_BANDS), gpu  # every head dim and causality the stages take
+
+
 @pytest.mark.parametrize(("why", "make"), [
     ("compute capability", lambda: route(t(1, 2, 128, 64), t(1, 2, 128, 64), t(1, 2, 128, 64),
                                          props=configs.KNOWN_DEVICES["A100"])),
@@ -120,7 +135,7 @@ def test_the_forward_follows_the_bands_of_n_q(head_dim, causal, expected):
     for n, forward in expected.items():
         chosen = route(*(t(1, 1, n, head_dim),) * 3, causal=causal)
         assert chosen.forward == forward, (n, str(chosen))
-        assert "FORWARD_BANDS" in chosen.forward_why
+        assert "BANDS_BY_GPU" in chosen.forward_why
 
 
 def test_the_short_causal_band_follows_the_attention_grids():

@@ -515,7 +515,8 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
     runs: on a Hopper GPU with a tested Triton, the forward measured fastest for the call's head dim, causality
-    and length (``plan.FORWARD_BANDS``) where the call fits the Gluon stages, else v7; b1 for a backward that needs
+    and length on this GPU (``plan.BANDS_BY_GPU``, the H200's where this GPU has no measurement) where the call
+    fits the Gluon stages, else v7; b1 for a backward that needs
     none of b3's options, else b3.
     Nothing is launched.
 
@@ -534,7 +535,8 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         print(explain(q, q, q, causal=True))
         # forward  v8f: the fastest forward measured on the H200 at causal, D = 128, N_q = 4096 <= 8192
-        #          (plan.FORWARD_BANDS)
+        #          (plan.BANDS_BY_GPU)        (on an H200; another Hopper GPU's own measurement where it has one,
+        #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
     if is_causal is not None:

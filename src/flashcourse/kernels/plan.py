@@ -67,10 +67,25 @@ FORWARD_BANDS = {
 FA3_HEAD_DIMS = frozenset(head_dim for head_dim, _ in FORWARD_BANDS)
 FA3_DTYPES = (torch.float16, torch.bfloat16)
 
+# The bands of each GPU they were measured on, by the name torch gives the device (configs.DeviceProps.name), and
+# the short name explain() says. A Hopper GPU with no measurement of its own takes the H200's bands, the fallback,
+# and says so.
+FALLBACK_GPU = "NVIDIA H200"
+BANDS_BY_GPU = {"NVIDIA H200": ("H200", FORWARD_BANDS)}
 
-def band_forward(head_dim: int, causal: bool, n_q: int) -> tuple[str, int | None]:
-    """(forward, the band's longest N_q or None) that FORWARD_BANDS gives a call; (head_dim, causal) must be a key."""
-    for limit, forward in FORWARD_BANDS[head_dim, causal]:
+
+def bands_for(gpu_name: str) -> tuple[str, dict, bool]:
+    """(the short name of the GPU whose measurement serves ``gpu_name``, its bands, whether it is the fallback)."""
+    measured = BANDS_BY_GPU.get(gpu_name)
+    if measured is not None:
+        return (*measured, False)
+    return (*BANDS_BY_GPU[FALLBACK_GPU], True)
+
+
+def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BANDS) -> tuple[str, int | None]:
+    """(forward, the band's longest N_q or None) that ``bands`` (FORWARD_BANDS, the H200's, by default) give a call;
+    (head_dim, causal) must be a key."""
+    for limit, forward in bands[head_dim, causal]:
         if limit is None or n_q <= limit:
             return forward, limit
     raise AssertionError("every FORWARD_BANDS entry ends with an open band")
@@ -134,11 +149,14 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     if n_q == 0 or n_kv == 0 or batch * heads == 0:
         return None, "an empty call"
     causal = bool(rules.causal)
-    stage, limit = band_forward(head_dim, causal, n_q)
+    gpu, bands, fallback = bands_for(props.name)
+    stage, limit = band_forward(head_dim, causal, n_q, bands)
     band = (f"{'causal' if causal else 'non-causal'}, D = {head_dim}, N_q = {n_q}"
             + (f" <= {limit}" if limit is not None else ""))
+    source = (f"plan.BANDS_BY_GPU; no measurement on the {props.name}, so the {gpu}'s, the fallback" if fallback
+              else "plan.BANDS_BY_GPU")
     if stage == "v7":
-        return None, f"v7 measured faster on the H200 than every Gluon stage at {band} (plan.FORWARD_BANDS)"
+        return None, f"v7 measured faster on the {gpu} than every Gluon stage at {band} ({source})"
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
@@ -152,7 +170,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
-    return stage, f"the fastest forward measured on the H200 at {band} (plan.FORWARD_BANDS)"
+    return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
