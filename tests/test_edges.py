@@ -187,6 +187,8 @@ def test_cache_seqlens_as_an_int(rng):
     assert_close(o, kernels.flash_decode(q, k, v, cache_seqlens=[17, 17]).double(), what="cache_seqlens=17")
     with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 41"):
         kernels.flash_decode(q, k, v, cache_seqlens=41)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 1099511627776"):  # past int32: no overflow error
+        kernels.flash_decode(q, k, v, cache_seqlens=[3, 2**40])
 
 
 def test_no_kv_heads_is_a_clear_error(rng):
