@@ -228,6 +228,19 @@ def test_a_value_equal_to_a_kept_one_is_still_checked(rng, bad):
         kernels.flash_attention(q, q, q, **{"scale": 1.0, "enable_gqa": True, **bad})
 
 
+@pytest.mark.parametrize(("options", "keyable"), [
+    ((0.25, 2, (8, 0), 30.0), True), ((None, None, None, None), True), ((True, None, None, None), False),
+    ((None, True, None, None), False), ((None, None, None, True), False), ((None, None, (8.0, 0), None), False),
+    ((None, None, (8, False), None), False),
+])
+def test_decode_keeps_no_plan_for_options_equal_to_valid_ones(options, keyable):
+    """Decode's key holds its options as given (plans are kept on a GPU): True == 1 == 1.0, so a bool or a float
+    window must not find the plan of a valid call (they are refused in full instead)."""
+    from flashcourse.kernels.decode import keyable_options
+
+    assert keyable_options(options + (None, None, None, None)) is keyable
+
+
 def test_reference_agrees_on_the_mean_of_v():
     """The float64 spec itself gives the mean of v for equal scores (what case 7's test compares with)."""
     q = np.full((1, 4), 1e15)
