@@ -97,7 +97,7 @@ def test_backward_schemes_compare_at_equal_launches_and_a_backward_only_sweep_ke
 
 # ------------------------------------------------------------------ KERNELS.md, part 1: the version table
 # The story's table has one row per kernel version of the registries, and cites for each the newest committed run
-# that timed it: the lowest and highest ratio to cuDNN's time in that run (fp16 and bf16, every shape, or one head
+# on its GPU that timed it: the lowest and highest ratio to cuDNN's time in that run (fp16 and bf16, every shape, or one head
 # dim where the row says "D = ..."). Where a run swept launches, a shape counts at the version's fastest launch.
 STORY_HEADER = "| version | what it changed | verdict | x cuDNN, newest run | run |"
 RUN_FILE = re.compile(r"`(\d{4}-\d\d-\d\d-[\w.-]+\.json)`(?:, D = (\d+))?(?:, N >= (\d+))?$")
@@ -150,6 +150,10 @@ def _ratios_to_cudnn(path: Path, version: str, head_dim: int | None, min_n: int 
             and key in r]
 
 
+def _device(path: Path) -> str:
+    return json.loads(path.read_text())["meta"]["device"]
+
+
 def _timing_files() -> list[Path]:
     kinds = ("-versions.json", "-sweep.json")
     return sorted(p for p in RESULTS.glob("*.json")
@@ -177,5 +181,7 @@ def test_kernels_story_table_cites_the_newest_run_and_its_figure(version):
     assert ratios, f"{version}: {cited.name} holds no timed rows of it"
     assert cells[3] == f"{min(ratios):.2f}-{max(ratios):.2f}x", (
         f"{version}: the table says {cells[3]}, {cited.name} gives {min(ratios):.2f}-{max(ratios):.2f}x")
-    newer = [p.name for p in _timing_files() if p.name[:10] > cited.name[:10] and _ratios_to_cudnn(p, version, None)]
-    assert not newer, f"{version}: newer runs timed it ({newer}); cite the newest"
+    device = _device(cited)  # the story reads one GPU's runs: a newer run on another GPU is another claim
+    newer = [p.name for p in _timing_files() if p.name[:10] > cited.name[:10] and _device(p) == device
+             and _ratios_to_cudnn(p, version, None)]
+    assert not newer, f"{version}: newer runs on the {device} timed it ({newer}); cite the newest"
