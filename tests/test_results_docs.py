@@ -97,8 +97,9 @@ def test_backward_schemes_compare_at_equal_launches_and_a_backward_only_sweep_ke
 
 # ------------------------------------------------------------------ KERNELS.md, part 1: the version table
 # The story's table has one row per kernel version of the registries, and cites for each the newest committed run
-# on its GPU that timed it: the lowest and highest ratio to cuDNN's time in that run (fp16 and bf16, every shape, or one head
-# dim where the row says "D = ..."). Where a run swept launches, a shape counts at the version's fastest launch.
+# on its GPU that timed it: the lowest and highest ratio to cuDNN's time in that run (fp16 and bf16, every shape,
+# or one head dim where the row says "D = ..."). Where a run swept launches, a shape counts at the version's
+# fastest launch.
 STORY_HEADER = "| version | what it changed | verdict | x cuDNN, newest run | run |"
 RUN_FILE = re.compile(r"`(\d{4}-\d\d-\d\d-[\w.-]+\.json)`(?:, D = (\d+))?(?:, N >= (\d+))?$")
 RESULTS = ROOT / "benchmarks" / "results"
