@@ -313,3 +313,22 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
         got = _emulate_b7(q, k, v, o, lse, do, causal)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
+
+
+# ------------------------------------------------------------------------------------------ the GPU script
+def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
+    """benchmarks/gpu_b7.py (run on the GPU by the lead) covers D 64 and 128, both dtypes, causal and not, checks
+    one row and lengths that end mid-tile for every tile it uses, and says what it needs on a CPU."""
+    spec = importlib.util.spec_from_file_location("_gpu_b7", ROOT / "benchmarks" / "gpu_b7.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cases = script.time_shapes(quick=False)
+    assert {(d, dt, c) for _, _, _, d, dt, c in cases} == {
+        (d, dt, c) for d in (64, 128) for dt in ("float16", "bfloat16") for c in (False, True)}
+    assert {n for _, _, n, *_ in cases} >= {4096, 8192}
+    assert 1 in script.CHECK_NS and any(n % 32 for n in script.CHECK_NS) and any(n % 128 for n in script.CHECK_NS)
+    assert {"sdpa_cudnn", "b1", "fa4"} <= set(script.REFERENCES)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout + proc.stderr[-2000:]
