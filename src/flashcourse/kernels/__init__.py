@@ -61,7 +61,7 @@ from .plan import (  # noqa: E402
     with_tensors,
     without_tensors,
 )
-from .rules import parse_mask_rules, parse_rules  # noqa: E402
+from .rules import parse_mask_rules, parse_rules, varlen_document_ids  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -164,6 +164,20 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     return BlockMask.build(rules, batch, H, N_q, N_kv, device, block_size)
 
 
+def _spelled_options(q, k, causal, is_causal, window, document_ids, mask_mod, block_mask, varlen) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call that spells them another way: SDPA's ``is_causal``,
+    flash-attn's ``cu_seqlens`` (``varlen``: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or a block
+    mask that carries them. Every entry point asks it once, before the front door (``plan.plan_for``)."""
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    if varlen[0] is not None or varlen[1] is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
+    return causal, window, document_ids, mask_mod
+
+
 def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
     """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
     if not isinstance(block_mask, BlockMask):
@@ -177,7 +191,8 @@ def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> t
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                             alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
-                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
+                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16,
+                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
@@ -203,7 +218,12 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: its
@@ -248,11 +268,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
@@ -278,7 +297,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
-                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None):
+                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
+                             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
     P is recomputed from (q, k, lse) tile by tile, so no N_q x N_k matrix is kept between the two passes; a
@@ -292,6 +312,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
             forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
             must be the forward's, or the gradients belong to another attention.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's packed sequences, if it had
+            them (flash-attn's varlen spelling of ``document_ids``).
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
@@ -306,11 +328,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
             return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
@@ -399,7 +420,8 @@ def _sdpa_causal(causal, is_causal):
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                     alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
                     is_causal: bool | None = None, return_lse: bool = False, forward_version: str | None = None,
-                    backward_version: str | None = None):
+                    backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                    max_seqlen_k=None):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -429,7 +451,12 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: the
@@ -481,11 +508,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0), enable_gqa=True)  # 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
         # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
@@ -510,18 +536,21 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
 def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None, alibi_slopes=None,
             document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
             is_causal: bool | None = None, forward_version: str | None = None,
-            backward_version: str | None = None) -> Route:
+            backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None) -> Route:
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
     runs: on a Hopper GPU with a tested Triton, the forward measured fastest for the call's head dim, causality
-    and length (``plan.FORWARD_BANDS``) where the call fits the Gluon stages, else v7; b1 for a backward that needs
+    and length on this GPU (``plan.BANDS_BY_GPU``, the H200's where this GPU has no measurement) where the call
+    fits the Gluon stages, else v7; b1 for a backward that needs
     none of b3's options, else b3.
     Nothing is launched.
 
     Args:
         q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
         block_mask, enable_gqa, is_causal, forward_version, backward_version: as for :func:`flash_attention`,
             checked as it checks them.
 
@@ -534,14 +563,14 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         print(explain(q, q, q, causal=True))
         # forward  v8f: the fastest forward measured on the H200 at causal, D = 128, N_q = 4096 <= 8192
-        #          (plan.FORWARD_BANDS)
+        #          (plan.BANDS_BY_GPU)        (on an H200; another Hopper GPU's own measurement where it has one,
+        #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                        enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
