@@ -4,7 +4,7 @@ The GPU machines have Triton 3.6 and no network; Triton 3.9's wheel for CPython 
 device call carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
 
     python3 scripts/wheel_parts.py download          # pip download triton==3.9.* (cp312, manylinux x86-64) into .t39/
-    python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 48)
+    python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 46)
     python3 scripts/wheel_parts.py commands          # prints the K back-to-back device calls below
 
 and on the GPU machine, one call per part while it stays warm (the parts live in its /tmp, which a machine gone
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("action", choices=("download", "split", "commands"))
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the wheel and its parts go (ignored)")
     parser.add_argument("--requirement", default=DEFAULT_REQUIREMENT)
-    parser.add_argument("--part-mib", type=float, default=48.0,
+    parser.add_argument("--part-mib", type=float, default=46.0,
                         help="largest part in MiB (64 MiB a call, less the working tree)")
     parser.add_argument("--run", default="PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --out $OUT",
                         help="what the last call runs once Triton is installed")
