@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
     parser.add_argument("--quick", action="store_true", help="N = 8192 only")
     parser.add_argument("--stage-timeout", type=float, default=150.0, help="seconds for b7's child")
-    parser.add_argument("--budget", type=float, default=220.0,
+    parser.add_argument("--budget", type=float, default=200.0,
                         help="seconds for the whole run (90 s of it kept for the references)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rows", help=argparse.SUPPRESS)
