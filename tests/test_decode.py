@@ -11,6 +11,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
+from flashcourse.kernels import plan  # noqa: E402
 from flashcourse.kernels.decode import DecodeSwitches, quantize_kv_cache, v_keys_adjacent  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
@@ -117,14 +118,40 @@ def test_any_number_of_splits_gives_the_same_answer(rng, num_splits):
     assert_close(o, expected(q, k, v, [90]), what=f"decode with {num_splits} splits")
 
 
-def test_split_outputs_combine_with_merge_partials(rng):
-    """What the combine kernel computes, written with reference.merge_partials over two halves."""
+def test_split_outputs_combine_with_merge_partials(rng, monkeypatch):
+    """What the combine kernel computes, written with reference.merge_partials: the split kernel's two partial
+    outputs and lses (read as the combine kernel receives them) are each attention over their own keys, and the
+    combine's output is their merge. A call that never splits launches no combine and fails here."""
+    from flashcourse.kernels import decode
+
+    combine = decode._decode_combine_kernel
+    received = []
+
+    class Spy:  # the combine kernel, its partials copied as it receives them
+        def __getattr__(self, name):  # what the launch cache reads of the kernel
+            return getattr(combine, name)
+
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                received.append((kwargs["O_PART"].clone(), kwargs["LSE_PART"].clone()))
+                return combine[grid](**kwargs)
+            return launch
+
+    monkeypatch.setattr(decode, "_decode_combine_kernel", Spy())
     q, k, v = make(rng, 1, 2, 2, 50, 16, torch.float64)
+    # Key tiles of 16: each split covers whole tiles, cdiv(cdiv(50, 2), 16) * 16 = 32 keys, the second the rest.
+    o = kernels.flash_decode(q.float(), k.float(), v.float(), num_splits=2, block_n=16)
+    assert len(received) == 1, "two splits must be merged by one combine launch"
+    o_part, lse_part = received[0]  # (1, H_q, 2, BLOCK_D), (1, H_q, 2)
     qn, kn, vn = q.numpy()[0][:, None], k.numpy()[0], v.numpy()[0]
-    o1, lse1 = reference.attention_lse(qn, kn[:, :20], vn[:, :20])
-    o2, lse2 = reference.attention_lse(qn, kn[:, 20:], vn[:, 20:])
+    split_len = 32
+    o1, lse1 = reference.attention_lse(qn, kn[:, :split_len], vn[:, :split_len])
+    o2, lse2 = reference.attention_lse(qn, kn[:, split_len:], vn[:, split_len:])
+    assert_close(o_part[0, :, 0, :16], o1[:, 0], what="the first split's partial output")
+    assert_close(o_part[0, :, 1, :16], o2[:, 0], what="the second split's partial output")
+    assert_close(lse_part[0, :, 0], lse1[:, 0], what="the first split's lse")
+    assert_close(lse_part[0, :, 1], lse2[:, 0], what="the second split's lse")
     merged, _ = reference.merge_partials(o1, lse1, o2, lse2)
-    o = kernels.flash_decode(q.float(), k.float(), v.float(), num_splits=2)
     assert_close(o, merged[:, 0][None], what="decode vs merge_partials of two splits")
 
 
@@ -138,7 +165,7 @@ def test_empty_sequence_gives_zero(rng):
     "kwargs,error,words",
     [
         ({"q": (2, 3, 16)}, ValueError, "multiple of H_kv"),
-        ({"q": (2, 4, 8), "kv": (2, 2, 10, 8)}, ValueError, "head dim 8"),
+        ({"q": (2, 4, 4), "kv": (2, 2, 10, 4)}, ValueError, "head dim 4 is not supported: expected 8 to 256"),
         ({"q": (3, 4, 16)}, ValueError, "batch"),
         ({"q": (2, 4, 1, 16)}, ValueError, r"\(B, H_q, D\)"),
     ],
@@ -163,7 +190,7 @@ def test_lengths_as_a_list_or_tuple(rng, as_type):
     q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
     o = kernels.flash_decode(q, k, v, cache_seqlens=as_type([40, 0, 17]), num_splits=2)
     assert_close(o, expected(q, k, v, [40, 0, 17]), what=f"decode with lengths as a {as_type.__name__}")
-    with pytest.raises(TypeError, match="expected ints"):
+    with pytest.raises(TypeError, match="expected an int, a list of ints"):
         kernels.flash_decode(q, k, v, cache_seqlens=[40, 0.5, 17])
 
 
@@ -194,7 +221,7 @@ def test_the_kernel_clamps_lengths_it_was_not_checked_on(rng, monkeypatch, page_
     rows of a 40-row cache (48 in pages), and a window would start past the cache."""
     from flashcourse.kernels import decode
 
-    monkeypatch.setattr(decode, "_check_lengths", lambda *args: None)  # as on a kept plan's later calls
+    monkeypatch.setattr(decode, "check_lengths", lambda *args: None)  # as on a kept plan's later calls
     q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
     cache, n_max = {"k_cache": k, "v_cache": v}, 40
     if page_size is not None:
@@ -217,7 +244,7 @@ def test_a_kept_plan_checks_list_lengths_and_clamps_tensor_lengths(rng, monkeypa
     first_call = decode._first_call
     monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout",))
     monkeypatch.setattr(decode, "_first_call", lambda *args: made.append(1) or first_call(*args))
-    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(plan.PLANS, "plans", {})
     q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
     lens = torch.tensor([32, 9], dtype=torch.int32, device=DEVICE)
     kernels.flash_decode(q, k, v, cache_seqlens=lens)
@@ -289,7 +316,7 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
 
     monkeypatch.setattr(InterpretedFunction, "__getitem__", full_launch)
     monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout", args[-1]))  # kept, as on a GPU
-    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(plan.PLANS, "plans", {})
     monkeypatch.setattr(decode, "_LAUNCHES", LaunchCache())
     for step in range(2):
         q, k, v = make(rng, 2, 4, 2, 48, 16, torch.float32)
@@ -303,11 +330,16 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
     assert replayed == ["_decode_split_kernel", *combine], "the second call replays the plan's launches"
 
 
-@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf")])
-def test_scale_must_be_finite(rng, scale):
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf"), 0.0, -0.05])
+def test_scale_follows_the_attention_rule(rng, scale):
+    """Decode and attention share one scale rule (a finite number > 0): decode's own check let 0 and negatives
+    through, and scale=0.0 or -0.05 gave all NaN (issue 48, case 1)."""
     q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)
-    with pytest.raises(ValueError, match="scale must be a finite number"):
+    with pytest.raises(ValueError, match=r"scale is .*: expected a finite number > 0"):
         kernels.flash_decode(q, k, v, scale=scale)
+    q4 = q[:, :, None, :]
+    with pytest.raises(ValueError, match=r"scale is .*: expected a finite number > 0"):
+        kernels.flash_attention(q4, k, v, scale=scale, enable_gqa=True)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
 
 Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D), H_kv = H_q or, with
-``enable_gqa=True``, a divisor of it; any strides; D in 16, 32, 64, 80, 96, 128, 256)::
+``enable_gqa=True``, a divisor of it; any strides; any head dim D from 8 to 256)::
 
     flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
                     document_ids=None, mask_mod=None, block_mask=None, enable_gqa=False, is_causal=None,
@@ -61,7 +61,7 @@ from .plan import (  # noqa: E402
     with_tensors,
     without_tensors,
 )
-from .rules import parse_mask_rules, parse_rules  # noqa: E402
+from .rules import parse_mask_rules, parse_rules, varlen_document_ids  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -164,6 +164,20 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     return BlockMask.build(rules, batch, H, N_q, N_kv, device, block_size)
 
 
+def _spelled_options(q, k, causal, is_causal, window, document_ids, mask_mod, block_mask, varlen) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call that spells them another way: SDPA's ``is_causal``,
+    flash-attn's ``cu_seqlens`` (``varlen``: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or a block
+    mask that carries them. Every entry point asks it once, before the front door (``plan.plan_for``)."""
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    if varlen[0] is not None or varlen[1] is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
+    return causal, window, document_ids, mask_mod
+
+
 def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
     """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
     if not isinstance(block_mask, BlockMask):
@@ -177,12 +191,16 @@ def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> t
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                             alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
-                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16):
+                            q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16,
+                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -200,7 +218,12 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: its
@@ -245,11 +268,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if getattr(q, "dtype", None) is fp8.FP8:
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
@@ -275,7 +297,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
-                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None):
+                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
+                             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
     P is recomputed from (q, k, lse) tile by tile, so no N_q x N_k matrix is kept between the two passes; a
@@ -289,6 +312,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
             forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
             must be the forward's, or the gradients belong to another attention.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's packed sequences, if it had
+            them (flash-attn's varlen spelling of ``document_ids``).
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
@@ -303,11 +328,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
             return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
@@ -334,7 +358,12 @@ class FlashAttentionFunction(torch.autograd.Function):
     ``apply(q, k, v, plan, call)``: ``call`` is None for a call that needs only the plan (its rules are the plan's,
     no block mask, o alone returned), else (rules without tensors, block_mask, alibi_slopes, document_ids,
     return_lse). Autograd's own work grows with the number of arguments, so the usual call passes five. The
-    tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx."""
+    tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx.
+
+    With ``return_lse`` the lse is differentiable (as FlexAttention's): its gradient enters the backward's
+    preprocess, delta = rowsum(dO * O) - dLSE, since d lse_i / d s_ij = P_ij. The backward itself has no
+    derivative: a backward with ``create_graph=True`` raises a RuntimeError at once (SDPA's flash backend raises
+    for a double backward too), instead of gradients whose own gradients would be wrong or silently zero."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: Plan, call):
@@ -350,22 +379,28 @@ class FlashAttentionFunction(torch.autograd.Function):
         ctx.rules, ctx.block_mask = rules, block_mask  # rules without tensors (without_tensors)
         if not return_lse:  # one output: the usual call pays for no second one
             return o
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # no zeros allocated for lse's gradient, which is never used
+        ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, no zeros allocated
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, *_dlse):
-        if do is None:  # o took no part in the loss (only lse was used, and it has no gradient)
+    def backward(ctx, do, dlse=None):
+        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
+            raise RuntimeError("flash_attention has no double backward: its gradients cannot be differentiated "
+                               "again, so a backward with create_graph=True (a gradient penalty, Hessian-vector "
+                               "products) is refused. Compute that term with reference attention in float64 or "
+                               "F.scaled_dot_product_attention's math backend")
+        if do is None and dlse is None:
             return None, None, None, None, None
         plan = ctx.plan
         if ctx.rules is None:
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = plan.backward(q, k, v, o, lse, do, plan.rules, None)
+            rules, block_mask = plan.rules, None
         else:
             q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
-            dq, dk, dv = plan.backward(q, k, v, o, lse, do, with_tensors(ctx.rules, alibi_slopes, document_ids),
-                                       ctx.block_mask)
+            rules, block_mask = with_tensors(ctx.rules, alibi_slopes, document_ids), ctx.block_mask
+        if do is None:  # only the lse is in the loss: o's gradient is 0
+            do = torch.zeros_like(o)
+        dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, block_mask, dlse=dlse)
         return dq, dk, dv, None, None
 
 
@@ -385,7 +420,8 @@ def _sdpa_causal(causal, is_causal):
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                     alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
                     is_causal: bool | None = None, return_lse: bool = False, forward_version: str | None = None,
-                    backward_version: str | None = None):
+                    backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                    max_seqlen_k=None):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -393,8 +429,11 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     no input requiring it) it skips autograd and runs the forward alone.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -412,7 +451,12 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: the
@@ -426,7 +470,9 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         is_causal: None (default) or a bool, SDPA's spelling of ``causal`` (True is "top_left"), so a call
             written for SDPA runs unchanged; given with a different ``causal``, a ValueError.
         return_lse: False (default) returns o; True returns (o, lse), lse (B, H_q, N_q) float32, each row's
-            natural-log log-sum-exp (-inf for a row that sees no key), which carries no gradient.
+            natural-log log-sum-exp (-inf for a row that sees no key). The lse is differentiable, as
+            FlexAttention's: a loss that uses it gets its term in the gradients. No double backward: a backward
+            with ``create_graph=True`` raises a RuntimeError (SDPA's flash backend has none either).
 
     The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
     query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
@@ -462,11 +508,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0), enable_gqa=True)  # 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
         # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
@@ -491,18 +536,21 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
 def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None, alibi_slopes=None,
             document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
             is_causal: bool | None = None, forward_version: str | None = None,
-            backward_version: str | None = None) -> Route:
+            backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None) -> Route:
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
     runs: on a Hopper GPU with a tested Triton, the forward measured fastest for the call's head dim, causality
-    and length (``plan.FORWARD_BANDS``) where the call fits the Gluon stages, else v7; b1 for a backward that needs
+    and length on this GPU (``plan.BANDS_BY_GPU``, the H200's where this GPU has no measurement) where the call
+    fits the Gluon stages, else v7; b1 for a backward that needs
     none of b3's options, else b3.
     Nothing is launched.
 
     Args:
         q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
         block_mask, enable_gqa, is_causal, forward_version, backward_version: as for :func:`flash_attention`,
             checked as it checks them.
 
@@ -515,14 +563,14 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         print(explain(q, q, q, causal=True))
         # forward  v8f: the fastest forward measured on the H200 at causal, D = 128, N_q = 4096 <= 8192
-        #          (plan.FORWARD_BANDS)
+        #          (plan.BANDS_BY_GPU)        (on an H200; another Hopper GPU's own measurement where it has one,
+        #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                        enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
@@ -543,7 +591,7 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
                         document_ids=document_ids)
     check_gqa(q, k, enable_gqa)
     o, lse = ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, forward_version,
-                                    backward_version)
+                                    backward_version, lse_grad=return_lse)
     return (o, lse) if return_lse else o
 
 

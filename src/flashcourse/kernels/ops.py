@@ -36,7 +36,7 @@ def _options(causal: str, window_left: int, window_right: int, softcap: Optional
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_slopes: Optional[torch.Tensor],
                       document_ids: Optional[torch.Tensor], causal: str, window_left: int, window_right: int,
                       softcap: Optional[float], scale: Optional[float], enable_gqa: bool,
-                      forward_version: Optional[str], backward_version: Optional[str]
+                      forward_version: Optional[str], backward_version: Optional[str], lse_grad: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
                                                document_ids), scale=scale, enable_gqa=enable_gqa,
@@ -46,7 +46,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_s
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale,
-                            enable_gqa, forward_version, backward_version):
+                            enable_gqa, forward_version, backward_version, lse_grad=False):
     check_qkv(q, k, v)  # while tracing: the compiled call refuses what the eager one does
     batch, heads, n_q, _ = q.shape
     # As the kernels allocate them: o like q (strides too), lse (B, H_q, N_q) float32 contiguous.
@@ -57,12 +57,12 @@ def _attention_forward_fake(q, k, v, alibi_slopes, document_ids, causal, window_
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                        do: torch.Tensor, alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor],
                        causal: str, window_left: int, window_right: int, softcap: Optional[float],
-                       scale: Optional[float], enable_gqa: bool, backward_version: Optional[str]
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: Optional[float], enable_gqa: bool, backward_version: Optional[str],
+                       dlse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
                                                document_ids), scale=scale, enable_gqa=enable_gqa,
                            backward_version=backward_version)
-    dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, None)
+    dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, None, dlse=dlse)
     # The fake promises q's, k's and v's strides (a compiler may check them); b2, b4 and b5 build dq contiguous.
     if dq.stride() != q.stride():
         dq = torch.empty_like(q).copy_(dq)
@@ -71,27 +71,30 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left, window_right,
-                             softcap, scale, enable_gqa, backward_version):
+                             softcap, scale, enable_gqa, backward_version, dlse=None):
     check_qkv(q, k, v)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, enable_gqa, _,
-     backward_version) = inputs
+     backward_version, lse_grad) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
     ctx.options = (causal, window_left, window_right, softcap, scale, enable_gqa, backward_version)
-    ctx.mark_non_differentiable(lse)
+    ctx.lse_grad = lse_grad
+    if not lse_grad:  # a call that does not return the lse: its (zero) gradient is not passed on
+        ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, do, _dlse):
+def _backward(ctx, do, dlse):
     q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
     causal, window_left, window_right, softcap, scale, enable_gqa, backward_version = ctx.options
+    # The returned lse is differentiable (return_lse=True): its gradient enters delta (plan.Plan.backward).
     dq, dk, dv = attention_backward(q, k, v, o, lse, do, alibi_slopes, document_ids, causal, window_left,
-                                    window_right, softcap, scale, enable_gqa, backward_version)
-    # lse is returned for the caller's use (return_lse=True) and has no gradient.
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+                                    window_right, softcap, scale, enable_gqa, backward_version,
+                                    dlse if ctx.lse_grad else None)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -104,6 +107,9 @@ def flat_rules(rules: Rules) -> tuple:
     return rules.alibi_slopes, rules.document_ids, rules.causal or "", window_left, window_right, rules.softcap
 
 
-def attention_in_graph(q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version):
-    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op); (o, lse)."""
-    return attention_forward(q, k, v, *flat_rules(rules), scale, enable_gqa, forward_version, backward_version)
+def attention_in_graph(q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version,
+                       lse_grad: bool = False):
+    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op); (o, lse),
+    the lse differentiable with ``lse_grad`` (a call with return_lse=True)."""
+    return attention_forward(q, k, v, *flat_rules(rules), scale, enable_gqa, forward_version, backward_version,
+                             lse_grad)

@@ -22,14 +22,14 @@ plan for that call alone: their tensors change from call to call (a ``mask_mod``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import triton
 
 from . import configs, launch
-from ._checks import check_qkv
+from ._checks import check_qkv, check_scale
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
 from .common import tma_scratch
@@ -67,10 +67,46 @@ FORWARD_BANDS = {
 FA3_HEAD_DIMS = frozenset(head_dim for head_dim, _ in FORWARD_BANDS)
 FA3_DTYPES = (torch.float16, torch.bfloat16)
 
+# The H100 80GB HBM3's bands, derived as the H200's from its own stage table by length (H100_FA3_RESULTS, fp16 and
+# bf16, D 64 and 128; tests/test_plan.py holds them to it): from N = 2048 on, each band's kernel within 2% of the
+# fastest there. Where they differ from the H200's (key ratio_vs_sdpa_cudnn, fp16 / bf16):
+# - D = 64, causal: v8a to N = 4096 only (0.99 / 0.98x there, v8f 0.98 / 0.97x); at 8192 v8f 1.01 / 1.02x against
+#   v8a's 1.00 / 1.00x, v8a 2.5% behind in bf16.
+# - D = 128, causal: v8f to N = 4096 only (1.01 / 0.99x, v8d 1.01 / 0.97x); at 8192 v8d 1.07 / 1.08x, v8f 1.04 /
+#   1.07x, 2.6% behind in fp16.
+# At N_q <= 1024 the script is host-bound, as on the H200: D = 64 keeps v7 (causal: 0.73x in both, the fastest of
+# the table there by 29%, and 0.73x in the H100's attention grid, 2026-12-06-nvidia-h100-80gb-hbm3-attention-fp16-
+# d64.json) and v8f (not causal: 0.88x in that grid); D = 128 keeps the H200's short bands (no H100 grid at D = 128).
+# No H100 run at D = 256: the H200's bands serve it, said as the fallback.
+H100_FA3_RESULTS = ("benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-fa3-stages-v8a-v8d-v8f-n1024-2048-4096-8192-"
+                    "16384.json")
+H100_FORWARD_BANDS = {
+    (64, False): ((None, "v8f"),),
+    (64, True): ((1024, "v7"), (4096, "v8a"), (None, "v8f")),
+    (128, False): ((None, "v8d"),),
+    (128, True): ((1024, "v8d"), (4096, "v8f"), (None, "v8d")),
+}
 
-def band_forward(head_dim: int, causal: bool, n_q: int) -> tuple[str, int | None]:
-    """(forward, the band's longest N_q or None) that FORWARD_BANDS gives a call; (head_dim, causal) must be a key."""
-    for limit, forward in FORWARD_BANDS[head_dim, causal]:
+# The bands of each GPU they were measured on, by the name torch gives the device (configs.DeviceProps.name), with
+# the short name explain() says. A Hopper GPU with no measurement of its own, or none at a head dim and causality,
+# takes the H200's there (the fallback, as the H200's was the only dispatch before), and explain() says so.
+FALLBACK_GPU = "NVIDIA H200"
+BANDS_BY_GPU = {"NVIDIA H200": ("H200", FORWARD_BANDS), "NVIDIA H100 80GB HBM3": ("H100", H100_FORWARD_BANDS)}
+
+
+def bands_for(gpu_name: str, head_dim: int, causal: bool) -> tuple[str, dict, bool]:
+    """(the short name of the GPU whose measurement serves ``gpu_name`` at (head_dim, causal), its bands, whether
+    they are the fallback's)."""
+    measured = BANDS_BY_GPU.get(gpu_name)
+    if measured is not None and (head_dim, causal) in measured[1]:
+        return (*measured, False)
+    return (*BANDS_BY_GPU[FALLBACK_GPU], True)
+
+
+def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BANDS) -> tuple[str, int | None]:
+    """(forward, the band's longest N_q or None) that ``bands`` (FORWARD_BANDS, the H200's, by default) give a call;
+    (head_dim, causal) must be a key."""
+    for limit, forward in bands[head_dim, causal]:
         if limit is None or n_q <= limit:
             return forward, limit
     raise AssertionError("every FORWARD_BANDS entry ends with an open band")
@@ -134,11 +170,14 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     if n_q == 0 or n_kv == 0 or batch * heads == 0:
         return None, "an empty call"
     causal = bool(rules.causal)
-    stage, limit = band_forward(head_dim, causal, n_q)
+    gpu, bands, fallback = bands_for(props.name, head_dim, causal)
+    stage, limit = band_forward(head_dim, causal, n_q, bands)
     band = (f"{'causal' if causal else 'non-causal'}, D = {head_dim}, N_q = {n_q}"
             + (f" <= {limit}" if limit is not None else ""))
+    source = (f"plan.BANDS_BY_GPU; no measurement on the {props.name} at D = {head_dim}, so the {gpu}'s, the "
+              "fallback" if fallback else "plan.BANDS_BY_GPU")
     if stage == "v7":
-        return None, f"v7 measured faster on the H200 than every Gluon stage at {band} (plan.FORWARD_BANDS)"
+        return None, f"v7 measured faster on the {gpu} than every Gluon stage at {band} ({source})"
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
@@ -152,7 +191,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
-    return stage, f"the fastest forward measured on the H200 at {band} (plan.FORWARD_BANDS)"
+    return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
@@ -183,22 +222,9 @@ def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, 
     return Route(forward, backward, forward_why, backward_why)
 
 
-def check_scale(scale) -> float | None:
-    """``scale`` as given (None: 1/sqrt(D)), or a ValueError: as the reference, no inf or nan, and > 0."""
-    if scale is None:
-        return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
-                        "for 1/sqrt(D)")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
-                         "pass None for 1/sqrt(D)")
-    return float(scale)
-
-
 def repeatable(q) -> bool:
     """Whether launches on q's device can be prepared once and repeated: on a GPU, where Triton compiled them (the
-    interpreter compiles nothing). ``scripts/host_profile.py`` answers True on the CPU to time a GPU's path."""
+    interpreter compiles nothing). ``benchmarks/host_profile.py`` answers True on the CPU to time a GPU's path."""
     return q.is_cuda
 
 
@@ -256,8 +282,11 @@ class Plan:
             self._forward_launch = record[0]
         return o, lse
 
-    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None):
-        """(dq, dk, dv) from the forward's (o, lse)."""
+    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None, *, dlse=None):
+        """(dq, dk, dv) from the forward's (o, lse); ``dlse``, the lse's gradient where a loss used it, or None."""
+        if dlse is not None:  # its term sits between the prepared launches: launched in full
+            return run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
+                                block_mask=block_mask, dlse=dlse)
         if self._repeat:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:
@@ -298,12 +327,35 @@ PLANS = PlanCache()
 
 
 def layout_key(q, k, v) -> tuple:
-    """What Triton specialises the kernels on, for q, k and v: shapes, strides, dtypes, devices and whether each
-    address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is on every call; the
-    device as ``get_device()``, an int, -1 on the CPU, is cheaper to make and compare than a torch.device)."""
+    """What Triton specialises the kernels on, and what the checks read, for q, k and v: shapes, strides, dtypes,
+    devices and whether each address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is
+    on every call). The device is the ``torch.device`` itself: ``get_device()`` is -1 for the CPU and for a meta
+    tensor alike, so a meta call once found a CPU call's plan and skipped the check that refuses it."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0,
-            v.data_ptr() % 16 == 0)
+            q.device, k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+
+
+class Call(NamedTuple):
+    """One attention call, normalised: the frozen description every entry point (``flash_attention``, the
+    forward, the backward, ``explain``, the ``torch.library`` ops) makes of its arguments, and the key of its plan
+    in :data:`PLANS`.
+
+    It holds everything the checks read (shapes, strides, dtypes, devices, alignment, the options as checked)
+    and nothing else, so the checks are a function of it: a call whose description is already a key passed them
+    when that plan was made, and a cache hit can never skip a check that would have failed (a failed check keeps
+    no plan). A NamedTuple, not a dataclass: it is built on every call, and a tuple is the cheapest frozen record
+    to build and hash. Calls whose rules carry tensors (ALiBi slopes, document ids, a block mask) or a
+    ``mask_mod`` have no description kept: they are checked in full every time. A new option is one more field
+    (with its check in :func:`plan_for`)."""
+
+    layout: tuple  # layout_key(q, k, v)
+    causal: str | None
+    window: tuple[int, int] | None
+    softcap: float | None
+    scale: float | int | None  # as given; None is 1/sqrt(D)
+    enable_gqa: bool
+    forward_version: str | None
+    backward_version: str | None
 
 
 def check_gqa(q, k, enable_gqa) -> None:
@@ -322,21 +374,30 @@ def check_block_mask(block_mask: BlockMask | None, q, k) -> None:
         block_mask.check_call(q, k)
 
 
+_DESCRIBED_SCALES = frozenset((float, int, type(None)))
+
+
 def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
              mask_mod=None, block_mask=None, scale=None, enable_gqa=False, forward_version=None,
              backward_version=None) -> tuple[Plan, Rules]:
-    """The plan and the checked rules of a call. A repeat call (same layout and options, rules without tensors)
-    gets its plan from :data:`PLANS` after parsing its options and building one key: its inputs were checked when
-    the plan was made, and everything they decide is in it. Any other call is checked in full."""
-    key = None
-    if alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None:
+    """The front door: the plan and the checked rules of a call. The call is described once (:class:`Call`:
+    its options parsed, its layout read); a description already in :data:`PLANS` is a call that passed every
+    check, and gets its plan at once. Any other call is checked in full, and its plan kept under its description
+    when its rules hold no tensor."""
+    call = None
+    # True == 1 == 1.0 as keys: a bool scale or a non-bool enable_gqa (refused by the checks) must never find the
+    # plan of a valid call, so only these types are described; anything else is checked in full.
+    if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
+            and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap)
-            key = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                   forward_version, backward_version)
-            plan = PLANS.plans.get(key)
+            # A Call's fields as a plain tuple, which hashes and compares equal to the Call kept under them: a
+            # NamedTuple's own constructor is a Python call, several times the cost of the tuple, on every call.
+            call = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
+                    forward_version, backward_version)
+            plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
-            key = None
+            call = None
         else:
             if plan is not None:
                 return plan, rules
@@ -347,9 +408,9 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
                         document_ids=document_ids, mask_mod=mask_mod)
     route = choose_route(q, k, v, rules, block_mask=block_mask, forward_version=forward_version,
                          backward_version=backward_version)
-    plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=key is not None)
-    if key is not None:
-        PLANS.put(key, plan)
+    plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)
+    if call is not None:
+        PLANS.put(Call._make(call), plan)
     return plan, rules
 
 

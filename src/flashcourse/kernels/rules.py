@@ -169,7 +169,21 @@ def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.dev
     if ids.device != device:
         raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
                          f".to({str(device)!r})")
+    if ids.dtype == torch.int64:  # hash-like ids past int32 would be truncated, and two documents merge
+        return document_ranks(ids)
     return ids.to(torch.int32).contiguous()
+
+
+def document_ranks(ids: torch.Tensor) -> torch.Tensor:
+    """(B, N) integer ids as (B, N) int32 ranks: each id's rank among its row's distinct ids. The kernels compare
+    ids only for equality within a row and the tile lists only by order, and ranks keep both exactly: int64 ids
+    past int32 (hash-like) stay apart instead of being truncated into one. A sort per row, on the device, no
+    value read on the host (so it traces under torch.compile)."""
+    ordered, order = ids.sort(dim=-1, stable=True)
+    new_id = torch.ones_like(ordered, dtype=torch.int32)
+    new_id[:, 0] = 0
+    new_id[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).to(torch.int32)
+    return torch.empty_like(new_id).scatter_(-1, order, new_id.cumsum(-1, dtype=torch.int32))
 
 
 def _mask_mod(mask_mod) -> Callable | None:
@@ -293,8 +307,12 @@ def parse_mask_rules(batch: int | None, n_q: int, n_kv: int, device: torch.devic
                      document_ids=None, mask_mod=None) -> Rules:
     """The mask options of a block mask for (batch, n_q, n_kv) on ``device``, checked as :func:`parse_rules`
     checks a call's; they must include a rule that needs one (documents or mask_mod)."""
-    rules = Rules(causal=causal_alignment(causal), window=check_window(window),
-                  document_ids=_document_ids(document_ids, batch, n_q, n_kv, device), mask_mod=_mask_mod(mask_mod))
+    ids = _document_ids(document_ids, batch, n_q, n_kv, device)
+    if ids is not None and ids.data_ptr() == document_ids.data_ptr():
+        # The mask's own copy: a caller that reuses its buffer (a data loader) must not change a built mask.
+        ids = ids.clone()
+    rules = Rules(causal=causal_alignment(causal), window=check_window(window), document_ids=ids,
+                  mask_mod=_mask_mod(mask_mod))
     if not rules.needs_block_mask:
         raise ValueError("a block mask is for document_ids and mask_mod, and neither was given: causal and window "
                          "alone are classified from their bounds inside the kernels, so call flash_attention(..., "
@@ -317,3 +335,44 @@ def refuse_missing(kind: str, name: str, default: str, keyword: str, rules: Rule
     if missing is not None:
         raise ValueError(f"{kind} version {name} has no {missing}: use the default version ({default}) "
                          f"or {keyword}='{default}'")
+
+
+def varlen_document_ids(q: torch.Tensor, k: torch.Tensor, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k) -> torch.Tensor:
+    """flash-attn's varlen convention as document ids: sequences packed along one row, q (1, H_q, total, D), and
+    ``cu_seqlens_q`` (n + 1,) int32, 0 = cu[0] <= cu[1] <= ... <= cu[n] = total, sequence s holding positions
+    cu[s] .. cu[s + 1] - 1. Position p's id is its sequence's index, so each sequence attends only to itself, and
+    ``causal=True`` is then causal inside each sequence. ``cu_seqlens_k`` must give the same lengths (the kernels
+    compare one id array for queries and keys); ``max_seqlen_q`` / ``max_seqlen_k``, which flash-attn sizes its grid
+    by, are accepted and checked against the packed length only. The values of cu_seqlens are not read on the host
+    (on a GPU that would wait for it; only two different tensors for q and k are compared): they must be sorted
+    from 0, as flash-attn requires."""
+    if document_ids is not None:
+        raise ValueError("document_ids and cu_seqlens_q both given: they are two spellings of packed sequences; "
+                         "pass one")
+    if cu_seqlens_k is not None and cu_seqlens_q is not None and cu_seqlens_k is not cu_seqlens_q and not (
+            isinstance(cu_seqlens_k, torch.Tensor) and isinstance(cu_seqlens_q, torch.Tensor)
+            and cu_seqlens_k.shape == cu_seqlens_q.shape and bool(torch.equal(cu_seqlens_k, cu_seqlens_q))):
+        raise ValueError("cu_seqlens_k differs from cu_seqlens_q: cross-attention lengths (each sequence's keys "
+                         "fewer or more than its queries) are not supported here, where queries and keys share one "
+                         "document id per position; pass the same cu_seqlens for both")
+    cu = cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.shape[0] < 2:
+        got = f"{tuple(cu.shape)} {cu.dtype}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+        raise ValueError(f"cu_seqlens_q is {got}: expected a (number of sequences + 1,) int32 tensor of cumulative "
+                         "lengths from 0, as flash-attn's varlen functions take it")
+    if cu.device != q.device:
+        raise ValueError(f"cu_seqlens_q is on {cu.device}, q on {q.device}: move it with .to(q.device)")
+    if q.dim() != 4 or q.shape[0] != 1 or k.shape[2] != q.shape[2]:
+        raise ValueError(f"with cu_seqlens, q has shape {tuple(q.shape)} and k {tuple(k.shape)}: expected the "
+                         "sequences packed along one row, q (1, H_q, total, D) and k, v (1, H_kv, total, D) (from "
+                         "flash-attn's (total, H, D): x.transpose(0, 1).unsqueeze(0))")
+    total = q.shape[2]
+    for name, longest in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 0):
+            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence")
+        if longest is not None and longest > total:
+            raise ValueError(f"{name} is {longest}, but the packed row holds {total} positions: no sequence is "
+                             "longer than the row")
+    positions = torch.arange(total, device=q.device, dtype=torch.int32)
+    return torch.searchsorted(cu[1:].contiguous(), positions, right=True, out_int32=True)[None]
