@@ -67,7 +67,7 @@ test: setup
 
 # `make test-fast`: ruff, the unit tests and a kernel smoke set (tests/test_kernel_smoke.py: the forward, the
 # backward and decoding against float64 at N = 1 and 17, D = 16 and 32, causal and not). Measured on 2026-12-06
-# (README, "Tests"). Left to `make test`, each for its cost:
+# (README, "Two commands"). Left to `make test`, each for its cost:
 # - whatever executes notebooks (the lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the
 #   wheel build, the site and the browser;
 # - ahead-of-time compiles (the launch fit for every supported GPU, the Gluon and FP8 stages for sm_90) and
