@@ -45,10 +45,10 @@ setup-course: $(VENV)/.installed-course
 $(VENV)/.installed-course: pyproject.toml
 	$(call install,course)
 
-# Served from the repository root (lessons link to ../exercises/), opening on notebooks/. Containers often run
-# as root, which JupyterLab refuses unless told.
+# Served from the repository root (lessons link to ../exercises/), opening on notebooks/: the LabApp's default_url,
+# since `jupyter lab` ignores the ServerApp's. Containers often run as root, which JupyterLab refuses unless told.
 lab: setup-course
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks \
 		$$(test "$$(id -u)" = 0 && echo --allow-root) $(LAB_ARGS)
 
 lint: setup

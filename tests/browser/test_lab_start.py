@@ -1,0 +1,90 @@
+"""The start as `make lab` gives it: JupyterLab started with the Makefile's own options opens on notebooks/, and
+the course's settings (installed beside its kernel) keep the news pop-up away.
+
+`jupyter lab --ServerApp.default_url=...` is ignored (the page opened on the repository root); the LabApp's
+default_url is the one that counts. This test reads the options from the Makefile's `lab` recipe, so it fails if
+the recipe goes back to an option that JupyterLab ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from flashcourse import lab_kernel
+
+from .conftest import ROOT, SCREENSHOTS, LabServer, _free_port, _stop, _wait_until_up
+from .test_jupyterlab import UI_TIMEOUT_MS
+
+pytestmark = pytest.mark.browser
+
+BREADCRUMBS = ".jp-FileBrowser .jp-BreadCrumbs"
+LISTED_NAMES = ".jp-FileBrowser .jp-DirListing-itemText"
+
+
+def make_lab_options() -> list[str]:
+    """The JupyterLab options of the Makefile's `lab` recipe (LAB_ARGS and the root-only flag left out)."""
+    recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    return re.findall(r"--(?:ServerApp|LabApp)\.[\w.]+=\S+", recipe)
+
+
+@pytest.fixture
+def make_lab_server(browser_context, tmp_path):
+    """JupyterLab started as `make lab` starts it, in a copy of the course, with the settings the course's install
+    step writes (into a prefix here, read through app_settings_dir as JupyterLab reads the venv's)."""
+    course = tmp_path / "course"
+    for folder in ("notebooks", "exercises"):
+        shutil.copytree(ROOT / folder, course / folder)
+    prefix = tmp_path / "prefix"
+    lab_kernel.install(prefix=str(prefix))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTER_PATH=str(prefix / "share" / "jupyter"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "user-settings"),  # empty: no user setting hides the pop-up
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+    port, token = _free_port(), secrets.token_hex(16)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    log = SCREENSHOTS / "jupyterlab-make-lab.log"
+    server = LabServer(url=f"http://127.0.0.1:{port}", token=token, root=course, log=log)
+    settings_dir = prefix / lab_kernel.SETTINGS_FILE.parent.parent
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", *make_lab_options(), "--no-browser", "--allow-root",
+             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={token}", f"--LabApp.app_settings_dir={settings_dir}",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            cwd=course, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        try:
+            _wait_until_up(server, process)
+            yield server
+        finally:
+            _stop(server, process)
+
+
+def test_make_lab_opens_on_the_notebooks_folder_without_the_news_pop_up(page, make_lab_server):
+    assert any(option.startswith("--LabApp.default_url=") for option in make_lab_options()), make_lab_options()
+    page.goto(f"{make_lab_server.url}/?token={make_lab_server.token}")  # what the browser `make lab` opens loads
+    page.locator(LISTED_NAMES, has_text="00_memory_hierarchy.ipynb").wait_for(timeout=UI_TIMEOUT_MS)
+    folder = page.locator(BREADCRUMBS).inner_text().strip()
+    page.screenshot(path=str(SCREENSHOTS / "lab-make-lab-start.png"))
+    assert folder.rstrip("/").endswith("notebooks"), f"the file browser shows {folder!r}, not notebooks/"
+    assert "exercises" not in page.locator(LISTED_NAMES).all_inner_texts()  # the root's folders are not listed
+
+    # The settings JupyterLab serves to the page: an override becomes the schema's default, and the course's
+    # answers the news question ("none", JupyterLab's own default, asks it in a pop-up) with "false".
+    request = urllib.request.Request(
+        f"{make_lab_server.url}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {make_lab_server.token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        served = json.loads(response.read())
+    fetch_news = served["schema"]["properties"]["fetchNews"]["default"]
+    assert fetch_news == "false", f"JupyterLab would ask about news: fetchNews is {fetch_news!r}"
+    assert not page.locator(".Toastify__toast", has_text=re.compile("news", re.I)).count()
