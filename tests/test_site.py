@@ -308,3 +308,9 @@ def test_binder_and_colab_links_come_from_the_repository_address_or_not_at_all()
     assert "https://colab.research.google.com/github/acme/flashcourse/blob/main/notebooks/02_softmax.ipynb" in links
     assert "%pip install &quot;flashcourse[course] @ git+https://github.com/acme/flashcourse&quot;" in links
     assert "<" + "owner>" not in links and "OWNER" not in links
+
+
+def test_make_book_reports_its_time_under_its_own_name():
+    recipe = (ROOT / "Makefile").read_text().split("\nbook:", 1)[1].split("\n\n", 1)[0]
+    assert "[make book]" in recipe and "call timed" not in recipe, (
+        "`make book` must say its time as its own, not as a stage of `make test`")
