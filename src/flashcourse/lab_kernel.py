@@ -87,9 +87,16 @@ def links_notice(notebook_folder: Path, root: Path | None) -> str:
             f"{course}: `make lab`, or `jupyter lab --LabApp.default_url=/lab/tree/notebooks` there.")
 
 
+def not_run_notice(failed_cell: int) -> str:
+    """What a code cell says when an error in an earlier cell kept Run All from running it."""
+    return (f"Not run: Run All stopped at the error in cell [{failed_cell}] above. Scroll up to that cell: its "
+            "message says what to fix. Then run it again, and the cells after it.")
+
+
 class CourseKernel(IPythonKernel):
     """IPython's kernel with a ``language_info`` that is the same on every machine; it also says, above the first
-    cell's output, when the links between lessons and exercises cannot open (:func:`links_notice`)."""
+    cell's output, when the links between lessons and exercises cannot open (:func:`links_notice`), and, in each
+    cell that Run All skipped after an error, where that error is (:func:`not_run_notice`)."""
 
     language_info = LANGUAGE_INFO
 
@@ -102,6 +109,17 @@ class CourseKernel(IPythonKernel):
                 self.shell.events.unregister("pre_run_cell", say_once)
 
             self.shell.events.register("pre_run_cell", say_once)
+
+    def _send_abort_reply(self, stream, msg, idents):
+        # After an error, ipykernel answers every queued execute request "aborted" and JupyterLab leaves those cells
+        # blank, while Run All has scrolled to the last one: the error is off screen. Each skipped code cell now
+        # says where it is (ipykernel's own method, extended: it sends one reply per skipped request).
+        code = (msg.get("content") or {}).get("code", "")
+        if self.session is not None and msg["header"]["msg_type"] == "execute_request" and code.strip():
+            failed = self.shell.execution_count - 1  # the count the failed cell showed
+            self.session.send(self.iopub_socket, "stream", {"name": "stdout", "text": not_run_notice(failed) + "\n"},
+                              parent=msg, ident=self._topic("stream"))
+        super()._send_abort_reply(stream, msg, idents)
 
 
 def install_lab_settings(prefix: str) -> Path:

@@ -1,5 +1,6 @@
 """The start as `make lab` gives it: JupyterLab started with the Makefile's own options opens on notebooks/, and
-the course's settings (installed beside its kernel) keep the news pop-up away.
+the course's settings (installed beside its kernel) keep the news pop-up away; after Run All stops at a failing
+check, the cells it skipped point to it.
 
 `jupyter lab --ServerApp.default_url=...` is ignored (the page opened on the repository root); the LabApp's
 default_url is the one that counts. This test reads the options from the Makefile's `lab` recipe, so it fails if
@@ -22,7 +23,7 @@ import pytest
 from flashcourse import lab_kernel
 
 from .conftest import ROOT, SCREENSHOTS, LabServer, _free_port, _stop, _wait_until_up
-from .test_jupyterlab import UI_TIMEOUT_MS
+from .test_jupyterlab import UI_TIMEOUT_MS, input_prompts, open_notebook, run_all_cells
 
 pytestmark = pytest.mark.browser
 
@@ -88,3 +89,24 @@ def test_make_lab_opens_on_the_notebooks_folder_without_the_news_pop_up(page, ma
     fetch_news = served["schema"]["properties"]["fetchNews"]["default"]
     assert fetch_news == "false", f"JupyterLab would ask about news: fetchNews is {fetch_news!r}"
     assert not page.locator(".Toastify__toast", has_text=re.compile("news", re.I)).count()
+
+
+def test_after_run_all_stops_at_a_check_the_skipped_cells_point_to_it(page, lab_server):
+    """Run All on a stub stops at the first check, and JupyterLab scrolls to the last cell: every code cell it
+    skipped says which cell failed (the course's kernel), so the one in view points back to the error."""
+    exercise = "exercises/ex03_tiled_forward.ipynb"
+    panel = open_notebook(page, lab_server, exercise)
+    run_all_cells(page, panel)
+    code_cells = panel.locator(".jp-CodeCell")
+    prompts = input_prompts(panel)
+    failed = next(i for i, cell in enumerate(code_cells.all()) if cell.locator(".jp-RenderedText[data-mime-type="
+                                                                                 "'application/vnd.jupyter.stderr']")
+                  .count())
+    number = re.search(r"\[(\d+)\]", prompts[failed]).group(1)
+    last = code_cells.last.locator(".jp-OutputArea-output")
+    last.first.wait_for(timeout=UI_TIMEOUT_MS)
+    said = last.first.inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "lab-run-all-stopped.png"))
+    assert f"Run All stopped at the error in cell [{number}]" in said, said
+    skipped = [cell.locator(".jp-OutputArea-output").first.inner_text() for cell in code_cells.all()[failed + 1:]]
+    assert skipped and all("Not run" in text for text in skipped), skipped
