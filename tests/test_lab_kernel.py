@@ -150,8 +150,7 @@ def test_a_server_started_inside_notebooks_is_named_as_why_exercise_links_do_not
     assert lab_kernel.links_notice(tmp_path / "elsewhere" / "notebooks", tmp_path / "elsewhere" / "notebooks") == ""
 
 
-def test_the_servers_folder_comes_from_its_runtime_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+def test_the_servers_folder_comes_from_its_runtime_file(tmp_path):
     (tmp_path / "jpserver-4242.json").write_text(json.dumps({"root_dir": "/srv/course/notebooks", "port": 8888}))
-    assert lab_kernel.server_root(4242) == Path("/srv/course/notebooks")
-    assert lab_kernel.server_root(4243) is None
+    assert lab_kernel.server_root(4242, tmp_path) == Path("/srv/course/notebooks")
+    assert lab_kernel.server_root(4243, tmp_path) is None

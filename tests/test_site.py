@@ -314,3 +314,12 @@ def test_make_book_reports_its_time_under_its_own_name():
     recipe = (ROOT / "Makefile").read_text().split("\nbook:", 1)[1].split("\n\n", 1)[0]
     assert "[make book]" in recipe and "call timed" not in recipe, (
         "`make book` must say its time as its own, not as a stage of `make test`")
+
+
+def test_no_page_shows_a_temporary_path(site):
+    """A warning shown the default way names the cell's temporary file (/tmp/ipykernel_123/456.py:4); the
+    interpreter notice is one plain line instead, and no other output should show such a path either."""
+    for page_path in sorted(site.rglob("*.html")):
+        text = parse(page_path).text
+        found = re.search(r"\S*ipykernel_\d+\S*", text)
+        assert not found, f"{page_path.relative_to(site)} shows a temporary path: {found.group(0)}"

@@ -20,7 +20,8 @@ Two more things a learner would otherwise meet at the start:
   ``overrides.json`` alone;
 - JupyterLab serves nothing above the folder it was started in, so a lesson's link to ``../exercises/`` does
   nothing, silently, when it was started inside ``notebooks/``. The kernel finds the server's folder (the
-  ``jpserver-<pid>.json`` file its parent server wrote) and, in that case, says why above the first cell's output.
+  ``jpserver-<pid>.json`` file its parent server wrote beside the kernel's connection file) and, in that case,
+  says why above the first cell's output.
 """
 
 from __future__ import annotations
@@ -63,14 +64,13 @@ LAB_SETTINGS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "fa
 SETTINGS_FILE = Path("share", "jupyter", "lab", "settings", "overrides.d", "flashcourse.json")
 
 
-def server_root(server_pid: int) -> Path | None:
-    """The folder the Jupyter server ``server_pid`` serves (from the runtime file it writes), or None."""
+def server_root(server_pid: int, runtime_dir: Path) -> Path | None:
+    """The folder the Jupyter server ``server_pid`` serves, from the file it writes into its runtime folder (the one
+    that also holds the kernel's connection file), or None when there is no such server."""
     try:
-        from jupyter_core.paths import jupyter_runtime_dir
-
-        info = json.loads((Path(jupyter_runtime_dir()) / f"jpserver-{server_pid}.json").read_text())
+        info = json.loads((runtime_dir / f"jpserver-{server_pid}.json").read_text())
         return Path(info["root_dir"]).expanduser()
-    except (ImportError, OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -102,7 +102,9 @@ class CourseKernel(IPythonKernel):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        notice = links_notice(Path.cwd(), server_root(os.getppid()))
+        connection_file = getattr(self.parent, "abs_connection_file", "")  # in the server's runtime folder
+        notice = links_notice(Path.cwd(), server_root(os.getppid(), Path(connection_file).parent)) \
+            if connection_file else ""
         if notice and self.shell is not None:
             def say_once(*_):
                 print(notice)

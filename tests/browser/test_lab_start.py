@@ -37,10 +37,10 @@ def make_lab_options() -> list[str]:
     return re.findall(r"--(?:ServerApp|LabApp)\.[\w.]+=\S+", recipe)
 
 
-@pytest.fixture
-def make_lab_server(browser_context, tmp_path):
-    """JupyterLab started as `make lab` starts it, in a copy of the course, with the settings the course's install
-    step writes (into a prefix here, read through app_settings_dir as JupyterLab reads the venv's)."""
+def _lab(tmp_path, options: list[str], serve: str):
+    """JupyterLab with ``options`` in a copy of the course, started in its folder ``serve`` ("." for the root),
+    with the kernel and settings the course's install step writes (into a prefix here, read through
+    app_settings_dir as JupyterLab reads the venv's); yields the LabServer, stopped afterwards."""
     course = tmp_path / "course"
     for folder in ("notebooks", "exercises"):
         shutil.copytree(ROOT / folder, course / folder)
@@ -49,25 +49,39 @@ def make_lab_server(browser_context, tmp_path):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTER_PATH=str(prefix / "share" / "jupyter"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "user-settings"),  # empty: no user setting hides the pop-up
-               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+               MPLBACKEND="module://matplotlib_inline.backend_inline")
     port, token = _free_port(), secrets.token_hex(16)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    log = SCREENSHOTS / "jupyterlab-make-lab.log"
-    server = LabServer(url=f"http://127.0.0.1:{port}", token=token, root=course, log=log)
+    log = SCREENSHOTS / "jupyterlab-start.log"
+    root = (course / serve).resolve()
+    server = LabServer(url=f"http://127.0.0.1:{port}", token=token, root=root, log=log)
     settings_dir = prefix / lab_kernel.SETTINGS_FILE.parent.parent
     with log.open("w") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", *make_lab_options(), "--no-browser", "--allow-root",
+            [sys.executable, "-m", "jupyterlab", *options, "--no-browser", "--allow-root",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={token}", f"--LabApp.app_settings_dir={settings_dir}",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-            cwd=course, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.expose_app_in_browser=True"],
+            cwd=root, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         try:
             _wait_until_up(server, process)
             yield server
         finally:
             _stop(server, process)
+
+
+@pytest.fixture
+def make_lab_server(browser_context, tmp_path):
+    """JupyterLab started as `make lab` starts it: at the repository root, with the Makefile's options."""
+    yield from _lab(tmp_path, make_lab_options(), ".")
+
+
+@pytest.fixture
+def lab_in_notebooks(browser_context, tmp_path):
+    """JupyterLab started the wrong way: `jupyter lab` inside notebooks/."""
+    yield from _lab(tmp_path, [], "notebooks")
 
 
 def test_make_lab_opens_on_the_notebooks_folder_without_the_news_pop_up(page, make_lab_server):
@@ -110,3 +124,14 @@ def test_after_run_all_stops_at_a_check_the_skipped_cells_point_to_it(page, lab_
     assert f"Run All stopped at the error in cell [{number}]" in said, said
     skipped = [cell.locator(".jp-OutputArea-output").first.inner_text() for cell in code_cells.all()[failed + 1:]]
     assert skipped and all("Not run" in text for text in skipped), skipped
+
+
+def test_a_lab_started_inside_notebooks_says_why_exercise_links_do_nothing(page, lab_in_notebooks):
+    panel = open_notebook(page, lab_in_notebooks, "03_flash_forward_numpy.ipynb")
+    first_code = panel.locator(".jp-CodeCell").first
+    first_code.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Control+Enter")
+    said = first_code.locator(".jp-OutputArea-output", has_text="started inside notebooks/")
+    said.wait_for(timeout=UI_TIMEOUT_MS)
+    page.screenshot(path=str(SCREENSHOTS / "lab-started-inside-notebooks.png"))
+    assert "make lab" in said.inner_text()
