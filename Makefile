@@ -45,10 +45,10 @@ setup-course: $(VENV)/.installed-course
 $(VENV)/.installed-course: pyproject.toml
 	$(call install,course)
 
-# Served from the repository root (lessons link to ../exercises/), opening on notebooks/. Containers often run
-# as root, which JupyterLab refuses unless told.
+# Served from the repository root (lessons link to ../exercises/), opening on notebooks/: the LabApp's default_url,
+# since `jupyter lab` ignores the ServerApp's. Containers often run as root, which JupyterLab refuses unless told.
 lab: setup-course
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks \
 		$$(test "$$(id -u)" = 0 && echo --allow-root) $(LAB_ARGS)
 
 lint: setup
@@ -124,8 +124,10 @@ print-%:
 test-gpu:
 	PYTHONPATH=src $(PYTHON) scripts/gpu_tests.py $(GPU_TEST_ARGS)
 
+# Timed under its own name (the `timed` stages above report as part of `make test`).
 book: setup
-	@$(call timed,book,$(PY) scripts/build_site.py)
+	@t0=$$(date +%s); $(PY) scripts/build_site.py; rc=$$?; \
+		echo "[make book] built the site in $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 serve-book: book
 	$(PY) -m http.server --directory build/site --bind 127.0.0.1 8000
