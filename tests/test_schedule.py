@@ -280,11 +280,19 @@ def test_thread_work_counts_by_hand():
     assert schedule.thread_ns(64, 128, 128) == pytest.approx(64 * 128 * 4.5 / (3.9e12 * 8 / 132) * 1e9)
     assert Latencies.hopper(thread_work=True).thread == pytest.approx(schedule.thread_ns())
     assert Latencies.hopper().thread == 0.0
-    fma = Latencies.hopper(exp_on_fma=0.25)  # a quarter of the exponentials as 6 FP32 instructions each
-    assert fma.softmax == pytest.approx(0.75 * Latencies.hopper().softmax)
-    assert fma.thread == pytest.approx(schedule.thread_ns(exp_on_fma=0.25))
     with pytest.raises(ValueError, match="exp_on_fma"):
         Latencies.hopper(exp_on_fma=1.5)
+
+
+def test_exponentials_on_the_fma_units_run_beside_the_exp_units_by_hand():
+    # exp 8, a quarter on the FMA units at 6 instructions each (8 to an exp's time): 6 on MUFU beside 1.5 on FMA
+    lat = Latencies(1, 8, 1, thread=2, exp_on_fma=0.25)
+    assert lat.softmax_phases() == [[[schedule.FMA, 1.0]], [[schedule.EXP, 6.0], [schedule.FMA, 1.5]],
+                                    [[schedule.FMA, 1.0]]]
+    assert spans(schedule.simulate(schedule.sequential(1), lat))[(0, "softmax", 0)] == (1, 9)  # 1 + 6 + 1
+    # the exp units alone: 8; everything on the FMA units: 6; half and half: max(4, 3) = 4
+    assert schedule.simulate(schedule.sequential(1), Latencies(1, 8, 1, exp_on_fma=1.0)).makespan == 8
+    assert schedule.simulate(schedule.sequential(1), Latencies(1, 8, 1, exp_on_fma=0.5)).makespan == 6
 
 
 def test_softmax_waits_for_pv_when_asked():

@@ -28,6 +28,7 @@ from .distributed import cost, schedule  # NumPy-only parts of distributed: no t
 __all__ = [
     "bar_chart",
     "causal_alignment",
+    "exp_share_sweep",
     "grouped_bars",
     "matrix_heatmaps",
     "memory_capacities",
@@ -517,4 +518,18 @@ def stage_model_vs_measured(rows: Sequence[Mapping], *, title: str) -> Figure:
         ax.set_title(f"D = {head_dim}")
         ax.legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
+    return fig
+
+
+def exp_share_sweep(shares: Sequence[float], curves: Mapping[str, Sequence[float]], *, title: str) -> Figure:
+    """Lesson 14: the tensor cores' busy share (simulated) against the share of exponentials computed on the FMA
+    units, one line per chip and head dim. ``curves``: label -> utilisation at each share (0 to 1)."""
+    fig, (ax,) = _figure(6.4, 3.8)
+    for label, values in curves.items():
+        ax.plot([100 * s for s in shares], [100 * v for v in values], marker="o", markersize=3, label=label)
+    ax.set_xlabel("exponentials computed on the FMA units (%)")
+    ax.set_ylabel("tensor cores busy (%, simulated)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     return fig

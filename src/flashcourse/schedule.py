@@ -82,6 +82,7 @@ class Latencies:
     gemm1: float
     load: float | None = None
     thread: float = 0.0
+    exp_on_fma: float = 0.0
 
     def __post_init__(self):
         for name in ("gemm0", "softmax", "gemm1", "load", "thread"):
@@ -96,23 +97,35 @@ class Latencies:
         if self.softmax + self.thread <= 0:
             raise ValueError("latency softmax=0 and thread=0: a softmax takes some time on the exp units or on "
                              "the threads' FMA units")
+        if isinstance(self.exp_on_fma, bool) or not 0.0 <= self.exp_on_fma <= 1.0:
+            raise ValueError(f"exp_on_fma={self.exp_on_fma!r}: a fraction of the exponentials, from 0 to 1, is "
+                             "expected")
+
+    def softmax_phases(self) -> list[list[list]]:
+        """The softmax as phases, each a list of [unit, work] parts that run at the same time: half the thread
+        work (max, scale); the exponentials, a share ``exp_on_fma`` of them as polynomials on the FMA units
+        (``EMULATED_EXP2_OPS`` FP32 instructions each) beside the rest on the exp units; the other half (sum,
+        convert, rescale). Parts of no work are left out."""
+        emulated = self.softmax * self.exp_on_fma * EMULATED_EXP2_OPS / FMA_PER_EXP
+        phases = [[[FMA, self.thread / 2]], [[EXP, self.softmax * (1.0 - self.exp_on_fma)], [FMA, emulated]],
+                  [[FMA, self.thread / 2]]]
+        return [[part for part in phase if part[1] > 0] for phase in phases if any(part[1] > 0 for part in phase)]
 
     @classmethod
     def hopper(cls, block_q: int = 64, block_k: int = 128, head_dim: int = 128, *,
                matmul_tflops: float = H100_MATMUL_TFLOPS, exp_tflops: float = H100_EXP_TFLOPS,
                sms: int = H100_SMS, load: float | None = None, thread_work: bool = False,
-               exp_on_fma: float = 0.0) -> Latencies:
+               exp_on_fma: float = 0.0, rescale_share: float = 1.0) -> Latencies:
         """Per-SM times of one warpgroup's operations on one K/V tile from the chip's published rates
         (:func:`tile_times`); ``block_q=64``: one consumer warpgroup's rows, as FA3 splits a 128-row tile.
         ``thread_work=True`` adds the softmax's work besides the exponentials (:func:`thread_ns`);
-        ``exp_on_fma``: the fraction of exponentials computed by a polynomial on the FMA units (FA4, lesson 14)."""
+        ``exp_on_fma``: the share of exponentials computed by a polynomial on the FMA units, ``rescale_share``: of
+        the tiles that rescale O (FA4's two ideas, lesson 14)."""
         times = tile_times(block_q, block_k, head_dim, matmul_tflops=matmul_tflops, exp_tflops=exp_tflops,
                            sms=sms)
-        if not 0.0 <= exp_on_fma <= 1.0:
-            raise ValueError(f"exp_on_fma={exp_on_fma!r}: a fraction of the exponentials, from 0 to 1, is expected")
         thread = thread_ns(block_q, block_k, head_dim, exp_tflops=exp_tflops, sms=sms,
-                           exp_on_fma=exp_on_fma) if thread_work or exp_on_fma else 0.0
-        return cls(times["gemm_ns"], times["softmax_ns"] * (1.0 - exp_on_fma), times["gemm_ns"], load, thread)
+                           rescale_share=rescale_share) if thread_work else 0.0
+        return cls(times["gemm_ns"], times["softmax_ns"], times["gemm_ns"], load, thread, exp_on_fma)
 
 
 def tile_times(block_q: int = 128, block_k: int = 128, head_dim: int = 128, *,
@@ -152,13 +165,15 @@ H200_HBM_TBPS = 4.8  # NVIDIA H200 data sheet: 4.8 TB/s of HBM3e (NVIDIA publish
 
 
 def thread_ns(block_q: int = 64, block_k: int = 128, head_dim: int = 128, *, exp_tflops: float = H100_EXP_TFLOPS,
-              sms: int = H100_SMS, ops_per_score: float = THREAD_OPS_PER_SCORE, fma_per_exp: float = FMA_PER_EXP,
-              exp_on_fma: float = 0.0) -> float:
+              sms: int = H100_SMS, ops_per_score: float = THREAD_OPS_PER_SCORE,
+              fma_per_exp: float = FMA_PER_EXP, rescale_share: float = 1.0) -> float:
     """Per-SM time (ns) of one tile's softmax work besides the MUFU exponentials, on the threads' FP32 units:
     ``ops_per_score + head_dim / block_k`` instructions a score (the counts above ``THREAD_OPS_PER_SCORE``; the
-    second term is the rescale of O), plus ``EMULATED_EXP2_OPS`` for each exponential moved to the FMA units
-    (``exp_on_fma``, a fraction), at ``fma_per_exp`` times the exp units' rate."""
-    ops = ops_per_score + head_dim / block_k + exp_on_fma * EMULATED_EXP2_OPS
+    second term is the rescale of O, done on a share ``rescale_share`` of the tiles: 1 in FA2 and FA3, fewer
+    with FA4's conditional rescaling), at ``fma_per_exp`` times the exp units' rate."""
+    if not 0.0 <= rescale_share <= 1.0:
+        raise ValueError(f"rescale_share={rescale_share!r}: a share of the tiles, from 0 to 1, is expected")
+    ops = ops_per_score + rescale_share * head_dim / block_k
     return block_q * block_k * ops / (exp_tflops * 1e12 * fma_per_exp / sms) * 1e9
 
 
@@ -341,8 +356,10 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
     The order is the order of *issue*: an operation is issued once the one listed before it has been (barriers
     between the warpgroups), its warpgroup's threads are free (not in a softmax) and what it needs is done. The
     tensor cores then run GEMMs in issue order, sharing them between GEMMs issued at the same moment. A softmax runs
-    in three phases: half its thread work (the max, the scaling), its exponentials, the other half (the sum, the
-    conversion, the rescale); phases of two warpgroups on the same unit (exp units, or FMA units) share it.
+    in three phases (:meth:`Latencies.softmax_phases`): half its thread work (the max, the scaling), its
+    exponentials (on the exp units, and a share on the FMA units at the same time when ``exp_on_fma`` is set),
+    the other half (the sum, the conversion, the rescale); parts of two warpgroups' phases on the same unit
+    share it.
     """
     ops = validate(order, live_scores=live_scores)
     latencies = Latencies.hopper() if latencies is None else latencies
@@ -356,7 +373,7 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
     end: dict[tuple[int, str, int], float] = {}
     begin: dict[tuple[int, str, int], float] = {}
     gemms: list[list[list]] = [[] for _ in range(warpgroups)]  # per warpgroup, GEMMs issued and not done, in order
-    softmax: dict[int, list] = {}  # warpgroup -> [op, [[unit, work left], ...] its phases to go] while it runs
+    softmax: dict[int, list] = {}  # warpgroup -> [op, phases to go: each a list of [unit, work left]] while it runs
     if latencies.load is None:
         loads, load_time = [], 0.0
     elif split_kv:
@@ -399,8 +416,7 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
             if issued < len(ops) and can_issue(ops[issued]):
                 op = ops[issued]
                 if op.kind == "softmax":
-                    phases = [[FMA, latencies.thread / 2], [EXP, latencies.softmax], [FMA, latencies.thread / 2]]
-                    softmax[op.warpgroup] = [op, [phase for phase in phases if phase[1] > 0]]
+                    softmax[op.warpgroup] = [op, latencies.softmax_phases()]
                     begin[op] = now
                 else:
                     gemms[op.warpgroup].append([op, getattr(latencies, op.kind), now])
@@ -414,7 +430,8 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
         on_tensor = [head for head in heads if head[2] == first]
         for head in on_tensor:
             begin.setdefault(head[0], now)
-        on_units = [[entry[1][0] for entry in softmax.values() if entry[1][0][0] == unit] for unit in (EXP, FMA)]
+        on_units = [[part for entry in softmax.values() for part in entry[1][0]
+                     if part[0] == unit and part[1] > small] for unit in (EXP, FMA)]
         groups = [on_tensor] + on_units
         events = [now + item[1] * len(running) for running in groups for item in running]
         if loading is not None:
@@ -437,7 +454,7 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
             if queue and queue[0][1] <= small:
                 end[queue.pop(0)[0]] = now
         for w, (op, phases) in list(softmax.items()):
-            while phases and phases[0][1] <= small:
+            while phases and all(part[1] <= small for part in phases[0]):
                 phases.pop(0)
             if not phases:
                 end[op] = now
@@ -448,7 +465,8 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
     spans = [Span(-1, kind, j, TMA, begin[(-1, kind, j)], end[(-1, kind, j)]) for kind, j in loads]
     for op in ops:
         unit = EXP if op.kind == "softmax" else TENSOR
-        work = latencies.softmax + latencies.thread if op.kind == "softmax" else getattr(latencies, op.kind)
+        work = (sum(max(part[1] for part in phase) for phase in latencies.softmax_phases()) if op.kind == "softmax"
+                else getattr(latencies, op.kind))
         spans.append(Span(op.warpgroup, op.kind, op.tile, unit, begin[op], end[op], work))
     return Timeline(tuple(spans), warpgroups, tiles, latencies, stages)
 
@@ -661,15 +679,18 @@ wait for PV(j-1) before their exponentials (``test_v8g_keeps_the_exponentials_un
 
 
 def predict_stage(stage: str, head_dim: int, *, thread_work: bool = True, load_tbps: float | None = None,
-                  tiles: int = 16, block_k: int = 128) -> Timeline:
+                  tiles: int = 16, block_k: int = 128, exp_on_fma: float = 0.0,
+                  rescale_share: float = 1.0) -> Timeline:
     """The simulator's timeline for one query tile of a Gluon stage (``STAGE_MODELS``) at ``head_dim``, 16-bit:
     with the softmax's thread work unless ``thread_work=False``, and a producer loading each K/V pair at
-    ``load_tbps`` TB/s (one SM's share; None: no loads) into a ring of two buffers, K and V released apart."""
+    ``load_tbps`` TB/s (one SM's share; None: no loads) into a ring of two buffers, K and V released apart.
+    ``exp_on_fma`` and ``rescale_share``: FA4's ideas added to the stage (:meth:`Latencies.hopper`)."""
     if stage not in STAGE_MODELS:
         raise ValueError(f"stage={stage!r}: one of {', '.join(STAGE_MODELS)} is expected")
     model = STAGE_MODELS[stage]
     load = None if load_tbps is None else load_ns(block_k, head_dim, tbps=load_tbps)
-    latencies = Latencies.hopper(block_k=block_k, head_dim=head_dim, thread_work=thread_work, load=load)
+    latencies = Latencies.hopper(block_k=block_k, head_dim=head_dim, thread_work=thread_work, load=load,
+                                 exp_on_fma=exp_on_fma, rescale_share=rescale_share)
     return simulate(model.order(tiles), latencies, softmax_waits_for_pv=model.softmax_waits_for_pv,
                     split_kv=True)
 
