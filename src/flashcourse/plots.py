@@ -507,7 +507,7 @@ def stage_model_vs_measured(rows: Sequence[Mapping], *, title: str) -> Figure:
     TFLOP/s as a fraction of the dense peak, one panel per head dim. ``rows``: ``schedule.stage_comparison``."""
     head_dims = sorted({row["head_dim"] for row in rows})
     fig, axes = _figure(4.6 * len(head_dims), 3.8, ncols=len(head_dims))
-    for ax, head_dim in zip(axes, head_dims):
+    for ax, head_dim in zip(axes, head_dims, strict=True):
         mine = [row for row in rows if row["head_dim"] == head_dim]
         x = np.arange(len(mine))
         ax.bar(x - 0.2, [100 * row["model"] for row in mine], 0.4, color="#9ecae1", label="model (simulator)")
