@@ -322,3 +322,17 @@ def test_load_times_and_the_l2_floor_by_hand():
     assert schedule.kv_tbps_implied(474.0, 64) == pytest.approx(474 * 2 / 128)
     with pytest.raises(ValueError, match="tbps"):
         schedule.load_ns(tbps=0)
+
+
+def test_lesson_13_and_14_figures_have_their_panels_and_labels():
+    from matplotlib.figure import Figure
+
+    from flashcourse import plots
+
+    rows = schedule.stage_comparison(schedule.recorded_stages())
+    fig = plots.stage_model_vs_measured(rows, title="model vs measured")
+    assert isinstance(fig, Figure) and [ax.get_title() for ax in fig.axes] == ["D = 64", "D = 128"]
+    assert all("peak" in ax.get_ylabel() for ax in fig.axes)
+    assert len(fig.axes[0].patches) == 2 * len([r for r in rows if r["head_dim"] == 64])  # model and measured
+    sweep = plots.exp_share_sweep([0.0, 0.5], {"a": [0.5, 0.9], "b": [0.6, 0.7]}, title="sweep")
+    assert len(sweep.axes[0].get_lines()) == 2 and "FMA" in sweep.axes[0].get_xlabel()
