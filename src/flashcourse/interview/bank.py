@@ -17,6 +17,9 @@ exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
 "lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
 reports every breach.
+
+A myth entry or a wrong answer may carry ``detect``: the key phrases by which the drill recognises it in a typed
+answer (:mod:`flashcourse.interview.interviewer`); :func:`validate` checks that each recognises its own claim.
 """
 
 from __future__ import annotations
@@ -357,7 +360,9 @@ def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]
                 problems.append(f"{where} ({lang}): states {number} but no evidence of the entry quotes it")
             for quote in sorted(quotes - set(stated)):
                 problems.append(f"{where} ({lang}): evidence quotes {quote} but the {lang} answer never states it")
-    return problems
+    from .interviewer import detect_problems  # imported here: interviewer imports this module
+
+    return problems + detect_problems(bank)
 
 
 # ------------------------------------------------------------------------------------------- rendering
