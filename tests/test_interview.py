@@ -402,6 +402,21 @@ def test_quiz_in_chinese_shows_chinese():
     assert "fc-quiz" in quiz.widget._dom_classes
 
 
+def test_quiz_names_a_myth_typed_in_the_answer_box_and_shows_the_wrong_answers():
+    quiz = Quiz(BANK, lang="zh", seed=0)
+    entry = quiz.next_question()
+    quiz.answer_box.value = "SRAM 约 20MB，所以整块 tile 都放得下"
+    quiz.reveal()
+    shown = quiz.answer_view.value
+    assert 'class="fc-quiz-myth"' in shown and "20 MB 的 SRAM" in shown  # named, with its correction
+    assert 'class="fc-quiz-wrong"' in shown
+    assert all(markdown_to_html(w["claim"]["zh"]) in shown for w in entry["wrong_answers"])
+    quiz.next_question()
+    assert quiz.answer_box.value == ""  # a new question starts with an empty box
+    quiz.reveal()
+    assert 'class="fc-quiz-myth"' not in quiz.answer_view.value
+
+
 def test_quiz_rejects_bad_arguments():
     with pytest.raises(ValueError, match="lang must be one of"):
         Quiz(BANK, lang="fr")

@@ -63,10 +63,11 @@ def _tags(entry: dict) -> list[str]:
 
 def anki_deck(question_bank: bank_module.Bank | None = None, lang: str = "en"):
     """A genanki Deck: per entry one note for the question (back: the 30-second answer, the checklist of points a
-    good answer makes, the longer answer and the evidence), one note per follow-up (front: the follow-up under its question; back: its answer) and one per
-    common wrong answer (front: the wrong claim to correct; back: the correction), tagged with the section and
-    the entry's tags. Each note has a stable id (``ENTRY``, ``ENTRY/follow-up-N``, ``ENTRY/wrong-N``), so
-    re-importing a deck updates the cards instead of adding new ones."""
+    good answer makes, the longer answer and the evidence), one note per follow-up (front: the follow-up under its
+    question; back: its answer) and one per common wrong answer (front: the wrong claim to correct; back: the
+    correction), tagged with the section and the entry's tags. Each note has a stable id (``ENTRY``,
+    ``ENTRY/follow-up-N``, ``ENTRY/wrong-N``), so re-importing a deck updates the cards instead of adding new
+    ones."""
     try:
         import genanki
     except ImportError:

@@ -228,8 +228,9 @@ class ScoreStore:
         would in an interview) and sets when it is due again (``today``, default the local date, counts from)."""
         today = today or date.today()
         item = self._item(entry_id)
+        if not item.get("asked"):  # the day it was first asked, for the daily quota of new ones
+            item["first"] = today.isoformat()
         item["asked"] = item.get("asked", 0) + 1
-        item.setdefault("first", today.isoformat())  # the day it was first asked: the daily quota of new ones
         item["last"] = points
         item["best"] = max(item.get("best", 0.0), points)
         if seconds is not None:
@@ -1045,7 +1046,7 @@ def run_mock(session: _Session, entries: list[dict], minutes: float, rng: random
             try:
                 score = session.entry(entry, len(rows) + 1, None, adaptive=True)
             finally:  # a question interrupted by q still goes into the debrief
-                rows.append({"entry": entry, "follow_ups": session.asked["follow_ups"] - before[0],
+                rows.append({"entry": entry, "score": None, "follow_ups": session.asked["follow_ups"] - before[0],
                              "myths": session.myths_stated - before[1], "seconds": session.seconds - before[2]})
             rows[-1]["score"] = score
             deepest = max(deepest, interviewer.ease(entry))
