@@ -439,9 +439,11 @@ def test_lesson_html_hides_answers_shows_evidence_after_them_and_wrong_answers_b
         answer = markdown_to_html(follow["answer"][lang])
         assert f"</summary>{answer}</details>" in page  # each follow-up's answer hidden too
     table = page[page.index('<table class="fc-wrong">'):]
+    left = ' style="text-align: left; vertical-align: top"'  # headers aligned with the prose below (issue 52)
+    assert table.count(f"<th{left}>") == 2 and "<th>" not in table
     for wrong in entry["wrong_answers"]:
-        assert (f"<tr><td>{markdown_to_html(wrong['claim'][lang])}</td>"
-                f"<td>{markdown_to_html(wrong['correction'][lang])}</td></tr>") in table
+        assert (f"<tr><td{left}>{markdown_to_html(wrong['claim'][lang])}</td>"
+                f"<td{left}>{markdown_to_html(wrong['correction'][lang])}</td></tr>") in table
     section = interview.render_html(BANK, lang, section="myths")
     assert section.count('<div class="fc-entry"') == len(BANK.in_section("myths"))
 

@@ -435,8 +435,11 @@ def render_entry_html(entry: dict, lang: str = "en") -> str:
         f'<li class="fc-follow-up">{html_of(f["question"][lang])}<details><summary>{labels["show_follow_up"]}'
         f"</summary>{html_of(f['answer'][lang])}</details></li>" for f in entry["follow_ups"])
     points = "\n".join(f"- {p[lang]}" for p in entry.get("points", []))
-    wrong_rows = "".join(f"<tr><td>{html_of(w['claim'][lang])}</td><td>{html_of(w['correction'][lang])}</td></tr>"
-                         for w in entry["wrong_answers"])
+    # Jupyter's stylesheet right-aligns table cells; these hold prose, read from the left (inline: the lesson's
+    # output and the website keep an element's style, not a stylesheet of ours).
+    left = ' style="text-align: left; vertical-align: top"'
+    wrong_rows = "".join(f"<tr><td{left}>{html_of(w['claim'][lang])}</td><td{left}>{html_of(w['correction'][lang])}"
+                         f"</td></tr>" for w in entry["wrong_answers"])
     return (
         f'<div class="fc-entry" id="fc-{entry["id"]}"><h3>{html.escape(entry["question"][lang])}</h3>'
         f'<details class="fc-answer"><summary>{labels["show"]}</summary>'
@@ -445,7 +448,8 @@ def render_entry_html(entry: dict, lang: str = "en") -> str:
         f"<p><strong>{labels['long']}{end}</strong></p>{html_of(entry['long'][lang])}"
         f'<div class="fc-evidence">{html_of(render_evidence(entry, lang))}</div></details>'
         f"<p><strong>{labels['follow_ups']}</strong></p><ul>{follow_ups}</ul>"
-        f'<table class="fc-wrong"><tr><th>{labels["claim"]}</th><th>{labels["correction"]}</th></tr>{wrong_rows}'
+        f'<table class="fc-wrong"><tr><th{left}>{labels["claim"]}</th><th{left}>{labels["correction"]}</th></tr>'
+        f"{wrong_rows}"
         "</table></div>")
 
 
