@@ -1,15 +1,21 @@
 """The interview drill in a terminal: ``flashcourse interview quiz [--lang zh|en] [--mode answer|spot-the-error]
-[--count N] [--due] [--timer SECONDS] [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N]``
-(``flashcourse quiz`` is the same command) and ``flashcourse interview stats``.
+[--count N] [--due] [--new N] [--mock MINUTES] [--timer SECONDS] [--section S] [--tag TAG]... [--short-only]
+[--retry-missed] [--seed N] [--stats]`` (``flashcourse quiz`` is the same command) and ``flashcourse interview
+stats``.
 
 As in an interview, you answer first: type your answer, or say it aloud, and press Enter, while a clock runs beside
-the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Then the 30-second
-answer is shown beside yours, with the points a good answer makes (the entry's ``points``), the longer answer and
-its evidence on request, and you tick the points you made: the share ticked is the score. Each follow-up is asked
-the same way, scored got it / partly / missed, and counts in the session's score.
+the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Questions come common
+and basic first (:func:`flashcourse.interview.interviewer.round_order`). A typed answer that states one of the
+bank's known myths or wrong answers is told so, with the correction, and scores at most "partly". Then the
+30-second answer is shown beside yours, with the points a good answer makes (the entry's ``points``) and the
+entry's common wrong answers, the longer answer and its evidence on request, and you tick the points you made: the
+share ticked is the score. Each follow-up is asked the same way, scored got it / partly / missed, and counts in
+the session's score and in the question's review box.
 
-``--mode spot-the-error`` drills the bank's wrong answers: a wrong claim is shown, you say what is wrong and correct
-it, then the correction is shown and you score yourself.
+``--mode spot-the-error`` mixes true claims (entries' points) with false ones (their wrong answers): you judge each
+true or false, correct the false ones, and the correction is shown. ``--mock 45`` is a 45-minute mock interview
+(:func:`run_mock`): harder main questions after good answers, follow-ups only while the answers are good, and a
+written debrief.
 
 Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.json`` (default
 ``~/.local/share/flashcourse/``; files of the first format, without modes or times, are read as they are);
@@ -17,10 +23,11 @@ Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.jso
 and the history of sessions. ``--count N`` stops after N questions.
 
 Spaced repetition (Leitner boxes, kept in the same score file): a question starts in box 1; scored "got it" (3/4 of
-its points or more) it moves up a box, "partly" down one, "missed" back to box 1; it is due again after
-:data:`BOX_DAYS` days for its box (1, 2, 4, 8, 16). ``--due`` asks only the questions due today. ``--tag`` keeps the
-entries that carry the tag (``freq:common``, ``level:basic``, ...); several tags of one kind (``freq:``) are
-alternatives, tags of different kinds must all hold.
+its points or more, as the mean with its follow-ups) it moves up a box, "partly" down one, "missed" back to box 1;
+it is due again after :data:`BOX_DAYS` days for its box (1, 2, 4, 8, 16). ``--due`` asks the questions due today,
+then new ones, at most ``--new`` (default :data:`NEW_PER_DAY`) first asked a day. ``--tag`` keeps the entries that
+carry the tag (``freq:common``, ``level:basic``, ...); several tags of one kind (``freq:``) are alternatives, tags
+of different kinds must all hold.
 
 Rendering is rich's where rich is installed (the ``interview`` extra); without it, or with ``FLASHCOURSE_PLAIN=1``,
 the same drill prints plain text (:mod:`._plaintext`). Either way text is wrapped by :func:`wrap`, between any two
