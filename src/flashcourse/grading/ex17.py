@@ -9,7 +9,7 @@ buffers with guard zones. Each case runs twice, the threads scheduled in increas
 result that depends on the order is a race on shared memory (a missing ``__syncthreads()``). The checks compare
 with NumPy in float64 and name the usual mistakes, in English and Chinese: a missing barrier, a wrong shuffle mask
 or offset, a missing bounds guard, a bank-conflicting tile (with the bank arithmetic), an online softmax whose
-running sum is not rescaled. On a machine with CUDA, ``benchmarks/ex17_gpu_check.py`` compiles the same sources
+running sum is not rescaled. On a machine with CUDA, ``scripts/ex17_gpu_check.py`` compiles the same sources
 with nvcc (``torch.utils.cpp_extension.load_inline``) and checks them on the GPU.
 """
 
