@@ -15,7 +15,7 @@ language) must be the ``quote`` of one of the entry's evidence items, and that e
 not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01),
 exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
-"lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
+"lesson 04", "section 3.1", "第 3.1 节", "练习 17", and anything inside a `code span` or $math$ (formulas). :func:`validate`
 reports every breach.
 
 A myth entry or a wrong answer may carry ``detect``: the key phrases by which the drill recognises it in a typed
@@ -173,7 +173,7 @@ _FORMULA = re.compile(r"`[^`]*`|\$[^$]*\$")
 _CITATION = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{4}\.\d{4,5}\b|\b20[0-2]\d\b")
 _REFERENCE = re.compile(
     r"(?:\b[Ll]essons?|\b[Nn]otebooks?|\b[Ss]ections?|§|\bAlgorithm|\bTheorem|\bProposition|\bFigure|\bTable|\bexercises?"
-    r"|\bissue|第)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
+    r"|\bissue|第|练习)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
 )
 # A number, letters glued to it (a name when not "x"), and, looked ahead, a multiplier or percent sign, directly
 # or at the end of a range ("2-4x"), which makes even a single digit a claim.
