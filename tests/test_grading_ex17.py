@@ -113,3 +113,27 @@ def test_a_top_k_softmax_over_the_whole_vocabulary_is_named():
 
 def test_a_compile_error_points_at_the_kernel():
     fails_with("rmsnorm", solution("rmsnorm").replace("float inv", "flot inv"), "does not compile", "your_kernel.cu")
+
+
+def test_the_interview_rounds_diagnoses_have_chinese():
+    """Exercises 12, 14 and 15 name their mistakes in Chinese too: every known diagnosis has a translation, and a
+    failing check's message ends with it (the English unchanged, the exception's type kept)."""
+    import numpy as np
+
+    from flashcourse.grading import _mistakes, _zh, ex12
+
+    sentences = [value for name, value in vars(_mistakes).items() if name.isupper() and isinstance(value, str)]
+    assert sentences and set(sentences) <= set(_zh.DIAGNOSES)
+
+    def unrescaled(x, block):  # the usual mistake: the running sum never rescaled
+        m = np.full(x.shape[:-1], -np.inf)
+        total = np.zeros(x.shape[:-1])
+        for start in range(0, x.shape[-1], block):
+            m = np.maximum(m, x[..., start:start + block].max(axis=-1))
+            total = total + np.exp(x[..., start:start + block] - m[..., None]).sum(axis=-1)
+        return np.exp(x - m[..., None]) / total[..., None]
+
+    with pytest.raises(AssertionError) as error:
+        ex12.check_softmax_online_from_memory(unrescaled)
+    message = str(error.value)
+    assert _mistakes.SUM_NOT_RESCALED in message and "中文：指数和没有 rescale" in message
