@@ -619,7 +619,8 @@ def test_the_term_check_catches_each_second_rendering():
     text = "\n".join(zh_style.problems(bad))
     for term in ("“注意力”", "“掩码”", "“在线 softmax”", "“当前最大值”", "“重缩放”", "“重算”"):
         assert term in text, term
-    assert zh_style.problems("标准 attention 加 causal mask，online softmax 的 running max 变大就 rescale，反向重计算 P") == []
+    said = "标准 attention 加 causal mask，online softmax 的 running max 变大就 rescale，反向重计算 P"
+    assert zh_style.problems(said) == []
 
 
 def test_answers_are_said_by_the_engineer_who_built_it():

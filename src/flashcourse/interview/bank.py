@@ -15,8 +15,8 @@ language) must be the ``quote`` of one of the entry's evidence items, and that e
 not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01),
 exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
-"lesson 04", "section 3.1", "第 3.1 节", "练习 17", and anything inside a `code span` or $math$ (formulas). :func:`validate`
-reports every breach.
+"lesson 04", "section 3.1", "第 3.1 节", "练习 17", and anything inside a `code span` or $math$ (formulas).
+:func:`validate` reports every breach.
 
 A myth entry or a wrong answer may carry ``detect``: the key phrases by which the drill recognises it in a typed
 answer (:mod:`flashcourse.interview.interviewer`); :func:`validate` checks that each recognises its own claim.
