@@ -23,6 +23,7 @@ from rich.cells import cell_len
 from flashcourse import interview
 from flashcourse.interview import bank as bank_module
 from flashcourse.interview import export
+from flashcourse.interview.interviewer import round_order, true_or_false_items
 from flashcourse.interview.terminal import ScoreStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,10 +81,8 @@ def small_bank(tmp_path) -> Path:
 
 
 def _order(section: str, seed: int) -> list[dict]:
-    """The order the quiz asks a section in, for a seed (the same shuffle as flashcourse.interview.terminal)."""
-    entries = BANK.in_section(section)
-    random.Random(seed).shuffle(entries)
-    return entries
+    """The order the quiz asks a section in, for a seed: common and basic first, shuffled within each step."""
+    return round_order(BANK.in_section(section), random.Random(seed))
 
 
 def _spawn(tmp_path: Path, *args: str, columns: int = 200) -> pexpect.spawn:
@@ -192,39 +191,68 @@ def test_a_timer_must_be_positive(tmp_path):
     assert result.returncode == 2 and "above 0" in result.stderr
 
 
-def test_spot_the_error_shows_a_wrong_claim_then_its_correction(tmp_path, small_bank):
+def test_spot_the_error_asks_true_or_false_then_the_correction(tmp_path, small_bank):
     child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--section", "beta",
                    "--seed", "0")
-    claims = [(e, i) for e in SMALL_BANK["entries"] if e["section"] == "beta"
-              for i in range(len(e["wrong_answers"]))]
-    random.Random(0).shuffle(claims)
-    for number, (entry, index) in enumerate(claims, start=1):
+    entries = [e for e in SMALL_BANK["entries"] if e["section"] == "beta"]
+    claims = true_or_false_items(entries, random.Random(0))  # beta has no points: three false claims
+    assert [is_true for _, is_true, _ in claims] == [False] * 3
+    for number, (entry, _, index) in enumerate(claims, start=1):
         wrong = entry["wrong_answers"][index]
-        child.expect(f"Wrong claim {number} of 3")
+        child.expect(f"Claim {number} of 3: true or false")
         child.expect_exact(entry["question"]["en"])
         child.expect_exact(wrong["claim"]["en"])
-        child.expect_exact("What is wrong? Correct it")
+        child.expect_exact("[t] true, [f] false")
         assert "Correction" not in child.before
+        if number == 2:  # judged true: told it is false, shown the correction, scored 0 without asking
+            child.sendline("t")
+            child.expect_exact("No: this claim is false.")
+            child.expect("Correction")
+            continue
+        child.sendline("f")
+        child.expect_exact("What is wrong? Correct it")
         child.send("it is the other way round\r")
         child.expect("Correction")
         child.expect_exact(wrong["correction"]["en"])
         child.expect_exact("[g] got it")
         child.sendline("g" if number < 3 else "m")
     child.expect("This session")
-    child.expect(r"3\s+.\s+0/0/3\s+.\s+2\s+")
+    child.expect(r"3\s+.\s+0/0/3\s+.\s+1\s+")
+    child.expect_exact("to retry:")
+    child.expect_exact(f"{claims[1][0]['question']['en']} (wrong claim {claims[1][2] + 1})")  # by text, not id
     _end(child)
     last = claims[-1]
     scores = _scores(tmp_path)
-    assert scores["entries"][last[0]["id"]]["wrong_answers"][str(last[1])] == 0.0
+    assert scores["entries"][last[0]["id"]]["wrong_answers"][str(last[2])] == 0.0
     assert scores["sessions"][-1]["mode"] == "spot-the-error"
 
     child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--retry-missed")
-    child.expect("Wrong claim 1 of 1")
-    child.expect_exact(last[0]["wrong_answers"][last[1]]["claim"]["en"])
+    child.expect("Wrong claim 1 of 2")
     child.expect(r"elapsed\] > ")
     child.sendeof()  # Ctrl-D at the clock's prompt ends the session too
     child.expect("Stopped")
     _end(child)
+
+
+def test_spot_the_error_mixes_true_claims_from_the_points(tmp_path, points_bank):
+    items = true_or_false_items([e for e in yaml.safe_load(points_bank.read_text())["entries"]],
+                                random.Random(1))  # seed 1: two true claims first
+    assert {is_true for _, is_true, _ in items} == {True, False}  # both kinds: the 3 points, the 4 wrong answers
+    assert sum(is_true for _, is_true, _ in items) == 3 and len(items) == 7
+    child = _spawn(tmp_path, "--bank", str(points_bank), "--mode", "spot-the-error", "--seed", "1")
+    for number, (entry, is_true, index) in enumerate(items, start=1):
+        child.expect(f"Claim {number} of {len(items)}")
+        if not is_true:
+            child.sendline("q")
+            break
+        child.expect_exact(entry["points"][index]["en"])
+        child.sendline("t")
+        child.expect_exact("Right: this claim is true.")
+    _end(child)
+    true_claims = _scores(tmp_path)["entries"].get("one", {}).get("true_claims", {})
+    answered = [index for _, is_true, index in items[:number - 1] if is_true]
+    assert len(answered) == 2
+    assert sorted(true_claims) == sorted(str(i) for i in answered) and set(true_claims.values()) <= {1.0}
 
 
 def test_stats_show_each_section_and_the_history_and_read_old_score_files(tmp_path, small_bank):
@@ -247,7 +275,9 @@ def test_stats_show_each_section_and_the_history_and_read_old_score_files(tmp_pa
 
     # A spot-the-error session on top of it, then the stats again (in Chinese).
     child = _spawn(tmp_path, "--bank", str(small_bank), "--mode", "spot-the-error", "--section", "alpha")
-    child.expect("Wrong claim 1 of 1")
+    child.expect("Claim 1 of 1")
+    child.sendline("f")
+    child.expect_exact("What is wrong?")
     child.send("\r")
     child.expect_exact("[g] got it")
     child.sendline("p")
@@ -264,7 +294,7 @@ def test_stats_show_each_section_and_the_history_and_read_old_score_files(tmp_pa
 def test_tags_filter_the_entries(tmp_path, small_bank):
     child = _spawn(tmp_path, "--bank", str(small_bank), "--tag", "freq:rare", "--tag", "freq:common",
                    "--tag", "level:advanced", "--mode", "spot-the-error")
-    child.expect("Wrong claim 1 of 2")  # freq:(rare or common) and level:advanced: entry "two" only
+    child.expect("Claim 1 of 2")  # freq:(rare or common) and level:advanced: entry "two" only
     child.expect("Two is")
     child.sendline("q")
     _end(child)
@@ -298,8 +328,9 @@ def test_chinese_wraps_per_character_in_a_narrow_terminal_with_the_house_punctua
     child.send("\r")
     child.expect("口头回答，用时")
     child.expect("30 秒回答")
-    child.expect("l 看详细回答和证据")
+    child.expect("常见错误回答")  # after the 30-second answer, every time
     shown = child.before
+    child.expect("l 看详细回答和证据")
     child.sendline("l")
     child.expect("给自己打分：g 答对了")
     evidence = child.before
@@ -440,7 +471,8 @@ def test_due_asks_only_what_is_due_and_stats_show_the_boxes(tmp_path, small_bank
     store.write_text(json.dumps({"version": 2, "entries": entries, "sessions": []}), encoding="utf-8")
     child = _spawn(tmp_path, "--bank", str(small_bank), "--due", "--short-only")
     child.expect("Due today: 1")
-    child.expect("Question 1 of 1")
+    child.expect(r"New today: 1 \(at most 10 new a day")  # "three" was never asked
+    child.expect("Question 1 of 2")
     child.expect_exact("What is one?")
     child.send("\r")
     child.expect_exact("[g] got it")
@@ -449,8 +481,20 @@ def test_due_asks_only_what_is_due_and_stats_show_the_boxes(tmp_path, small_bank
     child.sendline("q")
     _end(child)
     assert _scores(tmp_path)["entries"]["one"]["box"] == 3
+    assert "first" not in _scores(tmp_path)["entries"]["one"]  # asked before the day's count began: not new
+    # Nothing due, but new questions left: --due serves them, at most --new a day.
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--due", "--short-only", "--new", "1")
+    child.expect("Due today: 0")
+    child.expect("Question 1 of 1")
+    child.expect_exact("What is three?")
+    child.send("\r")
+    child.expect_exact("[g] got it")
+    child.sendline("g")
+    child.expect("Follow-up 1")
+    child.sendline("q")
+    _end(child)
     child = _spawn(tmp_path, "--bank", str(small_bank), "--due")
-    child.expect(r"Nothing is due today\. 1 questions never asked; next review: \d{4}-\d\d-\d\d")
+    child.expect(r"Nothing is due today\. 0 questions never asked; next review: \d{4}-\d\d-\d\d")
     _end(child)
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="200")
     for command in (["interview", "stats"], ["quiz", "--stats"]):
@@ -530,6 +574,8 @@ def test_export_anki_writes_a_card_per_question_follow_up_and_wrong_answer(tmp_p
     entry = BANK.entries[0]
     note = next(f for f in fields if f.startswith(entry["id"] + "\x1f"))
     assert "30 秒回答" in note and "<strong>证据：</strong>" in note
+    assert "<h4>要点</h4>" in note  # the checklist of points, each as an item
+    assert all(f"<li>{bank_module.markdown_to_html(p['zh'])}</li>" in note for p in entry["points"])
     follow = next(f for f in fields if f.startswith(entry["id"] + "/follow-up-1\x1f"))
     assert bank_module.markdown_to_html(entry["follow_ups"][0]["answer"]["zh"]) in follow
     assert entry["follow_ups"][1]["answer"]["zh"][:6] not in follow  # one follow-up per card
@@ -542,3 +588,136 @@ def test_export_anki_without_genanki_says_how_to_install_it(monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "genanki", None)  # as if it were not installed
     with pytest.raises(SystemExit, match=r'pip install "flashcourse\[anki\]"'):
         export.write_anki(tmp_path / "deck.apkg")
+
+
+# ------------------------------------------------------------------------------------------- the interviewer
+SEED_MYTHS = {  # the three answers of the seed articles the review typed, and the myths they state
+    "SRAM 约 20MB": {"myth-sram-20mb"},
+    "FlashAttention 把显存从 O(N²) 降到 O(N)": {"myth-io-linear"},
+    "用 cuBLAS batched GEMM，计算量只增加约 20-30%": {"myth-cublas", "myth-rescale-cost"},
+    "The GPU has about 20 MB of SRAM, and FA cuts HBM traffic from O(N^2) to O(N).": {"myth-sram-20mb",
+                                                                                     "myth-io-linear"},
+}
+
+
+@pytest.mark.parametrize("typed", SEED_MYTHS)
+def test_the_seed_articles_myths_are_recognised_in_a_typed_answer(typed):
+    from flashcourse.interview.interviewer import spot_myths
+
+    assert {myth.entry_id for myth in spot_myths(typed, BANK)} == SEED_MYTHS[typed]
+
+
+@pytest.mark.parametrize("typed", [
+    "Each SM has its own 228 KB; the 20 MB is the sum over all SMs of SRAM.",
+    "它不调用 cuBLAS，矩阵乘是自己发的 Tensor Core 指令。",
+    "额外显存从 O(N^2) 降到 O(N)，但访存量仍是 Theta(N^2 d^2 / M)。",
+    "It computes exact attention, not an approximation.",
+    "",
+])
+def test_a_correct_answer_that_mentions_a_myth_to_refute_it_is_not_flagged(typed):
+    from flashcourse.interview.interviewer import spot_myths
+
+    assert spot_myths(typed, BANK) == []
+
+
+def test_every_detector_recognises_its_own_claim_and_the_bank_validates_them():
+    from flashcourse.interview.interviewer import detect_problems, myths_of
+
+    assert len(myths_of(BANK)) >= 10 and detect_problems(BANK) == []
+    broken = json.loads(json.dumps({"sections": [{"id": "s", "title": {"en": "S", "zh": "甲"}}],
+                                    "entries": [SMALL_BANK["entries"][0]]}))
+    broken["entries"][0]["section"] = "s"
+    broken["entries"][0]["wrong_answers"][0]["detect"] = [{"all": ["never matches"]}]
+    problems = detect_problems(bank_module._parse(broken))
+    assert problems and "does not recognise its own claim in en" in problems[0]
+
+
+def test_a_stated_myth_is_named_and_caps_the_score(tmp_path, small_bank):
+    data = yaml.safe_load(small_bank.read_text(encoding="utf-8"))
+    data["entries"][1]["wrong_answers"][0]["detect"] = [{"all": ["two is odd|二是奇数"]}]
+    small_bank.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    child = _spawn(tmp_path, "--bank", str(small_bank), "--section", "alpha", "--short-only")
+    child.expect("Question 1 of 1")
+    child.send("one is one, and two is odd\r")
+    child.expect_exact("Your answer states a known myth")
+    child.expect_exact("Two is odd.")
+    child.expect_exact("Two is even.")
+    child.expect("30-second answer")
+    child.expect_exact("Common wrong answers")  # the entry's own, shown after every answer
+    child.expect_exact("One is zero.")
+    child.expect_exact("[g] got it")
+    child.sendline("g")
+    child.expect_exact("counts at most as partly right (0.5)")
+    child.expect("Follow-up 1")
+    child.sendline("q")
+    _end(child)
+    assert _scores(tmp_path)["entries"]["one"]["last"] == 0.5
+
+
+def test_follow_ups_count_toward_the_leitner_box():
+    from datetime import date
+
+    store = ScoreStore(Path("/nonexistent/scores.json"))
+    store.record("a", 1.0, today=date(2026, 12, 1), follow_ups=[0.0, 0.0])  # main right, both follow-ups missed
+    assert store.entries["a"]["box"] == 1 and store.entries["a"]["follow_ups"] == {"0": 0.0, "1": 0.0}
+    store.record("b", 1.0, today=date(2026, 12, 1), follow_ups=[1.0, 0.5])  # mean 0.83: got it
+    assert store.entries["b"]["box"] == 2
+    assert store.new_on(date(2026, 12, 1)) == 2
+    store.record("b", 1.0, today=date(2026, 12, 3))
+    assert store.new_on(date(2026, 12, 3)) == 0  # asked again: not new
+
+
+def test_the_mock_interview_goes_harder_after_good_answers_and_writes_a_debrief(tmp_path):
+    from flashcourse.interview.interviewer import ease, next_mock_question
+
+    rng = random.Random(0)
+    first = next_mock_question(BANK.entries, set(), 0, None, rng)
+    assert ease(first) == 0  # it opens with a common, basic question
+    harder = next_mock_question(BANK.entries, {first["id"]}, 2, first["section"], rng)
+    assert ease(harder) == 2 and harder["section"] != first["section"]
+    child = _spawn(tmp_path, "--mock", "45", "--count", "2", "--short-only", "--seed", "0")
+    child.expect_exact("Mock interview: 45 minutes")
+    child.expect("Question 1")
+    child.send("\r")
+    child.expect_exact("Which points did you make?")
+    child.sendline("a")  # every point: a good answer, so the follow-up comes
+    child.expect("Follow-up 1")
+    child.send("\r")
+    child.expect_exact("[g] got it")
+    child.sendline("m")  # missed: no deeper follow-up, the next question is asked
+    child.expect("Question 2")
+    child.send("\r")
+    child.expect_exact("Which points did you make?")
+    child.sendline("")  # none
+    child.expect_exact("# Mock interview debrief")
+    child.expect_exact("| 1 | ")
+    child.expect_exact("## To review (below 75%)")
+    child.expect_exact("## Verdict")
+    child.expect("Debrief written to")
+    _end(child)
+    debriefs = list((tmp_path / "data" / "flashcourse").glob("mock-*.md"))
+    assert len(debriefs) == 1 and "| 2 | " in debriefs[0].read_text(encoding="utf-8")
+    session = _scores(tmp_path)["sessions"][-1]
+    assert session["mode"] == "mock" and session["counts"] == {"questions": 2, "follow_ups": 1, "claims": 0}
+
+
+def _readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+            for line in block.splitlines() if line.startswith("flashcourse ")]
+
+
+def test_the_readme_lists_quiz_commands():
+    commands = _readme_commands()
+    assert any("--stats" in c for c in commands) and any("--mock" in c for c in commands), commands
+
+
+@pytest.mark.parametrize("command", _readme_commands())
+def test_every_readme_quiz_command_works_as_written(tmp_path, command):
+    """Run with no input (the quiz ends at its first prompt, as Ctrl-D would); exit status 0, no usage error."""
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="120", FLASHCOURSE_PLAIN="1",
+               PYTHONPATH=str(ROOT / "src"))  # run in tmp_path (the export writes there): this checkout
+    result = subprocess.run([sys.executable, "-m", "flashcourse", *command.split()[1:]], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage:" not in result.stderr

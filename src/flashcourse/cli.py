@@ -3,12 +3,13 @@
 - ``flashcourse grade SUBMISSION.ipynb... --out DIR`` grades notebooks in batch (docs/GRADING.md). Grading runs
   student code: run it in a container or a dedicated grading account.
 - ``flashcourse interview quiz [--lang zh|en] [--mode answer|spot-the-error] [--count N] [--due] [--timer SECONDS]
-  [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N]`` drills the interview questions in a
-  terminal, answer first and against a clock, with spaced repetition (:mod:`flashcourse.interview.terminal`).
+  [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N] [--new N] [--mock MINUTES] [--stats]``
+  drills the interview questions in a terminal, answer first and against a clock, with spaced repetition
+  (:mod:`flashcourse.interview.terminal`); ``--mock 45`` is a mock interview with a written debrief.
 - ``flashcourse interview stats [--lang zh|en]`` shows the scores per section, the sessions and the review boxes.
 - ``flashcourse interview export --format md|anki --lang zh|en [--out PATH]`` writes the questions as Markdown or
   an Anki deck (:mod:`flashcourse.interview.export`).
-- ``flashcourse quiz ...`` (with ``--stats`` for the statistics) is the older spelling of ``interview quiz``, kept.
+- ``flashcourse quiz ...`` is the older spelling of ``interview quiz``, kept.
 """
 
 from __future__ import annotations
@@ -44,9 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         "quiz", help="drill the interview questions in a terminal (the same as: flashcourse interview quiz)",
         description=QUIZ_DESCRIPTION)
     _add_quiz_options(quiz)
-    quiz.add_argument("--stats", action="store_true",
-                      help="show the results per section, the history of sessions and the review boxes, then stop "
-                           "(the same as: flashcourse interview stats)")
 
     interview = commands.add_parser("interview", help="the interview question bank: quiz, stats, export")
     interview_commands = interview.add_subparsers(dest="interview_command", required=True)
@@ -73,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "interview" and args.interview_command == "export":
         return _export(args)
     if args.command == "interview":
-        args.stats = args.interview_command == "stats"
+        args.stats = args.stats if args.interview_command == "quiz" else True
         return _quiz(parser, args)
     from .grading.batch import DuplicateSubmissionError, grade_all
 
@@ -90,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 QUIZ_DESCRIPTION = (
-    "Ask the interview questions in a random order, as an interviewer would: you answer first (type it, or say it "
-    "aloud and press Enter) while a clock runs, then the 30-second answer is shown with the points a good answer "
-    "makes, the longer one and its evidence on request, and you tick the points you made; each follow-up the same "
-    "way (scored got it / partly / missed), and it counts in the session's score. --mode spot-the-error shows the "
-    "bank's wrong answers for you to correct. Scores are kept in $XDG_DATA_HOME/flashcourse/ (default "
-    "~/.local/share/flashcourse/), with a Leitner box per question: one well answered comes back after 2, 4, 8, 16 "
-    "days, one missed the next day; --due asks what is due today. Runs in plain text where rich is not installed.")
+    "Ask the interview questions as an interviewer would, common and basic ones first: you answer first (type "
+    "it, or say it aloud and press Enter) while a clock runs, then the 30-second answer is shown with the points "
+    "a good answer makes and the common wrong answers, the longer one and its evidence on request, and you tick "
+    "the points you made; each follow-up the same way (scored got it / partly / missed), and it counts in the "
+    "session's score and the question's review box. A known myth in a typed answer is named. --mode "
+    "spot-the-error mixes true and false claims for you to judge and correct. --mock 45 is a 45-minute mock "
+    "interview with a written debrief. Scores are kept in $XDG_DATA_HOME/flashcourse/ (default "
+    "~/.local/share/flashcourse/), with a Leitner box per question: one well answered comes back after 2, 4, 8, "
+    "16 days, one missed the next day; --due asks what is due today, then new questions (10 a day, --new). Runs "
+    "in plain text where rich is not installed.")
 
 
 def _add_quiz_options(quiz: argparse.ArgumentParser) -> None:
@@ -121,6 +122,14 @@ def _add_quiz_options(quiz: argparse.ArgumentParser) -> None:
     quiz.add_argument("--seed", type=int, default=None, help="seed of the order (default: a new order each time)")
     quiz.add_argument("--bank", type=Path, default=None, metavar="FILE",
                       help="a question bank of your own, in the format of the course's questions.yaml")
+    quiz.add_argument("--new", type=_count, default=None, metavar="N", dest="new_per_day",
+                      help="with --due: at most N new questions a day, common and basic first (default 10)")
+    quiz.add_argument("--mock", type=_minutes, default=None, metavar="MINUTES",
+                      help="a mock interview of MINUTES minutes: main questions harder after good answers, "
+                           "follow-ups deeper while you answer well, a written debrief at the end")
+    quiz.add_argument("--stats", action="store_true",
+                      help="show the results per section, the history of sessions and the review boxes, then stop "
+                           "(the same as: flashcourse interview stats)")
 
 
 def _count(value: str) -> int:
@@ -128,6 +137,13 @@ def _count(value: str) -> int:
     if count < 1:
         raise argparse.ArgumentTypeError(f"expected a number of questions of 1 or more, got {value!r}")
     return count
+
+
+def _minutes(value: str) -> float:
+    minutes = float(value)
+    if not minutes > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes above 0, got {value!r}")
+    return minutes
 
 
 def _seconds(value: str) -> float:
@@ -158,7 +174,8 @@ def _quiz(parser: argparse.ArgumentParser, args) -> int:
         return show_stats(lang=args.lang, question_bank=question_bank)
     return run_quiz(lang=args.lang, mode=args.mode, section=args.section, tags=args.tag,
                     short_only=args.short_only, retry_missed=args.retry_missed, seed=args.seed, timer=args.timer,
-                    count=args.count, due=args.due, question_bank=question_bank)
+                    count=args.count, due=args.due, mock=args.mock, question_bank=question_bank,
+                    **({"new_per_day": args.new_per_day} if args.new_per_day else {}))
 
 
 def _export(args) -> int:

@@ -34,6 +34,7 @@ EXERCISES = {
     "ex14_interview_code": "ex14",
     "ex15_handwritten_kernels": "ex15",
     "ex16_fa4_softmax": "ex16",
+    "ex17_cuda_kernels": "ex17",
 }
 
 # check function name -> module that defines it; modules load on first use (the Triton ones import torch).
@@ -60,6 +61,8 @@ _CHECKS = {
     "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
     "check_softmax_rows": "ex15", "check_matmul": "ex15", "check_sum_all": "ex15", "check_transpose": "ex15",
     "check_emulated_exp2": "ex16", "check_row_stats": "ex16",
+    "check_block_sum": "ex17", "check_softmax_rows_cuda": "ex17", "check_transpose_cuda": "ex17",
+    "check_rmsnorm": "ex17", "check_sgemm": "ex17", "check_topk_sample": "ex17",
 }
 
 __all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "keep_going", "parts", "run_check",

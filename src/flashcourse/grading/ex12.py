@@ -13,6 +13,7 @@ import numpy as np
 from .. import reference
 from . import _mistakes as mistakes
 from ._core import Clock, Part, compare, copies, qkv_case, to_numpy
+from ._zh import bilingual
 from .ex02 import _nan_hint, _rows
 
 __all__ = ["check_flash_forward_from_memory", "check_softmax_online_from_memory", "elapsed", "start_clock"]
@@ -64,6 +65,7 @@ SOFTMAX = Part("ex12_a", 3, "softmax_online (from memory)", ("softmax_online",),
                _softmax_judge)
 
 
+@bilingual
 def check_softmax_online_from_memory(softmax_online, *, hidden=False, seed=None):
     """Check ``softmax_online(x, block) -> p``: one pass over blocks of ``block`` columns for (m, l), then p."""
     __tracebackhide__ = True
@@ -119,6 +121,7 @@ FORWARD = Part("ex12_b", 5, "flash_forward (from memory)", ("flash_forward",), _
                _forward_judge, max_bytes=_forward_bytes)
 
 
+@bilingual
 def check_flash_forward_from_memory(flash_forward, *, hidden=False, seed=None):
     """Check ``flash_forward(q, k, v, *, block_q, block_k, causal, scale) -> (o, lse)`` on (N, d) inputs against
     the float64 reference, one tile at a time (an N x N array exceeds the memory allowed)."""

@@ -20,6 +20,7 @@ import numpy as np
 from .. import reference
 from . import _mistakes as mistakes
 from ._core import Clock, Part, compare, copies, to_numpy
+from ._zh import bilingual
 
 __all__ = ["check_gqa_forward", "check_kv_cache_bytes", "check_mha_forward", "check_mla_decode", "check_rope",
            "elapsed", "start_code_clock"]
@@ -171,6 +172,7 @@ def _heads_judge(case, out):
 MHA = Part("ex14_a", 3, "multi-head attention forward", ("mha_forward",), _mha_cases, _mha_run, _heads_judge)
 
 
+@bilingual
 def check_mha_forward(mha_forward, *, hidden=False, seed=None):
     """Check ``mha_forward(x, w_q, w_k, w_v, w_o, n_heads, *, causal=False) -> o``: x (B, N, d_model), the
     weights (d_model, d_model), o (B, N, d_model)."""
@@ -229,6 +231,7 @@ def _gqa_judge(case, out):
 GQA = Part("ex14_b", 3, "grouped-query attention forward", ("gqa_forward",), _gqa_cases, _gqa_run, _gqa_judge)
 
 
+@bilingual
 def check_gqa_forward(gqa_forward, *, hidden=False, seed=None):
     """Check ``gqa_forward(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, *, causal=False) -> o``: w_k and w_v are
     (d_model, n_kv_heads * d_head); ValueError when n_heads is not a multiple of n_kv_heads."""
@@ -296,6 +299,7 @@ def _rope_judge(case, out):
 ROPE = Part("ex14_c", 3, "RoPE, half-split and interleaved", ("rope",), _rope_cases, _rope_run, _rope_judge)
 
 
+@bilingual
 def check_rope(rope_fn, *, hidden=False, seed=None):
     """Check ``rope(x, positions, *, base=10000.0, interleaved=False) -> x rotated``: x (..., N, d), positions
     (N,); both pairing conventions are checked, each against its own flag."""
@@ -401,6 +405,7 @@ def _mla_judge(case, out):
 MLA = Part("ex14_d", 4, "MLA decode with absorbed projections", ("mla_decode",), _mla_cases, _mla_run, _mla_judge)
 
 
+@bilingual
 def check_mla_decode(mla_decode, *, hidden=False, seed=None):
     """Check ``mla_decode(q_c, q_r, c_kv, k_r, w_uk, w_uv, w_o, *, scale=None) -> u``: one query token against a
     cache of T tokens holding only the latent c_kv (T, d_c) and the shared RoPE key k_r (T, d_r)."""
@@ -493,6 +498,7 @@ CACHE = Part("ex14_e", 2, "KV-cache size, standard and MLA", ("kv_cache_bytes", 
              _cache_run, _cache_judge)
 
 
+@bilingual
 def check_kv_cache_bytes(kv_cache_bytes, mla_cache_bytes, *, hidden=False, seed=None):
     """Check ``kv_cache_bytes(layers, kv_heads, head_dim, tokens, batch, dtype_bytes)`` and
     ``mla_cache_bytes(layers, latent_dim, rope_dim, tokens, batch, dtype_bytes)``, both in bytes."""

@@ -17,6 +17,7 @@ import numpy as np
 from .. import reference
 from . import _mistakes as mistakes
 from ._core import Part, compare, run_check, to_numpy, to_tensor
+from ._zh import bilingual
 
 __all__ = ["BLOCKS", "check_matmul", "check_softmax_rows", "check_sum_all", "check_transpose"]
 
@@ -104,6 +105,7 @@ SOFTMAX = Part("ex15_a", 3, "softmax_rows (online, block by block, strided rows)
                _softmax_cases, _softmax_run, _softmax_judge)
 
 
+@bilingual
 def check_softmax_rows(softmax_rows, *, hidden=False, seed=None):
     """Check ``softmax_rows(x) -> p`` for x an (R, C) float32 view (rows x.stride(0) apart), softmax per row."""
     __tracebackhide__ = True
@@ -147,6 +149,7 @@ def _matmul_judge(case, out):
 MATMUL = Part("ex15_b", 3, "matmul (tiled, a loop over K)", ("matmul",), _matmul_cases, _matmul_run, _matmul_judge)
 
 
+@bilingual
 def check_matmul(matmul, *, hidden=False, seed=None):
     """Check ``matmul(a, b) -> c`` for a (M, K) and b (K, N) float32 (b sometimes a transposed view)."""
     __tracebackhide__ = True
@@ -181,6 +184,7 @@ SUM = Part("ex15_c", 2, "sum_all (a parallel reduction in two levels)", ("sum_al
            _sum_judge)
 
 
+@bilingual
 def check_sum_all(sum_all, *, hidden=False, seed=None):
     """Check ``sum_all(x) -> total`` (a one-element float32 tensor) for x a 1-D float32 tensor."""
     __tracebackhide__ = True
@@ -221,6 +225,7 @@ TRANSPOSE = Part("ex15_d", 2, "transpose (a tile at a time)", ("transpose",), _t
                  _transpose_judge)
 
 
+@bilingual
 def check_transpose(transpose, *, hidden=False, seed=None):
     """Check ``transpose(x) -> y``, y = x.T as a new contiguous (N, M) tensor, for x (M, N) float32."""
     __tracebackhide__ = True

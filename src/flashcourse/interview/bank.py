@@ -15,8 +15,11 @@ language) must be the ``quote`` of one of the entry's evidence items, and that e
 not count as a stated number: digits inside names (FA2, H100, FP8, 64K, MiniMax-01),
 exponents (N^2), single-digit counts
 (not followed by x, % or 倍), years, run dates (2026-11-30) and arXiv ids in citations, references such as
-"lesson 04", "section 3.1", "第 3.1 节", and anything inside a `code span` or $math$ (formulas). :func:`validate`
-reports every breach.
+"lesson 04", "section 3.1", "第 3.1 节", "练习 17", and anything inside a `code span` or $math$ (formulas).
+:func:`validate` reports every breach.
+
+A myth entry or a wrong answer may carry ``detect``: the key phrases by which the drill recognises it in a typed
+answer (:mod:`flashcourse.interview.interviewer`); :func:`validate` checks that each recognises its own claim.
 """
 
 from __future__ import annotations
@@ -170,7 +173,7 @@ _FORMULA = re.compile(r"`[^`]*`|\$[^$]*\$")
 _CITATION = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d{4}\.\d{4,5}\b|\b20[0-2]\d\b")
 _REFERENCE = re.compile(
     r"(?:\b[Ll]essons?|\b[Nn]otebooks?|\b[Ss]ections?|§|\bAlgorithm|\bTheorem|\bProposition|\bFigure|\bTable|\bexercises?"
-    r"|\bissue|第)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
+    r"|\bissue|第|练习)\s*\d+(?:\.\d+)*(?:\s*(?:-|–|,|、|and|和|与)\s*\d+(?:\.\d+)*)*"
 )
 # A number, letters glued to it (a name when not "x"), and, looked ahead, a multiplier or percent sign, directly
 # or at the end of a range ("2-4x"), which makes even a single digit a claim.
@@ -357,7 +360,9 @@ def validate(bank: Bank | None = None, *, root: Path | None = None) -> list[str]
                 problems.append(f"{where} ({lang}): states {number} but no evidence of the entry quotes it")
             for quote in sorted(quotes - set(stated)):
                 problems.append(f"{where} ({lang}): evidence quotes {quote} but the {lang} answer never states it")
-    return problems
+    from .interviewer import detect_problems  # imported here: interviewer imports this module
+
+    return problems + detect_problems(bank)
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -430,8 +435,11 @@ def render_entry_html(entry: dict, lang: str = "en") -> str:
         f'<li class="fc-follow-up">{html_of(f["question"][lang])}<details><summary>{labels["show_follow_up"]}'
         f"</summary>{html_of(f['answer'][lang])}</details></li>" for f in entry["follow_ups"])
     points = "\n".join(f"- {p[lang]}" for p in entry.get("points", []))
-    wrong_rows = "".join(f"<tr><td>{html_of(w['claim'][lang])}</td><td>{html_of(w['correction'][lang])}</td></tr>"
-                         for w in entry["wrong_answers"])
+    # Jupyter's stylesheet right-aligns table cells; these hold prose, read from the left (inline: the lesson's
+    # output and the website keep an element's style, not a stylesheet of ours).
+    left = ' style="text-align: left; vertical-align: top"'
+    wrong_rows = "".join(f"<tr><td{left}>{html_of(w['claim'][lang])}</td><td{left}>{html_of(w['correction'][lang])}"
+                         f"</td></tr>" for w in entry["wrong_answers"])
     return (
         f'<div class="fc-entry" id="fc-{entry["id"]}"><h3>{html.escape(entry["question"][lang])}</h3>'
         f'<details class="fc-answer"><summary>{labels["show"]}</summary>'
@@ -440,7 +448,8 @@ def render_entry_html(entry: dict, lang: str = "en") -> str:
         f"<p><strong>{labels['long']}{end}</strong></p>{html_of(entry['long'][lang])}"
         f'<div class="fc-evidence">{html_of(render_evidence(entry, lang))}</div></details>'
         f"<p><strong>{labels['follow_ups']}</strong></p><ul>{follow_ups}</ul>"
-        f'<table class="fc-wrong"><tr><th>{labels["claim"]}</th><th>{labels["correction"]}</th></tr>{wrong_rows}'
+        f'<table class="fc-wrong"><tr><th{left}>{labels["claim"]}</th><th{left}>{labels["correction"]}</th></tr>'
+        f"{wrong_rows}"
         "</table></div>")
 
 

@@ -62,11 +62,12 @@ def _tags(entry: dict) -> list[str]:
 
 
 def anki_deck(question_bank: bank_module.Bank | None = None, lang: str = "en"):
-    """A genanki Deck: per entry one note for the question (back: the 30-second answer, the longer answer and the
-    evidence), one note per follow-up (front: the follow-up under its question; back: its answer) and one per
-    common wrong answer (front: the wrong claim to correct; back: the correction), tagged with the section and
-    the entry's tags. Each note has a stable id (``ENTRY``, ``ENTRY/follow-up-N``, ``ENTRY/wrong-N``), so
-    re-importing a deck updates the cards instead of adding new ones."""
+    """A genanki Deck: per entry one note for the question (back: the 30-second answer, the checklist of points a
+    good answer makes, the longer answer and the evidence), one note per follow-up (front: the follow-up under its
+    question; back: its answer) and one per common wrong answer (front: the wrong claim to correct; back: the
+    correction), tagged with the section and the entry's tags. Each note has a stable id (``ENTRY``,
+    ``ENTRY/follow-up-N``, ``ENTRY/wrong-N``), so re-importing a deck updates the cards instead of adding new
+    ones."""
     try:
         import genanki
     except ImportError:
@@ -90,8 +91,10 @@ def anki_deck(question_bank: bank_module.Bank | None = None, lang: str = "en"):
     for entry in question_bank.entries:
         question = entry["question"][lang]
         evidence = html(bank_module.render_evidence(entry, lang))
+        checklist = "".join(f"<li>{html(point[lang])}</li>" for point in entry.get("points") or [])
+        checklist = f"<h4>{labels['points']}</h4><ol class=\"checklist\">{checklist}</ol>" if checklist else ""
         add(entry["id"], html(question),
-            f"<h4>{labels['short']}</h4>{html(entry['short'][lang])}"
+            f"<h4>{labels['short']}</h4>{html(entry['short'][lang])}{checklist}"
             f"<h4>{labels['long']}</h4>{html(entry['long'][lang])}{evidence}", entry)
         for number, follow in enumerate(entry.get("follow_ups", []), start=1):
             add(f"{entry['id']}/follow-up-{number}",

@@ -8,7 +8,9 @@ Every control is an attribute (``next_button``, ``reveal_button``, ``follow_up_b
 a test drives the quiz with ``quiz.reveal_button.click()`` and reads ``quiz.question_view.value`` without a
 browser. The HTML it shows carries stable CSS classes for a browser test: ``fc-quiz`` (the whole widget),
 ``fc-quiz-question``, ``fc-quiz-answer`` (present only once revealed: a hidden answer is not in the page at
-all), ``fc-quiz-long``, ``fc-quiz-points``, ``fc-quiz-followup``, ``fc-quiz-score``.
+all), ``fc-quiz-long``, ``fc-quiz-points``, ``fc-quiz-wrong`` (the common wrong answers, shown with every
+answer), ``fc-quiz-myth`` (a known myth stated in the typed answer, ``answer_box``, named with its correction),
+``fc-quiz-followup``, ``fc-quiz-score``.
 """
 
 from __future__ import annotations
@@ -24,42 +26,26 @@ except ImportError as error:  # not in the core install
     raise missing("course", "ipywidgets", __name__) from error
 
 from . import bank as bank_module
+from . import interviewer
 from .bank import markdown_to_html
+from .interviewer import ease, round_order
 
-__all__ = ["Quiz", "markdown_to_html"]
+__all__ = ["Quiz", "ease", "markdown_to_html", "round_order"]
 
 POINTS = {"got_it": 1.0, "partly": 0.5, "missed": 0.0}
 UI = {
     "en": {"next": "New question", "reveal": "Show answer", "follow_up": "Follow-up", "got_it": "Got it",
            "partly": "Partly", "missed": "Missed", "short": "30-second answer", "long": "Longer answer",
            "score": "Score", "follow_up_label": "Follow-up", "points": "A good answer says",
-           "start": "Press “New question” to start.",
+           "start": "Press “New question” to start.", "your_answer": "Your answer (type it before you look)",
+           "myth": "Your answer states a known myth", "wrong": "Common wrong answers (do not say these)",
            "no_more": "No more follow-ups: score yourself, then take a new question."},
     "zh": {"next": "新问题", "reveal": "显示答案", "follow_up": "追问", "got_it": "答对了", "partly": "部分答对",
            "missed": "没答出", "short": "30 秒回答", "long": "详细回答", "score": "得分", "points": "好的回答要讲到",
-           "follow_up_label": "追问", "start": "点击“新问题”开始。",
+           "follow_up_label": "追问", "start": "点击“新问题”开始。", "your_answer": "你的回答（先写，再看答案）",
+           "myth": "你的回答说了一个常见误区", "wrong": "常见错误回答（面试时别这么说）",
            "no_more": "没有更多追问：先给自己打分，再换一道新问题。"},
 }
-
-
-def ease(entry: dict) -> int:
-    """How early a round asks an entry: 0 for a common, basic question, up to 4 for a rare, advanced one (the sum
-    of the positions of its ``freq:`` and ``level:`` tags in the vocabulary); an untagged entry comes last."""
-    tags = bank_module.tags_of(entry)
-    rank = 0
-    for kind, values in bank_module.TAG_KINDS.items():
-        found = [values.index(t.split(":", 1)[1]) for t in tags if t.startswith(f"{kind}:")]
-        if not found:
-            return 2 * len(bank_module.TAG_KINDS)
-        rank += found[0]
-    return rank
-
-
-def round_order(entries: list[dict], rng: random.Random) -> list[dict]:
-    """The entries in the order a round asks them: by :func:`ease`, shuffled within each value."""
-    shuffled = list(entries)
-    rng.shuffle(shuffled)
-    return sorted(shuffled, key=ease)  # sorted() is stable: the shuffle survives within each step
 
 
 class Quiz:
@@ -92,6 +78,7 @@ class Quiz:
         self.follow_up_button = widgets.Button(description=ui["follow_up"], disabled=True)
         self.score_buttons = {kind: widgets.Button(description=ui[kind], disabled=True) for kind in POINTS}
         self.question_view = widgets.HTML(f'<div class="fc-quiz-question">{html.escape(ui["start"])}</div>')
+        self.answer_box = widgets.Textarea(placeholder=ui["your_answer"], layout=widgets.Layout(width="100%"))
         self.answer_view = widgets.HTML("")
         self.follow_up_view = widgets.HTML("")
         self.score_view = widgets.HTML("")
@@ -102,7 +89,8 @@ class Quiz:
             button.on_click(lambda _, kind=kind: self.score(kind))
         controls = widgets.HBox([self.next_button, self.reveal_button, self.follow_up_button])
         scoring = widgets.HBox(list(self.score_buttons.values()) + [self.score_view])
-        self.widget = widgets.VBox([controls, self.question_view, self.answer_view, self.follow_up_view, scoring])
+        self.widget = widgets.VBox([controls, self.question_view, self.answer_box, self.answer_view,
+                                    self.follow_up_view, scoring])
         self.widget.add_class("fc-quiz")
         self._show_score()
 
@@ -119,6 +107,7 @@ class Quiz:
         question = self.current["question"][self.lang]
         self.question_view.value = f'<div class="fc-quiz-question">{markdown_to_html(question)}</div>'
         self.answer_view.value = ""
+        self.answer_box.value = ""
         self.follow_up_view.value = ""
         self.reveal_button.disabled = False
         self.follow_up_button.disabled = True
@@ -142,14 +131,15 @@ class Quiz:
             points = (f'<div class="fc-quiz-points"><p><strong>{ui["points"]}</strong></p><ul>{points}</ul></div>'
                       if points else "")
             self.answer_view.value = (
-                f'<div class="fc-quiz-answer"><p><strong>{ui["short"]}</strong></p>{short}{points}'
+                f'{self._myths_html()}<div class="fc-quiz-answer"><p><strong>{ui["short"]}</strong></p>{short}'
+                f'{points}{self._wrong_answers_html()}'
                 f'<details class="fc-quiz-long"><summary>{ui["long"]}</summary>{long}</details></div>'
             )
             for button in self.score_buttons.values():
                 button.disabled = self.current["id"] in self.scores
         else:
             follow = self.current["follow_ups"][self.follow_up_index]
-            self.follow_up_view.value = self._follow_up_html(follow, with_answer=True)
+            self.follow_up_view.value = self._myths_html() + self._follow_up_html(follow, with_answer=True)
         self.follow_up_button.disabled = self.follow_up_index + 1 >= len(self.current["follow_ups"])
         if self.follow_up_button.disabled and self.follow_up_index >= 0:
             self.follow_up_view.value += f'<div class="fc-quiz-followup"><em>{ui["no_more"]}</em></div>'
@@ -164,6 +154,7 @@ class Quiz:
         self.revealed = False
         follow = self.current["follow_ups"][self.follow_up_index]
         self.follow_up_view.value = self._follow_up_html(follow, with_answer=False)
+        self.answer_box.value = ""
         self.follow_up_button.disabled = True
         self.reveal_button.disabled = False
         return follow
@@ -191,6 +182,20 @@ class Quiz:
         ui = UI[self.lang]
         self.score_view.value = (f'<span class="fc-quiz-score">{ui["score"]}: {self.total:g} / '
                                  f"{len(self.scores)}</span>")
+
+    def _myths_html(self) -> str:
+        """The known myths the typed answer states, each with its correction (class ``fc-quiz-myth``)."""
+        parts = [f'<div class="fc-quiz-myth"><p><strong>{UI[self.lang]["myth"]}</strong></p>'
+                 f'{markdown_to_html(myth.claim[self.lang])}{markdown_to_html(myth.correction[self.lang])}</div>'
+                 for myth in interviewer.spot_myths(self.answer_box.value, self.bank)]
+        return "".join(parts)
+
+    def _wrong_answers_html(self) -> str:
+        """The entry's common wrong answers with their corrections, shown with every answer (``fc-quiz-wrong``)."""
+        items = "".join(f"<li>{markdown_to_html(w['claim'][self.lang])}{markdown_to_html(w['correction'][self.lang])}"
+                        f"</li>" for w in self.current.get("wrong_answers") or [])
+        return (f'<div class="fc-quiz-wrong"><p><strong>{UI[self.lang]["wrong"]}</strong></p><ul>{items}</ul></div>'
+                if items else "")
 
     def _follow_up_html(self, follow: dict, *, with_answer: bool) -> str:
         ui = UI[self.lang]

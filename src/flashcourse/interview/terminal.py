@@ -1,15 +1,21 @@
 """The interview drill in a terminal: ``flashcourse interview quiz [--lang zh|en] [--mode answer|spot-the-error]
-[--count N] [--due] [--timer SECONDS] [--section S] [--tag TAG]... [--short-only] [--retry-missed] [--seed N]``
-(``flashcourse quiz`` is the same command) and ``flashcourse interview stats``.
+[--count N] [--due] [--new N] [--mock MINUTES] [--timer SECONDS] [--section S] [--tag TAG]... [--short-only]
+[--retry-missed] [--seed N] [--stats]`` (``flashcourse quiz`` is the same command) and ``flashcourse interview
+stats``.
 
 As in an interview, you answer first: type your answer, or say it aloud, and press Enter, while a clock runs beside
-the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Then the 30-second
-answer is shown beside yours, with the points a good answer makes (the entry's ``points``), the longer answer and
-its evidence on request, and you tick the points you made: the share ticked is the score. Each follow-up is asked
-the same way, scored got it / partly / missed, and counts in the session's score.
+the prompt (it counts down from ``--timer`` and says when the time is up, else it counts up). Questions come common
+and basic first (:func:`flashcourse.interview.interviewer.round_order`). A typed answer that states one of the
+bank's known myths or wrong answers is told so, with the correction, and scores at most "partly". Then the
+30-second answer is shown beside yours, with the points a good answer makes (the entry's ``points``) and the
+entry's common wrong answers, the longer answer and its evidence on request, and you tick the points you made: the
+share ticked is the score. Each follow-up is asked the same way, scored got it / partly / missed, and counts in
+the session's score and in the question's review box.
 
-``--mode spot-the-error`` drills the bank's wrong answers: a wrong claim is shown, you say what is wrong and correct
-it, then the correction is shown and you score yourself.
+``--mode spot-the-error`` mixes true claims (entries' points) with false ones (their wrong answers): you judge each
+true or false, correct the false ones, and the correction is shown. ``--mock 45`` is a 45-minute mock interview
+(:func:`run_mock`): harder main questions after good answers, follow-ups only while the answers are good, and a
+written debrief.
 
 Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.json`` (default
 ``~/.local/share/flashcourse/``; files of the first format, without modes or times, are read as they are);
@@ -17,10 +23,11 @@ Scores are kept between sessions in ``$XDG_DATA_HOME/flashcourse/quiz_scores.jso
 and the history of sessions. ``--count N`` stops after N questions.
 
 Spaced repetition (Leitner boxes, kept in the same score file): a question starts in box 1; scored "got it" (3/4 of
-its points or more) it moves up a box, "partly" down one, "missed" back to box 1; it is due again after
-:data:`BOX_DAYS` days for its box (1, 2, 4, 8, 16). ``--due`` asks only the questions due today. ``--tag`` keeps the
-entries that carry the tag (``freq:common``, ``level:basic``, ...); several tags of one kind (``freq:``) are
-alternatives, tags of different kinds must all hold.
+its points or more, as the mean with its follow-ups) it moves up a box, "partly" down one, "missed" back to box 1;
+it is due again after :data:`BOX_DAYS` days for its box (1, 2, 4, 8, 16). ``--due`` asks the questions due today,
+then new ones, at most ``--new`` (default :data:`NEW_PER_DAY`) first asked a day. ``--tag`` keeps the entries that
+carry the tag (``freq:common``, ``level:basic``, ...); several tags of one kind (``freq:``) are alternatives, tags
+of different kinds must all hold.
 
 Rendering is rich's where rich is installed (the ``interview`` extra); without it, or with ``FLASHCOURSE_PLAIN=1``,
 the same drill prints plain text (:mod:`._plaintext`). Either way text is wrapped by :func:`wrap`, between any two
@@ -44,6 +51,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 from . import bank as bank_module  # needs pyyaml: its message names the extra that installs it
+from . import interviewer
 
 try:
     if os.environ.get("FLASHCOURSE_PLAIN") == "1":
@@ -72,7 +80,23 @@ MODES = ("answer", "spot-the-error")
 TAG_VOCABULARY = tuple(getattr(bank_module, "TAGS", ("freq:common", "freq:occasional", "freq:rare", "level:basic",
                                                       "level:intermediate", "level:advanced")))
 UI = {
-    "en": {"question": "Question {n} of {total}", "follow_up": "Follow-up {n}", "claim": "Wrong claim {n} of {total}",
+    "en": {
+           "myth_title": "Your answer states a known myth",
+           "myth_line": "You said: {claim}",
+           "myth_cap": "An answer that states a myth counts at most as partly right ({cap:g}).",
+           "wrong_title": "Common wrong answers (do not say these)",
+           "verdict_prompt": "True or false? [t] true, [f] false ([q] quit)",
+           "judge": "Claim {n} of {total}: true or false?",
+           "judged_true": "Right: this claim is true.", "judged_wrong_true": "No: this claim is true.",
+           "judged_wrong_false": "No: this claim is false.",
+           "new_today": "New today: {n} (at most {quota} new a day; --new changes it)",
+           "no_new_left": "Nothing is due today and today's {quota} new questions are done; next review: {next}.",
+           "claim_of": "{question} (wrong claim {n})",
+           "mock_start": "Mock interview: {minutes:g} minutes. Main questions get harder after good answers; "
+           "follow-ups go deeper while you answer well.",
+           "mock_over": "Time is up: the interviewer thanks you.",
+           "mock_question": "Question {n}", "debrief_saved": "Debrief written to {path}",
+           "question": "Question {n} of {total}", "follow_up": "Follow-up {n}", "claim": "Wrong claim {n} of {total}",
            "context": "Asked about: {question}",
            "answer_prompt": "Your answer: type it, or say it aloud, then Enter ([s] skip, [q] quit)",
            "claim_prompt": "What is wrong? Correct it: type it, or say it aloud, then Enter ([s] skip, [q] quit)",
@@ -107,7 +131,22 @@ UI = {
            "lesson_cell": "lesson {number} ({title}), the cell “{tag}”",
            "lesson_heading": "lesson {number} ({title}), section “{heading}”",
            "results": "GPU result measured on {device}, {date} ({what}): {key}"},
-    "zh": {"question": "问题 {n}/{total}", "follow_up": "追问 {n}", "claim": "错误说法 {n}/{total}",
+    "zh": {
+           "myth_title": "你的回答说了一个常见误区",
+           "myth_line": "你说的是：{claim}",
+           "myth_cap": "说出误区的回答最多算部分答对（{cap:g}）。",
+           "wrong_title": "常见错误回答（面试时别这么说）",
+           "verdict_prompt": "对还是错？t 对，f 错（q 退出）",
+           "judge": "说法 {n}/{total}：对还是错？",
+           "judged_true": "判断正确：这个说法是对的。", "judged_wrong_true": "判断错了：这个说法是对的。",
+           "judged_wrong_false": "判断错了：这个说法是错的。",
+           "new_today": "今天新学：{n} 道（每天最多 {quota} 道新题，用 --new 修改）",
+           "no_new_left": "今天没有到期的题，今天的 {quota} 道新题也练完了；下次复习在 {next}。",
+           "claim_of": "{question}（错误说法 {n}）",
+           "mock_start": "模拟面试：{minutes:g} 分钟。答得好，下一道主问题更难；答得好，追问也会继续深挖。",
+           "mock_over": "时间到，面试结束。",
+           "mock_question": "问题 {n}", "debrief_saved": "复盘已写入 {path}",
+           "question": "问题 {n}/{total}", "follow_up": "追问 {n}", "claim": "错误说法 {n}/{total}",
            "context": "原题：{question}",
            "answer_prompt": "你的回答：打字或说出来，然后按回车（s 跳过，q 退出）",
            "claim_prompt": "错在哪里？请纠正：打字或说出来，然后按回车（s 跳过，q 退出）",
@@ -189,15 +228,23 @@ class ScoreStore:
         item.setdefault("follow_ups", {})
         return item
 
-    def record(self, entry_id: str, points: float, seconds: float | None = None, *, today: date | None = None) -> None:
-        """A question's score (0 to 1); it also moves the question between Leitner boxes and sets when it is
-        due again (``today``, default the local date, counts from)."""
+    def record(self, entry_id: str, points: float, seconds: float | None = None, *, today: date | None = None,
+               follow_ups: list[float] | tuple[float, ...] = ()) -> None:
+        """A question's score (0 to 1) and those of the follow-ups answered after it; the mean of all of them
+        moves the question between Leitner boxes (a missed follow-up keeps a question from moving up, as it
+        would in an interview) and sets when it is due again (``today``, default the local date, counts from)."""
+        today = today or date.today()
         item = self._item(entry_id)
+        if not item.get("asked"):  # the day it was first asked, for the daily quota of new ones
+            item["first"] = today.isoformat()
         item["asked"] = item.get("asked", 0) + 1
         item["last"] = points
         item["best"] = max(item.get("best", 0.0), points)
         if seconds is not None:
             item["seconds"] = round(seconds, 1)
+        for index, follow_points in enumerate(follow_ups):
+            item["follow_ups"][str(index)] = follow_points
+        points = (points + sum(follow_ups)) / (1 + len(follow_ups))
         box = item.get("box", 1)  # a question never scheduled (new, or from an older score file) is in box 1
         if points >= GOT_IT:
             box = min(box + 1, len(BOX_DAYS))
@@ -206,7 +253,11 @@ class ScoreStore:
         else:
             box = 1
         item["box"] = box
-        item["due"] = ((today or date.today()) + timedelta(days=BOX_DAYS[box - 1])).isoformat()
+        item["due"] = (today + timedelta(days=BOX_DAYS[box - 1])).isoformat()
+
+    def new_on(self, day: date) -> int:
+        """How many questions were asked for the first time on ``day``."""
+        return sum(item.get("first") == day.isoformat() for item in self.entries.values())
 
     def due(self, today: date | None = None) -> set[str]:
         """Questions whose review date has come (scheduled on an earlier day, due on or before ``today``)."""
@@ -226,11 +277,12 @@ class ScoreStore:
                 counts[item["box"]] += 1
         return counts
 
-    def record_follow_up(self, entry_id: str, index: int, points: float) -> None:
-        self._item(entry_id)["follow_ups"][str(index)] = points
-
     def record_claim(self, entry_id: str, index: int, points: float) -> None:
         self._item(entry_id).setdefault("wrong_answers", {})[str(index)] = points
+
+    def record_true_claim(self, entry_id: str, index: int, points: float) -> None:
+        """A verdict on one of the entry's points shown as a claim to judge (spot the error): 1 when judged true."""
+        self._item(entry_id).setdefault("true_claims", {})[str(index)] = points
 
     def missed(self) -> set[str]:
         """Entries whose last score, or the last score of one of their follow-ups, was below "got it"."""
@@ -471,7 +523,8 @@ class _Session:
         self.points = 0.0
         self.seconds = 0.0
         self.by_section: dict[str, dict] = {}
-        self.to_retry: list[str] = []
+        self.to_retry: list[str] = []  # the questions to retry, by their text
+        self.myths_stated = 0
 
     # ------------------------------------------------------------------ output
     @property
@@ -637,38 +690,70 @@ class _Session:
         else:
             self.say(self.ui["aloud"].format(time=took), style="blue")
 
-    def entry(self, entry: dict, number: int, total: int) -> None:
+    def name_myths(self, typed: str) -> bool:
+        """Name every known myth or wrong answer the typed answer states, with its correction; True if any."""
+        found = interviewer.spot_myths(typed or "", self.bank)
+        for myth in found:
+            body = Text(self.ui["myth_line"].format(claim=""), style="bold") + markdown_text(myth.claim[self.lang])
+            body.append("\n\n")
+            body.append_text(markdown_text(myth.correction[self.lang]))
+            self.show(self.ui["myth_title"], body, style="red")
+        return bool(found)
+
+    def show_wrong_answers(self, entry: dict) -> None:
+        wrong = entry.get("wrong_answers") or []
+        if wrong:
+            body = Text("\n").join(Text("• ") + _inline(w["claim"][self.lang]) + Text(" → ", style="dim")
+                                   + _inline(w["correction"][self.lang]) for w in wrong)
+            self.show(self.ui["wrong_title"], body, style="red")
+
+    def entry(self, entry: dict, number: int, total: int | None, *, adaptive: bool = False) -> float | None:
+        """Ask one question and its follow-ups; returns the mean score of what was answered (None if skipped).
+        ``adaptive`` (the mock interview) asks the next follow-up only while the answers are good, as an
+        interviewer digs deeper into what a candidate knows; ``total`` is None there (the clock decides)."""
         ui, lang = self.ui, self.lang
-        self.show(ui["question"].format(n=number, total=total), entry["question"][lang], style="cyan")
+        title = ui["mock_question"].format(n=number) if total is None else ui["question"].format(n=number, total=total)
+        self.show(title, entry["question"][lang], style="cyan")
         typed, seconds = self.answer(ui["answer_prompt"])
         if typed is None:
-            return
+            return None
         self._reveal_yours(typed, seconds)
+        stated_myth = self.name_myths(typed)
         self.show(ui["short"], entry["short"][lang])
         checklist = entry.get("points") or []
         if checklist:
             self.show_points(checklist)
+        self.show_wrong_answers(entry)
         if not self.short_only and self.ask(ui["more"], ("", "l")) == "l":
             self.show(ui["long"], entry["long"][lang].strip())
             self.show(ui["evidence"], Text("\n").join(Text("• " + line) for line in evidence_labels(entry, lang)),
                       style="yellow")
         points = self.tick(checklist) if checklist else self.score()
-        self.store.record(entry["id"], points, seconds, today=self.today)
+        if stated_myth and points > interviewer.MYTH_CAP:
+            points = interviewer.MYTH_CAP
+            self.say(ui["myth_cap"].format(cap=points), style="red")
         self._count(entry, "questions", points, seconds)
-        missed = points < 1.0
-        for index, follow in enumerate(entry.get("follow_ups", [])):
-            self.show(ui["follow_up"].format(n=index + 1), follow["question"][lang], style="magenta")
-            typed, seconds = self.answer(ui["answer_prompt"])
-            if typed is None:
-                break
-            self._reveal_yours(typed, seconds)
-            self.show(ui["follow_answer"], follow["answer"][lang])
-            follow_points = self.score()
-            self.store.record_follow_up(entry["id"], index, follow_points)
-            self._count(entry, "follow_ups", follow_points, seconds)
-            missed = missed or follow_points < 1.0
-        if missed:
-            self.to_retry.append(entry["id"])
+        self.myths_stated += stated_myth
+        follow_scores: list[float] = []
+        try:
+            for index, follow in enumerate(entry.get("follow_ups", [])):
+                if adaptive and min([points, *follow_scores]) < GOT_IT:
+                    break
+                self.show(ui["follow_up"].format(n=index + 1), follow["question"][lang], style="magenta")
+                typed, seconds = self.answer(ui["answer_prompt"])
+                if typed is None:
+                    break
+                self._reveal_yours(typed, seconds)
+                self.myths_stated += self.name_myths(typed)
+                self.show(ui["follow_answer"], follow["answer"][lang])
+                follow_points = self.score()
+                follow_scores.append(follow_points)
+                self._count(entry, "follow_ups", follow_points, seconds)
+        finally:  # scheduled even when the learner quits during a follow-up: what was answered counts
+            self.store.record(entry["id"], points, seconds, today=self.today, follow_ups=follow_scores)
+            if min([points, *follow_scores]) < 1.0:
+                self.to_retry.append(entry["question"][lang])
+        return (points + sum(follow_scores)) / (1 + len(follow_scores))
 
     def claim(self, entry: dict, index: int, number: int, total: int) -> None:
         ui, lang = self.ui, self.lang
@@ -686,7 +771,41 @@ class _Session:
         self.store.record_claim(entry["id"], index, points)
         self._count(entry, "claims", points, seconds)
         if points < 1.0:
-            self.to_retry.append(f"{entry['id']}#{index + 1}")
+            self.to_retry.append(ui["claim_of"].format(question=entry["question"][lang], n=index + 1))
+
+    def judge(self, entry: dict, is_true: bool, index: int, number: int, total: int) -> None:
+        """A claim to judge true or false: one of the entry's points (true) or one of its wrong answers (false).
+        A true claim judged true scores 1; a false one judged false is then corrected and scored like
+        :meth:`claim`; a wrong verdict scores 0."""
+        ui, lang = self.ui, self.lang
+        claim = entry["points"][index] if is_true else entry["wrong_answers"][index]["claim"]
+        body = Text(ui["context"].format(question=""), style="dim") + markdown_text(entry["question"][lang])
+        body.append("\n\n")
+        body.append_text(markdown_text(claim[lang]))
+        self.show(ui["judge"].format(n=number, total=total), body, style="red")
+        verdict = self.ask(ui["verdict_prompt"], ("t", "f")) == "t"
+        if verdict != is_true:
+            self.say(ui["judged_wrong_true" if is_true else "judged_wrong_false"], style="bold red")
+        if is_true:
+            points = float(verdict)
+            if verdict:
+                self.say(ui["judged_true"], style="green")
+            self.store.record_true_claim(entry["id"], index, points)
+            self._count(entry, "claims", points, 0.0)
+            if not verdict:
+                self.to_retry.append(entry["question"][lang])
+            return
+        if not verdict:
+            typed, seconds = self.answer(ui["claim_prompt"])
+            if typed is None:
+                return
+            self._reveal_yours(typed, seconds)
+        self.show(ui["correction"], entry["wrong_answers"][index]["correction"][lang])
+        points = self.score() if not verdict else 0.0
+        self.store.record_claim(entry["id"], index, points)
+        self._count(entry, "claims", points, 0.0)
+        if points < 1.0:
+            self.to_retry.append(ui["claim_of"].format(question=entry["question"][lang], n=index + 1))
 
     # ------------------------------------------------------------------ the end
     @property
@@ -702,8 +821,9 @@ class _Session:
         breakdown = "/".join(str(self.asked[k]) for k in ("questions", "follow_ups", "claims"))
         table.add_row(str(self.scored), breakdown, f"{self.points:g}", percent, duration(self.seconds, self.lang))
         self.console.print(table)
-        if self.to_retry:
-            self.say(f"{ui['missed']}{': ' if self.lang == 'en' else '：'}{ui['list'].join(self.to_retry)}")
+        if self.to_retry:  # by their text: an id means nothing to the learner
+            self.say(ui["missed"] + (":" if self.lang == "en" else "："))
+            self.console.print(wrap(Text("\n").join(Text("• ") + _inline(q) for q in self.to_retry), self.width))
         self.say(ui["saved"].format(path=self.store.path))
 
 
@@ -779,14 +899,76 @@ def show_stats(*, lang: str = "en", console: Console | None = None, store: Score
 
 
 # ------------------------------------------------------------------------------------------- the drill
+NEW_PER_DAY = 10  # new questions a --due session adds a day: a pace one can keep, as Anki's default is 20 cards
+LEVELS = 4  # the highest interviewer.ease (rare and advanced)
+DEBRIEF = {
+    "en": {"title": "# Mock interview debrief, {started}",
+           "summary": "{minutes} of {limit:g} minutes; {questions} main questions, {follow_ups} follow-ups "
+                      "answered; mean score {percent}. Deepest level reached: {level} of {levels} (0 = common "
+                      "and basic, {levels} = rare and advanced).",
+           "table": "| # | question | score | follow-ups answered | time |", "myths": "## Myths you stated",
+           "myths_none": "You stated none of the myths the bank knows.",
+           "strong": "## Strongest sections (mean 75% or more)", "review": "## To review (below 75%)",
+           "none": "(none)", "verdict": "## Verdict (the drill's own rule: mean score and myths stated)",
+           "hire": "Strong: the answers were complete and myth-free; push on to rarer questions.",
+           "lean": "Borderline: review the list above, then run another mock round.",
+           "no": "Not yet: drill the common, basic questions (flashcourse quiz --due) before the next round.",
+           "skipped": "skipped"},
+    "zh": {"title": "# 模拟面试复盘，{started}",
+           "summary": "用时 {minutes}（共 {limit:g} 分钟）；主问题 {questions} 道，答了 {follow_ups} 个追问；平均得分 "
+                      "{percent}。最深到第 {level} 级（共 {levels} 级，0 = 常见、基础，{levels} = 少见、深入）。",
+           "table": "| # | 问题 | 得分 | 答了几个追问 | 用时 |", "myths": "## 你说出的误区",
+           "myths_none": "没有说出题库里记录的误区。",
+           "strong": "## 最强的部分（平均 75% 及以上）", "review": "## 需要复习（低于 75%）",
+           "none": "（无）", "verdict": "## 结论（按本工具的规则：平均得分和说出的误区）",
+           "hire": "表现很好：回答完整，没有误区，可以练更少见的问题。",
+           "lean": "处在边缘：先复习上面的列表，再来一轮模拟面试。",
+           "no": "还不够：先把常见、基础的题练熟（flashcourse quiz --due），再来下一轮。",
+           "skipped": "跳过"},
+}
+
+
+def _pick(entries: list[dict], store: ScoreStore, *, due: bool, retry_missed: bool, new_per_day: int,
+          today: date, rng: random.Random, console: Console, ui: dict) -> list[dict] | None:
+    """The questions of an answer-mode session in the order asked, common and basic first; None (after saying
+    why) when there is nothing to ask. ``due`` asks what is due today, then new questions up to the day's quota."""
+    items = entries
+    if retry_missed:
+        missed = store.missed()
+        items = [e for e in entries if e["id"] in missed]
+        if not items:
+            console.print(ui["nothing"])
+            return None
+    if not due:
+        return interviewer.round_order(items, rng)
+    due_now = store.due(today)
+    due_items = interviewer.round_order([e for e in items if e["id"] in due_now], rng)
+    never = [e for e in items if "last" not in store.entries.get(e["id"], {})]
+    quota_left = max(new_per_day - store.new_on(today), 0)
+    new_items = interviewer.round_order(never, rng)[:quota_left]
+    if not due_items and not new_items:
+        if never:
+            console.print(ui["no_new_left"].format(quota=new_per_day, next=store.next_due() or ui["never"]))
+        else:
+            console.print(ui["due_none"].format(new=0, next=store.next_due() or ui["never"]))
+        return None
+    console.print(ui["due_count"].format(n=len(due_items)))
+    if new_items:
+        console.print(ui["new_today"].format(n=len(new_items), quota=new_per_day))
+    return due_items + new_items
+
+
 def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = None, tags: list[str] | None = None,
              short_only: bool = False, retry_missed: bool = False, seed: int | None = None,
-             timer: float | None = None, count: int | None = None, due: bool = False, today: date | None = None,
+             timer: float | None = None, count: int | None = None, due: bool = False,
+             new_per_day: int = NEW_PER_DAY, mock: float | None = None, today: date | None = None,
              console: Console | None = None, store: ScoreStore | None = None,
              question_bank: bank_module.Bank | None = None) -> int:
-    """Drill the bank in the terminal; returns the exit status (0). ``count`` stops after that many questions
-    (wrong claims in spot-the-error mode); ``due`` asks only the questions due for review on ``today`` (default
-    the local date)."""
+    """Drill the bank in the terminal; returns the exit status (0). Questions come common and basic first.
+    ``count`` stops after that many questions (claims in spot-the-error mode); ``due`` asks the questions due
+    for review on ``today`` (default the local date), then up to ``new_per_day`` new ones a day; ``mock`` runs a
+    mock interview of that many minutes (:func:`run_mock`). Spot-the-error mixes true claims with false ones
+    (with ``retry_missed``, the false ones last missed)."""
     if lang not in UI:
         raise ValueError(f"lang must be one of {sorted(UI)}, got {lang!r}")
     if mode not in MODES:
@@ -795,51 +977,132 @@ def run_quiz(*, lang: str = "en", mode: str = "answer", section: str | None = No
     question_bank = question_bank or bank_module.load()
     console = console or Console()
     store = store or ScoreStore.open()
+    today = today or date.today()
+    rng = random.Random(seed)
     entries = question_bank.in_section(section) if section else list(question_bank.entries)
     if tags:
         entries = filter_by_tags(entries, tags)
         if not entries:
             console.print(ui["none_tagged"].format(tags=ui["list"].join(tags)))
             return 0
+    session = _Session(console, lang, store, question_bank, timer=timer, short_only=short_only, today=today)
+    if mock is not None:
+        return run_mock(session, entries, mock, rng, count=count)
     if mode == "answer":
-        items: list = entries
-        if retry_missed:
-            missed = store.missed()
-            items = [e for e in entries if e["id"] in missed]
-        if due:
-            due_now = store.due(today)
-            items = [e for e in items if e["id"] in due_now]
-            if not items:
-                new = sum(e["id"] not in store.entries for e in entries)
-                console.print(ui["due_none"].format(new=new, next=store.next_due() or ui["never"]))
-                return 0
-            console.print(ui["due_count"].format(n=len(items)))
+        items = _pick(entries, store, due=due, retry_missed=retry_missed, new_per_day=new_per_day, today=today,
+                      rng=rng, console=console, ui=ui)
+        if items is None:
+            return 0
+    elif retry_missed:
+        missed_claims = store.missed_claims()
+        items = [(e, False, i) for e in entries for i in range(len(e.get("wrong_answers", [])))
+                 if (e["id"], i) in missed_claims]
+        if not items:
+            console.print(ui["nothing"])
+            return 0
     else:
-        items = [(e, i) for e in entries for i in range(len(e.get("wrong_answers", [])))]
-        if retry_missed:
-            missed_claims = store.missed_claims()
-            items = [(e, i) for e, i in items if (e["id"], i) in missed_claims]
-    if retry_missed and not items:
-        console.print(ui["nothing"])
-        return 0
-    random.Random(seed).shuffle(items)
+        items = interviewer.true_or_false_items(entries, rng)
     if count is not None:
         items = items[:count]
-    session = _Session(console, lang, store, question_bank, timer=timer, short_only=short_only, today=today)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         for number, item in enumerate(items, start=1):
             if mode == "answer":
                 session.entry(item, number, len(items))
+            elif retry_missed:
+                session.claim(item[0], item[2], number, len(items))
             else:
-                session.claim(item[0], item[1], number, len(items))
+                session.judge(*item, number, len(items))
     except _Quit:
         console.print(ui["bye"])
-    store.sessions.append({"version": 2, "started": started, "lang": lang, "mode": mode, "section": section,
-                           "tags": list(tags or []), "asked": session.scored, "points": session.points,
-                           "counts": dict(session.asked), "by_section": session.by_section,
-                           "seconds": round(session.seconds, 1), "timer": timer, "retry_missed": retry_missed,
-                           "count": count, "due": due})
-    store.save()
+    _save_session(session, started, mode=mode, section=section, tags=tags, timer=timer, retry_missed=retry_missed,
+                  count=count, due=due)
     session.summary()
     return 0
+
+
+def _save_session(session: _Session, started: str, **settings) -> None:
+    session.store.sessions.append({"version": 2, "started": started, "lang": session.lang,
+                                   "section": settings.pop("section", None), "tags": list(settings.pop("tags") or []),
+                                   "asked": session.scored, "points": session.points,
+                                   "counts": dict(session.asked), "by_section": session.by_section,
+                                   "seconds": round(session.seconds, 1), **settings})
+    session.store.save()
+
+
+def run_mock(session: _Session, entries: list[dict], minutes: float, rng: random.Random, *,
+             count: int | None = None) -> int:
+    """A mock interview: main questions until ``minutes`` have passed (checked between questions, as an
+    interviewer lets you finish) or ``count`` were asked. It opens with a common, basic question; after a good
+    answer (3/4 of the points or more, follow-ups included) the next one is a level harder, after a weak one (below
+    half) a level easier; follow-ups go on only while the answers are good. Then a written debrief, printed and
+    saved next to the scores. Returns the exit status (0)."""
+    ui, lang, console = session.ui, session.lang, session.console
+    console.print(wrap(Text(ui["mock_start"].format(minutes=minutes), style="bold"), session.width))
+    started_at = datetime.now(timezone.utc)
+    deadline = time.monotonic() + 60 * minutes
+    level, deepest, last_section, asked, rows = 0, 0, None, set(), []
+    try:
+        while time.monotonic() < deadline and (count is None or len(rows) < count):
+            entry = interviewer.next_mock_question(entries, asked, level, last_section, rng)
+            if entry is None:
+                break
+            asked.add(entry["id"])
+            last_section = entry["section"]
+            before = (session.asked["follow_ups"], session.myths_stated, session.seconds)
+            try:
+                score = session.entry(entry, len(rows) + 1, None, adaptive=True)
+            finally:  # a question interrupted by q still goes into the debrief
+                rows.append({"entry": entry, "score": None, "follow_ups": session.asked["follow_ups"] - before[0],
+                             "myths": session.myths_stated - before[1], "seconds": session.seconds - before[2]})
+            rows[-1]["score"] = score
+            deepest = max(deepest, interviewer.ease(entry))
+            if score is not None and score >= GOT_IT:
+                level = min(level + 1, LEVELS)
+            elif score is None or score < 0.5:
+                level = max(level - 1, 0)
+        else:
+            console.print(ui["mock_over"])
+    except _Quit:
+        console.print(ui["bye"])
+    _save_session(session, started_at.isoformat(timespec="seconds"), mode="mock", section=None, tags=None,
+                  timer=session.timer, mock_minutes=minutes)
+    text = debrief(rows, lang=lang, minutes=minutes, seconds=session.seconds, deepest=deepest,
+                   myths=session.myths_stated, started=started_at.strftime("%Y-%m-%d %H:%M UTC"),
+                   sections=session.bank.sections)
+    path = session.store.path.parent / f"mock-{started_at.strftime('%Y%m%d-%H%M%S')}.md"
+    path.write_text(text, encoding="utf-8")
+    console.print(Text(text))  # as written to the file: the table is Markdown
+    console.print(ui["debrief_saved"].format(path=path))
+    return 0
+
+
+def debrief(rows: list[dict], *, lang: str, minutes: float, seconds: float, deepest: int, myths: int,
+            started: str, sections: dict[str, dict[str, str]]) -> str:
+    """The mock interview's written debrief (Markdown): the questions with their scores, the myths stated, the
+    strongest sections, what to review, and a verdict by the drill's own rule (mean 75% or more and no myth:
+    strong; 50% or more: borderline; below: not yet)."""
+    words = DEBRIEF[lang]
+    scores = [row["score"] or 0.0 for row in rows]
+    mean = sum(scores) / len(scores) if scores else 0.0
+    lines = [words["title"].format(started=started), "",
+             words["summary"].format(minutes=duration(seconds, lang), limit=minutes, questions=len(rows),
+                                     follow_ups=sum(row["follow_ups"] for row in rows),
+                                     percent=f"{100 * mean:.0f}%", level=deepest, levels=LEVELS), "",
+             words["table"], "|---|---|---|---|---|"]
+    for number, row in enumerate(rows, start=1):
+        score = words["skipped"] if row["score"] is None else f"{100 * row['score']:.0f}%"
+        question = row["entry"]["question"][lang].replace("|", "/")
+        lines.append(f"| {number} | {question} | {score} | {row['follow_ups']} | {duration(row['seconds'], lang)} |")
+    lines += ["", words["myths"], "", words["myths_none"] if not myths else
+              "; ".join(row["entry"]["question"][lang] for row in rows if row["myths"]), ""]
+    by_section: dict[str, list[float]] = {}
+    for row, score in zip(rows, scores, strict=True):
+        by_section.setdefault(row["entry"]["section"], []).append(score)
+    strong = [sections[s][lang] for s, values in by_section.items() if sum(values) / len(values) >= GOT_IT]
+    lines += [words["strong"], "", ", ".join(strong) or words["none"], "", words["review"], ""]
+    lines += [f"- {row['entry']['question'][lang]}" for row, score in zip(rows, scores, strict=True) if score < GOT_IT]
+    lines += [] if any(score < GOT_IT for score in scores) else [words["none"]]
+    verdict = "hire" if mean >= GOT_IT and not myths else "lean" if mean >= 0.5 else "no"
+    lines += ["", words["verdict"], "", words[verdict], ""]
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
 """How the Chinese text of the bank and of lesson 10 is written: the terms Chinese engineers keep in English,
 one term per concept, the punctuation they use, and the phrasing they use where a translation reads stiff
 (访存瓶颈 rather than 受限于访存, "A vs B" rather than "A 对 B" between numbers, one full-width colon per
-sentence at most). ``problems(text)`` lists every breach; tests run it on the
+sentence at most). ``problems(text)`` lists every breach; ``answer_problems`` the rules over the bank's answers
+(no 本课程, 正是 at most five times); tests run it on the
 bank, the zh lesson, the glossary's chosen terms and docs/interview_zh.md. ``field_problems(text)`` adds the rule
 for one field of the bank (a question, an answer, a point): at most one full-width colon, since a passage said
 aloud that stops at a colon every sentence reads as a translation. ``polarity(answer, lang)`` reads
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["AVOID", "TERMS", "field_problems", "polarity", "problems"]
+__all__ = ["AVOID", "MOST_ZHENGSHI", "TERMS", "answer_problems", "field_problems", "polarity", "problems"]
 
 # A rendering that reads wrong to the engineers who ask these questions -> what they write instead.
 AVOID = {
@@ -41,13 +42,18 @@ TERMS = [
     (r"KV ?缓存|分页缓存", "KV cache (分页 KV cache)"),
     (r"(?<!关)键(?!盘)", "key (a query's key; 键 reads as a dictionary key)"),
     (r"(?:KV |query |个|的|按|注意力)头|头维度", "head, KV head, head dim"),
-    (r"重新缩放", "重缩放"),
+    (r"重新缩放|重缩放", "rescale"),
+    (r"注意力", "attention (因果 attention, 稀疏 attention)"),
+    (r"掩码", "mask (causal mask, block mask)"),
+    (r"在线 ?softmax", "online softmax"),
+    (r"当前最大值|运行最大值", "running max"),
+    (r"重算", "重计算"),
     (r"块表|页表", "block table"),
     (r"查询", "query"),
     (r"批大小|批处理|批量处理", "batch size, batching"),
     (r"Q 块|KV 块|K/V 块|分数块|对角块|满块", "Q tile, KV tile, 分数 tile, 对角 tile, full tile"),
     (r"分块预填充", "chunked prefill"),
-    (r"环形注意力", "ring attention"),
+    (r"环形 ?attention", "ring attention"),
     (r"非相干处理", "incoherent processing"),
     (r"生产者|消费者", "producer, consumer (warp specialization's roles)"),
     (r"基准测试", "benchmark"),
@@ -113,6 +119,21 @@ def field_problems(text: str, where: str = "text") -> list[str]:
     if colons > 1:
         found.append(f"{where}: {colons} full-width colons in one field: keep at most one (for a list or a "
                      "formula), write the others as a comma or a new sentence")
+    return found
+
+
+# 正是 ("precisely") is a written intensifier; said aloud every few answers it sounds rehearsed.
+MOST_ZHENGSHI = 5
+
+
+def answer_problems(texts: list[tuple[str, str]]) -> list[str]:
+    """The rules for the answers of the whole bank, given as ``(where, Chinese text)`` pairs: no 本课程 (an answer
+    is said by the engineer who built it: 我写的 kernel, 我测得), and 正是 at most :data:`MOST_ZHENGSHI` times."""
+    found = [f"{where}: says 本课程; an engineer says 我 (我写的 kernel, 我在 H200 上测得)"
+             for where, text in texts if "本课程" in text]
+    count = sum(text.count("正是") for _, text in texts)
+    if count > MOST_ZHENGSHI:
+        found.append(f"正是 {count} times in the answers: at most {MOST_ZHENGSHI} (write 就是, or drop it)")
     return found
 
 
