@@ -22,7 +22,8 @@ LATER_LESSON_LINKS = {10: "ex12_from_memory", 11: "ex10_mask_rules",
                       12: "ex11_ring_schedule", 13: "ex13_warp_schedule",
                       14: "ex16_fa4_softmax"}  # lesson -> exercise, past the run above
 DRILL_VARIANTS = ["ex12_from_memory_no_hints"]  # the same checks as an exercise above, linked from that exercise
-MORE_LESSON_LINKS = [(10, "ex14_interview_code"), (10, "ex15_handwritten_kernels"), (10, "ex17_cuda_kernels")]  # (lesson, another exercise)
+# (lesson, another exercise)
+MORE_LESSON_LINKS = [(10, "ex14_interview_code"), (10, "ex15_handwritten_kernels"), (10, "ex17_cuda_kernels")]
 
 
 def _grade_cells(nb):
