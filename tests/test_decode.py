@@ -11,6 +11,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
+from flashcourse.kernels import plan  # noqa: E402
 from flashcourse.kernels.decode import DecodeSwitches, quantize_kv_cache, v_keys_adjacent  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
@@ -163,7 +164,7 @@ def test_lengths_as_a_list_or_tuple(rng, as_type):
     q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
     o = kernels.flash_decode(q, k, v, cache_seqlens=as_type([40, 0, 17]), num_splits=2)
     assert_close(o, expected(q, k, v, [40, 0, 17]), what=f"decode with lengths as a {as_type.__name__}")
-    with pytest.raises(TypeError, match="expected ints"):
+    with pytest.raises(TypeError, match="expected an int, a list of ints"):
         kernels.flash_decode(q, k, v, cache_seqlens=[40, 0.5, 17])
 
 
@@ -194,7 +195,7 @@ def test_the_kernel_clamps_lengths_it_was_not_checked_on(rng, monkeypatch, page_
     rows of a 40-row cache (48 in pages), and a window would start past the cache."""
     from flashcourse.kernels import decode
 
-    monkeypatch.setattr(decode, "_check_lengths", lambda *args: None)  # as on a kept plan's later calls
+    monkeypatch.setattr(decode, "check_lengths", lambda *args: None)  # as on a kept plan's later calls
     q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
     cache, n_max = {"k_cache": k, "v_cache": v}, 40
     if page_size is not None:
@@ -217,7 +218,7 @@ def test_a_kept_plan_checks_list_lengths_and_clamps_tensor_lengths(rng, monkeypa
     first_call = decode._first_call
     monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout",))
     monkeypatch.setattr(decode, "_first_call", lambda *args: made.append(1) or first_call(*args))
-    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(plan.PLANS, "plans", {})
     q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
     lens = torch.tensor([32, 9], dtype=torch.int32, device=DEVICE)
     kernels.flash_decode(q, k, v, cache_seqlens=lens)
@@ -289,7 +290,7 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
 
     monkeypatch.setattr(InterpretedFunction, "__getitem__", full_launch)
     monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout", args[-1]))  # kept, as on a GPU
-    monkeypatch.setattr(decode, "_PLANS", {})
+    monkeypatch.setattr(plan.PLANS, "plans", {})
     monkeypatch.setattr(decode, "_LAUNCHES", LaunchCache())
     for step in range(2):
         q, k, v = make(rng, 2, 4, 2, 48, 16, torch.float32)
@@ -303,11 +304,16 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
     assert replayed == ["_decode_split_kernel", *combine], "the second call replays the plan's launches"
 
 
-@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf")])
-def test_scale_must_be_finite(rng, scale):
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf"), 0.0, -0.05])
+def test_scale_follows_the_attention_rule(rng, scale):
+    """Decode and attention share one scale rule (a finite number > 0): decode's own check let 0 and negatives
+    through, and scale=0.0 or -0.05 gave all NaN (issue 48, case 1)."""
     q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)
-    with pytest.raises(ValueError, match="scale must be a finite number"):
+    with pytest.raises(ValueError, match=r"scale is .*: expected a finite number > 0"):
         kernels.flash_decode(q, k, v, scale=scale)
+    q4 = q[:, :, None, :]
+    with pytest.raises(ValueError, match=r"scale is .*: expected a finite number > 0"):
+        kernels.flash_attention(q4, k, v, scale=scale, enable_gqa=True)
 
 
 @pytest.mark.gpu

@@ -447,11 +447,12 @@ def _newest_launch() -> dict:
     """Splits, launch and compiled resources of the plan ``flash_decode`` made last (its split kernel as Triton
     compiled it on this GPU): ``launch`` (keys a tile, warps, stages, whole tiles unmasked), registers a thread,
     spilled bytes, shared memory, and how many programs an SM holds."""
-    from flashcourse.kernels import decode
+    from flashcourse.kernels import decode, plan
 
-    if not decode._PLANS:  # plans are kept on a GPU only
+    kept = [kept for kept in plan.PLANS.plans.values() if isinstance(kept, decode._Plan)]
+    if not kept:  # plans are kept on a GPU only
         return {}
-    plan = next(reversed(decode._PLANS.values()))
+    plan = kept[-1]
     args = plan.split_args
     row = {"num_splits": plan.num_splits,
            "launch": {"block_n": args["BLOCK_N"], "num_warps": args["num_warps"], "num_stages": args["num_stages"],

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 
 from . import configs
@@ -115,3 +118,142 @@ def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.T
         raise ValueError(f"lse is {got}: expected {want} float32, as flash_attention_forward returns it")
     if not lse.is_contiguous():  # the kernels index lse as a dense (B * H, N_q) array
         raise ValueError("lse is not contiguous: pass lse.contiguous() (the kernels read it as one dense array)")
+
+
+def check_scale(scale) -> float | None:
+    """``scale`` as given (None: 1/sqrt(D)), or an error: as the reference, a finite number > 0. One rule for every
+    entry point, attention and decode alike (decode once had its own, which let 0 and negatives through)."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
+                        "for 1/sqrt(D)")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
+                         "pass None for 1/sqrt(D)")
+    return float(scale)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale) -> None:
+    """A decode call's tensors: q (B, H_q, D); the cache (B, H_kv, N_max, D), or paged (num_blocks, H_kv,
+    page_size, D) with a (B, max_blocks) int32 ``block_table``; lengths (B,) int32; one device and dtype (or an
+    FP8 cache with its scales). Values (lengths, pages) are :func:`check_lengths` and :func:`check_pages`."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
+    if q.dim() != 3:
+        raise ValueError(f"q has shape {tuple(q.shape)}, expected (B, H_q, D): one query token per sequence")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape, "
+            "(B, H_kv, N_max, D) or, with block_table, (num_blocks, H_kv, page_size, D)"
+        )
+    kv_fp8 = FP8 in (k_cache.dtype, v_cache.dtype)
+    if kv_fp8 and k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}: an FP8 cache holds both K and V "
+                        "in float8_e4m3fn (quantize_kv_cache makes them)")
+    if not kv_fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one "
+                        "(or a float8_e4m3fn cache with k_scale and v_scale)")
+    batch, h_q, head_dim = q.shape
+    h_kv = k_cache.shape[1]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"q has head dim {head_dim} but the cache has {k_cache.shape[3]}: they must match")
+    if h_kv == 0 or h_q % h_kv:
+        raise ValueError(f"q has H_q = {h_q} heads and the cache H_kv = {h_kv} (k_cache.shape[1]): H_q must be a "
+                         "multiple of H_kv >= 1 (grouped-query attention: query head h reads K/V head "
+                         "h // (H_q // H_kv))")
+    if block_table is None and k_cache.shape[0] != batch:
+        raise ValueError(f"q has batch {batch} but k_cache has {k_cache.shape[0]}: without block_table they match")
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table is a {type(block_table).__name__}: expected a ({batch}, max_blocks) int32 "
+                            "tensor")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
+            raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
+                             f"expected ({batch}, max_blocks) int32")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table is on {block_table.device}, q on {q.device}: move it with .to(q.device)")
+        page_size = k_cache.shape[2]
+        if page_size < 16 or page_size & (page_size - 1):
+            raise ValueError(f"the paged cache has page_size = {page_size} (k_cache.shape[2]): expected a power of "
+                             "two >= 16 (16, 32, ..., 256, ...), so that a tile of keys lies inside one page or "
+                             "covers whole pages")
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise TypeError(f"cache_seqlens is a {type(cache_seqlens).__name__}: expected an int, a list of ints or "
+                            f"a ({batch},) int32 tensor")
+        if cache_seqlens.shape != (batch,) or cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                             f"{cache_seqlens.dtype}: expected ({batch},) int32")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: move it to q's device")
+    check_head_dim(head_dim)
+    check_device(q, "q")
+    check_dtype(q, "q")
+    if k_cache.device != q.device or v_cache.device != q.device:
+        raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")
+    _check_cache_scales(q, k_cache, k_scale, v_scale)
+    if kv_fp8:
+        check_fp8_cache_device(k_cache, "k_cache")
+
+
+def _check_cache_scales(q, k_cache, k_scale, v_scale) -> None:
+    """An FP8 cache needs both scales, (B, H_kv) float32 on q's device; a 16-bit cache takes none."""
+    batch, h_kv = q.shape[0], k_cache.shape[1]
+    if k_cache.dtype != FP8:
+        given = [name for name, s in (("k_scale", k_scale), ("v_scale", v_scale)) if s is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} given, but the cache is {k_cache.dtype}: scales belong to a "
+                             "float8_e4m3fn cache (quantize_kv_cache returns the cache and its scales)")
+        return
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(f"the cache is float8_e4m3fn but {name} is None: pass the ({batch}, {h_kv}) float32 "
+                             f"scales that quantize_kv_cache returned (true {name[0].upper()} = cache * {name})")
+        if not isinstance(s, torch.Tensor) or tuple(s.shape) != (batch, h_kv) or s.dtype != torch.float32:
+            got = f"{tuple(s.shape)} {s.dtype}" if isinstance(s, torch.Tensor) else type(s).__name__
+            raise ValueError(f"{name} is {got}: expected ({batch}, {h_kv}) float32, one scale per (sequence, KV "
+                             "head), as quantize_kv_cache returns it")
+        if s.device != q.device:
+            raise ValueError(f"{name} is on {s.device}, q on {q.device}: move it with {name}.to(q.device)")
+
+
+def host_lengths(lengths, batch: int) -> list[int]:
+    """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
+    floats and other types are refused (int32 would truncate them)."""
+    try:
+        if not isinstance(lengths, (list, tuple)):
+            return [operator.index(lengths)] * batch
+        return [operator.index(n) for n in lengths]
+    except TypeError:
+        raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
+                        "or a (B,) int32 tensor") from None
+
+
+def check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
+    """Every length in 0 .. n_max, the rows a sequence can reach."""
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= n_max:
+            where = ("max_blocks * page_size = block_table.shape[1] * k_cache.shape[2]" if paged
+                     else "N_max = k_cache.shape[2]")
+            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to {n_max} ({where}), the keys "
+                             "this sequence's cache holds")
+
+
+def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size: int, num_pages: int) -> None:
+    """Every page a sequence reads (those its length reaches; all of its row without lengths) names a page of the
+    cache, 0 .. num_pages - 1: a page past the cache or a negative one would read outside it. Entries past a
+    sequence's length are never read and may hold anything (a padding -1, say)."""
+    table = block_table.tolist()
+    for b, row in enumerate(table):
+        used = len(row) if lengths is None else -(-lengths[b] // page_size)
+        for slot, page in enumerate(row[:used]):
+            if not 0 <= page < num_pages:
+                raise ValueError(f"block_table[{b}, {slot}] = {page}: expected a page from 0 to {num_pages - 1} "
+                                 f"(k_cache.shape[0] = {num_pages} pages); sequence {b} reads this slot (its "
+                                 "length reaches it), and a page outside the cache would read memory that is not "
+                                 "the cache")

@@ -47,11 +47,12 @@ import triton.language as tl
 
 from . import configs
 from ._checks import (
-    check_device,
-    check_dtype,
-    check_fp8_cache_device,
-    check_head_dim,
+    check_decode_inputs,
+    check_lengths,
+    check_pages,
+    check_scale,
     dot_precision,
+    host_lengths,
     padded_head_dim,
 )
 from .common import (
@@ -65,6 +66,7 @@ from .common import (
     strides,
 )
 from .launch import LaunchCache
+from .plan import PLANS
 from .rules import check_alibi_slopes, check_softcap, check_window
 from .stepdown import launch_fitting
 
@@ -279,80 +281,6 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
              o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale):
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
-    if q.dim() != 3:
-        raise ValueError(f"q has shape {tuple(q.shape)}, expected (B, H_q, D): one query token per sequence")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape, "
-            "(B, H_kv, N_max, D) or, with block_table, (num_blocks, H_kv, page_size, D)"
-        )
-    kv_fp8 = FP8 in (k_cache.dtype, v_cache.dtype)
-    if kv_fp8 and k_cache.dtype != v_cache.dtype:
-        raise TypeError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}: an FP8 cache holds both K and V "
-                        "in float8_e4m3fn (quantize_kv_cache makes them)")
-    if not kv_fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one "
-                        "(or a float8_e4m3fn cache with k_scale and v_scale)")
-    batch, h_q, head_dim = q.shape
-    h_kv = k_cache.shape[1]
-    if k_cache.shape[3] != head_dim:
-        raise ValueError(f"q has head dim {head_dim} but the cache has {k_cache.shape[3]}: they must match")
-    if h_q % h_kv:
-        raise ValueError(f"H_q = {h_q} is not a multiple of H_kv = {h_kv}: grouped-query attention needs it")
-    if block_table is None and k_cache.shape[0] != batch:
-        raise ValueError(f"q has batch {batch} but k_cache has {k_cache.shape[0]}: without block_table they match")
-    if block_table is not None:
-        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.dtype != torch.int32:
-            raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
-                             f"expected ({batch}, max_blocks) int32")
-        if block_table.device != q.device:
-            raise ValueError(f"block_table is on {block_table.device}, q on {q.device}: move it with .to(q.device)")
-        page_size = k_cache.shape[2]
-        if page_size < 16 or page_size & (page_size - 1):
-            raise ValueError(f"the paged cache has page_size = {page_size} (k_cache.shape[2]): expected a power of "
-                             "two >= 16 (16, 32, ..., 256, ...), so that a tile of keys lies inside one page or "
-                             "covers whole pages")
-    if cache_seqlens is not None:
-        if cache_seqlens.shape != (batch,) or cache_seqlens.dtype != torch.int32:
-            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
-                             f"{cache_seqlens.dtype}: expected ({batch},) int32")
-        if cache_seqlens.device != q.device:
-            raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: move it to q's device")
-    check_head_dim(head_dim)
-    check_device(q, "q")
-    check_dtype(q, "q")
-    if k_cache.device != q.device or v_cache.device != q.device:
-        raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")
-    _check_scales(q, k_cache, k_scale, v_scale)
-    if kv_fp8:
-        check_fp8_cache_device(k_cache, "k_cache")
-
-
-def _check_scales(q, k_cache, k_scale, v_scale):
-    """An FP8 cache needs both scales, (B, H_kv) float32 on q's device; a 16-bit cache takes none."""
-    batch, h_kv = q.shape[0], k_cache.shape[1]
-    if k_cache.dtype != FP8:
-        given = [name for name, s in (("k_scale", k_scale), ("v_scale", v_scale)) if s is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)} given, but the cache is {k_cache.dtype}: scales belong to a "
-                             "float8_e4m3fn cache (quantize_kv_cache returns the cache and its scales)")
-        return
-    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if s is None:
-            raise ValueError(f"the cache is float8_e4m3fn but {name} is None: pass the ({batch}, {h_kv}) float32 "
-                             f"scales that quantize_kv_cache returned (true {name[0].upper()} = cache * {name})")
-        if not isinstance(s, torch.Tensor) or tuple(s.shape) != (batch, h_kv) or s.dtype != torch.float32:
-            got = f"{tuple(s.shape)} {s.dtype}" if isinstance(s, torch.Tensor) else type(s).__name__
-            raise ValueError(f"{name} is {got}: expected ({batch}, {h_kv}) float32, one scale per (sequence, KV "
-                             "head), as quantize_kv_cache returns it")
-        if s.device != q.device:
-            raise ValueError(f"{name} is on {s.device}, q on {q.device}: move it with {name}.to(q.device)")
-
-
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
@@ -416,48 +344,23 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
         o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
     """
-    host_lengths = None
-    if isinstance(cache_seqlens, (list, tuple)):  # known on the host: checked on every call, at no GPU cost
-        host_lengths = _host_lengths(cache_seqlens)
-        cache_seqlens = torch.tensor(host_lengths, dtype=torch.int32, device=getattr(q, "device", None))
+    lengths = None
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.
+        lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
+        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches)
     if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
         window_left, window_right = _window_pair(window)
         return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
                                             block_n, num_warps, num_stages, *_switch_fields(switches))
-    return _decode(tensors, options, host_lengths)
-
-
-def _host_lengths(lengths) -> list[int]:
-    """A list or tuple of lengths as ints; floats and other types are refused (int32 would truncate them)."""
-    try:
-        return [operator.index(n) for n in lengths]
-    except TypeError:
-        raise TypeError(f"cache_seqlens is {lengths!r}: expected ints, one length per sequence (or a (B,) int32 "
-                        "tensor)") from None
-
-
-def _check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
-    """Every length in 0 .. n_max, the rows a sequence can reach."""
-    for b, n in enumerate(lengths):
-        if not 0 <= n <= n_max:
-            where = ("max_blocks * page_size = block_table.shape[1] * k_cache.shape[2]" if paged
-                     else "N_max = k_cache.shape[2]")
-            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to {n_max} ({where}), the keys "
-                             "this sequence's cache holds")
+    return _decode(tensors, options, lengths)
 
 
 def _capturing(q: torch.Tensor) -> bool:
     """Whether a CUDA graph is being captured on q's device: its calls run later, so no value can be read now."""
     return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _check_scale(scale, head_dim: int) -> float:
-    scale = default_scale(head_dim, scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale}: None means 1/sqrt(D)")
-    return scale
 
 
 def _window_pair(window) -> tuple[int, int]:
@@ -466,39 +369,51 @@ def _window_pair(window) -> tuple[int, int]:
     return window if window is not None else (-1, -1)
 
 
-def _decode(tensors: tuple, options: tuple, host_lengths: list[int] | None = None) -> torch.Tensor:
-    """The eager call: look up the plan for these layouts and options (kept on a GPU), else check everything
-    and make one; then launch it."""
+def _decode(tensors: tuple, options: tuple, lengths: list[int] | None = None) -> torch.Tensor:
+    """The eager call: look up the plan for this call's description (its key: kept on a GPU, in the one plan
+    cache ``plan.PLANS``), else check everything and make one; then launch it. The key holds everything the
+    checks read but the values of the lengths and the pages: lengths given on the host are checked on every call
+    (no GPU wait), a table's pages whenever the table is read (:func:`_first_call`)."""
     key = _launch_key(*tensors, options)
     try:
-        plan = _PLANS.get(key) if key is not None else None
+        plan = PLANS.plans.get(key) if key is not None else None
     except TypeError:  # an unhashable option (a window given as a list): no plan kept for this call
         key, plan = None, None
     if plan is None:
-        return _first_call(key, tensors, options, host_lengths)
-    if host_lengths is not None:
-        _check_lengths(host_lengths, plan.n_max, plan.paged)
+        return _first_call(key, tensors, options, lengths)
+    if lengths is not None:
+        check_lengths(lengths, plan.n_max, plan.paged)
     return plan.run(tensors)
 
 
-def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | None) -> torch.Tensor:
+def _check_options(num_splits, block_n) -> None:
+    """The launch options a caller may force: whole numbers, in range."""
+    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name} is {value!r}: expected an int >= {least} or None (chosen per call)")
+    if block_n is not None and block_n & (block_n - 1):
+        raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+
+
+def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) -> torch.Tensor:
     """Check a call's inputs, choose its launch and splits, launch it, and keep the plan under ``key``."""
     q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
     scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches = options
-    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
     window = check_window(window)
     softcap = check_softcap(softcap)
     check_alibi_slopes(alibi_slopes, q)
+    _check_options(num_splits, block_n)
     head_dim = q.shape[2]
-    scale = _check_scale(scale, head_dim)
+    scale = default_scale(head_dim, check_scale(scale))
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    if host_lengths is not None:
-        _check_lengths(host_lengths, n_max, paged)
-    elif cache_seqlens is not None and not _capturing(q):  # read once here; the kernel clamps on every call
-        _check_lengths(cache_seqlens.tolist(), n_max, paged)
-    if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
-        raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+    if lengths is None and cache_seqlens is not None and not _capturing(q):
+        lengths = cache_seqlens.tolist()  # read once here; the kernel clamps on every call
+    if lengths is not None:
+        check_lengths(lengths, n_max, paged)
+    if paged and not _capturing(q):  # read once per plan, as the lengths
+        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)
     fp8_cache = k_cache.dtype == FP8
@@ -518,9 +433,7 @@ def _first_call(key, tensors: tuple, options: tuple, host_lengths: list[int] | N
     plan, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype, switches), candidates, make_and_run,
                              f"flash_decode at head dim {head_dim}")
     if key is not None:
-        if len(_PLANS) >= _PLAN_CAPACITY:
-            del _PLANS[next(iter(_PLANS))]
-        _PLANS[key] = plan
+        PLANS.put(key, plan)
     return o
 
 
@@ -613,11 +526,9 @@ class _Plan:
         _LAUNCHES.remember(key, kernel, compiled, grid, kwargs, _NAMES)
 
 
-# Plans by key (a call's layouts and options), oldest dropped first; their launches, cached apart (launch.py says
-# why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them: the split kernel's
-# first parameters, so that a prepared launch picks them in one step (launch._Launch).
-_PLANS: dict = {}
-_PLAN_CAPACITY = 256
+# Plans live in the one plan cache, plan.PLANS, under keys that start with "decode"; their launches are cached
+# apart (launch.py says why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them:
+# the split kernel's first parameters, so that a prepared launch picks them in one step (launch._Launch).
 _LAUNCHES = LaunchCache()
 _NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART",
           "OUT")
@@ -628,11 +539,12 @@ def _launch_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scal
     """The plan's key (None on the interpreter, whose calls are not kept): every tensor's layout (shape, strides,
     dtype, device, 16-byte alignment: what Triton specialises on), None for an absent one, and every option. An
     argument that is not a tensor gives None too: the checks then say what was expected. Written out flat, as
-    ``plan.layout_key``: it is built on every call (the device as ``get_device()``, an int)."""
+    ``plan.layout_key``: it is built on every call (the device as ``get_device()``, an int: only CUDA calls are
+    kept, so no other device can share one)."""
     if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
         return None
     try:
-        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
+        key = ("decode", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
                k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
                q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, options)
         if (cache_seqlens is None and block_table is None and k_scale is None and v_scale is None
@@ -675,10 +587,11 @@ def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_
                     programs_per_sm=None, mask_tail_only=None):
     # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
     # exist here; the kernel clamps them).
-    _check_decode(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
     check_softcap(softcap)
     check_alibi_slopes(alibi_slopes, q)
-    _check_scale(scale, q.shape[2])
+    check_scale(scale)
+    _check_options(num_splits, block_n)
     return torch.empty_like(q)
 
 

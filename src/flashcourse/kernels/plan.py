@@ -22,14 +22,14 @@ plan for that call alone: their tensors change from call to call (a ``mask_mod``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import triton
 
 from . import configs, launch
-from ._checks import check_qkv
+from ._checks import check_qkv, check_scale
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
 from .common import tma_scratch
@@ -185,19 +185,6 @@ def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, 
     return Route(forward, backward, forward_why, backward_why)
 
 
-def check_scale(scale) -> float | None:
-    """``scale`` as given (None: 1/sqrt(D)), or a ValueError: as the reference, no inf or nan, and > 0."""
-    if scale is None:
-        return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
-                        "for 1/sqrt(D)")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
-                         "pass None for 1/sqrt(D)")
-    return float(scale)
-
-
 def repeatable(q) -> bool:
     """Whether launches on q's device can be prepared once and repeated: on a GPU, where Triton compiled them (the
     interpreter compiles nothing). ``scripts/host_profile.py`` answers True on the CPU to time a GPU's path."""
@@ -302,12 +289,36 @@ PLANS = PlanCache()
 
 
 def layout_key(q, k, v) -> tuple:
-    """What Triton specialises the kernels on, for q, k and v: shapes, strides, dtypes, devices and whether each
-    address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is on every call; the
-    device as ``get_device()``, an int, -1 on the CPU, is cheaper to make and compare than a torch.device)."""
+    """What Triton specialises the kernels on, and what the checks read, for q, k and v: shapes, strides, dtypes,
+    devices and whether each address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is
+    on every call). The device is the ``torch.device`` itself: ``get_device()`` is -1 for the CPU and for a meta
+    tensor alike, so a meta call once found a CPU call's plan and skipped the check that refuses it."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.get_device(), k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0,
-            v.data_ptr() % 16 == 0)
+            q.device, k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
+
+
+class Call(NamedTuple):
+    """One attention call, normalised: the frozen description every entry point (``flash_attention``, the
+    forward, the backward, ``explain``, the ``torch.library`` ops) makes of its arguments, and the key of its plan
+    in :data:`PLANS`.
+
+    It holds everything the checks read (shapes, strides, dtypes, devices, alignment, the options as checked)
+    and nothing else, so the checks are a function of it: a call whose description is already a key passed them
+    when that plan was made, and a cache hit can never skip a check that would have failed (a failed check keeps
+    no plan). A NamedTuple, not a dataclass: it is built on every call, and a tuple is the cheapest frozen record
+    to build and hash. Calls whose rules carry tensors (ALiBi slopes, document ids, a block mask) or a
+    ``mask_mod`` have no description kept: they are checked in full every time. A new option is one more field
+    (with its check in :func:`plan_for`)."""
+
+    layout: tuple  # layout_key(q, k, v)
+    causal: str | None
+    window: tuple[int, int] | None
+    softcap: float | None
+    scale: float | int | None  # as given; None is 1/sqrt(D)
+    enable_gqa: bool
+    forward_version: str | None
+    backward_version: str | None
+    dropout_p: float | None = None  # checked: None or in (0, 1); the seed is per call, never in the description
 
 
 def check_gqa(q, k, enable_gqa) -> None:
@@ -326,21 +337,28 @@ def check_block_mask(block_mask: BlockMask | None, q, k) -> None:
         block_mask.check_call(q, k)
 
 
+_DESCRIBED_SCALES = frozenset((float, int, type(None)))
+
+
 def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
              mask_mod=None, block_mask=None, scale=None, enable_gqa=False, forward_version=None,
              backward_version=None, dropout_p=0.0) -> tuple[Plan, Rules]:
-    """The plan and the checked rules of a call. A repeat call (same layout and options, rules without tensors)
-    gets its plan from :data:`PLANS` after parsing its options and building one key: its inputs were checked when
-    the plan was made, and everything they decide is in it. Any other call is checked in full."""
-    key = None
-    if alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None:
+    """The front door: the plan and the checked rules of a call. The call is described once (:class:`Call`:
+    its options parsed, its layout read); a description already in :data:`PLANS` is a call that passed every
+    check, and gets its plan at once. Any other call is checked in full, and its plan kept under its description
+    when its rules hold no tensor."""
+    call = None
+    # True == 1 == 1.0 as keys: a bool scale or a non-bool enable_gqa (refused by the checks) must never find the
+    # plan of a valid call, so only these types are described; anything else is checked in full.
+    if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
+            and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
-            key = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                   forward_version, backward_version, rules.dropout_p)
-            plan = PLANS.plans.get(key)
+            call = Call(layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
+                        forward_version, backward_version, rules.dropout_p)
+            plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
-            key = None
+            call = None
         else:
             if plan is not None:
                 return plan, rules
@@ -351,9 +369,9 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
                         document_ids=document_ids, mask_mod=mask_mod, dropout_p=dropout_p)
     route = choose_route(q, k, v, rules, block_mask=block_mask, forward_version=forward_version,
                          backward_version=backward_version)
-    plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=key is not None)
-    if key is not None:
-        PLANS.put(key, plan)
+    plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)
+    if call is not None:
+        PLANS.put(call, plan)
     return plan, rules
 
 
