@@ -463,7 +463,7 @@ def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) 
     window_left = window[0] if window is not None and window[0] >= 0 else None
 
     def make_and_run(cfg):
-        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key, switches, causal)
+        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key, causal, switches)
         return plan, plan.run(tensors)
 
     plan, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype, switches), candidates, make_and_run,
@@ -483,7 +483,7 @@ class _Plan:
                  "combine_grid", "combine_args", "launches")
 
     def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
-                 window_left, softcap, props: configs.DeviceProps, key, switches: DecodeSwitches, causal: bool):
+                 window_left, softcap, props: configs.DeviceProps, key, causal: bool, switches: DecodeSwitches):
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
         batch, h_q, n_new, head_dim = q.shape
         h_kv = k_cache.shape[1]
