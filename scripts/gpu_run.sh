@@ -2,13 +2,11 @@
 # The course's GPU work, run from the repository root on a CUDA machine (PYTHONPATH=src, nothing installed):
 # one stage per invocation, each under 10 minutes. Results land in $OUT; copy them into benchmarks/results/.
 #   scripts/gpu_run.sh verify     pytest -m gpu, launch overhead, decode, softmax cost
-#   scripts/gpu_run.sh rules      variant kernels: GPU tests, dense default vs v6/b1, fp16 variants grid, profile
 #   scripts/gpu_run.sh check      pytest -m gpu, then launch-config sweeps (forward, backward, decode)
 #   scripts/gpu_run.sh bench      versions table, full attention grid, decode benchmark
-#   scripts/gpu_run.sh sweep      launch cache and backward-scheme GPU tests, launch cost, config/scheme sweep
 #   scripts/gpu_run.sh ncu        Nsight Compute counters of the default forward and the b1/b5 backward kernels
 #   scripts/gpu_run.sh limits     Nsight Compute over the backward (b1, b6a, b6c, cuDNN), FP8 vs fp16 decode and a
-#                                 prefix-LM mask_mod (ours, Flex): scripts/ncu_limits.py, one JSON within 480 s
+#                                 prefix-LM mask_mod (ours, Flex): benchmarks/ncu_limits.py, one JSON within 480 s
 #                                 (every case in order until the budget is spent; the gap cases, last: `gaps`)
 #   scripts/gpu_run.sh gaps       Nsight Compute over the gaps of the 2026-12-02 runs, each beside its reference:
 #                                 the default forward at N = 4096 (D = 128, and causal; D = 64 causal) and cuDNN's,
@@ -16,11 +14,8 @@
 #                                 at D = 128, N = 8192, the backward at D = 256 causal (b1) and cuDNN's; one JSON
 #                                 <date>-<device>-ncu-limits.json (rename it -ncu-gaps before committing) and the raw
 #                                 pages as ncu-limits-raw.tgz
-#   scripts/gpu_run.sh round2     launch-cache, decode and FP8 GPU tests, launch cost, decode, FP8, then ncu
 #   scripts/gpu_run.sh grids      the attention grid in four parts (dtype x head dim); merge them with
 #                                 `python -m flashcourse.bench merge attention-fp16 <parts>` (no GPU needed)
-#   scripts/gpu_run.sh unrun      what the third wave built on CPU and never ran on a GPU: the FP8 cache, block mask
-#                                 and compile GPU tests, torch.compile with inductor, decode, host time, train step
 #   scripts/gpu_run.sh fa3        the Gluon forward stages v8a-v8e, each checked, then timed (also fa3_backward:
 #                                 b6a-b6c, and fa3_fp8: v8c_fp8; one call each)
 #   scripts/gpu_run.sh variants_masks [DTYPE...]   the variants benchmark's mask_mod and head_dim 256 rows
@@ -28,12 +23,6 @@
 #                                 in float16 and bfloat16 or the dtypes named, 520 s shared between them; each call
 #                                 writes <date>-<device>-variants.json to $OUT (a later dtype merges into the file);
 #                                 join the calls' files with `python -m flashcourse.bench merge variants <files>`
-#   scripts/gpu_run.sh followup   what the fifth session of 2026-12-02 changed (~2.5 min; ran on 2026-12-03): the
-#                                 variants' GQA 32/8 rows (b3's dK/dV at 128 keys over 8 warps under GQA) in
-#                                 float16 and bfloat16, then Nsight Compute over that backward, ours and Flex's,
-#                                 and b3's launches under a window again, with dK/dV at 64 x 64 over 8 warps added
-#                                 (merge the rows into -variants.json with `bench merge variants`; run
-#                                 scripts/gpu_tests.py --no-launch-fit in a call of its own)
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -61,15 +50,6 @@ verify)
     stage decode 90 $py -m flashcourse.bench decode --out "$OUT"
     stage softmax_cost 90 $py -m flashcourse.bench softmax-cost --out "$OUT"
     ;;
-rules)
-    stage pytest_variants 150 $py -m pytest -m gpu -x -q -p no:cacheprovider tests/test_kernels_variants.py
-    stage versions 150 $py -m flashcourse.bench versions --n 16384 --out "$OUT"
-    stage variants_a 120 $py -m flashcourse.bench variants --dtype float16 --variants causal "window 1024" \
-        "window 4096" --out "$OUT"
-    stage variants_b 120 $py -m flashcourse.bench variants --dtype float16 --variants "8 documents, causal" \
-        "GQA 32/8, causal" "softcap 30, causal" --out "$OUT"
-    stage profile 45 $py -m flashcourse.bench profile --out "$OUT"
-    ;;
 check)
     stage pytest_gpu 260 $py -m pytest -m gpu -x -q -p no:cacheprovider $GPU_TESTS
     stage tune 200 $py -m flashcourse.bench tune --out "$OUT" --n 8192
@@ -80,21 +60,6 @@ bench)
     stage versions 140 $py -m flashcourse.bench versions --out "$OUT"
     stage attention_fp16 175 $py -m flashcourse.bench attention --dtype float16 --tag=-fp16 --out "$OUT"
     stage attention_bf16 175 $py -m flashcourse.bench attention --dtype bfloat16 --tag=-bf16 --out "$OUT"
-    ;;
-sweep)
-    stage pytest_gpu 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_launch_cache.py \
-        tests/test_kernels_backward.py -k "launch or (gpu_real_sizes and (b4 or b5))"
-    stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
-    stage profile_launch 60 $py scripts/profile_launch.py
-    stage sweep 400 $py scripts/sweep_kernels.py --out "$OUT"
-    ;;
-round2)
-    stage pytest_gpu 140 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_launch_cache.py tests/test_decode.py \
-        tests/test_fp8.py
-    stage overhead 45 $py -m flashcourse.bench overhead --out "$OUT"
-    stage decode 100 $py -m flashcourse.bench decode --out "$OUT"
-    stage fp8 190 $py -m flashcourse.bench fp8 --out "$OUT"
-    "$0" ncu
     ;;
 grids)
     for dtype in float16 bfloat16; do
@@ -108,7 +73,7 @@ grids)
 ncu)
     stage ncu 110 /usr/local/cuda/bin/ncu --clock-control none -k "regex:_fwd_v7|_bwd_dkdv|_bwd_dq" \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --csv --page details $py scripts/ncu_kernels.py
+        --csv --page details $py benchmarks/ncu_kernels.py
     cp "$OUT/ncu.log" "$OUT/ncu.csv"
     ;;
 final)  # the attention grid, decode, and the GPU tests of the default kernels
@@ -118,21 +83,14 @@ final)  # the attention grid, decode, and the GPU tests of the default kernels
     stage pytest_gpu 140 $py -m pytest -m gpu -x -q -p no:cacheprovider -k "not every_version" \
         tests/test_kernels_forward.py tests/test_kernels_backward.py tests/test_decode.py
     ;;
-unrun)
-    stage pytest_gpu 150 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py tests/test_block_mask.py \
-        tests/test_compile.py tests/test_kernels_backward.py -k "fp8 or long_cache or block_mask or compile or lesson_08"
-    stage decode 120 $py -m flashcourse.bench decode --out "$OUT"
-    stage overhead 60 $py -m flashcourse.bench overhead --out "$OUT"
-    stage train_step 200 $py -m flashcourse.bench train-step --out "$OUT"
-    ;;
 fa3)
-    stage fa3_forward 560 $py scripts/gpu_fa3.py --budget 540 --out "$OUT"
+    stage fa3_forward 560 $py benchmarks/gpu_fa3.py --budget 540 --out "$OUT"
     ;;
 fa3_backward)
-    stage fa3_backward 560 $py scripts/gpu_fa3_backward.py --budget 450 --out "$OUT"
+    stage fa3_backward 560 $py benchmarks/gpu_fa3_backward.py --budget 450 --out "$OUT"
     ;;
 limits)
-    stage limits 560 $py scripts/ncu_limits.py --run-ncu --budget 470 --out "$OUT"
+    stage limits 560 $py benchmarks/ncu_limits.py --run-ncu --budget 470 --out "$OUT"
     # the raw pages as one archive: a device call returns at most 8 files from $OUT
     (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
     ;;
@@ -143,12 +101,12 @@ gaps)  # ncu_limits.GAP_CASES, in order (tests/test_ncu_limits.py holds this lis
                fp8-fwd-cudnn-fp16 bwd-d256-causal-ours bwd-d256-causal-cudnn)
     only=()
     for name in "${gap_cases[@]}"; do only+=(--only "$name"); done
-    stage gaps 560 $py scripts/ncu_limits.py --run-ncu "${only[@]}" --budget 470 --out "$OUT"
+    stage gaps 560 $py benchmarks/ncu_limits.py --run-ncu "${only[@]}" --budget 470 --out "$OUT"
     # the raw pages as one archive: a device call returns at most 8 files from $OUT
     (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
     ;;
 fa3_fp8)
-    stage fa3_fp8 400 $py scripts/gpu_fa3_fp8.py --out "$OUT"
+    stage fa3_fp8 400 $py benchmarks/gpu_fa3_fp8.py --out "$OUT"
     ;;
 variants_masks | variants_base)
     if [ "$1" = variants_masks ]; then
@@ -163,14 +121,6 @@ variants_masks | variants_base)
         stage "${1}_$dtype" $((520 / ${#dtypes[@]})) $py -m flashcourse.bench variants --dtype "$dtype" \
             --variants "${names[@]}" --out "$OUT"
     done
-    ;;
-followup)
-    stage variants_gqa 110 $py -m flashcourse.bench variants --dtype float16 bfloat16 --variants "GQA 32/8, causal" \
-        --out "$OUT"
-    stage gqa_ncu 130 $py scripts/ncu_limits.py --run-ncu --only gqa-32-8-causal-bwd-ours \
-        --only gqa-32-8-causal-bwd-flex --budget 100 --out "$OUT"
-    (cd "$OUT" && tar czf ncu-limits-raw.tgz ncu-limits && rm -rf ncu-limits)
-    stage window_sweep 90 $py scripts/sweep_backward_launches.py --rules "window 1024" --budget 60 --out "$OUT"
     ;;
 *)
     stage custom 560 $py -m flashcourse.bench "$@" --out "$OUT"

@@ -1,4 +1,4 @@
-"""bench.summary's readers of lesson 08's profile: what limits each backward (scripts/ncu_limits.py's JSON) and
+"""bench.summary's readers of lesson 08's profile: what limits each backward (benchmarks/ncu_limits.py's JSON) and
 b1's launch sweep, on small result files written here, with numbers worked out by hand."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ SHAPE = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 100, "dtype": "float16",
 
 
 def kernel_row(case, kernel, us, *, pipe=50.0, registers=128.0, local=0.0, red=0.0):
-    """One (case, kernel) row as scripts/ncu_limits.py writes it (only the fields the reader uses)."""
+    """One (case, kernel) row as benchmarks/ncu_limits.py writes it (only the fields the reader uses)."""
     return {"case": case, "kernel": kernel, "duration_us": us, "tensor_pipe_pct": pipe,
             "registers_per_thread": registers, "local_load_bytes": local, "global_red_inst": red,
             "top_stalls": [["barrier", 2.0], ["wait", 1.0]]}

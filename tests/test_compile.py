@@ -216,6 +216,16 @@ def test_forward_and_backward_entry_points_compile_with_fullgraph(rng):
     o, lse = torch.compile(with_lse, backend="aot_eager", fullgraph=True)(q, k, v)
     assert torch.equal(lse, kernels.flash_attention_forward(q, k, v, causal=True, enable_gqa=True)[1])
 
+    # The lse is differentiable compiled as eagerly: a loss on o and lse gives the eager gradients.
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    dlse = torch.ones_like(lse) * 0.5
+    o, lse = torch.compile(with_lse, backend="aot_eager", fullgraph=True)(*leaves)
+    compiled_grads = torch.autograd.grad((o, lse), leaves, (do, dlse))
+    o, lse = with_lse(*leaves)
+    for got, want, what in zip(compiled_grads, torch.autograd.grad((o, lse), leaves, (do, dlse)), "qkv",
+                               strict=True):
+        assert torch.allclose(got, want, atol=1e-6), f"d{what} of a compiled loss on o and lse"
+
 
 def test_compiled_calls_refuse_what_eager_calls_refuse(rng):
     q = torch.tensor(rng.standard_normal((1, 4, 8, 16)), dtype=torch.float32, device=DEVICE)

@@ -118,14 +118,40 @@ def test_any_number_of_splits_gives_the_same_answer(rng, num_splits):
     assert_close(o, expected(q, k, v, [90]), what=f"decode with {num_splits} splits")
 
 
-def test_split_outputs_combine_with_merge_partials(rng):
-    """What the combine kernel computes, written with reference.merge_partials over two halves."""
+def test_split_outputs_combine_with_merge_partials(rng, monkeypatch):
+    """What the combine kernel computes, written with reference.merge_partials: the split kernel's two partial
+    outputs and lses (read as the combine kernel receives them) are each attention over their own keys, and the
+    combine's output is their merge. A call that never splits launches no combine and fails here."""
+    from flashcourse.kernels import decode
+
+    combine = decode._decode_combine_kernel
+    received = []
+
+    class Spy:  # the combine kernel, its partials copied as it receives them
+        def __getattr__(self, name):  # what the launch cache reads of the kernel
+            return getattr(combine, name)
+
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                received.append((kwargs["O_PART"].clone(), kwargs["LSE_PART"].clone()))
+                return combine[grid](**kwargs)
+            return launch
+
+    monkeypatch.setattr(decode, "_decode_combine_kernel", Spy())
     q, k, v = make(rng, 1, 2, 2, 50, 16, torch.float64)
+    # Key tiles of 16: each split covers whole tiles, cdiv(cdiv(50, 2), 16) * 16 = 32 keys, the second the rest.
+    o = kernels.flash_decode(q.float(), k.float(), v.float(), num_splits=2, block_n=16)
+    assert len(received) == 1, "two splits must be merged by one combine launch"
+    o_part, lse_part = received[0]  # (1, H_q, 2, BLOCK_D), (1, H_q, 2)
     qn, kn, vn = q.numpy()[0][:, None], k.numpy()[0], v.numpy()[0]
-    o1, lse1 = reference.attention_lse(qn, kn[:, :20], vn[:, :20])
-    o2, lse2 = reference.attention_lse(qn, kn[:, 20:], vn[:, 20:])
+    split_len = 32
+    o1, lse1 = reference.attention_lse(qn, kn[:, :split_len], vn[:, :split_len])
+    o2, lse2 = reference.attention_lse(qn, kn[:, split_len:], vn[:, split_len:])
+    assert_close(o_part[0, :, 0, :16], o1[:, 0], what="the first split's partial output")
+    assert_close(o_part[0, :, 1, :16], o2[:, 0], what="the second split's partial output")
+    assert_close(lse_part[0, :, 0], lse1[:, 0], what="the first split's lse")
+    assert_close(lse_part[0, :, 1], lse2[:, 0], what="the second split's lse")
     merged, _ = reference.merge_partials(o1, lse1, o2, lse2)
-    o = kernels.flash_decode(q.float(), k.float(), v.float(), num_splits=2)
     assert_close(o, merged[:, 0][None], what="decode vs merge_partials of two splits")
 
 
@@ -139,7 +165,7 @@ def test_empty_sequence_gives_zero(rng):
     "kwargs,error,words",
     [
         ({"q": (2, 3, 16)}, ValueError, "multiple of H_kv"),
-        ({"q": (2, 4, 8), "kv": (2, 2, 10, 8)}, ValueError, "head dim 8"),
+        ({"q": (2, 4, 4), "kv": (2, 2, 10, 4)}, ValueError, "head dim 4 is not supported: expected 8 to 256"),
         ({"q": (3, 4, 16)}, ValueError, "batch"),
         ({"q": (2, 4, 1, 1, 16)}, ValueError, r"\(B, H_q, D\).*\(B, H_q, n_new, D\)"),
     ],

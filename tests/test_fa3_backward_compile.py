@@ -7,7 +7,7 @@ register budgets in the warp-specialized stages, no spills but b6c's few bytes a
 compiling cannot show is modelled in Python: the query-tile ranges of a key tile (masked and unmasked, every
 visible (key, query) pair once) and the (Q, dO) ring's mbarrier protocol (no deadlock, no slot refilled while a
 consumer warpgroup still reads it), on the forward test's mbarrier model. Whether the stages compute the right
-gradients is the GPU's job: ``scripts/gpu_fa3_backward.py``.
+gradients is the GPU's job: ``benchmarks/gpu_fa3_backward.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ within sm_90's 227 KB a block, the register budgets (``setmaxnreg``) in the warp
 with the reason, where the installed Triton's Gluon lacks what fa3.py uses. Compiled and checked under Triton
 3.6 (the GPU machine's) and 3.9 (CI's). The ring's mbarrier protocol (ready / empty phases, two consumers,
 ping-pong turns) is run on a thread model at the end. Whether the stages compute the right thing is the GPU's
-job: ``scripts/gpu_fa3.py``.
+job: ``benchmarks/gpu_fa3.py``.
 """
 
 from __future__ import annotations
@@ -245,12 +245,12 @@ def test_head_dim_256_launch():
 
 
 def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path):
-    """scripts/gpu_fa3.py's check shapes reach what v8f adds: N_kv a multiple of 128 with N_q awkward, an odd
+    """benchmarks/gpu_fa3.py's check shapes reach what v8f adds: N_kv a multiple of 128 with N_q awkward, an odd
     number of query tiles at 128 and 192 rows (a causal head's middle tile, which has no partner), N_q > N_kv,
     and more work units than an H100 / H200 has SMs (132), so that programs take several query tiles in turn.
     A run of some stages is saved apart from the stage table. (Read in a child process: the script drops
     TRITON_INTERPRET, which this process's kernels need.)"""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import gpu_fa3 as g; print(json.dumps(["
             "g.CHECK_SHAPES, g.QUICK_CHECK_SHAPES, g.results_name(['v8a', 'v8d', 'v8f'], False), "
             "g.results_name(['v8a'], True)]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
@@ -264,7 +264,7 @@ def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path)
     assert units > 132, units
     assert all(shape in shapes for shape in quick)
     assert (part, whole) == ("fa3-stages-v8a-v8d-v8f", "fa3-stages")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--references", "sdpa_bogus"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa3.py"), "--references", "sdpa_bogus"],
                           capture_output=True, text=True, env=_env(tmp_path), timeout=300)
     assert proc.returncode == 2 and "unknown references" in proc.stderr, proc.stderr[-2000:]
 
@@ -272,7 +272,7 @@ def test_gpu_script_checks_what_v8f_adds_and_names_a_partial_run_apart(tmp_path)
 def test_gpu_script_times_shorter_lengths_apart(tmp_path):
     """``--lengths 1024,2048`` times the stages at a GPT-2-size sequence (B = 4, H = 32, as the attention grid),
     saved under a name of its own, never the stage table; a length that is no multiple of 128 is refused."""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import gpu_fa3 as g; print(json.dumps(["
             "g.time_shapes(False, (64,), g.parse_lengths('2048,1024')), g.time_shapes(False, (64,)), "
             "g.results_name(['v8a', 'v8f'], False, (64, 128), (1024, 2048)), "
             "g.results_name(['v8a', 'v8b'], True, (64, 128), (1024,))]))")
@@ -283,7 +283,7 @@ def test_gpu_script_times_shorter_lengths_apart(tmp_path):
     assert {(b, h, n) for b, h, n, _, _, _ in default} == {(4, 32, 4096), (4, 16, 8192), (4, 8, 16384)}
     assert len(short) == 2 * 2 * 2  # two lengths, two dtypes, causal and not
     assert (part, every) == ("fa3-stages-v8a-v8f-n1024-2048", "fa3-stages-v8a-v8b-n1024")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--lengths", "1000"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa3.py"), "--lengths", "1000"],
                           capture_output=True, text=True, env=_env(tmp_path), timeout=300)
     assert proc.returncode == 2 and "multiples of 128" in proc.stderr, proc.stderr[-2000:]
 
@@ -293,7 +293,7 @@ def test_gpu_script_runs_head_dim_256_apart_and_checks_the_ring_across_query_til
     whatever the stages); a head dim no stage has is refused before anything runs. Its check shapes include,
     causal and not, a v8f program that takes several query tiles of 128 rows whose count of 64-key tiles is
     odd, so that the ring's phases carry over from one query tile to the next flipped."""
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import gpu_fa3 as g; print(json.dumps(["
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import gpu_fa3 as g; print(json.dumps(["
             "g.CHECK_SHAPES, g.results_name(['v8d', 'v8e', 'v8f'], False, (256,)), "
             "g.results_name(['v8a', 'v8b', 'v8c', 'v8d', 'v8e', 'v8f'], True, (256,)), "
             "g.results_name(['v8a'], True, (64, 128)), g.parse_head_dims('256,64')]))")
@@ -312,7 +312,7 @@ def test_gpu_script_runs_head_dim_256_apart_and_checks_the_ring_across_query_til
                          for _, m in _v8f_items(program, programs, n_m, batch * heads, causal)]
                 carried |= any(count % 2 for count in tiles[:-1])
         assert carried, causal
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_fa3.py"), "--head-dims", "80"],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa3.py"), "--head-dims", "80"],
                           capture_output=True, text=True, env=_env(tmp_path), timeout=300)
     assert proc.returncode == 2 and "expected some of 64, 128, 256" in proc.stderr, proc.stderr[-2000:]
 

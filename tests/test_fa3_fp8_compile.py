@@ -7,7 +7,7 @@ byte permutes and stmatrix. Then what a compile cannot show: the producer's prot
 ring) on Python threads over tests/test_fa3_compile.py's mbarrier model, and the kernel's index and transposition
 arithmetic written out in NumPy (flat TMA rows across heads, tiles past the end, the (D, BLOCK_N) buffer written
 through its permuted view and read through it again, P rounded to e4m3 as p * 2^8, the descales) giving
-attention within ``fp8.error_bound`` of the float64 reference. Whether the GPU agrees: ``scripts/gpu_fa3_fp8.py``.
+attention within ``fp8.error_bound`` of the float64 reference. Whether the GPU agrees: ``benchmarks/gpu_fa3_fp8.py``.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_the_stage_table():
 
 
 def test_the_gpu_script_rates_every_stage():
-    """scripts/gpu_fa3_fp8.py (run in a child: importing it turns the interpreter off) gives each FP8 row its
+    """benchmarks/gpu_fa3_fp8.py (run in a child: importing it turns the interpreter off) gives each FP8 row its
     ratio to cuDNN's fp16 and each stage's rows their ratio to the other stages and the references; its checks
     reach N_q != N_kv both ways and programs with an unmasked run of key tiles after tile 0."""
     code = r"""
@@ -172,7 +172,7 @@ rows = [t("v8c_fp8", 700), t("v8e_fp8", 910), t("triton_fp8_as_given", 600), t("
 g.add_cudnn_ratios(rows)
 print(json.dumps({"rows": {r["provider"]: r for r in rows}, "checks": g.CHECK_NS, "quick": g.QUICK_CHECK_NS}))
 """
-    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,5 +1,5 @@
 """Lesson 13's profile of where the fastest forward stage trails cuDNN (``summary.forward_gaps``): read from the
-newest ``*-ncu-gaps.json``, ours beside cuDNN's kernel for each forward-gap pair of ``scripts/ncu_limits.py``."""
+newest ``*-ncu-gaps.json``, ours beside cuDNN's kernel for each forward-gap pair of ``benchmarks/ncu_limits.py``."""
 
 from __future__ import annotations
 

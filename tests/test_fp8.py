@@ -184,7 +184,7 @@ def kernel_numerics(x: fp8.Fp8QKV, *, acc_bits=13, block_n=128):
 
 
 def script_inputs(rng, n_q, n_kv, d):
-    """scripts/gpu_fa3_fp8.py's: N(0, 1) with 4 outlier channels x4 in q and k, quantised (not incoherent)."""
+    """benchmarks/gpu_fa3_fp8.py's: N(0, 1) with 4 outlier channels x4 in q and k, quantised (not incoherent)."""
     q, k, v = (randn(rng, 1, 2, n, d, device="cpu") for n in (n_q, n_kv, n_kv))
     channels = (3, 17, 30, 41)
     return fp8.quantize_fp8(with_outlier_channels(q, channels, 4.0), with_outlier_channels(k, channels, 4.0), v)
@@ -286,7 +286,7 @@ def check_fp8_forward(x: fp8.Fp8QKV, *, causal, out_dtype=torch.bfloat16, v=None
     # The tensor core sums FP8 products keeping about 14 bits of the running sum (DeepSeek-V3, section 3.3.2) and
     # truncates: each of the D / 32 steps of an FP8 wgmma (32 products a step) can cut 2^-13 of scale * sum
     # |q_i k_i| off a score, so lse moves by as much, and each p_j by twice that, relatively. Measured on the H200
-    # (scripts/fp8_lse_probe.py, benchmarks/results/2026-12-01-nvidia-h200-fp8-lse-accumulation.json): lse
+    # (benchmarks/results/2026-12-01-nvidia-h200-fp8-lse-accumulation.json): lse
     # errors up to 2^-12.8 (D=64) and 2^-12.0 (D=128) of it, the same at every magnitude, biased low.
     k_rep = k.double().repeat_interleave(q.shape[1] // k.shape[1], 1)
     s_abs = (q.double().abs() @ k_rep.abs().transpose(-1, -2)).amax(-1) / q.shape[-1] ** 0.5  # (B, H, N_q)

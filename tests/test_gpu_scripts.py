@@ -90,7 +90,7 @@ def test_the_judge_ignores_modules_in_the_notebooks_folder(tmp_path):
     assert "passed all" in done.stdout, json.dumps(done.stdout)
 
 
-SWEEP = ROOT / "scripts" / "sweep_kernels.py"
+SWEEP = ROOT / "benchmarks" / "sweep_kernels.py"
 
 
 @pytest.fixture(scope="module")

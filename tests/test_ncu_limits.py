@@ -1,4 +1,4 @@
-"""scripts/ncu_limits.py without a GPU: its command line, which cases it runs and for how long, the ncu command it
+"""benchmarks/ncu_limits.py without a GPU: its command line, which cases it runs and for how long, the ncu command it
 builds, how it reads ncu's CSV pages (a small recorded sample written here), and that one failed or hung case
 leaves the others' rows in the JSON."""
 
@@ -17,7 +17,7 @@ import pytest
 from gpu_run_stub import stub_gpu_tools
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "ncu_limits.py"
+SCRIPT = ROOT / "benchmarks" / "ncu_limits.py"
 
 
 @pytest.fixture(scope="module")
@@ -495,7 +495,7 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     """scripts/gpu_run.sh gaps (python3 and nvidia-smi stubbed): one ncu_limits.py --run-ncu over GAP_CASES in
     their order, a budget inside the stage's limit, the raw folder archived; under 8 files come back."""
     out, proc, runs = _run_gpu_stage(tmp_path, "gaps")
-    (command,) = [c for c in runs if c and c[0] == "scripts/ncu_limits.py"]
+    (command,) = [c for c in runs if c and c[0] == "benchmarks/ncu_limits.py"]
     args = limits.parse_args(command[1:])
     assert args.run_ncu and args.out == out
     assert [c.name for c in limits.select_cases(args.only)] == [c.name for c in limits.GAP_CASES]
@@ -505,26 +505,3 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     left = sorted(p.name for p in out.iterdir())
     assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
 
-
-def test_gpu_run_followup_asks_only_for_what_exists(limits, tmp_path):
-    """scripts/gpu_run.sh followup (python3 and nvidia-smi stubbed), one device call: its stages' limits under 9
-    minutes, the variant a name of bench variants, the Nsight Compute cases ones ncu_limits.py has (the GQA
-    backward, ours and Flex's), the raw folder archived, the launch sweep under the window rule (whose name the
-    sweep's own test checks). A misspelt name would otherwise be found only on the GPU."""
-    from flashcourse.bench import variants
-
-    out, _, calls = _run_gpu_stage(tmp_path, "followup")
-    runs = {(c[2] if c[0] == "-m" else c[0]): c for c in calls if c and c[0] != "-c"}
-    assert set(runs) == {"variants", "scripts/ncu_limits.py", "scripts/sweep_backward_launches.py"}
-    sweep = runs["scripts/sweep_backward_launches.py"]
-    assert sweep[sweep.index("--rules") + 1] == "window 1024"
-    bench = runs["variants"]
-    assert bench[bench.index("--variants") + 1:bench.index("--out")] == ["GQA 32/8, causal"]
-    assert "GQA 32/8, causal" in {v.name for v in variants.VARIANTS}
-    args = limits.parse_args(runs["scripts/ncu_limits.py"][1:])
-    assert args.run_ncu and [c.name for c in limits.select_cases(args.only)] == [
-        "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex"]
-    block = re.search(r"\nfollowup\)(.*?);;", (ROOT / "scripts" / "gpu_run.sh").read_text(), re.S).group(1)
-    limits_s = [int(limit) for limit in re.findall(r"stage \w+ (\d+) ", block)]
-    assert sum(limits_s) <= 540 and args.budget + 30 <= limits_s[1]
-    assert "ncu-limits-raw.tgz" in {p.name for p in out.iterdir()}

@@ -1,4 +1,4 @@
-"""scripts/sweep_backward_launches.py on the CPU at a tiny size: every launch it varies computes the default's
+"""benchmarks/sweep_backward_launches.py on the CPU at a tiny size: every launch it varies computes the default's
 gradients (the row's max_rel_diff_vs_default), rows say which kernel moved, and b3's case runs its mask rule."""
 
 import importlib.util
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def sweep():
     spec = importlib.util.spec_from_file_location("sweep_backward_launches",
-                                                  ROOT / "scripts" / "sweep_backward_launches.py")
+                                                  ROOT / "benchmarks" / "sweep_backward_launches.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

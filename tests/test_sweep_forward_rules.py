@@ -1,4 +1,4 @@
-"""scripts/sweep_forward_rules.py on the CPU at a tiny size: every launch it times computes the default's output
+"""benchmarks/sweep_forward_rules.py on the CPU at a tiny size: every launch it times computes the default's output
 (the row's max_rel_diff_vs_default), under a mask rule, packed documents and a window."""
 
 import importlib.util
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_forward_rules", ROOT / "scripts" / "sweep_forward_rules.py")
+    spec = importlib.util.spec_from_file_location("sweep_forward_rules", ROOT / "benchmarks" / "sweep_forward_rules.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -613,7 +613,7 @@ def speedup_table(rows: list[dict], names) -> str:
 
 
 def split_kernel_profile(rows: list[dict]) -> dict[str, dict]:
-    """What Nsight Compute measured of the split kernel in an ncu-limits run (``scripts/ncu_limits.py``; cases
+    """What Nsight Compute measured of the split kernel in an ncu-limits run (``benchmarks/ncu_limits.py``; cases
     ``decode-fp16`` and ``decode-fp8``, 32K keys, contiguous), by cache dtype ("float16", "float8_e4m3fn"):
     ``programs`` (the grid's size), ``warps`` a program, ``duration_us``, ``dram_throughput_pct`` (DRAM busy, %
     of peak), ``inst_executed`` (warp instructions), ``issue_slots_busy_pct`` and ``eligible_warps_per_scheduler``

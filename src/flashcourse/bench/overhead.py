@@ -33,7 +33,7 @@ import torch
 ROUNDS = 30
 CALLS = 500  # calls in one block: a round of the training-step pair lasts about a quarter of a second
 WARMUP = 50  # calls of each before the rounds: compile, fill the launch caches
-REPEATS = 5  # us_per_call's default repeats (a provider timed alone, as scripts/direct_launch_ab.py does)
+REPEATS = 5  # us_per_call's default repeats (a provider timed alone, not in the alternating rounds)
 PAIRS = (("flashcourse_forward", "sdpa_forward"), ("flashcourse_decode", "sdpa_decode"),
          ("flashcourse_train_step", "sdpa_train_step"))
 TRAINING = ("flashcourse_train_step", "sdpa_train_step")  # timed with autograd on; the others under no_grad

@@ -496,7 +496,7 @@ def sweep_backward_findings(directory: Path | None = None) -> str:
 
 
 NCU_FILE = "2026-11-30-nvidia-h200-ncu.csv"
-# scripts/ncu_kernels.py launches, in this order: v7's forward, b1's dK/dV and dQ kernels, b5's dK/dV kernel
+# benchmarks/ncu_kernels.py launches, in this order: v7's forward, b1's dK/dV and dQ kernels, b5's dK/dV kernel
 NCU_LAUNCHES = (("_fwd_v7_kernel", "v7 forward"), ("_bwd_dkdv_kernel", "b1 dK/dV"), ("_bwd_dq_kernel", "b1 dQ"),
                 ("_bwd_dkdv_kernel", "b5 dK/dV (with the dQ tile)"))
 NCU_METRICS = (("Registers Per Thread", "registers / thread"),
@@ -510,7 +510,7 @@ NCU_METRICS = (("Registers Per Thread", "registers / thread"),
 
 
 def ncu_counters(directory: Path | None = None) -> dict[str, dict[str, float]] | None:
-    """Nsight Compute's counters of scripts/ncu_kernels.py's four launches (fp16, B = 4, H = 16, N = 8192,
+    """Nsight Compute's counters of benchmarks/ncu_kernels.py's four launches (fp16, B = 4, H = 16, N = 8192,
     D = 128): {launch label: {metric name: value}}, from ``benchmarks/results/<NCU_FILE>``; None when the file
     is not there (a wheel ships the JSON results only)."""
     path = Path(directory or results_dir()) / NCU_FILE
@@ -529,7 +529,7 @@ def ncu_counters(directory: Path | None = None) -> dict[str, dict[str, float]] |
     launches = [by_id[i] for i in sorted(by_id, key=int)]
     if [e["kernel"] for e in launches] != [kernel for kernel, _ in NCU_LAUNCHES]:
         raise ValueError(f"{NCU_FILE}: expected the launches {[k for k, _ in NCU_LAUNCHES]} of "
-                         f"scripts/ncu_kernels.py, found {[e['kernel'] for e in launches]}")
+                         f"benchmarks/ncu_kernels.py, found {[e['kernel'] for e in launches]}")
     return {label: entry["metrics"] for (_, label), entry in zip(NCU_LAUNCHES, launches, strict=True)}
 
 
@@ -539,9 +539,9 @@ def ncu_table(directory: Path | None = None) -> str:
     if counters is None:
         return f"`{NCU_FILE}` is not here.\n"
     labels = list(counters)
-    lines = [f"NVIDIA H200, 2026-11-30, `{NCU_FILE}` (scripts/ncu_kernels.py: fp16, B = 4, H = 16, N = 8192, D = 128, "
-             "one launch each; sections SpeedOfLight, Occupancy, LaunchStats, WarpStateStats; no spill counters "
-             "were collected):", "", "| Nsight Compute metric | " + " | ".join(labels) + " |",
+    lines = [f"NVIDIA H200, 2026-11-30, `{NCU_FILE}` (benchmarks/ncu_kernels.py: fp16, B = 4, H = 16, N = 8192, "
+             "D = 128, one launch each; sections SpeedOfLight, Occupancy, LaunchStats, WarpStateStats; no spill "
+             "counters were collected):", "", "| Nsight Compute metric | " + " | ".join(labels) + " |",
              "|---|" + "---|" * len(labels)]
     for metric, title in NCU_METRICS:
         cells = []
@@ -745,7 +745,7 @@ def host_time_note(directory: Path | None = None) -> str | None:
             f"**{small['sdpa_plain_us']:.0f} us**.")
 
 
-HOST_SPLIT_PIECES = (  # scripts/train_step_host_split.py's pieces, in the order lesson 08 shows them
+HOST_SPLIT_PIECES = (  # benchmarks/train_step_host_split.py's pieces, in the order lesson 08 shows them
     ("sdpa_train_step", "plain SDPA: the whole step"),
     ("flashcourse_train_step", "ours: the whole step"),
     ("bare_function_step", "a Python autograd.Function that launches nothing"),
@@ -757,7 +757,7 @@ HOST_SPLIT_PIECES = (  # scripts/train_step_host_split.py's pieces, in the order
 
 def host_split_table(directory: Path | None = None) -> str | None:
     """Lesson 08's split of a training step's host time (the newest ``*-train-step-host-split.json``,
-    ``scripts/train_step_host_split.py``): per piece, the median of its rounds and their range, in microseconds per
+    ``benchmarks/train_step_host_split.py``): per piece, the median of its rounds and their range, in microseconds per
     call; None when no such run is recorded."""
     newest = _newest("*-train-step-host-split.json", directory)
     if newest is None:
@@ -780,7 +780,7 @@ def host_split_table(directory: Path | None = None) -> str | None:
 
 
 # ------------------------------------------------------------------------- lesson 08: what limits the backward
-# scripts/ncu_limits.py's backward cases: name -> (label, the kernels that compute its matrix products as (text in
+# benchmarks/ncu_limits.py's backward cases: name -> (label, the kernels that compute its matrix products as (text in
 # the kernel's name, label, products)). A product is one N x N x D matrix product per head. cuDNN and b6 compute
 # the backward's five (S, dP, dV, dK, dQ) in one kernel; b1's dK/dV kernel computes S, dP, dV and dK, its dQ kernel
 # S and dP again, then dQ. Every other kernel of a case (the Delta preprocess, zeroing, dQ's conversion) computes none.
@@ -803,7 +803,7 @@ def _ncu_backward_run(directory: Path | None):
 
 
 def backward_limits(directory: Path | None = None) -> dict | None:
-    """What limits each backward, from the newest ``*-ncu-limits.json`` (scripts/ncu_limits.py, Nsight Compute) with
+    """What limits each backward, from the newest ``*-ncu-limits.json`` (benchmarks/ncu_limits.py, Nsight Compute) with
     every backward case; None when no committed run has them.
 
     ``kernels``: {label: {products, us, tflops (the products' FLOP over the kernel's time), tensor_pipe_pct,
@@ -870,7 +870,7 @@ def backward_limits_markdown(limits: dict) -> str:
 
 def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
     """b1 over cuDNN's backward at its default launch and at the best launch of the newest
-    ``*-backward-launches.json`` (scripts/sweep_backward_launches.py: one kernel's launch changed at a time, key
+    ``*-backward-launches.json`` (benchmarks/sweep_backward_launches.py: one kernel's launch changed at a time, key
     ``ratio_vs_sdpa_cudnn``), per (head_dim, n, causal): {head_dim, n, causal, default, best, varied, launch};
     None without a sweep."""
     newest = _newest("*-backward-launches.json", directory)
@@ -892,7 +892,7 @@ def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
 
 
 # ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
-# scripts/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
+# benchmarks/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
 FORWARD_GAP_PAIRS = (
     ("D = 128, N = 4096", "fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn"),
     ("D = 128, N = 4096, causal", "fwd-d128-n4096-causal-ours", "fwd-d128-n4096-causal-cudnn"),

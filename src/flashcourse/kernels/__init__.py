@@ -1,7 +1,7 @@
 """The course's Triton kernels: FlashAttention forward and backward, and split-KV decoding.
 
 Public API (torch tensors; q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D), H_kv = H_q or, with
-``enable_gqa=True``, a divisor of it; any strides; D in 16, 32, 64, 80, 96, 128, 256)::
+``enable_gqa=True``, a divisor of it; any strides; any head dim D from 8 to 256)::
 
     flash_attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None, alibi_slopes=None,
                     document_ids=None, mask_mod=None, block_mask=None, enable_gqa=False, is_causal=None,
@@ -183,8 +183,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -353,8 +356,14 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     ``apply(q, k, v, plan, call)``: ``call`` is None for a call that needs only the plan (its rules are the plan's,
     no block mask, o alone returned), else (rules without tensors, block_mask, alibi_slopes, document_ids,
-    return_lse, dropout). Autograd's own work grows with the number of arguments, so the usual call passes five. The
-    tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx."""
+    return_lse, dropout). Autograd's own work grows with the number of arguments, so the usual call passes five.
+    The tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx (the dropout seed too: the
+    backward regenerates the forward's mask from it).
+
+    With ``return_lse`` the lse is differentiable (as FlexAttention's): its gradient enters the backward's
+    preprocess, delta = rowsum(dO * O) - dLSE, since d lse_i / d s_ij = P_ij. The backward itself has no
+    derivative: a backward with ``create_graph=True`` raises a RuntimeError at once (SDPA's flash backend raises
+    for a double backward too), instead of gradients whose own gradients would be wrong or silently zero."""
 
     @staticmethod
     def forward(ctx, q, k, v, plan: Plan, call):
@@ -371,23 +380,29 @@ class FlashAttentionFunction(torch.autograd.Function):
         ctx.rules, ctx.block_mask = rules, block_mask  # rules without tensors (without_tensors)
         if not return_lse:  # one output: the usual call pays for no second one
             return o
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)  # no zeros allocated for lse's gradient, which is never used
+        ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, no zeros allocated
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, *_dlse):
-        if do is None:  # o took no part in the loss (only lse was used, and it has no gradient)
+    def backward(ctx, do, dlse=None):
+        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
+            raise RuntimeError("flash_attention has no double backward: its gradients cannot be differentiated "
+                               "again, so a backward with create_graph=True (a gradient penalty, Hessian-vector "
+                               "products) is refused. Compute that term with reference attention in float64 or "
+                               "F.scaled_dot_product_attention's math backend")
+        if do is None and dlse is None:
             return None, None, None, None, None
         plan = ctx.plan
         if ctx.rules is None:
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = plan.backward(q, k, v, o, lse, do, plan.rules, None)
+            rules, block_mask, dropout = plan.rules, None, None
         else:
             q, k, v, o, lse, alibi_slopes, document_ids, seed = ctx.saved_tensors
+            rules, block_mask = with_tensors(ctx.rules, alibi_slopes, document_ids), ctx.block_mask
             dropout = None if seed is None else Dropout(ctx.rules.dropout_p, seed)
-            dq, dk, dv = plan.backward(q, k, v, o, lse, do, with_tensors(ctx.rules, alibi_slopes, document_ids),
-                                       ctx.block_mask, dropout)
+        if do is None:  # only the lse is in the loss: o's gradient is 0
+            do = torch.zeros_like(o)
+        dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, block_mask, dropout, dlse=dlse)
         return dq, dk, dv, None, None
 
 
@@ -415,8 +430,11 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     no input requiring it) it skips autograd and runs the forward alone.
 
     Args:
-        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is one of 16, 32, 64,
-            80, 96, 128, 256. bfloat16 needs a GPU of compute capability 8.0 or newer (on a T4, use float16);
+        q: (B, H_q, N_q, D) queries, float16, bfloat16 or float32, any strides. D is any head dim from 8 to
+            256 (flash-attn's range; outside it a ValueError, where flash-attn raises a RuntimeError). The
+            kernels tile D at the next power of two >= 16 and mask the rest, with the scale from the true D:
+            no copy, but the padded columns' share of the FLOPs (D = 59: 8%; D = 160: 60%). bfloat16 needs
+            a GPU of compute capability 8.0 or newer (on a T4, use float16);
             without a GPU the kernels run in Triton's CPU interpreter on CPU tensors, in float16 or float32.
         k, v: (B, H_kv, N_k, D), q's dtype and device. H_kv = H_q, or, with ``enable_gqa=True``, a divisor
             of H_q: query head h reads K/V head h // (H_q // H_kv) (grouped-query attention; H_kv = 1 is
@@ -448,7 +466,9 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         is_causal: None (default) or a bool, SDPA's spelling of ``causal`` (True is "top_left"), so a call
             written for SDPA runs unchanged; given with a different ``causal``, a ValueError.
         return_lse: False (default) returns o; True returns (o, lse), lse (B, H_q, N_q) float32, each row's
-            natural-log log-sum-exp (-inf for a row that sees no key), which carries no gradient.
+            natural-log log-sum-exp (-inf for a row that sees no key). The lse is differentiable, as
+            FlexAttention's: a loss that uses it gets its term in the gradients. No double backward: a backward
+            with ``create_graph=True`` raises a RuntimeError (SDPA's flash backend has none either).
         dropout_p: 0.0 (default) or a float in [0, 1): dropout on the attention weights, as
             ``F.scaled_dot_product_attention(dropout_p=...)``: each weight dropped with probability p, the kept
             ones scaled by 1 / (1 - p), whenever p > 0 (pass 0.0 at evaluation, ``p if self.training else 0.0``).
@@ -579,7 +599,7 @@ def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi
                         document_ids=document_ids, dropout_p=dropout_p)
     check_gqa(q, k, enable_gqa)
     o, lse = ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, forward_version,
-                                    backward_version, _call_seed(rules, None, q))
+                                    backward_version, lse_grad=return_lse, dropout_seed=_call_seed(rules, None, q))
     return (o, lse) if return_lse else o
 
 

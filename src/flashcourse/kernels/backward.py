@@ -614,14 +614,17 @@ PER_CALL_TENSORS = ("Q", "K", "V", "O", "DO", "LSE", "DELTA", "DK", "DV", "DQ")
 def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False, scale: float | None,
                  configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None,
                  rules: Rules | None = None, block_mask: blockmask.BlockMask | None = None,
-                 record: list | None = None, dropout: Dropout | None = None):
+                 record: list | None = None, dropout: Dropout | None = None,
+                 dlse: torch.Tensor | None = None):
     """dq, dk, dv from the forward's saved (o, lse), tensors like q, k, v. ``rules`` (from
     ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's. ``block_mask``
     (checked against the call) gives b3 its tile lists instead of building them. ``record``: a list that gets
     the three launches (preprocess, dK/dV, dQ) prepared to repeat on other tensors of this layout
     (``launch.prepare_launch``, on ``PER_CALL_TENSORS``), where the compiled kernels allow it; for b1 and b3 with
     rules that hold no tensor (a plan keeps them: ``plan.py``). ``dropout``: the forward's probability and seed
-    (``dropout.py``), b3 only: its kernels regenerate the forward's mask."""
+    (``dropout.py``), b3 only: its kernels regenerate the forward's mask. ``dlse``: the gradient of a loss that
+    used the lse, (B, H_q, N_q), or None: d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij, which is the
+    preprocess's delta less dlse (FlexAttention's differentiable LSE)."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -649,7 +652,8 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     delta = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
-    if version.atomic_dq or rules.alibi_slopes is not None or rules.needs_block_mask or dropout is not None:
+    if (version.atomic_dq or rules.alibi_slopes is not None or rules.needs_block_mask or dropout is not None
+            or dlse is not None):
         record = None  # their dQ is post-processed, or a tensor of the rule would be pinned
 
     def launch(kernel, grid, kwargs: dict) -> None:
@@ -664,6 +668,8 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=pre_block,
     ))
+    if dlse is not None:
+        delta -= dlse.to(torch.float32)
     key = (props, block_d, q.dtype, dkdv_candidates, dq_candidates)
     what = f"backward {version.name} at head dim {head_dim}"
     if version.takes_rules:

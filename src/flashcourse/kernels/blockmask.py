@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, visible
-from .rules import Rules, causal_alignment, check_window, mask_mod_constants
+from .rules import Rules, causal_alignment, check_window, document_ranks, mask_mod_constants
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -574,11 +574,16 @@ def _show(value) -> str:
 
 
 def _same_ids(given: torch.Tensor, built: torch.Tensor | None) -> bool:
-    """The same tensor, or (a copy, another integer dtype) equal ids; only the second compares values."""
+    """The same tensor (the mask's own), or ids that split every row into the same documents (compared as ranks:
+    the mask keeps int64 ids as ranks, and a copy in another dtype is the same mask). The mask holds a copy made
+    at build, so a caller's buffer changed since compares unequal."""
     if built is None or not isinstance(given, torch.Tensor):
         return False
-    return given is built or (given.shape == built.shape and given.device == built.device
-                              and bool(torch.equal(given.to(built.dtype), built)))
+    if given is built:
+        return True
+    if given.shape != built.shape or given.device != built.device or given.dtype.is_floating_point:
+        return False
+    return bool(torch.equal(document_ranks(given), document_ranks(built)))
 
 
 def _describe(rules: Rules) -> str:

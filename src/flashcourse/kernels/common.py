@@ -20,8 +20,12 @@ LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 # @triton.jit code may read only constexpr globals: the same two numbers, for use inside kernels.
 LOG2E_IN_KERNEL = tl.constexpr(LOG2E)
 LN2_IN_KERNEL = tl.constexpr(LN2)
-# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
+# The teaching versions' initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a
+# masked row. It doubles as "no key yet", so a finite score below it (about -7e29 in base e) is taken for no key.
 MASKED_FILL = tl.constexpr(-1.0e30)
+# The library kernels' initial running max (v7, decode): -inf, no finite score mistaken for it. Their update
+# (online_softmax_update) is -inf-safe: a row whose max is still -inf subtracts 0 instead.
+NO_KEY_YET = tl.constexpr(float("-inf"))
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
@@ -54,8 +58,10 @@ def online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.cons
     """One key tile of the online softmax (lesson 02), in base 2: fold the scores ``qk`` (rows, keys), unscaled,
     and their values ``v`` (keys, D) into the running max ``m_i``, sum ``l_i`` and unnormalised output ``acc``."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # max commutes with the positive scale
-    p = tl.exp2(qk * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
-    alpha = tl.exp2(m_i - m_new)  # how much the old statistics shrink under the new max
+    # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk * qk_scale - m_use[:, None])  # one FMA + one EX2 per score
+    alpha = tl.exp2(m_i - m_use)  # how much the old statistics shrink under the new max
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
@@ -152,9 +158,18 @@ def visible(b, h, q_idx, kv_idx, N_Q, N_KV, UPPER, LOWER, doc_ids,
 
 @triton.jit
 def tanh_via_exp2(x):
-    """tanh(x) = 1 - 2 / (1 + e^(2x)), from one EX2; exact limits +-1 (e^(2x) -> inf or 0), works in the
-    interpreter as on every GPU (no libdevice)."""
-    return 1.0 - 2.0 / (1.0 + tl.exp2(x * (2.0 * LOG2E_IN_KERNEL)))
+    """tanh(x) from one EX2, accurate to float32 at every size of x; works in the interpreter as on every GPU (no
+    libdevice). For |x| >= 0.1, sign(x) * (1 - e) / (1 + e) with e = exp(-2|x|) in (0, 0.82]: no overflow, exact
+    limits +-1, and 1 - e loses at most 3 bits. Below, 1 - e would cancel (at |x| = 1e-7 the answer had no correct
+    digit: a huge softcap then capped every score to noise), so the series x - x^3/3 + 2x^5/15, whose next term,
+    17x^7/315, is under float32's rounding there."""
+    ax = tl.abs(x)
+    e = tl.exp2(ax * (-2.0 * LOG2E_IN_KERNEL))
+    far = (1.0 - e) / (1.0 + e)
+    far = tl.where(x < 0.0, -far, far)
+    x2 = x * x
+    near = x + x * x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0))
+    return tl.where(ax < 0.1, near, far)
 
 
 @triton.jit

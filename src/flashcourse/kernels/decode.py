@@ -31,7 +31,7 @@ The split kernel has two switches beyond its tiles (:class:`DecodeSwitches`), bo
 passes them: how many programs an SM should hold (two for the FP8 cache on sm_90, where one program could not keep
 its loads in flight), and whether a split's whole key tiles run without masks (on for a V cache stored with its
 keys adjacent, :func:`v_keys_adjacent`, whose copies a mask along the keys would narrow). What they were chosen
-from: the FP8 cache's candidates, timed on the H200 by ``scripts/gpu_decode_fp8.py`` (docs/KERNELS.md, decoding).
+from: the FP8 cache's candidates, timed on the H200 by ``benchmarks/gpu_decode_fp8.py`` (docs/KERNELS.md, decoding).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from ._checks import (
 from .common import (
     LOG2E,
     LOG2E_IN_KERNEL,
-    MASKED_FILL,
+    NO_KEY_YET,
     default_scale,
     modified_scores,
     normalise_rows,
@@ -202,7 +202,7 @@ def _decode_split_kernel(
     slope2 = tl.zeros([BLOCK_G, 1], dtype=tl.float32)
     if HAS_ALIBI:  # one slope per query head of the group, in base 2
         slope2 = tl.load(ALIBI_SLOPES + heads, mask=row_ok, other=0.0)[:, None] * LOG2E_IN_KERNEL
-    m_i = tl.full([BLOCK_G], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
@@ -313,7 +313,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
 
     Args:
         q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
-            D one of 16, 32, 64, 80, 96, 128, 256.
+            D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
+            the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
         k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
             capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must

@@ -23,7 +23,7 @@ from ._checks import dot_precision, padded_head_dim
 from .common import (
     LOG2E,
     LOG2E_IN_KERNEL,
-    MASKED_FILL,
+    NO_KEY_YET,
     default_scale,
     key_tile_range,
     load_tile,
@@ -132,7 +132,7 @@ def _fwd_v7_kernel(
     if DROPOUT:
         seed = tl.load(SEED)
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if BLOCK_SPARSE:  # documents / mask_mod: the block mask lists this query tile's full and partial key tiles

@@ -187,7 +187,7 @@ def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, 
 
 def repeatable(q) -> bool:
     """Whether launches on q's device can be prepared once and repeated: on a GPU, where Triton compiled them (the
-    interpreter compiles nothing). ``scripts/host_profile.py`` answers True on the CPU to time a GPU's path."""
+    interpreter compiles nothing). ``benchmarks/host_profile.py`` answers True on the CPU to time a GPU's path."""
     return q.is_cuda
 
 
@@ -247,8 +247,12 @@ class Plan:
         return o, lse
 
     def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None,
-                 dropout: Dropout | None = None):
-        """(dq, dk, dv) from the forward's (o, lse) (and its ``dropout``, the same seed)."""
+                 dropout: Dropout | None = None, *, dlse=None):
+        """(dq, dk, dv) from the forward's (o, lse) (and its ``dropout``, the same seed); ``dlse``, the lse's
+        gradient where a loss used it, or None."""
+        if dlse is not None:  # its term sits between the prepared launches: launched in full
+            return run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
+                                block_mask=block_mask, dlse=dlse, dropout=dropout)
         if self._repeat:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:

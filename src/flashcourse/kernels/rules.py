@@ -172,7 +172,21 @@ def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.dev
     if ids.device != device:
         raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
                          f".to({str(device)!r})")
+    if ids.dtype == torch.int64:  # hash-like ids past int32 would be truncated, and two documents merge
+        return document_ranks(ids)
     return ids.to(torch.int32).contiguous()
+
+
+def document_ranks(ids: torch.Tensor) -> torch.Tensor:
+    """(B, N) integer ids as (B, N) int32 ranks: each id's rank among its row's distinct ids. The kernels compare
+    ids only for equality within a row and the tile lists only by order, and ranks keep both exactly: int64 ids
+    past int32 (hash-like) stay apart instead of being truncated into one. A sort per row, on the device, no
+    value read on the host (so it traces under torch.compile)."""
+    ordered, order = ids.sort(dim=-1, stable=True)
+    new_id = torch.ones_like(ordered, dtype=torch.int32)
+    new_id[:, 0] = 0
+    new_id[:, 1:] = (ordered[:, 1:] != ordered[:, :-1]).to(torch.int32)
+    return torch.empty_like(new_id).scatter_(-1, order, new_id.cumsum(-1, dtype=torch.int32))
 
 
 def _mask_mod(mask_mod) -> Callable | None:
@@ -297,8 +311,12 @@ def parse_mask_rules(batch: int | None, n_q: int, n_kv: int, device: torch.devic
                      document_ids=None, mask_mod=None) -> Rules:
     """The mask options of a block mask for (batch, n_q, n_kv) on ``device``, checked as :func:`parse_rules`
     checks a call's; they must include a rule that needs one (documents or mask_mod)."""
-    rules = Rules(causal=causal_alignment(causal), window=check_window(window),
-                  document_ids=_document_ids(document_ids, batch, n_q, n_kv, device), mask_mod=_mask_mod(mask_mod))
+    ids = _document_ids(document_ids, batch, n_q, n_kv, device)
+    if ids is not None and ids.data_ptr() == document_ids.data_ptr():
+        # The mask's own copy: a caller that reuses its buffer (a data loader) must not change a built mask.
+        ids = ids.clone()
+    rules = Rules(causal=causal_alignment(causal), window=check_window(window), document_ids=ids,
+                  mask_mod=_mask_mod(mask_mod))
     if not rules.needs_block_mask:
         raise ValueError("a block mask is for document_ids and mask_mod, and neither was given: causal and window "
                          "alone are classified from their bounds inside the kernels, so call flash_attention(..., "

@@ -37,7 +37,7 @@ seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head a
 add nothing to dK, dV, and a zero to dQ's padded rows).
 
 Not dispatched by default: nothing here has run on a GPU (``TESTED_TRITON`` lists the Tritons it was compiled
-with for sm_90, ``scripts/fa3_compile.py --backward``; ``scripts/gpu_fa3_backward.py`` is the first GPU run).
+with for sm_90, ``scripts/fa3_compile.py --backward``; ``benchmarks/gpu_fa3_backward.py`` is the first GPU run).
 ``flashcourse.kernels`` does not import this module.
 """
 

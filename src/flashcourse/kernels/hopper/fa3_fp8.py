@@ -1,6 +1,6 @@
 """Forward v8 in FP8: the Gluon FlashAttention-3 forward on e4m3 q, k, v, with V transposed inside the kernel, in
 two stages (``STAGES``): v8c_fp8 (v8c's design; checked and timed on the H200 on 2026-12-01 by
-``scripts/gpu_fa3_fp8.py``) and v8e_fp8 (v8e's schedule; compiled for sm_90 on a CPU, not yet run).
+``benchmarks/gpu_fa3_fp8.py``) and v8e_fp8 (v8e's schedule; compiled for sm_90 on a CPU, not yet run).
 
 Why a transpose. Hopper's FP8 ``wgmma`` reads both operands K-major: the reduction dim contiguous in shared memory.
 In S = Q K^T the reduction runs over D, and q and k as the user passes them, (B, H, N, D) with D contiguous,

@@ -1,8 +1,8 @@
 """The FP8 KV cache's decode candidates (``flashcourse.bench.decode.CANDIDATES``) checked and timed against the
 float16 cache's on one H100 / H200, in one command of under five minutes.
 
-    PYTHONPATH=src python scripts/gpu_decode_fp8.py --out "$OUT"              # 32K and 128K keys, every candidate
-    PYTHONPATH=src python scripts/gpu_decode_fp8.py --out /tmp/c --only shipped --lengths 32768
+    PYTHONPATH=src python benchmarks/gpu_decode_fp8.py --out "$OUT"              # 32K and 128K keys, every candidate
+    PYTHONPATH=src python benchmarks/gpu_decode_fp8.py --out /tmp/c --only shipped --lengths 32768
 
 For each KV length (B = 1, 32 query heads, 8 KV heads, D = 128), the contiguous cache and the same cache in shuffled
 pages of 16 and of 256 rows: every candidate is first checked against attention in float64 on the values its cache

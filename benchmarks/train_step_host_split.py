@@ -1,6 +1,6 @@
 """Where a training step's host time goes on a GPU: our step split into its pieces, beside plain SDPA's.
 
-    PYTHONPATH=src python scripts/train_step_host_split.py [--out DIR]       # about 15 s on an H200
+    PYTHONPATH=src python benchmarks/train_step_host_split.py [--out DIR]       # about 15 s on an H200
 
 On the tiny inputs of ``python -m flashcourse.bench overhead`` (1, 16, 128, 64, fp16, causal), where the GPU waits for
 the host, it times (three rounds of 1,000 calls, each round synchronised once; microseconds per call):

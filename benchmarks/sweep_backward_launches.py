@@ -2,10 +2,10 @@
 ``mask_mod`` through a block mask built once; a causal 1024-key window; GQA 32/8, causal), every candidate launch of
 one kernel timed with the other kernel at its default, against cuDNN's backward in the same run (dense cases).
 
-    PYTHONPATH=src python scripts/sweep_backward_launches.py --out DIR             (a CUDA GPU; about 6 minutes)
-    PYTHONPATH=src python scripts/sweep_backward_launches.py --head-dims 256 --out DIR  (D = 256's cases only)
-    PYTHONPATH=src python scripts/sweep_backward_launches.py --rules "window 1024,GQA 32/8" --out DIR  (those only)
-    PYTHONPATH=src python scripts/sweep_backward_launches.py --list                (the timings it would make)
+    PYTHONPATH=src python benchmarks/sweep_backward_launches.py --out DIR             (a CUDA GPU; about 6 minutes)
+    PYTHONPATH=src python benchmarks/sweep_backward_launches.py --head-dims 256 --out DIR  (D = 256's cases only)
+    PYTHONPATH=src python benchmarks/sweep_backward_launches.py --rules "window 1024,GQA 32/8" --out DIR  (those only)
+    PYTHONPATH=src python benchmarks/sweep_backward_launches.py --list                (the timings it would make)
 
 Why: Nsight Compute on the H200 (2026-12-02, ``*-ncu-limits.json``, D = 128, N = 8192) showed both dQ kernels
 spilling registers at their default launch, 128 query rows over 4 warps: b1's dQ read 587 MB of local memory in

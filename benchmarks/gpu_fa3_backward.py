@@ -2,8 +2,8 @@
 timed on an H100 / H200, in one command. Nothing here had run on a GPU before this script's
 first run.
 
-    PYTHONPATH=src python scripts/gpu_fa3_backward.py --out benchmarks/results      # about 5-7 minutes
-    PYTHONPATH=src python scripts/gpu_fa3_backward.py --quick --out /tmp/fa3b        # fewer shapes, about 3
+    PYTHONPATH=src python benchmarks/gpu_fa3_backward.py --out benchmarks/results      # about 5-7 minutes
+    PYTHONPATH=src python benchmarks/gpu_fa3_backward.py --quick --out /tmp/fa3b        # fewer shapes, about 3
 
 For each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child, which
 is killed after ``--stage-timeout`` seconds and recorded as such; rows are written as they come; the whole run

@@ -1,8 +1,8 @@
 """Launch sweep of the forward (v7) under the rules of ``bench variants``, beside compiled FlexAttention's forward
 in the same run: the data behind which rules take the small-tile forward launch.
 
-    PYTHONPATH=src python scripts/sweep_forward_rules.py --out DIR                     (a CUDA GPU, ~3 minutes)
-    PYTHONPATH=src python scripts/sweep_forward_rules.py --variants "mask_mod: chunked local" --out DIR
+    PYTHONPATH=src python benchmarks/sweep_forward_rules.py --out DIR                     (a CUDA GPU, ~3 minutes)
+    PYTHONPATH=src python benchmarks/sweep_forward_rules.py --variants "mask_mod: chunked local" --out DIR
 
 Why: in the variants run (2026-12-02-nvidia-h200-variants.json, D = 128, N = 16384) our forward trailed
 FlexAttention on two rules only, 8 causal documents (0.96x) and chunked local attention (0.86x). Both show each

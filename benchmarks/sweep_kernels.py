@@ -1,9 +1,9 @@
 """Launch-config sweep of the forward (v7) and of every backward dQ scheme (b1, b2, b4, b5), against cuDNN in
 the same run: the data behind the configs in kernels/configs.py and the backward versions' verdicts.
 
-    PYTHONPATH=src python scripts/sweep_kernels.py --out DIR                            (a CUDA GPU)
-    PYTHONPATH=src python scripts/sweep_kernels.py --kernels bwd --budget 300 --out DIR    (the backward only)
-    PYTHONPATH=src python scripts/sweep_kernels.py --kernels fwd --head-dims 256 --out DIR  (D = 256's forward)
+    PYTHONPATH=src python benchmarks/sweep_kernels.py --out DIR                            (a CUDA GPU)
+    PYTHONPATH=src python benchmarks/sweep_kernels.py --kernels bwd --budget 300 --out DIR    (the backward only)
+    PYTHONPATH=src python benchmarks/sweep_kernels.py --kernels fwd --head-dims 256 --out DIR  (D = 256's forward)
 
 Time on an H200, estimated from the run of 2026-11-30 (about 5 minutes for 11 backward launches a shape, before
 b1 and b2 ran at every launch): about 8 minutes in all, 5-6 with ``--kernels bwd``; most of it is compiling, one

@@ -1,11 +1,11 @@
 """Every stage of the Gluon FlashAttention-3 forward (``flashcourse.kernels.hopper.fa3``, v8a-v8h) checked and timed on
 an H100 / H200, in one command. Nothing here had run on a GPU before this script's first run.
 
-    PYTHONPATH=src python scripts/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
-    PYTHONPATH=src python scripts/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
-    PYTHONPATH=src python scripts/gpu_fa3.py --stages v8a,v8d,v8f --references sdpa_cudnn,v7 --out /tmp/fa3
-    PYTHONPATH=src python scripts/gpu_fa3.py --stages v8c,v8d,v8g --references sdpa_cudnn --out /tmp/fa3  # v8g's hold
-    PYTHONPATH=src python scripts/gpu_fa3.py --head-dims 256 --budget 250 --out /tmp/fa3  # v8c-v8f, about 3 min
+    PYTHONPATH=src python benchmarks/gpu_fa3.py --out benchmarks/results          # about 4-6 minutes
+    PYTHONPATH=src python benchmarks/gpu_fa3.py --quick --out /tmp/fa3             # fewer shapes, about 2 minutes
+    PYTHONPATH=src python benchmarks/gpu_fa3.py --stages v8a,v8d,v8f --references sdpa_cudnn,v7 --out /tmp/fa3
+    PYTHONPATH=src python benchmarks/gpu_fa3.py --stages v8c,v8d,v8g --references sdpa_cudnn --out /tmp/fa3 # v8g's hold
+    PYTHONPATH=src python benchmarks/gpu_fa3.py --head-dims 256 --budget 250 --out /tmp/fa3  # v8c-v8f, about 3 min
 
 ``--stages`` (or ``--stage``, repeated) runs only the stages named; such a run is saved as
 ``<date>-<device>-fa3-stages-<stages>.json``, so that it never becomes the newest ``*-fa3-stages.json`` (the

@@ -4,7 +4,7 @@ Compiles v6 (the dense loop of the default forward; D = 128, 128 x 128 tiles, 8 
 time for sm_90 and keeps the TTGIR lines of its two ``warp_group_dot``s: an operand typed ``!ttg.memdesc`` is
 read by the tensor cores from shared memory, a tensor with a ``#ttg.dot_op`` layout from registers. Writes
 ``benchmarks/results/<date>-sm90-aot-ttgir.json`` (lesson 07 reads it). Run from a checkout:
-``PYTHONPATH=src python scripts/ttgir_operands.py`` (any machine with Triton; no GPU needed).
+``PYTHONPATH=src python benchmarks/ttgir_operands.py`` (any machine with Triton; no GPU needed).
 """
 
 from __future__ import annotations

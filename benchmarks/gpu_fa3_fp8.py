@@ -1,9 +1,9 @@
 """The FP8 Gluon forward's stages (``flashcourse.kernels.hopper.fa3_fp8``: v8c_fp8, v8e_fp8; V transposed inside
 the kernel) checked and timed on an H100 / H200 in one command, beside our Triton FP8 forward and cuDNN's fp16.
 
-    PYTHONPATH=src python scripts/gpu_fa3_fp8.py --out benchmarks/results         # every stage, about 2-4 minutes
-    PYTHONPATH=src python scripts/gpu_fa3_fp8.py --stages v8e_fp8 --out /tmp/fp8  # one stage (and the references)
-    PYTHONPATH=src python scripts/gpu_fa3_fp8.py --quick --out /tmp/fp8             # fewer shapes
+    PYTHONPATH=src python benchmarks/gpu_fa3_fp8.py --out benchmarks/results         # every stage, about 2-4 minutes
+    PYTHONPATH=src python benchmarks/gpu_fa3_fp8.py --stages v8e_fp8 --out /tmp/fp8  # one stage (and the references)
+    PYTHONPATH=src python benchmarks/gpu_fa3_fp8.py --quick --out /tmp/fp8             # fewer shapes
 
 1. Each stage, in a child process of its own (a kernel that deadlocks on an mbarrier hangs only its child,
    killed after ``--stage-timeout`` seconds and recorded; rows are written as they come, so a killed child keeps

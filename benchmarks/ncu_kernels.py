@@ -2,7 +2,7 @@
 Compute to read their hardware counters:
 
     ncu --clock-control none -k regex:"_fwd_v7|_bwd_dkdv|_bwd_dq" --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --csv --page details python scripts/ncu_kernels.py
+        --section LaunchStats --section WarpStateStats --csv --page details python benchmarks/ncu_kernels.py
 
 (``scripts/gpu_run.sh ncu`` runs exactly that.) Each kernel runs once, so ncu replays one launch of each.
 """

@@ -1,6 +1,6 @@
 """Where the host time of a small call goes, measured without a GPU: our Python work with every launch a no-op.
 
-Run from a checkout: ``PYTHONPATH=src python scripts/host_profile.py [--calls 2000]`` (on a machine with a GPU,
+Run from a checkout: ``PYTHONPATH=src python benchmarks/host_profile.py [--calls 2000]`` (on a machine with a GPU,
 with ``TRITON_INTERPRET=1`` in front). It takes our calls of ``python -m flashcourse.bench overhead`` (the forward,
 the training step and ``flash_decode`` at its tiny shapes), on CPU tensors, and makes them take the path a repeat
 call takes on an H200:
@@ -227,7 +227,7 @@ def save(label: str, rows: list[dict]) -> str:
     if path.exists():
         rows = [r for r in json.loads(path.read_text())["rows"] if r["label"] != label] + rows
     return str(save_results("host-profile", rows, kind="host-profile", meta=meta, extra={
-        "method": "scripts/host_profile.py: CPU tensors, every launch a stand-in, device properties of the H200; "
+        "method": "benchmarks/host_profile.py: CPU tensors, every launch a stand-in, device properties of the H200; "
                   "this thread's CPU time per call (time.thread_time), fastest and median of the repeats"}))
 
 

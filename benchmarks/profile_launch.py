@@ -1,8 +1,8 @@
 """Where the host time of a tiny call goes: cProfile over 2000 calls each of our forward, training step and decode.
 
-Run on a CUDA machine from a checkout: ``PYTHONPATH=src python scripts/profile_launch.py``. The calls are the
+Run on a CUDA machine from a checkout: ``PYTHONPATH=src python benchmarks/profile_launch.py``. The calls are the
 launch-cost benchmark's (``python -m flashcourse.bench overhead``); the GPU is idle, so the calls are pure host
-time. Prints the functions that take the most time of their own. Without a GPU, ``scripts/host_profile.py`` measures
+time. Prints the functions that take the most time of their own. Without a GPU, ``benchmarks/host_profile.py`` measures
 the Python part of the same calls with the launches stubbed.
 """
 

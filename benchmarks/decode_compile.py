@@ -1,8 +1,8 @@
 """Compile the FP8 KV cache's decode candidates (``flashcourse.bench.decode.CANDIDATES``) for sm_90 on a CPU and
 print what each costs: no GPU needed.
 
-    PYTHONPATH=src python scripts/decode_compile.py                  # contiguous cache, D = 128, GQA 4
-    PYTHONPATH=src python scripts/decode_compile.py --page-size 16 --json out.json
+    PYTHONPATH=src python benchmarks/decode_compile.py                  # contiguous cache, D = 128, GQA 4
+    PYTHONPATH=src python benchmarks/decode_compile.py --page-size 16 --json out.json
 
 For each candidate the split kernel is compiled as its launch would be at 32K keys (B = 1, 32 query heads, 8 KV
 heads, D = 128: every pointer 16-byte aligned, the strides, N_MAX and SPLIT_LEN multiples of 16) with the installed

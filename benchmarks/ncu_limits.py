@@ -7,11 +7,11 @@ D = 256, each beside its reference. A GPU call (under 9 minutes) runs the cases 
 spent; the first ten cases took 3 minutes, the nine of a variant-gap run 3 more, so every case no longer fits in one
 call and a call names its cases with ``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
 
-    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --out /tmp/ncu        # the cases in order, until the budget
-    PYTHONPATH=src python scripts/ncu_limits.py --run-ncu --only fp8-fwd-v8c --only fp8-fwd-cudnn-fp16 --out /tmp/ncu
-    PYTHONPATH=src python scripts/ncu_limits.py --list                          # the cases
-    PYTHONPATH=src python scripts/ncu_limits.py --dry                           # each case once, no ncu: kernels
-    PYTHONPATH=src python scripts/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
+    PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --out /tmp/ncu       # the cases in order, until the budget
+    PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --only fp8-fwd-v8c --only fp8-fwd-cudnn-fp16 --out /tmp/ncu
+    PYTHONPATH=src python benchmarks/ncu_limits.py --list                          # the cases
+    PYTHONPATH=src python benchmarks/ncu_limits.py --dry                           # each case once, no ncu: kernels
+    PYTHONPATH=src python benchmarks/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
 
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
@@ -330,7 +330,7 @@ FORWARD_GAPS = ((128, False), (128, True), (64, True))  # (head dim, causal)
 # 2. The FP8 forward's stage v8c_fp8 with V as given against our Triton FP8 kernel with V kept keys-adjacent and
 #    cuDNN's fp16 forward (``tflops`` and ``ratio_vs_cudnn_fp16`` of the D = 128 time rows in
 #    2026-12-02-nvidia-h200-fa3-fp8.json): bench fp8's inputs (B = 4, H = 16, outlier channels in q and k),
-#    N = 8192, non-causal, a bfloat16 output, called as scripts/gpu_fa3_fp8.py calls them.
+#    N = 8192, non-causal, a bfloat16 output, called as benchmarks/gpu_fa3_fp8.py calls them.
 FP8_GAP = {"batch": 4, "heads": 16, "n": 8192, "head_dim": 128, "causal": False, "out_dtype": "bfloat16",
            "mode": "fwd"}
 FP8_STAGE = "v8c_fp8"

@@ -1,0 +1,310 @@
+"""The public options at their edges (issue 48, "no silent wrong answers"): each case gives the float64 answer or a
+clear error naming the argument. Every test of a case failed on the code before its fix (8e7e024), each in the way
+the issue reproduced it (page 1000 killed the process), except the guards said to be such (softcap's gradients,
+padding past a sequence's pages, the reference's mean of v), which hold what the fixes must keep. Decode's scale
+rule is ``test_decode.py::test_scale_follows_the_attention_rule``, and its split test that could not fail is
+``test_decode.py::test_split_outputs_combine_with_merge_partials``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flashcourse import device
+
+device.setup()
+
+from flashcourse import kernels, reference  # noqa: E402
+from flashcourse.tolerance import assert_close  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def randn(rng, *shape, dtype=torch.float32):
+    return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
+
+
+def float64_attention(q, k, v, *, scale=None, softcap=None, mask=None):
+    """(o, lse) in float64 with torch, differentiable: the spec the gradients are checked against."""
+    q, k, v = (t.double() for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.softmax(s, -1) @ v, lse
+
+
+def document_mask(ids):
+    """(B, 1, N, N) visible where query and key carry the same id, compared exactly (int64)."""
+    ids = ids.to(torch.int64)
+    return (ids[:, :, None] == ids[:, None, :])[:, None]
+
+
+# ------------------------------------------------------------------------------------------------- case 2
+def test_block_mask_keeps_its_own_document_ids(rng):
+    """A data loader that reuses its id buffer: the block mask answers with the ids it was built from, and a call
+    that passes the changed buffer beside it is refused (it once ran with the old ids, error 1.67)."""
+    q, k, v = (randn(rng, 1, 2, 64, 16) for _ in range(3))
+    ids = torch.zeros(1, 64, dtype=torch.int32, device=DEVICE)
+    ids[0, 30:] = 1
+    built = ids.clone()
+    bm = kernels.create_block_mask(None, None, None, 64, 64, document_ids=ids, BLOCK_SIZE=16)
+    ids[0, 40:] = 2  # the loader writes the next batch into the same buffer
+    o = kernels.flash_attention(q, k, v, block_mask=bm)
+    expected, _ = float64_attention(q, k, v, mask=document_mask(built))
+    assert_close(o, expected, what="a block mask's call after its caller changed the id buffer")
+    with pytest.raises(ValueError, match="other document_ids"):
+        kernels.flash_attention(q, k, v, block_mask=bm, document_ids=ids)
+
+
+# ------------------------------------------------------------------------------------------------- case 3
+@pytest.mark.parametrize("softcap", [1e6, 1e7, 1e9, 1e30])
+def test_a_huge_softcap_is_no_cap(rng, softcap):
+    """softcap * tanh(s / softcap) -> s as the cap grows: tanh must not cancel for small arguments (it gave
+    errors 0.05 / 0.56 / 1.0 at 1e6 / 1e7 / 1e9)."""
+    q, k, v = (randn(rng, 1, 2, 64, 16) for _ in range(3))
+    q = q * 3.0  # scores of a few units: s / softcap from 1e-5 down to 1e-29
+    o, lse = kernels.flash_attention_forward(q, k, v, softcap=softcap)
+    expected, expected_lse = float64_attention(q, k, v, softcap=softcap)
+    assert_close(o, expected, what=f"softcap={softcap:g} forward")
+    assert_close(lse, expected_lse, what=f"softcap={softcap:g} lse")
+
+
+def test_softcap_gradients_at_small_and_large_arguments(rng):
+    """The backward's 1 - tanh^2 from the same tanh: a cap of 2 puts scores both near 0 and deep in the tails."""
+    q, k, v = (randn(rng, 1, 2, 20, 16).mul(3.0).requires_grad_() for _ in range(3))
+    o = kernels.flash_attention(q, k, v, softcap=2.0)
+    do = randn(rng, *o.shape)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    expected, _ = float64_attention(q, k, v, softcap=2.0)
+    want = torch.autograd.grad(expected, (q, k, v), do.double())
+    for name, got, spec in zip("qkv", grads, want, strict=True):
+        assert_close(got, spec, what=f"d{name} with softcap=2")
+
+
+# ------------------------------------------------------------------------------------------------- case 4
+@pytest.mark.parametrize("through_block_mask", [False, True])
+def test_int64_document_ids_past_int32_are_compared_exactly(rng, through_block_mask):
+    """Hash-like int64 ids: 7 and 7 + 2**32 are two documents (truncated to int32 they merged, error 0.97)."""
+    q, k, v = (randn(rng, 1, 2, 48, 16) for _ in range(3))
+    ids = torch.full((1, 48), 7, dtype=torch.int64, device=DEVICE)
+    ids[0, 20:] = 7 + 2**32
+    ids[0, 35:] = -(2**40)
+    expected, _ = float64_attention(q, k, v, mask=document_mask(ids))
+    if through_block_mask:
+        bm = kernels.create_block_mask(None, None, None, 48, 48, document_ids=ids, BLOCK_SIZE=16)
+        o = kernels.flash_attention(q, k, v, block_mask=bm, document_ids=ids)
+    else:
+        o = kernels.flash_attention(q, k, v, document_ids=ids)
+    assert_close(o, expected, what="int64 document ids past int32")
+
+
+# ------------------------------------------------------------------------------------------------- case 5
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_returned_lse_is_differentiable(rng, causal):
+    """A loss that uses the LSE backpropagates its term (FlexAttention's LSE is differentiable; the course's once
+    dropped it, dq error 0.70): delta = rowsum(dO * O) - dLSE in the backward's preprocess."""
+    q, k, v = (randn(rng, 1, 2, 19, 16).requires_grad_() for _ in range(3))
+    o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
+    do, dlse = randn(rng, *o.shape), randn(rng, *lse.shape)
+    grads = torch.autograd.grad((o, lse), (q, k, v), (do, dlse))
+    mask = torch.ones(19, 19, dtype=torch.bool, device=DEVICE).tril() if causal else None
+    expected, expected_lse = float64_attention(q, k, v, mask=mask)
+    want = torch.autograd.grad((expected, expected_lse), (q, k, v), (do.double(), dlse.double()),
+                               retain_graph=True)
+    for name, got, spec in zip("qkv", grads, want, strict=True):
+        assert_close(got, spec, what=f"d{name} of a loss on o and lse")
+    # Only the lse in the loss: o's gradient is None, and the lse's term alone flows.
+    o, lse = kernels.flash_attention(q, k, v, causal=causal, return_lse=True)
+    (dq,) = torch.autograd.grad(lse, (q,), dlse)
+    (want_dq,) = torch.autograd.grad(expected_lse, (q,), dlse.double())
+    assert_close(dq, want_dq, what="dq of a loss on lse alone")
+
+
+# ------------------------------------------------------------------------------------------------- case 6
+def test_double_backward_raises(rng):
+    """A backward with create_graph=True is refused at once: its gradients have no gradients of their own (they
+    once came out wrong, dq error 1.54, and without grad they would silently count as constants)."""
+    q, k, v = (randn(rng, 1, 2, 8, 16).requires_grad_() for _ in range(3))
+    o = kernels.flash_attention(q, k, v)
+    with pytest.raises(RuntimeError, match="no double backward.*create_graph=True"):
+        torch.autograd.grad(o.sum(), (q,), create_graph=True)
+
+
+# ------------------------------------------------------------------------------------------------- case 7
+@pytest.mark.parametrize("decode", [False, True])
+def test_finite_scores_far_below_minus_1e30_are_keys(rng, decode):
+    """Every score about -4e30, finite: the softmax is uniform and o is the mean of v (a -1e30 starting max once
+    took such rows for rows with no key: o = 0, lse = -inf)."""
+    d = 16
+    q = torch.full((1, 2, 1 if decode else 5, d), 1e15, device=DEVICE)
+    k = torch.full((1, 2, 12, d), -1e15, device=DEVICE)
+    v = randn(rng, 1, 2, 12, d)
+    if decode:
+        o = kernels.flash_decode(q[:, :, 0], k, v, scale=0.25)[:, :, None]
+    else:
+        o, lse = kernels.flash_attention_forward(q, k, v, scale=0.25)
+        assert torch.isfinite(lse).all(), "a row with keys has a finite lse"
+    assert_close(o, v.double().mean(2, keepdim=True).expand(o.shape), what="scores near -4e30")
+
+
+# ------------------------------------------------------------------------------------------------- case 8
+def paged_cache(rng, batch=2, h_kv=2, pages_per_row=3, page=16, d=16):
+    pages = batch * pages_per_row
+    k, v = (randn(rng, pages, h_kv, page, d) for _ in range(2))
+    table = torch.arange(pages, dtype=torch.int32, device=DEVICE).reshape(batch, pages_per_row)
+    return k, v, table
+
+
+@pytest.mark.parametrize("page", [6, -1, 1000])
+def test_block_table_pages_outside_the_cache_are_refused(rng, page):
+    """A page past the cache gave NaN, -1 garbage up to 4e31, 1000 killed the process."""
+    k, v, table = paged_cache(rng)
+    q = randn(rng, 2, 4, 16)
+    table[1, 1] = page
+    with pytest.raises(ValueError, match=rf"block_table\[1, 1\] = {page}: expected a page from 0 to 5"):
+        kernels.flash_decode(q, k, v, block_table=table)
+
+
+def test_block_table_entries_past_a_sequence_are_not_read(rng):
+    """Only the pages a sequence's length reaches are checked: padding past it (-1, as some servers write) is
+    never read, and the answer is the float64 one."""
+    k, v, table = paged_cache(rng)
+    q = randn(rng, 2, 4, 16)
+    table[0, 2] = -1
+    o = kernels.flash_decode(q, k, v, block_table=table, cache_seqlens=[20, 48])
+    full = kernels.flash_decode(q, k, v, block_table=table.abs(), cache_seqlens=[20, 48])
+    assert_close(o, full.double(), what="decode with padding past a sequence's pages")
+
+
+def test_cache_seqlens_as_an_int(rng):
+    """One length for every sequence, as flash-attn takes it (it raised AttributeError)."""
+    q, k, v = randn(rng, 2, 4, 16), randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=17)
+    assert_close(o, kernels.flash_decode(q, k, v, cache_seqlens=[17, 17]).double(), what="cache_seqlens=17")
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 41"):
+        kernels.flash_decode(q, k, v, cache_seqlens=41)
+
+
+def test_no_kv_heads_is_a_clear_error(rng):
+    """H_kv = 0 (it raised ZeroDivisionError)."""
+    q, k = randn(rng, 2, 4, 16), randn(rng, 2, 0, 40, 16)
+    with pytest.raises(ValueError, match=r"H_kv = 0 \(k_cache.shape\[1\]\)"):
+        kernels.flash_decode(q, k, k)
+
+
+@pytest.mark.parametrize("num_splits", [0, -2, 1.5, True])
+def test_num_splits_must_be_a_positive_int(rng, num_splits):
+    q, k, v = randn(rng, 1, 2, 16), randn(rng, 1, 2, 40, 16), randn(rng, 1, 2, 40, 16)
+    with pytest.raises(ValueError, match="num_splits is"):
+        kernels.flash_decode(q, k, v, num_splits=num_splits)
+
+
+# ------------------------------------------------------------------------------------------------- case 9
+def test_a_plan_cache_hit_never_skips_a_check(rng):
+    """A meta-tensor call after a CPU call of the same layout: the same clear error a first call gets (the key
+    once took both devices for one, and the meta call died inside the launch)."""
+    if DEVICE != "cpu":
+        pytest.skip("the CPU and meta devices share get_device() == -1; on a GPU machine CPU tensors are refused")
+    q = randn(rng, 1, 2, 8, 16)
+    kernels.flash_attention(q, q, q)
+    meta = q.to("meta")
+    with pytest.raises(ValueError, match="q is on meta"):
+        kernels.flash_attention(meta, meta, meta)
+
+
+@pytest.mark.parametrize("bad", [{"scale": True}, {"enable_gqa": 1}])
+def test_a_value_equal_to_a_kept_one_is_still_checked(rng, bad):
+    """True == 1 == 1.0 as dictionary keys: a bool scale (or an int enable_gqa) after a valid call with 1.0 (or
+    True) must be refused as on a first call."""
+    q = randn(rng, 1, 2, 8, 16)
+    kernels.flash_attention(q, q, q, scale=1.0, enable_gqa=True)
+    with pytest.raises(TypeError, match="scale is True|enable_gqa is 1"):
+        kernels.flash_attention(q, q, q, **{"scale": 1.0, "enable_gqa": True, **bad})
+
+
+def test_reference_agrees_on_the_mean_of_v():
+    """The float64 spec itself gives the mean of v for equal scores (what case 7's test compares with)."""
+    q = np.full((1, 4), 1e15)
+    k = np.full((6, 4), -1e15)
+    v = np.arange(24.0).reshape(6, 4)
+    assert np.allclose(reference.attention(q, k, v, scale=0.25), v.mean(0))
+
+
+# ------------------------------------------------------------------------------------------------- any head dim
+AWKWARD_HEAD_DIMS = (8, 40, 59, 72, 111, 160, 192, 224)
+
+
+@pytest.mark.parametrize("head_dim", AWKWARD_HEAD_DIMS)
+def test_any_head_dim_from_8_to_256(rng, head_dim):
+    """flash-attn's range (issue 53, item 3): forward, gradients (causal and not) and decode against float64 at
+    head dims no power of two, tiled at the next power of two and masked; the scale is the true D's."""
+    for causal in (False, True):
+        q, k, v = (randn(rng, 1, 2, 19, head_dim).requires_grad_() for _ in range(3))
+        o = kernels.flash_attention(q, k, v, causal=causal)
+        do = randn(rng, *o.shape)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        mask = torch.ones(19, 19, dtype=torch.bool, device=DEVICE).tril() if causal else None
+        expected, _ = float64_attention(q, k, v, mask=mask)
+        want = torch.autograd.grad(expected, (q, k, v), do.double())
+        assert_close(o, expected, what=f"D = {head_dim}, causal={causal} forward")
+        for name, got, spec in zip("qkv", grads, want, strict=True):
+            assert_close(got, spec, what=f"D = {head_dim}, causal={causal} d{name}")
+    q, k, v = randn(rng, 2, 4, head_dim), randn(rng, 2, 2, 40, head_dim), randn(rng, 2, 2, 40, head_dim)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[40, 13], num_splits=2)
+    for b, n in enumerate((40, 13)):
+        expected, _ = float64_attention(q[b, :, None], k[b].repeat_interleave(2, 0)[:, :n],
+                                        v[b].repeat_interleave(2, 0)[:, :n])
+        assert_close(o[b], expected[:, 0], what=f"D = {head_dim} decode, sequence {b}")
+
+
+@pytest.mark.parametrize("head_dim", [4, 7, 257, 320])
+def test_head_dims_outside_8_to_256_are_refused(rng, head_dim):
+    """A ValueError naming the range (flash-attn raises a RuntimeError there; the course keeps ValueError for
+    every bound on an argument, as its other checks)."""
+    q = randn(rng, 1, 2, 4, head_dim)
+    with pytest.raises(ValueError, match=f"head dim {head_dim} is not supported: expected 8 to 256"):
+        kernels.flash_attention(q, q, q)
+    with pytest.raises(ValueError, match=f"head dim {head_dim} is not supported: expected 8 to 256"):
+        kernels.flash_decode(q[:, :, 0], q, q)
+
+
+def test_any_head_dim_needs_no_new_launch_shape():
+    """The launch fit (scripts/launch_fit.py) compiles the head dims of SUPPORTED_HEAD_DIMS for every GPU. The
+    launches of any other head dim are theirs: every launch choice reads the head dim only as its tile, the next
+    power of two >= 16, and every D in 8 .. 256 tiles as one of the supported dims does."""
+    from flashcourse.kernels._checks import SUPPORTED_HEAD_DIMS, padded_head_dim
+
+    fitted = {padded_head_dim(d) for d in SUPPORTED_HEAD_DIMS}
+    assert {padded_head_dim(d) for d in range(8, 257)} == fitted == {16, 32, 64, 128, 256}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", AWKWARD_HEAD_DIMS)
+def test_gpu_any_head_dim(rng, head_dim, dtype):
+    """The same on the GPU in 16-bit, N = 200 and 1 (the TMA path where rows are 16-byte aligned, pointers
+    elsewhere), causal and not, forward, gradients and decode."""
+    for n in (200, 1):
+        for causal in (False, True):
+            q, k, v = (randn(rng, 2, 4, n, head_dim, dtype=dtype).requires_grad_() for _ in range(3))
+            o = kernels.flash_attention(q, k, v, causal=causal)
+            do = randn(rng, *o.shape, dtype=dtype)
+            grads = torch.autograd.grad(o, (q, k, v), do)
+            mask = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril() if causal else None
+            expected, _ = float64_attention(q, k, v, mask=mask)
+            want = torch.autograd.grad(expected, (q, k, v), do.double())
+            assert_close(o, expected, what=f"D = {head_dim}, N = {n}, causal={causal}, {dtype} forward")
+            for name, got, spec in zip("qkv", grads, want, strict=True):
+                assert_close(got, spec, what=f"D = {head_dim}, N = {n}, causal={causal}, {dtype} d{name}")
+    q, k, v = (randn(rng, 2, 8, head_dim, dtype=dtype), randn(rng, 2, 2, 700, head_dim, dtype=dtype),
+               randn(rng, 2, 2, 700, head_dim, dtype=dtype))
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[700, 333])
+    for b, n in enumerate((700, 333)):
+        expected, _ = float64_attention(q[b, :, None], k[b].repeat_interleave(4, 0)[:, :n],
+                                        v[b].repeat_interleave(4, 0)[:, :n])
+        assert_close(o[b], expected[:, 0], what=f"D = {head_dim}, {dtype} decode, sequence {b}")
