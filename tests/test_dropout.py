@@ -28,12 +28,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def reference(q, k, v, do, keep, p, *, causal=None):
+def reference(q, k, v, do, keep, p, *, causal=None, dlse=None):
     """o, lse, dq, dk, dv in float64 NumPy for attention whose weights are multiplied by ``keep / (1 - p)``.
 
     q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D) (query head h reads K/V head h // (H_q / H_kv)), do like q,
     keep (B, H_q, N_q, N_k) bool. The gradients are written out: with Pd = P * keep / (1 - p) and O = Pd V,
-    dV = Pd^T dO, dPd = dO V^T, dP = dPd * keep / (1 - p), dS = P * (dP - rowsum(P * dP))."""
+    dV = Pd^T dO, dPd = dO V^T, dP = dPd * keep / (1 - p), dS = P * (dP - rowsum(P * dP)); ``dlse`` (B, H_q, N_q),
+    the gradient of a loss through the lse, adds P * dlse to dS (d lse_i / d s_ij = P_ij, undropped)."""
     q, k, v, do = (np.asarray(t, dtype=np.float64) for t in (q, k, v, do))
     group = q.shape[1] // k.shape[1]
     k_full, v_full = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -52,6 +53,8 @@ def reference(q, k, v, do, keep, p, *, causal=None):
     dv_full = dropped.swapaxes(-1, -2) @ do
     dp = (do @ v_full.swapaxes(-1, -2)) * factor
     ds = weights * (dp - (weights * dp).sum(axis=-1, keepdims=True))
+    if dlse is not None:
+        ds = ds + weights * np.asarray(dlse, dtype=np.float64)[..., None]
     dq = scale * ds @ k_full
     dk_full = scale * ds.swapaxes(-1, -2) @ q
 
@@ -113,8 +116,8 @@ def test_the_mask_is_a_function_of_the_seed_and_the_position():
 
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
-@pytest.mark.parametrize("shape", [(1, 2, 2, 37, 45, 16), (2, 4, 2, 33, 33, 32), (1, 1, 1, 1, 1, 16)],
-                         ids=["nq37-nk45", "gqa-n33-d32", "n1"])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 37, 45, 16), (2, 4, 2, 33, 33, 59), (1, 1, 1, 1, 1, 16)],
+                         ids=["nq37-nk45", "gqa-n33-d59", "n1"])
 def test_forward_and_backward_use_one_mask(rng, shape, causal):
     """Output, lse and the three gradients equal the float64 reference fed dropout_mask's mask: the forward and
     both backward kernels (dK/dV over key tiles, dQ over query tiles: transposed tiles) draw the same bits."""
@@ -152,6 +155,22 @@ def test_flash_attention_is_repeatable_under_manual_seed_and_draws_a_new_mask_pe
         other = kernels.flash_attention(q, k, v, dropout_p=0.25, causal=True)
     assert torch.equal(again, o.detach())
     assert not torch.equal(other, again)
+
+
+def test_a_loss_through_the_lse_gets_its_term_with_dropout(rng):
+    """return_lse=True: the lse is the undropped softmax's, so its gradient adds P * dlse (undropped P) to dS,
+    beside dropout's terms."""
+    q, k, v, do = make(rng, 1, 2, 2, 25, 31, 16)
+    dlse = torch.tensor(rng.standard_normal((1, 2, 25)), dtype=torch.float32, device=DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(8)
+    o, lse = kernels.flash_attention(*leaves, dropout_p=0.4, return_lse=True)
+    ((o * do).sum() + (lse * dlse).sum()).backward()
+    torch.manual_seed(8)
+    keep = kernels.dropout_mask(dropout.draw_seed(DEVICE), (1, 2, 25, 31), 0.4).cpu().numpy()
+    want = reference(*(t.cpu().numpy() for t in (q, k, v, do)), keep, 0.4, dlse=dlse.cpu().numpy())
+    for what, got, expected in zip(("dq", "dk", "dv"), (t.grad for t in leaves), want[2:], strict=True):
+        assert_close(got.cpu(), expected, what=what)
 
 
 def test_a_fixed_seed_gives_one_output_and_different_seeds_different_ones(rng):
