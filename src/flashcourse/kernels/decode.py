@@ -303,16 +303,22 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
                  k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  switches: DecodeSwitches | None = None, causal: bool = True):
-    """Attention of one new query token per sequence over its KV cache, split along the cache length.
+    """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
+    length.
 
     Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
     second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
     token still spreads over every SM, where a FlashAttention forward would give it one program per
     (batch, head). A call that needs one split (a short cache, or many sequences and heads) writes its output
-    directly: one launch.
+    directly: one launch. Several new tokens (speculative decoding's drafts to verify, a chunk of a long prompt)
+    are extra rows of the same programs: every K/V tile is read once for all of a sequence's new tokens and the
+    query heads that share its K/V head.
 
     Args:
-        q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
+        q: (B, H_q, D), one new token per sequence, or (B, H_q, n_new, D), n_new new tokens per sequence whose
+            keys and values are already written at the end of the cache (positions seqlen - n_new .. seqlen - 1,
+            as flash-attn's ``flash_attn_with_kvcache`` has them after appending); float16, bfloat16 (compute
+            capability 8.0+) or float32;
             D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
             the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
         k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
@@ -320,9 +326,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
             be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
         cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size), or the
-            keys in use per sequence: a (B,) int32 tensor on q's device, or a list or tuple of B ints (copied
-            to q's device on each call). A sequence of length 0 gives o = 0. Each length must lie in
-            0 .. N_max (max_blocks * page_size for a paged cache), else a ValueError. Lengths given as a list
+            keys in use per sequence, the new tokens' own keys included (flash-attn's convention): a (B,) int32
+            tensor on q's device, an int for every sequence, or a list or tuple of B ints (copied to q's device
+            on each call). A sequence of length 0 gives o = 0. Each length must lie in 0 .. N_max
+            (max_blocks * page_size for a paged cache) and, with n_new new tokens, be 0 or at least n_new, else a
+            ValueError. Lengths given as a list
             are checked on every call; a tensor's values are read once, when a call first meets its shapes and
             options (reading a GPU tensor waits for the GPU, so not on every call), and on every call the
             kernel clamps each length to 0 .. N_max: a length changed in place past the cache reads the whole
@@ -337,22 +345,27 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             b's block-table row), V likewise; :func:`quantize_kv_cache` makes the cache and its scales. The
             kernel reads one byte per element and widens it to q's dtype in registers (exact); k_scale joins
             the score scale, v_scale multiplies the output.
-        window: None (default) or (left, right), -1 = unbounded: the token, at position ``seqlen - 1``,
-            sees only the last ``left + 1`` keys (``right`` reaches nothing: no key follows it); only those
-            keys are read, the splits share out the window, not the cache.
+        window: None (default) or (left, right), -1 = unbounded: a new token at position p (``seqlen - 1`` for
+            the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
+            token); only the windows' keys are read, the splits share out the windows, not the cache.
         softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
-        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (seqlen - 1 - j).
+        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (p - j) for the token at
+            position p.
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
         switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
             a :class:`DecodeSwitches`, the split kernel's options beyond its tiles, for tuning; its None fields
             are chosen as by default.
+        causal: True (default): bottom-right causal among the new tokens, new token t (0-based) of a sequence
+            of length L sees keys 0 .. L - n_new + t, the last one the whole sequence (flash-attn's
+            ``causal=True``, aligned to the bottom right); False: every new token sees all L keys (flash-attn's
+            default). With one new token the two are the same.
 
-    No causal mask: the new token sees every cached key (the cache holds only the past). Under
-    ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
+    ``cache_leftpad`` (flash-attn's first real key of each sequence) is not taken: every sequence's keys start at
+    row 0 of its cache row or first page. Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
 
     Returns:
-        o: (B, H_q, D), q's dtype.
+        o: q's shape, (B, H_q, D) or (B, H_q, n_new, D), and q's dtype.
 
     Example::
 
@@ -362,6 +375,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
         k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
         o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
+        drafts = torch.randn(4, 16, 5, 128, device="cuda", dtype=torch.float16)  # 5 tokens, keys already cached
+        o5 = flash_decode(drafts, k_cache, v_cache, cache_seqlens=[8192, 105, 5005, 5])  # (4, 16, 5, 128)
     """
     lengths = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
