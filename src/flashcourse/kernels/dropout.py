@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import online_softmax_weights
+
 SEED_RANGE = 2**62  # seeds are drawn from [0, 2**62): any int64 works, this keeps them positive
 
 
@@ -124,9 +126,6 @@ def dropout_mask(seed, shape, dropout_p: float, device=None) -> torch.Tensor:
 def online_softmax_update_dropped(acc, l_i, m_i, qk, v, qk_scale, factor, DOT_PRECISION: tl.constexpr):
     """``common.online_softmax_update`` with dropout: the running max and sum take every weight (the logsumexp is
     the undropped softmax's), the output only the kept ones, times 1 / (1 - p) (``factor``, 0 where dropped)."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_new = online_softmax_weights(l_i, m_i, qk, qk_scale)
     acc = acc * alpha[:, None] + tl.dot((p * factor).to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
