@@ -4,9 +4,13 @@ machine's Triton, then a results JSON.
 Runs on a CUDA machine whose Python already has torch and triton (nothing is installed; from a checkout with
 ``PYTHONPATH=src``):
 
-- ``pytest -m "(gpu and not sweep) or full"`` on several workers (compiling dominates; the GPU has room for all of
-  them). The exhaustive launch sweeps are ``-m sweep``; the two-GPU tests skip themselves, with the reason, on one
-  GPU. ``full`` marks the CPU compile checks that ``make test`` runs only in part (the Gluon stages but one): here
+- ``pytest -m "(gpu and not sweep) or full"`` on several workers (compiling dominates), as many as the card's free
+  memory holds: first every test but those marked ``big_gpu_memory`` on up to ``--workers`` workers of
+  ``WORKER_GIB`` each, then the ``big_gpu_memory`` tests (float64 references at N = 8320) on workers of
+  ``BIG_WORKER_GIB`` each. On an 80 GB H100, eight workers running everything at once ran out of memory (2026-12-06:
+  the N = 8320 references beside the other workers' cached blocks). The exhaustive launch sweeps are ``-m sweep``;
+  the two-GPU tests skip themselves, with the reason, on one GPU.
+  ``full`` marks the CPU compile checks that ``make test`` runs only in part (the Gluon stages but one): here
   they run whole, under this machine's Triton;
 - ``scripts/launch_fit.py`` for every architecture the course supports, in parallel processes: the compiler of
   this Triton must place every chosen launch within each GPU's shared memory too (``make test`` checks sm_75 and
@@ -43,6 +47,14 @@ def _env() -> dict:
 
 
 MARKERS = "(gpu and not sweep) or full"
+BIG = "big_gpu_memory"
+WORKER_GIB = 8  # a worker of ordinary GPU tests: CUDA context, compiled kernels, its largest test's tensors
+BIG_WORKER_GIB = 24  # a worker of big_gpu_memory tests: a float64 reference at N = 8320 peaks near 10 GiB
+
+
+def workers_for(free_gib: float, per_worker_gib: float, most: int) -> int:
+    """How many pytest workers the card's free memory holds, at most ``most``, at least one."""
+    return max(1, min(most, int(free_gib // per_worker_gib)))
 LAUNCH_FIT_TESTS = "tests/test_launch_fit.py"  # its every architecture is start_launch_fit's runs below
 
 
@@ -89,7 +101,8 @@ def finish_launch_fit(runs) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=8, help="pytest-xdist workers (default 8)")
+    parser.add_argument("--workers", type=int, default=8,
+                        help="most pytest-xdist workers (default 8; fewer where the card's free memory holds fewer)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the JSON")
     parser.add_argument("--no-launch-fit", action="store_true", help="skip the ahead-of-time fit check")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k decode)")
@@ -104,19 +117,27 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         fits = [] if args.no_launch_fit else start_launch_fit(tmp)
-        junit = tmp / "junit.xml"
-        workers = ["-n", str(args.workers)] if args.workers > 1 else []
-        code = subprocess.call([sys.executable, "-m", "pytest", "-m", MARKERS, "-q", "-p",
-                                "no:cacheprovider", *workers, "--junitxml", str(junit), "--durations=15",
-                                *gpu_test_files(), *args.pytest_args], cwd=ROOT, env=_env())
-        suite = ET.parse(junit).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        total, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        free_gib = torch.cuda.mem_get_info()[0] / 2**30
+        phases = [(f"({MARKERS}) and not {BIG}", workers_for(free_gib, WORKER_GIB, args.workers)),
+                  (f"gpu and {BIG} and not sweep", workers_for(free_gib, BIG_WORKER_GIB, args.workers))]
+        code, counts = 0, [0, 0, 0, 0]  # tests, failures, errors, skipped
+        for i, (markers, n_workers) in enumerate(phases):
+            print(f"pytest -m '{markers}' on {n_workers} worker(s) ({free_gib:.0f} GiB free)", flush=True)
+            junit = tmp / f"junit-{i}.xml"
+            workers = ["-n", str(n_workers)] if n_workers > 1 else []
+            code |= subprocess.call([sys.executable, "-m", "pytest", "-m", markers, "-q", "-p",
+                                     "no:cacheprovider", *workers, "--junitxml", str(junit), "--durations=15",
+                                     *gpu_test_files(), *args.pytest_args], cwd=ROOT, env=_env()) not in (0, 5)
+            suite = ET.parse(junit).getroot()
+            suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+            counts = [n + int(suite.get(k, 0)) for n, k in zip(counts, ("tests", "failures", "errors", "skipped"),
+                                                                 strict=True)]
+        total, failures, errors, skipped = counts
         fit = finish_launch_fit(fits) if fits else None
     seconds = round(time.time() - start, 1)
     device = torch.cuda.get_device_name()
     summary = {"passed": total - failures - errors - skipped, "failed": failures + errors, "skipped": skipped,
-               "seconds": seconds}
+               "seconds": seconds, "workers": [n for _, n in phases]}
     meta = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
             "triton": triton.__version__, "gpus": torch.cuda.device_count()}
     result = {"meta": meta, "summary": summary}
@@ -128,7 +149,7 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{summary} launch fit: {fit}\nwrote {path}")
     fit_ok = fit is None or (fit["do_not_fit"] == 0 and not fit["failed_runs"])
-    return 0 if code == 0 and fit_ok else 1
+    return 0 if not code and fit_ok else 1
 
 
 if __name__ == "__main__":

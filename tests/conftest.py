@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 import zlib
 
@@ -15,6 +16,17 @@ from flashcourse import device
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", device.InterpreterNotice)
     device.setup()
+
+
+@pytest.fixture(autouse=True)
+def _return_cached_gpu_memory():
+    """After each test, give the blocks PyTorch's allocator cached back to the GPU: make test-gpu runs several
+    workers on one card, and a worker holding its last test's peak starves the others (on an 80 GB H100 that ran
+    out of memory)."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

@@ -308,3 +308,42 @@ def test_gpu_any_head_dim(rng, head_dim, dtype):
         expected, _ = float64_attention(q[b, :, None], k[b].repeat_interleave(4, 0)[:, :n],
                                         v[b].repeat_interleave(4, 0)[:, :n])
         assert_close(o[b], expected[:, 0], what=f"D = {head_dim}, {dtype} decode, sequence {b}")
+
+
+# ------------------------------------------------------------------------------------------------- cu_seqlens
+@pytest.mark.parametrize("causal", [False, True])
+def test_cu_seqlens_is_flash_attns_spelling_of_packed_sequences(rng, causal):
+    """flash-attn's varlen convention: three sequences of 5, 0 and 14 tokens packed in one row of 19, each seeing
+    only itself (causal inside itself), forward and gradients against float64."""
+    q, k, v = (randn(rng, 1, 2, 19, 16).requires_grad_() for _ in range(3))
+    cu = torch.tensor([0, 5, 5, 19], dtype=torch.int32, device=DEVICE)
+    o = kernels.flash_attention(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14,
+                                max_seqlen_k=14)
+    ids = torch.tensor([[0] * 5 + [2] * 14], device=DEVICE)
+    mask = document_mask(ids)
+    if causal:
+        mask = mask & torch.ones(19, 19, dtype=torch.bool, device=DEVICE).tril()
+    expected, _ = float64_attention(q, k, v, mask=mask)
+    assert_close(o, expected, what=f"cu_seqlens, causal={causal}")
+    do = randn(rng, *o.shape)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    want = torch.autograd.grad(expected, (q, k, v), do.double())
+    for name, got, spec in zip("qkv", grads, want, strict=True):
+        assert_close(got, spec, what=f"d{name} with cu_seqlens, causal={causal}")
+
+
+def test_cu_seqlens_refuses_what_it_cannot_express(rng):
+    q = randn(rng, 1, 2, 19, 16)
+    cu = torch.tensor([0, 5, 19], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="cross-attention lengths"):
+        kernels.flash_attention(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=torch.tensor([0, 9, 19], dtype=torch.int32,
+                                                                                     device=DEVICE))
+    with pytest.raises(ValueError, match="two spellings"):
+        kernels.flash_attention(q, q, q, cu_seqlens_q=cu, document_ids=torch.zeros(1, 19, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"expected a \(number of sequences \+ 1,\) int32"):
+        kernels.flash_attention(q, q, q, cu_seqlens_q=cu.long())
+    with pytest.raises(ValueError, match="max_seqlen_q is 20"):
+        kernels.flash_attention(q, q, q, cu_seqlens_q=cu, max_seqlen_q=20)
+    with pytest.raises(ValueError, match=r"packed along one row"):
+        kernels.flash_attention(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
+                                cu_seqlens_q=cu)

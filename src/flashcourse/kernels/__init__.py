@@ -62,7 +62,7 @@ from .plan import (  # noqa: E402
     with_tensors,
     without_tensors,
 )
-from .rules import parse_mask_rules, parse_rules  # noqa: E402
+from .rules import parse_mask_rules, parse_rules, varlen_document_ids  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -179,6 +179,7 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
                             alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
                             q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16,
+                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                             dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
@@ -205,7 +206,12 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: its
@@ -260,6 +266,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
     """
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
@@ -294,6 +303,7 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                              enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
+                             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                              dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
@@ -305,7 +315,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o: (B, H_q, N_q, D), the forward's output, q's dtype.
         lse: (B, H_q, N_q) float32, the forward's log-sum-exp.
         do: (B, H_q, N_q, D), the gradient of the loss with respect to o, q's dtype.
-        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal,
+            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the
             forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
             must be the forward's, or the gradients belong to another attention.
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
@@ -326,6 +337,9 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
     """
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
@@ -422,7 +436,8 @@ def _sdpa_causal(causal, is_causal):
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
                     alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
                     is_causal: bool | None = None, return_lse: bool = False, forward_version: str | None = None,
-                    backward_version: str | None = None, dropout_p: float = 0.0):
+                    backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                    max_seqlen_k=None, dropout_p: float = 0.0):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -452,7 +467,12 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
-            when both carry the same id (several sequences packed into one row).
+            when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
+            instead of ``document_ids``: q (1, H_q, total, D) (flash-attn's (total, H, D) is
+            ``x.transpose(0, 1).unsqueeze(0)``), ``cu_seqlens_q`` (n + 1,) int32 cumulative lengths from 0;
+            ``cu_seqlens_k`` the same lengths or None (cross-attention lengths raise a ValueError); the max
+            lengths optional (checked against the row's length). ``causal=True`` is causal inside each sequence.
         mask_mod: None (default) or a ``@triton.jit`` function ``mask_mod(b, h, q_idx, kv_idx) -> bool``
             (FlexAttention's signature): key j is visible where it returns True.
         block_mask: None (default) or a :class:`BlockMask` from :func:`create_block_mask` for these shapes: the
@@ -513,6 +533,9 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
     """
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
@@ -544,18 +567,21 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
 def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None, alibi_slopes=None,
             document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
             is_causal: bool | None = None, forward_version: str | None = None,
-            backward_version: str | None = None, dropout_p: float = 0.0) -> Route:
+            backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+            max_seqlen_k=None, dropout_p: float = 0.0) -> Route:
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
     runs: on a Hopper GPU with a tested Triton, the forward measured fastest for the call's head dim, causality
-    and length (``plan.FORWARD_BANDS``) where the call fits the Gluon stages, else v7; b1 for a backward that needs
+    and length on this GPU (``plan.BANDS_BY_GPU``, the H200's where this GPU has no measurement) where the call
+    fits the Gluon stages, else v7; b1 for a backward that needs
     none of b3's options, else b3.
     Nothing is launched.
 
     Args:
         q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
-        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, cu_seqlens_q, cu_seqlens_k,
+            max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
         block_mask, enable_gqa, is_causal, forward_version, backward_version, dropout_p: as for
             :func:`flash_attention`, checked as it checks them (dropout runs v7 and b3: the Gluon kernels and b1
             have none).
@@ -569,11 +595,15 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         q = torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
         print(explain(q, q, q, causal=True))
         # forward  v8f: the fastest forward measured on the H200 at causal, D = 128, N_q = 4096 <= 8192
-        #          (plan.FORWARD_BANDS)
+        #          (plan.BANDS_BY_GPU)        (on an H200; another Hopper GPU's own measurement where it has one,
+        #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k)
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)

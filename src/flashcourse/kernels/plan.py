@@ -68,10 +68,46 @@ FORWARD_BANDS = {
 FA3_HEAD_DIMS = frozenset(head_dim for head_dim, _ in FORWARD_BANDS)
 FA3_DTYPES = (torch.float16, torch.bfloat16)
 
+# The H100 80GB HBM3's bands, derived as the H200's from its own stage table by length (H100_FA3_RESULTS, fp16 and
+# bf16, D 64 and 128; tests/test_plan.py holds them to it): from N = 2048 on, each band's kernel within 2% of the
+# fastest there. Where they differ from the H200's (key ratio_vs_sdpa_cudnn, fp16 / bf16):
+# - D = 64, causal: v8a to N = 4096 only (0.99 / 0.98x there, v8f 0.98 / 0.97x); at 8192 v8f 1.01 / 1.02x against
+#   v8a's 1.00 / 1.00x, v8a 2.5% behind in bf16.
+# - D = 128, causal: v8f to N = 4096 only (1.01 / 0.99x, v8d 1.01 / 0.97x); at 8192 v8d 1.07 / 1.08x, v8f 1.04 /
+#   1.07x, 2.6% behind in fp16.
+# At N_q <= 1024 the script is host-bound, as on the H200: D = 64 keeps v7 (causal: 0.73x in both, the fastest of
+# the table there by 29%, and 0.73x in the H100's attention grid, 2026-12-06-nvidia-h100-80gb-hbm3-attention-fp16-
+# d64.json) and v8f (not causal: 0.88x in that grid); D = 128 keeps the H200's short bands (no H100 grid at D = 128).
+# No H100 run at D = 256: the H200's bands serve it, said as the fallback.
+H100_FA3_RESULTS = ("benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-fa3-stages-v8a-v8d-v8f-n1024-2048-4096-8192-"
+                    "16384.json")
+H100_FORWARD_BANDS = {
+    (64, False): ((None, "v8f"),),
+    (64, True): ((1024, "v7"), (4096, "v8a"), (None, "v8f")),
+    (128, False): ((None, "v8d"),),
+    (128, True): ((1024, "v8d"), (4096, "v8f"), (None, "v8d")),
+}
 
-def band_forward(head_dim: int, causal: bool, n_q: int) -> tuple[str, int | None]:
-    """(forward, the band's longest N_q or None) that FORWARD_BANDS gives a call; (head_dim, causal) must be a key."""
-    for limit, forward in FORWARD_BANDS[head_dim, causal]:
+# The bands of each GPU they were measured on, by the name torch gives the device (configs.DeviceProps.name), with
+# the short name explain() says. A Hopper GPU with no measurement of its own, or none at a head dim and causality,
+# takes the H200's there (the fallback, as the H200's was the only dispatch before), and explain() says so.
+FALLBACK_GPU = "NVIDIA H200"
+BANDS_BY_GPU = {"NVIDIA H200": ("H200", FORWARD_BANDS), "NVIDIA H100 80GB HBM3": ("H100", H100_FORWARD_BANDS)}
+
+
+def bands_for(gpu_name: str, head_dim: int, causal: bool) -> tuple[str, dict, bool]:
+    """(the short name of the GPU whose measurement serves ``gpu_name`` at (head_dim, causal), its bands, whether
+    they are the fallback's)."""
+    measured = BANDS_BY_GPU.get(gpu_name)
+    if measured is not None and (head_dim, causal) in measured[1]:
+        return (*measured, False)
+    return (*BANDS_BY_GPU[FALLBACK_GPU], True)
+
+
+def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BANDS) -> tuple[str, int | None]:
+    """(forward, the band's longest N_q or None) that ``bands`` (FORWARD_BANDS, the H200's, by default) give a call;
+    (head_dim, causal) must be a key."""
+    for limit, forward in bands[head_dim, causal]:
         if limit is None or n_q <= limit:
             return forward, limit
     raise AssertionError("every FORWARD_BANDS entry ends with an open band")
@@ -136,11 +172,14 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     if n_q == 0 or n_kv == 0 or batch * heads == 0:
         return None, "an empty call"
     causal = bool(rules.causal)
-    stage, limit = band_forward(head_dim, causal, n_q)
+    gpu, bands, fallback = bands_for(props.name, head_dim, causal)
+    stage, limit = band_forward(head_dim, causal, n_q, bands)
     band = (f"{'causal' if causal else 'non-causal'}, D = {head_dim}, N_q = {n_q}"
             + (f" <= {limit}" if limit is not None else ""))
+    source = (f"plan.BANDS_BY_GPU; no measurement on the {props.name} at D = {head_dim}, so the {gpu}'s, the "
+              "fallback" if fallback else "plan.BANDS_BY_GPU")
     if stage == "v7":
-        return None, f"v7 measured faster on the H200 than every Gluon stage at {band} (plan.FORWARD_BANDS)"
+        return None, f"v7 measured faster on the {gpu} than every Gluon stage at {band} ({source})"
     try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
         from .hopper import fa3
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
@@ -154,7 +193,7 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
         # next head's rows, whose P is 0 but whose V times 0 is NaN where V holds an inf.
         return None, (f"N_kv = {n_kv} is not a multiple of {stage}'s key tile ({block_n} rows): its last tile "
                       "would read the next head's keys")
-    return stage, f"the fastest forward measured on the H200 at {band} (plan.FORWARD_BANDS)"
+    return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
 def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
@@ -358,8 +397,10 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
             and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
-            call = Call(layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                        forward_version, backward_version, rules.dropout_p)
+            # A Call's fields as a plain tuple, which hashes and compares equal to the Call kept under them: a
+            # NamedTuple's own constructor is a Python call, several times the cost of the tuple, on every call.
+            call = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
+                    forward_version, backward_version, rules.dropout_p)
             plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
             call = None
@@ -375,7 +416,7 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
                          backward_version=backward_version)
     plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)
     if call is not None:
-        PLANS.put(call, plan)
+        PLANS.put(Call._make(call), plan)
     return plan, rules
 
 

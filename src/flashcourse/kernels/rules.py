@@ -339,3 +339,44 @@ def refuse_missing(kind: str, name: str, default: str, keyword: str, rules: Rule
     if missing is not None:
         raise ValueError(f"{kind} version {name} has no {missing}: use the default version ({default}) "
                          f"or {keyword}='{default}'")
+
+
+def varlen_document_ids(q: torch.Tensor, k: torch.Tensor, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k) -> torch.Tensor:
+    """flash-attn's varlen convention as document ids: sequences packed along one row, q (1, H_q, total, D), and
+    ``cu_seqlens_q`` (n + 1,) int32, 0 = cu[0] <= cu[1] <= ... <= cu[n] = total, sequence s holding positions
+    cu[s] .. cu[s + 1] - 1. Position p's id is its sequence's index, so each sequence attends only to itself, and
+    ``causal=True`` is then causal inside each sequence. ``cu_seqlens_k`` must give the same lengths (the kernels
+    compare one id array for queries and keys); ``max_seqlen_q`` / ``max_seqlen_k``, which flash-attn sizes its grid
+    by, are accepted and checked against the packed length only. The values of cu_seqlens are not read on the host
+    (on a GPU that would wait for it; only two different tensors for q and k are compared): they must be sorted
+    from 0, as flash-attn requires."""
+    if document_ids is not None:
+        raise ValueError("document_ids and cu_seqlens_q both given: they are two spellings of packed sequences; "
+                         "pass one")
+    if cu_seqlens_k is not None and cu_seqlens_q is not None and cu_seqlens_k is not cu_seqlens_q and not (
+            isinstance(cu_seqlens_k, torch.Tensor) and isinstance(cu_seqlens_q, torch.Tensor)
+            and cu_seqlens_k.shape == cu_seqlens_q.shape and bool(torch.equal(cu_seqlens_k, cu_seqlens_q))):
+        raise ValueError("cu_seqlens_k differs from cu_seqlens_q: cross-attention lengths (each sequence's keys "
+                         "fewer or more than its queries) are not supported here, where queries and keys share one "
+                         "document id per position; pass the same cu_seqlens for both")
+    cu = cu_seqlens_q if cu_seqlens_q is not None else cu_seqlens_k
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype != torch.int32 or cu.shape[0] < 2:
+        got = f"{tuple(cu.shape)} {cu.dtype}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+        raise ValueError(f"cu_seqlens_q is {got}: expected a (number of sequences + 1,) int32 tensor of cumulative "
+                         "lengths from 0, as flash-attn's varlen functions take it")
+    if cu.device != q.device:
+        raise ValueError(f"cu_seqlens_q is on {cu.device}, q on {q.device}: move it with .to(q.device)")
+    if q.dim() != 4 or q.shape[0] != 1 or k.shape[2] != q.shape[2]:
+        raise ValueError(f"with cu_seqlens, q has shape {tuple(q.shape)} and k {tuple(k.shape)}: expected the "
+                         "sequences packed along one row, q (1, H_q, total, D) and k, v (1, H_kv, total, D) (from "
+                         "flash-attn's (total, H, D): x.transpose(0, 1).unsqueeze(0))")
+    total = q.shape[2]
+    for name, longest in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 0):
+            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence")
+        if longest is not None and longest > total:
+            raise ValueError(f"{name} is {longest}, but the packed row holds {total} positions: no sequence is "
+                             "longer than the row")
+    positions = torch.arange(total, device=q.device, dtype=torch.int32)
+    return torch.searchsorted(cu[1:].contiguous(), positions, right=True, out_int32=True)[None]

@@ -1,0 +1,33 @@
+"""scripts/gpu_tests.py sizes its pytest workers to the card's free memory (no GPU needed to check the arithmetic)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def gpu_tests():
+    spec = importlib.util.spec_from_file_location("gpu_tests", ROOT / "scripts" / "gpu_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_workers_fit_the_card(gpu_tests):
+    h100, h200 = 78.5, 139.0  # GiB free on an idle card (torch.cuda.mem_get_info, 2026-12-06)
+    assert gpu_tests.workers_for(h200, gpu_tests.WORKER_GIB, 8) == 8
+    assert gpu_tests.workers_for(h100, gpu_tests.WORKER_GIB, 8) * gpu_tests.WORKER_GIB <= h100
+    assert gpu_tests.workers_for(h100, gpu_tests.BIG_WORKER_GIB, 8) == 3
+    assert gpu_tests.workers_for(h200, gpu_tests.BIG_WORKER_GIB, 8) == 5
+    assert gpu_tests.workers_for(5.0, gpu_tests.BIG_WORKER_GIB, 8) == 1, "at least one worker, however full the card"
+    assert gpu_tests.workers_for(h200, gpu_tests.WORKER_GIB, 2) == 2, "--workers caps the count"
+
+
+def test_the_big_marker_is_registered_and_used(gpu_tests):
+    assert gpu_tests.BIG in (ROOT / "pyproject.toml").read_text()
+    assert f"pytest.mark.{gpu_tests.BIG}" in (ROOT / "tests" / "test_plan.py").read_text()
