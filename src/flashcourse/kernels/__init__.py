@@ -315,10 +315,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o: (B, H_q, N_q, D), the forward's output, q's dtype.
         lse: (B, H_q, N_q) float32, the forward's log-sum-exp.
         do: (B, H_q, N_q, D), the gradient of the loss with respect to o, q's dtype.
-        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal,
-            cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
             forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
             must be the forward's, or the gradients belong to another attention.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's packed sequences, as well.
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
@@ -580,8 +580,8 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 
     Args:
         q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
-        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, cu_seqlens_q, cu_seqlens_k,
-            max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
+        causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
         block_mask, enable_gqa, is_causal, forward_version, backward_version, dropout_p: as for
             :func:`flash_attention`, checked as it checks them (dropout runs v7 and b3: the Gluon kernels and b1
             have none).
