@@ -244,3 +244,27 @@ def test_gpu_flash_attention_is_repeatable_under_manual_seed(rng):
     first = kernels.flash_attention(q, k, v, dropout_p=0.2, causal=True)
     torch.manual_seed(5)
     assert torch.equal(first, kernels.flash_attention(q, k, v, dropout_p=0.2, causal=True))
+
+
+@pytest.mark.slow  # torch.compile's tracing: tens of seconds on a loaded CPU
+def test_compiled_fullgraph_draws_the_seed_in_the_graph_and_matches_eager(rng):
+    """Under torch.compile(fullgraph=True) the seed is drawn outside the op, by torch's generator as eagerly:
+    after the same manual_seed, the compiled call drops the same weights, and its backward op gets the seed."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    q, k, v, do = make(rng, 1, 2, 2, 20, 20, 16)
+
+    def attention(q, k, v):
+        return kernels.flash_attention(q, k, v, causal=True, dropout_p=0.3)
+
+    compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)
+    results = []
+    for run in (compiled, attention):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(77)
+        out = run(*leaves)
+        out.backward(do)
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    for what, got, want in zip(("o", "dq", "dk", "dv"), *results, strict=True):
+        assert_close(got.cpu(), want.cpu().numpy(), what=f"compiled {what}")
