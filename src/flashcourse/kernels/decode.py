@@ -192,10 +192,10 @@ def _decode_split_kernel(
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + token[:, None] * stride_qn
                 + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     position = seqlen - N_NEW + token  # each row's own key position (bottom-right: the last token is seqlen - 1)
-    row_end = seqlen + 0 * token  # keys a row sees end here: its own position + 1 when causal
+    row_end = tl.zeros_like(token) + seqlen  # keys a row sees end here: its own position + 1 when causal
     if CAUSAL:
         row_end = position + 1
-    row_first = first + 0 * token
+    row_first = tl.zeros_like(token) + first
     if HAS_WINDOW:
         row_first = tl.maximum(position - WINDOW_LEFT, 0)
 
