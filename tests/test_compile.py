@@ -160,9 +160,16 @@ def test_compiled_inference_without_grad(rng):
 
 
 def test_compiled_call_checks_its_inputs(rng):
-    layer, x, y = layer_and_inputs(rng, {}, head_dim=12)
-    with pytest.raises(Exception, match="head dim 12 is not supported"):
+    layer, x, y = layer_and_inputs(rng, {}, head_dim=4)
+    with pytest.raises(Exception, match="head dim 4 is not supported: expected 8 to 256"):
         torch.compile(layer, backend="aot_eager", fullgraph=True)(x, y)
+
+
+def test_an_awkward_head_dim_compiles_with_fullgraph(rng):
+    """Any head dim from 8 to 256 (D = 40 here) is one op in the graph, as the supported ones, with the eager
+    results; int64 document ids (ranked on the device) trace too."""
+    ids = torch.tensor([[0] * 7 + [5 + 2**33] * 13] * 2, device=DEVICE)
+    check_compiled_matches_eager(rng, {"document_ids": ids}, head_dim=40)
 
 
 def test_eager_calls_keep_the_autograd_function(rng):

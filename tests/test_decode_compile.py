@@ -122,10 +122,10 @@ def test_compiled_fullgraph_matches_eager(rng, name):
 
 
 def test_compiled_call_checks_its_inputs(rng):
-    k, v = cache(rng, d=12)
-    layer = DecodeLayer(24, 4, 12, {}).to(DEVICE)
+    k, v = cache(rng, d=4)
+    layer = DecodeLayer(24, 4, 4, {}).to(DEVICE)
     x = torch.zeros(2, 24, device=DEVICE)
-    with pytest.raises(Exception, match="head dim 12 is not supported"):
+    with pytest.raises(Exception, match="head dim 4 is not supported: expected 8 to 256"):
         torch.compile(layer, backend="aot_eager", fullgraph=True)(x, k, v)
 
 

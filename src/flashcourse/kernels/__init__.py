@@ -165,6 +165,20 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     return BlockMask.build(rules, batch, H, N_q, N_kv, device, block_size)
 
 
+def _spelled_options(q, k, causal, is_causal, window, document_ids, mask_mod, block_mask, varlen) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call that spells them another way: SDPA's ``is_causal``,
+    flash-attn's ``cu_seqlens`` (``varlen``: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or a block
+    mask that carries them. Every entry point asks it once, before the front door (``plan.plan_for``)."""
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    if varlen[0] is not None or varlen[1] is not None:  # flash-attn's packed sequences, as document ids
+        document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
+    return causal, window, document_ids, mask_mod
+
+
 def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
     """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
     if not isinstance(block_mask, BlockMask):
@@ -264,14 +278,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
-        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if getattr(q, "dtype", None) is fp8.FP8:
         if dropout_p != 0.0:
             raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
@@ -318,7 +328,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, enable_gqa, is_causal: the
             forward's options, with the same meanings and defaults (see :func:`flash_attention_forward`); they
             must be the forward's, or the gradients belong to another attention.
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's packed sequences, as well.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the forward's packed sequences, if it had
+            them (flash-attn's varlen spelling of ``document_ids``).
         block_mask: None (default) or the forward's :class:`BlockMask` (:func:`create_block_mask`): the dK/dV
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
@@ -335,14 +346,10 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
-        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
             return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
@@ -531,14 +538,10 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0), enable_gqa=True)  # 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
-        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if _is_compiling():
         # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
         # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
@@ -599,14 +602,10 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if cu_seqlens_q is not None or cu_seqlens_k is not None:  # flash-attn's packed sequences, as document ids
-        document_ids = varlen_document_ids(q, k, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                           max_seqlen_k)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
+        causal, window, document_ids, mask_mod = _spelled_options(
+            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
+            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                        enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version,
