@@ -54,7 +54,8 @@ def compile_candidate(candidate, page_size=None, kv="fp8e4nv", group=4, head_dim
     values = dict(GROUP=group, BLOCK_G=max(16, group), HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                   PAGED=page_size is not None, PAGE_SIZE=page_size or 1, HAS_SEQLENS=page_size is not None,
                   HAS_WINDOW=False, HAS_SOFTCAP=False, HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16",
-                  DIRECT=False, MASK_TAIL_ONLY=switches.get("mask_tail_only", keys_adjacent),
+                  DIRECT=False, MASK_TAIL_ONLY=switches.get("mask_tail_only", keys_adjacent), ROW_MASKS=False,
+                  CAUSAL=False,
                   **dict.fromkeys(unit, 1))
     names = kernel.arg_names
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")

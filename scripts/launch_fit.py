@@ -219,13 +219,15 @@ def _option_sets(cases: str, heads_q: int) -> dict[str, dict]:
     slopes = torch.full((heads_q,), 0.25)
     docs = torch.zeros(1, N, dtype=torch.int32)
     docs[:, N // 2:] = 1
-    every_bound = dict(causal="bottom_right", window=(64, 0), softcap=30.0, alibi_slopes=slopes)
+    # with dropout: its Philox rounds sit in the inner loop of the forward and of both backward kernels
+    every_bound = dict(causal="bottom_right", window=(64, 0), softcap=30.0, alibi_slopes=slopes, dropout_p=0.1)
     block_mask = dict(causal=True, softcap=30.0, alibi_slopes=slopes, document_ids=docs, mask_mod=_prefix_lm)
     if cases == "ci":
         return {"dense": {}, "every bound and score option": every_bound, "block mask": block_mask}
     return {"dense": {}, "causal": dict(causal=True), "bottom-right causal": dict(causal="bottom_right"),
             "window": dict(window=(64, 0)), "softcap": dict(softcap=30.0), "alibi": dict(alibi_slopes=slopes),
             "documents": dict(document_ids=docs), "mask_mod": dict(mask_mod=_prefix_lm),
+            "dropout": dict(causal=True, dropout_p=0.1),
             "every bound and score option": every_bound, "block mask": block_mask}
 
 
@@ -253,6 +255,11 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
                     kernels.flash_attention(q, k, v, **options, enable_gqa=True).sum().backward()
     slopes = torch.full((4,), 0.25)
     q1 = torch.randn(2, 4, head_dim).to(dtype)
+    for paged in (False, True):  # several new tokens: rows (token, head) in tiles, each row masked on its own
+        RECORDER.case = f"{name} decode {'paged' if paged else 'contiguous'} 5 new tokens"
+        cache = torch.randn(8, 2, 64, head_dim).to(dtype) if paged else torch.randn(2, 2, 1000, head_dim).to(dtype)
+        table = dict(block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4)) if paged else {}
+        kernels.flash_decode(torch.randn(2, 4, 5, head_dim).to(dtype), cache, cache, **table)
     for paged, kv in itertools.product((False, True), ("16-bit", "fp8")):
         for label, options in {"dense": {}, "window, softcap, alibi": dict(window=(64, 0), softcap=30.0,
                                                                             alibi_slopes=slopes)}.items():

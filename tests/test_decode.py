@@ -167,7 +167,7 @@ def test_empty_sequence_gives_zero(rng):
         ({"q": (2, 3, 16)}, ValueError, "multiple of H_kv"),
         ({"q": (2, 4, 4), "kv": (2, 2, 10, 4)}, ValueError, "head dim 4 is not supported: expected 8 to 256"),
         ({"q": (3, 4, 16)}, ValueError, "batch"),
-        ({"q": (2, 4, 1, 16)}, ValueError, r"\(B, H_q, D\)"),
+        ({"q": (2, 4, 1, 1, 16)}, ValueError, r"\(B, H_q, D\).*\(B, H_q, n_new, D\)"),
     ],
 )
 def test_bad_inputs(rng, kwargs, error, words):
@@ -890,7 +890,7 @@ for page_size, kv, v_layout in cases:
     values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
                   PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", DIRECT=False,
-                  MASK_TAIL_ONLY=bool(v_layout), **dict.fromkeys(unit_strides, 1))
+                  MASK_TAIL_ONLY=bool(v_layout), ROW_MASKS=False, CAUSAL=False, **dict.fromkeys(unit_strides, 1))
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}

@@ -51,6 +51,7 @@ from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # 
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402, F401
 from .blockmask import BlockMask  # noqa: E402
 from .decode import flash_decode, quantize_kv_cache  # noqa: E402
+from .dropout import Dropout, draw_seed, dropout_mask, seed_tensor  # noqa: E402, F401
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402, F401
 from .plan import (  # noqa: E402
     Plan,
@@ -192,7 +193,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
                             alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                             enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
                             q_descale=None, k_descale=None, v_descale=None, out_dtype=torch.bfloat16,
-                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+                            cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                            dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention forward without autograd: returns (o, lse), the log-sum-exp the backward needs.
 
     Args:
@@ -239,6 +241,14 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
             attention and refuse the other options by name.
         q_descale, k_descale, v_descale, out_dtype: for FP8 inputs only (below); given with 16/32-bit inputs
             they raise a ValueError.
+        dropout_p: 0.0 (default) or a float in [0, 1): each attention weight is dropped with this probability and
+            the kept ones scaled by 1 / (1 - p), as ``F.scaled_dot_product_attention(dropout_p=...)`` does (and,
+            as it, whenever p > 0: pass 0.0 at evaluation). The returned lse is the undropped softmax's. NaN, 1.0
+            (every weight dropped) and values outside [0, 1) raise a ValueError. Runs v7 (``kernels/dropout.py``).
+        dropout_seed: None (default: a fresh seed from torch's generator on q's device, so
+            ``torch.manual_seed`` repeats it) or an int or a (1,) int64 tensor (``kernels.dropout.draw_seed``):
+            the mask is a function of the seed and each weight's position. Pass the same seed to
+            :func:`flash_attention_backward` to get the gradients of this forward.
 
     The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
     query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
@@ -273,6 +283,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
             q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
             (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     if getattr(q, "dtype", None) is fp8.FP8:
+        if dropout_p != 0.0:
+            raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
+                             "16-bit inputs")
         return fp8.flash_attention_forward_fp8(
             q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
             causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -284,21 +297,24 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
             return _outside_graph(flash_attention_forward, q, k, v, causal=causal, scale=scale, window=window,
                                   softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
-                                  mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, version=version)
+                                  mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, version=version,
+                                  dropout_p=dropout_p, dropout_seed=dropout_seed)
         rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                            document_ids=document_ids)
+                            document_ids=document_ids, dropout_p=dropout_p)
         check_gqa(q, k, enable_gqa)
-        return ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, version, None)
+        return ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, version, None,
+                                      _call_seed(rules, dropout_seed, q))
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, forward_version=version)
-    return plan.forward(q, k, v, rules, block_mask)
+                           enable_gqa=enable_gqa, forward_version=version, dropout_p=dropout_p)
+    return plan.forward(q, k, v, rules, block_mask, _call_dropout(rules, dropout_seed, q))
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
                              softcap=None, alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None,
                              enable_gqa: bool = False, is_causal: bool | None = None, version: str | None = None,
-                             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+                             cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                             dropout_p: float = 0.0, dropout_seed=None):
     """FlashAttention backward from the forward's saved (o, lse): returns (dq, dk, dv).
 
     P is recomputed from (q, k, lse) tile by tile, so no N_q x N_k matrix is kept between the two passes; a
@@ -318,6 +334,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
             and dQ kernels read its lists (per key tile and per query tile) instead of building them.
         version: a numbered backward kernel, "b1" ... "b5" (``BACKWARD_VERSIONS``); None (default) runs b3 (every
             option), or b1 (faster) when the call needs none of b3's options.
+        dropout_p, dropout_seed: the forward's (see :func:`flash_attention_forward`); with dropout_p > 0 the seed
+            is required (an int or (1,) int64 tensor), and b3 regenerates the forward's mask from it.
 
     Returns:
         (dq, dk, dv): shaped and typed like q, k, v; dk and dv summed over the query heads that share a K/V head.
@@ -337,18 +355,20 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
             return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
                                   window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                                   document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask,
-                                  enable_gqa=enable_gqa, version=version)
+                                  enable_gqa=enable_gqa, version=version, dropout_p=dropout_p,
+                                  dropout_seed=dropout_seed)
         rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                            document_ids=document_ids)
+                            document_ids=document_ids, dropout_p=dropout_p)
         check_gqa(q, k, enable_gqa)
         check_saved(q, o, lse, do)
         return ops.attention_backward(q, k, v, o, lse, do, *ops.flat_rules(rules), check_scale(scale), enable_gqa,
-                                      version)
+                                      version, rules.dropout_p or 0.0, _saved_seed(rules, dropout_seed, q))
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, backward_version=version)
+                           enable_gqa=enable_gqa, backward_version=version, dropout_p=dropout_p)
     check_saved(q, o, lse, do)
-    return plan.backward(q, k, v, o, lse, do, rules, block_mask)
+    dropout = None if rules.dropout_p is None else Dropout(rules.dropout_p, _saved_seed(rules, dropout_seed, q))
+    return plan.backward(q, k, v, o, lse, do, rules, block_mask, dropout)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -357,8 +377,9 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     ``apply(q, k, v, plan, call)``: ``call`` is None for a call that needs only the plan (its rules are the plan's,
     no block mask, o alone returned), else (rules without tensors, block_mask, alibi_slopes, document_ids,
-    return_lse). Autograd's own work grows with the number of arguments, so the usual call passes five. The
-    tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx.
+    return_lse, dropout). Autograd's own work grows with the number of arguments, so the usual call passes five.
+    The tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx (the dropout seed too: the
+    backward regenerates the forward's mask from it).
 
     With ``return_lse`` the lse is differentiable (as FlexAttention's): its gradient enters the backward's
     preprocess, delta = rowsum(dO * O) - dLSE, since d lse_i / d s_ij = P_ij. The backward itself has no
@@ -373,9 +394,10 @@ class FlashAttentionFunction(torch.autograd.Function):
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.rules = None  # the plan's
             return o
-        rules, block_mask, alibi_slopes, document_ids, return_lse = call
-        o, lse = plan.forward(q, k, v, with_tensors(rules, alibi_slopes, document_ids), block_mask)
-        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids)  # None where a rule has no tensor
+        rules, block_mask, alibi_slopes, document_ids, return_lse, dropout = call
+        o, lse = plan.forward(q, k, v, with_tensors(rules, alibi_slopes, document_ids), block_mask, dropout)
+        seed = None if dropout is None else dropout.seed  # the backward regenerates the forward's mask from it
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids, seed)  # None where there is no tensor
         ctx.rules, ctx.block_mask = rules, block_mask  # rules without tensors (without_tensors)
         if not return_lse:  # one output: the usual call pays for no second one
             return o
@@ -394,13 +416,14 @@ class FlashAttentionFunction(torch.autograd.Function):
         plan = ctx.plan
         if ctx.rules is None:
             q, k, v, o, lse = ctx.saved_tensors
-            rules, block_mask = plan.rules, None
+            rules, block_mask, dropout = plan.rules, None, None
         else:
-            q, k, v, o, lse, alibi_slopes, document_ids = ctx.saved_tensors
+            q, k, v, o, lse, alibi_slopes, document_ids, seed = ctx.saved_tensors
             rules, block_mask = with_tensors(ctx.rules, alibi_slopes, document_ids), ctx.block_mask
+            dropout = None if seed is None else Dropout(ctx.rules.dropout_p, seed)
         if do is None:  # only the lse is in the loss: o's gradient is 0
             do = torch.zeros_like(o)
-        dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, block_mask, dlse=dlse)
+        dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, block_mask, dropout, dlse=dlse)
         return dq, dk, dv, None, None
 
 
@@ -421,7 +444,7 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
                     alibi_slopes=None, document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
                     is_causal: bool | None = None, return_lse: bool = False, forward_version: str | None = None,
                     backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                    max_seqlen_k=None):
+                    max_seqlen_k=None, dropout_p: float = 0.0):
     """Differentiable FlashAttention: softmax(scale * q @ k^T + masks) @ v, without an N_q x N_k matrix.
 
     A drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=...)`` with more options. Gradients flow
@@ -473,6 +496,13 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
             natural-log log-sum-exp (-inf for a row that sees no key). The lse is differentiable, as
             FlexAttention's: a loss that uses it gets its term in the gradients. No double backward: a backward
             with ``create_graph=True`` raises a RuntimeError (SDPA's flash backend has none either).
+        dropout_p: 0.0 (default) or a float in [0, 1): dropout on the attention weights, as
+            ``F.scaled_dot_product_attention(dropout_p=...)``: each weight dropped with probability p, the kept
+            ones scaled by 1 / (1 - p), whenever p > 0 (pass 0.0 at evaluation, ``p if self.training else 0.0``).
+            Each call draws a seed from torch's generator on q's device (``torch.manual_seed`` repeats it); the
+            backward regenerates the same mask from that seed instead of storing it (``kernels/dropout.py``).
+            The lse stays the undropped softmax's. Runs v7 and b3. NaN, 1.0 and values outside [0, 1) raise a
+            ValueError.
 
     The call's diagonal: the causal mask, the window and ALiBi's distance are all measured from one diagonal,
     query i lined up with key c = i + shift: shift = 0 (key j = i) with top-left causal; shift = N_k - N_q (key
@@ -520,16 +550,20 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         return _flash_attention_compiling(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                                           alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
                                           block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
-                                          forward_version=forward_version, backward_version=backward_version)
+                                          forward_version=forward_version, backward_version=backward_version,
+                                          dropout_p=dropout_p)
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
+                           enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version,
+                           dropout_p=dropout_p)
+    dropout = _call_dropout(rules, None, q)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if block_mask is None and not return_lse and rules.alibi_slopes is None and rules.document_ids is None:
+        if (block_mask is None and not return_lse and rules.alibi_slopes is None and rules.document_ids is None
+                and dropout is None):
             return FlashAttentionFunction.apply(q, k, v, plan, None)  # the plan's rules are the call's
         return FlashAttentionFunction.apply(q, k, v, plan, (without_tensors(rules), block_mask, rules.alibi_slopes,
-                                                            rules.document_ids, return_lse))
-    o, lse = plan.forward(q, k, v, rules, block_mask)  # inference: no autograd node
+                                                            rules.document_ids, return_lse, dropout))
+    o, lse = plan.forward(q, k, v, rules, block_mask, dropout)  # inference: no autograd node
     return (o, lse) if return_lse else o
 
 
@@ -537,7 +571,7 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
             document_ids=None, mask_mod=None, block_mask=None, enable_gqa: bool = False,
             is_causal: bool | None = None, forward_version: str | None = None,
             backward_version: str | None = None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-            max_seqlen_k=None) -> Route:
+            max_seqlen_k=None, dropout_p: float = 0.0) -> Route:
     """Which forward and backward kernels ``flash_attention(q, k, v, **options)`` runs here, and why.
 
     The same decision the call makes (``plan.choose_route``, through the call's own plan), so what it says is what
@@ -551,8 +585,9 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         q, k, v: as for :func:`flash_attention`: q (B, H_q, N_q, D), k and v (B, H_kv, N_k, D).
         causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod: as for :func:`flash_attention`.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: as for :func:`flash_attention`.
-        block_mask, enable_gqa, is_causal, forward_version, backward_version: as for :func:`flash_attention`,
-            checked as it checks them.
+        block_mask, enable_gqa, is_causal, forward_version, backward_version, dropout_p: as for
+            :func:`flash_attention`, checked as it checks them (dropout runs v7 and b3: the Gluon kernels and b1
+            have none).
 
     Returns:
         A :class:`Route` (frozen dataclass): ``forward`` and ``backward`` (kernel names), ``forward_why`` and
@@ -573,26 +608,52 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
             (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                       enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version)
+                       enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version,
+                       dropout_p=dropout_p)
     return plan.route
 
 
 def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod,
-                               block_mask, enable_gqa, return_lse, forward_version, backward_version):
+                               block_mask, enable_gqa, return_lse, forward_version, backward_version, dropout_p):
     """``flash_attention`` as torch.compile traces it: the options checked here, the inputs in the op's fake
     implementation, then the ``torch.library`` op of ops.py."""
     if mask_mod is not None or block_mask is not None:  # a @triton.jit function or a BlockMask fits no op schema
         return _outside_graph(flash_attention, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                               alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
                               block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
-                              forward_version=forward_version, backward_version=backward_version)
+                              forward_version=forward_version, backward_version=backward_version,
+                              dropout_p=dropout_p)
     # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids)
+                        document_ids=document_ids, dropout_p=dropout_p)
     check_gqa(q, k, enable_gqa)
     o, lse = ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, forward_version,
-                                    backward_version, lse_grad=return_lse)
+                                    backward_version, lse_grad=return_lse, dropout_seed=_call_seed(rules, None, q))
     return (o, lse) if return_lse else o
+
+
+def _call_seed(rules, dropout_seed, q):
+    """The seed of a forward with dropout: the caller's, else a fresh one from torch's generator; None without."""
+    if rules.dropout_p is None:
+        return None
+    return draw_seed(q.device) if dropout_seed is None else seed_tensor(dropout_seed, q.device)
+
+
+def _call_dropout(rules, dropout_seed, q) -> Dropout | None:
+    """A forward's dropout (probability and seed) for the plan, None without."""
+    seed = _call_seed(rules, dropout_seed, q)
+    return None if seed is None else Dropout(rules.dropout_p, seed)
+
+
+def _saved_seed(rules, dropout_seed, q):
+    """The seed a backward with dropout must be given (its forward's), as a tensor on q's device."""
+    if rules.dropout_p is None:
+        return None
+    if dropout_seed is None:
+        raise ValueError(f"dropout_p is {rules.dropout_p} but dropout_seed is None: the backward regenerates the "
+                         "forward's mask from its seed, so pass the dropout_seed given to flash_attention_forward "
+                         "(or use flash_attention, which keeps it)")
+    return seed_tensor(dropout_seed, q.device)
 
 
 def _outside_graph(entry, *tensors, **options):

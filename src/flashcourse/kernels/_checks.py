@@ -152,8 +152,9 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
-    if q.dim() != 3:
-        raise ValueError(f"q has shape {tuple(q.shape)}, expected (B, H_q, D): one query token per sequence")
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q has shape {tuple(q.shape)}, expected (B, H_q, D), one new token per sequence, or "
+                         "(B, H_q, n_new, D), n_new new tokens (their keys already in the cache)")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape, "
@@ -166,7 +167,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
     if not kv_fp8 and not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache, v_cache have dtypes {q.dtype}, {k_cache.dtype}, {v_cache.dtype}: must be one "
                         "(or a float8_e4m3fn cache with k_scale and v_scale)")
-    batch, h_q, head_dim = q.shape
+    batch, h_q, head_dim = q.shape[0], q.shape[1], q.shape[-1]
     h_kv = k_cache.shape[1]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"q has head dim {head_dim} but the cache has {k_cache.shape[3]}: they must match")

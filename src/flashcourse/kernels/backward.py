@@ -42,6 +42,8 @@ from .common import (
     tma_scratch,
     visible,
 )
+from .dropout import Dropout, kept_weight_factor
+from .dropout import kernel_args as dropout_args
 from .launch import prepare_launch
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
@@ -260,7 +262,8 @@ def _bwd_dq_kernel(
 
 # ------------------------------------------------------------------------------------------ b3 (rules)
 @triton.jit
-def _dkdv_tile_b3(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
+def _dkdv_tile_b3(dk, dv, k, v, seed, bh, dropout_p, DROPOUT: tl.constexpr,
+                  q_base, do_base, lse_base, delta_base, stride_qn, stride_qd, stride_don,
                   stride_dod, start_m, b, h, offs_n, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2,
                   slope2, MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
                   HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -293,9 +296,15 @@ def _dkdv_tile_b3(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qn
             b, h, q_idx=rows[None, :], kv_idx=offs_n[:, None], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
             doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         p_t = tl.where(ok, p_t, 0.0)
-    dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_D)
     dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
-    ds_t = p_t * (dp_t - delta[None, :])
+    if DROPOUT:  # the forward's mask, regenerated: O used the dropped weights, so dV and dP go through it
+        factor_t = kept_weight_factor(seed, bh, q_idx=rows[None, :], kv_idx=offs_n[:, None], N_Q=N_Q, N_KV=N_KV,
+                                      dropout_p=dropout_p)
+        dv += tl.dot((p_t * factor_t).to(do.dtype), do, input_precision=DOT_PRECISION)
+        dp_t = dp_t * factor_t
+    else:
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_D)
+    ds_t = p_t * (dp_t - delta[None, :])  # delta = rowsum(dO * O) holds with dropout too: O is the dropped one
     if HAS_SOFTCAP:  # through the cap: d(c * tanh(s / c)) / ds = 1 - tanh^2
         ds_t = ds_t * (1.0 - tanh_t * tanh_t)
     dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
@@ -313,10 +322,10 @@ def _bwd_dkdv_b3_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H_KV, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW, SEED, dropout_p,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -333,6 +342,9 @@ def _bwd_dkdv_b3_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     doc_ids = DOC_IDS + b * stride_doc_b
+    seed = 0
+    if DROPOUT:
+        seed = tl.load(SEED)
 
     # Query rows from the bounds alone (key j is seen by rows j - UPPER <= i <= j - LOWER): rows [lo, hi) see
     # some key of this tile; the query tiles inside [full_lo, full_hi) see all of them (no mask).
@@ -343,6 +355,7 @@ def _bwd_dkdv_b3_kernel(
     # Every query head of the group adds into the same dK, dV registers: the sum over the group, no atomics.
     for g in range(0, GROUP):
         h = h_kv * GROUP + g
+        bh = b * H_KV * GROUP + h  # the dropout stream's row of heads (int64), as the forward numbers it
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
         lse_base = LSE + (b * H_KV * GROUP + h) * N_Q
@@ -355,7 +368,8 @@ def _bwd_dkdv_b3_kernel(
             for i in range(0, tl.load(FULL_COUNTS + row)):
                 start_m = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    dk, dv, k, v, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
                     stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
                     start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
                     LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=False,
@@ -365,7 +379,8 @@ def _bwd_dkdv_b3_kernel(
             for i in range(0, tl.load(PARTIAL_COUNTS + row)):
                 start_m = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_M
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    dk, dv, k, v, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
                     stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
                     start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
                     LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
@@ -376,7 +391,8 @@ def _bwd_dkdv_b3_kernel(
             if HAS_UPPER:  # the diagonal: rows that see only part of the tile
                 for start_m in range(lo, full_lo, BLOCK_M):
                     dk, dv = _dkdv_tile_b3(
-                        dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                        dk, dv, k, v, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                        q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
                         stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
                         start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
                         LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
@@ -385,7 +401,8 @@ def _bwd_dkdv_b3_kernel(
                         BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION)
             for start_m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    dk, dv, k, v, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
                     stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
                     start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
                     LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=False,
@@ -395,7 +412,8 @@ def _bwd_dkdv_b3_kernel(
             # The window's far edge and the tail tile past the last whole query tile.
             for start_m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_tile_b3(
-                    dk, dv, k, v, q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
+                    dk, dv, k, v, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    q_base=q_base, do_base=do_base, lse_base=lse_base, delta_base=delta_base,
                     stride_qn=stride_qn, stride_qd=stride_qd, stride_don=stride_don, stride_dod=stride_dod,
                     start_m=start_m, b=b, h=h, offs_n=offs_n, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER,
                     LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True,
@@ -411,7 +429,8 @@ def _bwd_dkdv_b3_kernel(
 
 
 @triton.jit
-def _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
+def _dq_tile_b3(dq, q, do, lse2, seed, bh, dropout_p, DROPOUT: tl.constexpr,
+                delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start_n,
                 b, h, offs_m, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
                 MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr,
                 MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -438,6 +457,9 @@ def _dq_tile_b3(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, st
             doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         p = tl.where(ok, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    if DROPOUT:  # dP of the kept weights, scaled as the forward scaled them
+        dp = dp * kept_weight_factor(seed, bh, q_idx=offs_m[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV,
+                                     dropout_p=dropout_p)
     ds = p * (dp - delta[:, None])
     if HAS_SOFTCAP:
         ds = ds * (1.0 - tanh_s * tanh_s)
@@ -454,10 +476,10 @@ def _bwd_dq_b3_kernel(
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
     H, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW, SEED, dropout_p,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DROPOUT: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -480,6 +502,10 @@ def _bwd_dq_b3_kernel(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
+    seed = 0
+    bh = b * H + h  # the dropout stream's row of heads (int64), as the forward numbers it
+    if DROPOUT:
+        seed = tl.load(SEED)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     if BLOCK_SPARSE:
@@ -487,7 +513,8 @@ def _bwd_dq_b3_kernel(
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             dq = _dq_tile_b3(
-                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                dq, q, do, lse2, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
                 stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -496,7 +523,8 @@ def _bwd_dq_b3_kernel(
         for i in range(0, tl.load(PARTIAL_COUNTS + row)):
             start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             dq = _dq_tile_b3(
-                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                dq, q, do, lse2, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
                 stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -510,7 +538,8 @@ def _bwd_dq_b3_kernel(
         if HAS_LOWER:
             for start_n in range(lo, full_lo, BLOCK_N):
                 dq = _dq_tile_b3(
-                    dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn,
+                    dq, q, do, lse2, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn,
                     stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h,
                     offs_m=offs_m, N_Q=N_Q, N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT,
                     doc_ids=doc_ids, softcap2=softcap2, slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER,
@@ -519,7 +548,8 @@ def _bwd_dq_b3_kernel(
                     DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             dq = _dq_tile_b3(
-                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                dq, q, do, lse2, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
                 stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -527,7 +557,8 @@ def _bwd_dq_b3_kernel(
                 BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_hi, hi, BLOCK_N):
             dq = _dq_tile_b3(
-                dq, q, do, lse2, delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
+                dq, q, do, lse2, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                delta=delta, k_base=k_base, v_base=v_base, stride_kn=stride_kn, stride_kd=stride_kd,
                 stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, b=b, h=h, offs_m=offs_m, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -583,18 +614,23 @@ PER_CALL_TENSORS = ("Q", "K", "V", "O", "DO", "LSE", "DELTA", "DK", "DV", "DQ")
 def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False, scale: float | None,
                  configs_override: tuple[configs.KernelConfig, configs.KernelConfig] | None = None,
                  rules: Rules | None = None, block_mask: blockmask.BlockMask | None = None,
-                 record: list | None = None, dlse: torch.Tensor | None = None):
+                 record: list | None = None, dropout: Dropout | None = None,
+                 dlse: torch.Tensor | None = None):
     """dq, dk, dv from the forward's saved (o, lse), tensors like q, k, v. ``rules`` (from
     ``rules.parse_rules``), when given, replaces ``causal``; they must be the forward's. ``block_mask``
     (checked against the call) gives b3 its tile lists instead of building them. ``record``: a list that gets
     the three launches (preprocess, dK/dV, dQ) prepared to repeat on other tensors of this layout
     (``launch.prepare_launch``, on ``PER_CALL_TENSORS``), where the compiled kernels allow it; for b1 and b3 with
-    rules that hold no tensor (a plan keeps them: ``plan.py``). ``dlse``: the gradient of a loss that used the
-    lse, (B, H_q, N_q), or None: d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij, which is the preprocess's
-    delta less dlse (FlexAttention's differentiable LSE)."""
+    rules that hold no tensor (a plan keeps them: ``plan.py``). ``dropout``: the forward's probability and seed
+    (``dropout.py``), b3 only: its kernels regenerate the forward's mask. ``dlse``: the gradient of a loss that
+    used the lse, (B, H_q, N_q), or None: d lse_i / d s_ij = P_ij adds P_ij * dlse_i to dS_ij, which is the
+    preprocess's delta less dlse (FlexAttention's differentiable LSE)."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
+    if dropout is not None and not version.takes_rules:
+        raise ValueError(f"backward version {version.name} has no dropout: use the default version "
+                         f"({DEFAULT_BACKWARD}) or backward_version='{DEFAULT_BACKWARD}'")
     if not version.takes_rules:
         refuse_missing("backward", version.name, DEFAULT_BACKWARD, "backward_version", rules,
                        k.shape[1] != heads, n_q, n_kv)
@@ -616,7 +652,8 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
     delta = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     precision = dot_precision(q.dtype)
-    if version.atomic_dq or rules.alibi_slopes is not None or rules.needs_block_mask or dlse is not None:
+    if (version.atomic_dq or rules.alibi_slopes is not None or rules.needs_block_mask or dropout is not None
+            or dlse is not None):
         record = None  # their dQ is post-processed, or a tensor of the rule would be pinned
 
     def launch(kernel, grid, kwargs: dict) -> None:
@@ -636,7 +673,7 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     key = (props, block_d, q.dtype, dkdv_candidates, dq_candidates)
     what = f"backward {version.name} at head dim {head_dim}"
     if version.takes_rules:
-        shared = _b3_shared_args(q, k, v, do, lse, delta, rules, scale, block_d)
+        shared = _b3_shared_args(q, k, v, do, lse, delta, rules, scale, block_d, dropout)
         launch_fitting(("dkdv b3", *key), dkdv_candidates,
                        lambda cfg: launch(*_b3_dkdv_launch(cfg, q, k, dk, dv, rules, block_mask, shared)),
                        f"{what}, dK/dV kernel")
@@ -681,11 +718,13 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     return dq_acc, dk, dv
 
 
-def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d: int) -> dict:
-    """The arguments both b3 kernels take: inputs, softmax statistics, the rule, the head dim."""
+def _b3_shared_args(q, k, v, do, lse, delta, rules: Rules, scale: float, block_d: int,
+                    dropout: Dropout | None) -> dict:
+    """The arguments both b3 kernels take: inputs, softmax statistics, the rule, dropout, the head dim."""
     return dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta, scale=scale, qk_scale=scale * LOG2E,
                 **strides(q, "q"), **strides(k, "k"), **strides(v, "v"), **strides(do, "do"),
                 GROUP=q.shape[1] // k.shape[1], N_Q=q.shape[2], N_KV=k.shape[2], **blockmask.rule_args(rules, q, k),
+                **dropout_args(dropout, q),
                 HEAD_DIM=q.shape[3], BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
 
 

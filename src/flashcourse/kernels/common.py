@@ -54,15 +54,23 @@ def load_tile(ptrs, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
-    """One key tile of the online softmax (lesson 02), in base 2: fold the scores ``qk`` (rows, keys), unscaled,
-    and their values ``v`` (keys, D) into the running max ``m_i``, sum ``l_i`` and unnormalised output ``acc``."""
+def online_softmax_weights(l_i, m_i, qk, qk_scale):
+    """The statistics half of one key tile of the online softmax (lesson 02), in base 2: the tile's weights
+    ``p`` = exp2(scaled score - new max), the factor ``alpha`` the old accumulators shrink by, the new running sum
+    and max. ``qk`` (rows, keys) is unscaled."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # max commutes with the positive scale
     # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(qk * qk_scale - m_use[:, None])  # one FMA + one EX2 per score
     alpha = tl.exp2(m_i - m_use)  # how much the old statistics shrink under the new max
-    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def online_softmax_update(acc, l_i, m_i, qk, v, qk_scale, DOT_PRECISION: tl.constexpr):
+    """One key tile of the online softmax: fold the scores ``qk`` (rows, keys), unscaled, and their values ``v``
+    (keys, D) into the running max ``m_i``, sum ``l_i`` and unnormalised output ``acc``."""
+    p, alpha, l_i, m_new = online_softmax_weights(l_i, m_i, qk, qk_scale)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 

@@ -149,18 +149,20 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, B
 @triton.jit
 def _decode_split_kernel(
     Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, qk_scale,
-    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
+    stride_qb, stride_qh, stride_qn, stride_qd, stride_ob, stride_oh, stride_on, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_bt_b, stride_bt_p,
-    H_KV, N_MAX, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2,
+    H_KV, N_MAX, N_NEW, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr,
+    KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr, ROW_MASKS: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
+    pid_rows = tl.program_id(2)  # over tiles of BLOCK_G of the GROUP * N_NEW query rows of this KV head
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
     if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once
@@ -168,21 +170,34 @@ def _decode_split_kernel(
     seqlen = N_MAX
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
-    first = 0  # the new token sits at position seqlen - 1; a window reaches back WINDOW_LEFT keys from there
+    # The new tokens sit at positions seqlen - N_NEW .. seqlen - 1 (the cache holds their keys too); a window
+    # reaches back WINDOW_LEFT keys from each, so the first one's window starts the keys any row reads.
+    first = 0
     if HAS_WINDOW:
-        first = tl.maximum(seqlen - 1 - WINDOW_LEFT, 0)
+        first = tl.maximum(seqlen - N_NEW - WINDOW_LEFT, 0)
     start = first + pid_split * SPLIT_LEN  # the splits share out the window only: keys before it are never read
     if PAGED:  # tiles start on BLOCK_N boundaries, so none straddles a page edge; keys before `first` are masked
         start = first // BLOCK_N * BLOCK_N + pid_split * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, seqlen)
 
-    offs_g = tl.arange(0, BLOCK_G)  # query heads of this KV head's group, padded to a dot-able 16
+    # Rows: (new token t, query head g of this KV head's group) as r = t * GROUP + g, padded to a dot-able 16;
+    # with one new token, the group's heads. Every row reads the same K/V tiles: the group's and the tokens' rows
+    # share each load.
+    offs_r = pid_rows * BLOCK_G + tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_g < GROUP
-    heads = h_kv * GROUP + offs_g
+    row_ok = offs_r < GROUP * N_NEW
+    token = offs_r // GROUP
+    heads = h_kv * GROUP + offs_r % GROUP
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + token[:, None] * stride_qn
+                + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
+    position = seqlen - N_NEW + token  # each row's own key position (bottom-right: the last token is seqlen - 1)
+    row_end = tl.zeros_like(token) + seqlen  # keys a row sees end here: its own position + 1 when causal
+    if CAUSAL:
+        row_end = position + 1
+    row_first = tl.zeros_like(token) + first
+    if HAS_WINDOW:
+        row_first = tl.maximum(position - WINDOW_LEFT, 0)
 
     slope2 = tl.zeros([BLOCK_G, 1], dtype=tl.float32)
     if HAS_ALIBI:  # one slope per query head of the group, in base 2
@@ -193,8 +208,9 @@ def _decode_split_kernel(
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
     # keys and the last one runs apart with them: a mask that varies along the keys narrows the copies of a V
     # stored keys-adjacent to one element, and costs selects on every tile. A paged window's first tile may start
-    # before the window, so there every tile keeps its masks.
-    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not (PAGED and HAS_WINDOW)
+    # before the window, so there every tile keeps its masks; so do several new tokens, each row with its own
+    # bounds (ROW_MASKS).
+    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not (PAGED and HAS_WINDOW) and not ROW_MASKS
     full_end = end
     if TAIL_APART:
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
@@ -238,10 +254,13 @@ def _decode_split_kernel(
             step_scale = qk_scale
             if HAS_SOFTCAP or HAS_ALIBI:  # capped and biased scores come out scaled, in base 2
                 qk, _ = modified_scores(
-                    qk, q_idx=seqlen - 1, kv_idx=cols[None, :], qk_scale=qk_scale, softcap2=softcap2, slope2=slope2,
-                    SHIFT=0, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
+                    qk, q_idx=position[:, None], kv_idx=cols[None, :], qk_scale=qk_scale, softcap2=softcap2,
+                    slope2=slope2, SHIFT=0, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI)
                 step_scale = 1.0
-            if phase == 1 or not TAIL_APART:
+            if ROW_MASKS:  # several new tokens: each row sees keys [row_first, row_end) of this split
+                seen = (col_ok[None, :] & (cols[None, :] < row_end[:, None])) & (cols[None, :] >= row_first[:, None])
+                qk = tl.where(seen, qk, float("-inf"))
+            elif phase == 1 or not TAIL_APART:
                 qk = tl.where(col_ok[None, :], qk, float("-inf"))
             acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
@@ -250,20 +269,21 @@ def _decode_split_kernel(
     if KV_FP8:  # true V = v8 * v_scale: o is a weighted mean of V's rows, so the factor applies once, here
         o = o * tl.load(V_SCALE + pid_bh)
     if DIRECT:  # one split: its output is the answer, written in q's dtype; no partials, no combine launch
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 o.to(OUT.dtype.element_ty), mask=q_mask)
-    else:
-        row = (b * H_KV * GROUP + heads) * NUM_SPLITS + pid_split  # O_PART (B, H_q, S, D), LSE_PART (B, H_q, S)
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + token[:, None] * stride_on
+                 + offs_d[None, :] * stride_od, o.to(OUT.dtype.element_ty), mask=q_mask)
+    else:  # O_PART (B, H_q, N_NEW, S, D), LSE_PART (B, H_q, N_NEW, S)
+        row = ((b * H_KV * GROUP + heads) * N_NEW + token) * NUM_SPLITS + pid_split
         tl.store(O_PART + row[:, None] * BLOCK_D + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(LSE_PART + row, lse, mask=row_ok)
 
 
 @triton.jit
-def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_od, H_Q, NUM_SPLITS,
-                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    pid = tl.program_id(0)  # one (batch, query head) row
-    b = pid // H_Q
-    h = pid % H_Q
+def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_on, stride_od, H_Q, N_NEW,
+                           NUM_SPLITS, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    pid = tl.program_id(0)  # one (batch, query head, new token) row
+    b = pid // (H_Q * N_NEW)
+    h = pid // N_NEW % H_Q
+    token = pid % N_NEW
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < NUM_SPLITS
@@ -275,24 +295,30 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
     w = tl.exp(lse_s - lse_max)  # exp(-inf) = 0: empty splits add nothing
     total = tl.sum(w, 0)
     o = tl.sum(w[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d * stride_od,
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h * stride_oh + token * stride_on + offs_d * stride_od,
              o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 switches: DecodeSwitches | None = None):
-    """Attention of one new query token per sequence over its KV cache, split along the cache length.
+                 switches: DecodeSwitches | None = None, causal: bool = True):
+    """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
+    length.
 
     Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
     second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
     token still spreads over every SM, where a FlashAttention forward would give it one program per
     (batch, head). A call that needs one split (a short cache, or many sequences and heads) writes its output
-    directly: one launch.
+    directly: one launch. Several new tokens (speculative decoding's drafts to verify, a chunk of a long prompt)
+    are extra rows of the same programs: every K/V tile is read once for all of a sequence's new tokens and the
+    query heads that share its K/V head.
 
     Args:
-        q: (B, H_q, D) the new token's queries, float16, bfloat16 (compute capability 8.0+) or float32;
+        q: (B, H_q, D), one new token per sequence, or (B, H_q, n_new, D), n_new new tokens per sequence whose
+            keys and values are already written at the end of the cache (positions seqlen - n_new .. seqlen - 1,
+            as flash-attn's ``flash_attn_with_kvcache`` has them after appending); float16, bfloat16 (compute
+            capability 8.0+) or float32;
             D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
             the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
         k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
@@ -300,9 +326,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
             be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
         cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size), or the
-            keys in use per sequence: a (B,) int32 tensor on q's device, or a list or tuple of B ints (copied
-            to q's device on each call). A sequence of length 0 gives o = 0. Each length must lie in
-            0 .. N_max (max_blocks * page_size for a paged cache), else a ValueError. Lengths given as a list
+            keys in use per sequence, the new tokens' own keys included (flash-attn's convention): a (B,) int32
+            tensor on q's device, an int for every sequence, or a list or tuple of B ints (copied to q's device
+            on each call). A sequence of length 0 gives o = 0. Each length must lie in 0 .. N_max
+            (max_blocks * page_size for a paged cache) and, with n_new new tokens, be 0 or at least n_new, else a
+            ValueError. Lengths given as a list
             are checked on every call; a tensor's values are read once, when a call first meets its shapes and
             options (reading a GPU tensor waits for the GPU, so not on every call), and on every call the
             kernel clamps each length to 0 .. N_max: a length changed in place past the cache reads the whole
@@ -317,22 +345,27 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             b's block-table row), V likewise; :func:`quantize_kv_cache` makes the cache and its scales. The
             kernel reads one byte per element and widens it to q's dtype in registers (exact); k_scale joins
             the score scale, v_scale multiplies the output.
-        window: None (default) or (left, right), -1 = unbounded: the token, at position ``seqlen - 1``,
-            sees only the last ``left + 1`` keys (``right`` reaches nothing: no key follows it); only those
-            keys are read, the splits share out the window, not the cache.
+        window: None (default) or (left, right), -1 = unbounded: a new token at position p (``seqlen - 1`` for
+            the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
+            token); only the windows' keys are read, the splits share out the windows, not the cache.
         softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
-        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (seqlen - 1 - j).
+        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (p - j) for the token at
+            position p.
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
         switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
             a :class:`DecodeSwitches`, the split kernel's options beyond its tiles, for tuning; its None fields
             are chosen as by default.
+        causal: True (default): bottom-right causal among the new tokens, new token t (0-based) of a sequence
+            of length L sees keys 0 .. L - n_new + t, the last one the whole sequence (flash-attn's
+            ``causal=True``, aligned to the bottom right); False: every new token sees all L keys (flash-attn's
+            default). With one new token the two are the same.
 
-    No causal mask: the new token sees every cached key (the cache holds only the past). Under
-    ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
+    ``cache_leftpad`` (flash-attn's first real key of each sequence) is not taken: every sequence's keys start at
+    row 0 of its cache row or first page. Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
 
     Returns:
-        o: (B, H_q, D), q's dtype.
+        o: q's shape, (B, H_q, D) or (B, H_q, n_new, D), and q's dtype.
 
     Example::
 
@@ -342,6 +375,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
         k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
         o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
+        drafts = torch.randn(4, 16, 5, 128, device="cuda", dtype=torch.float16)  # 5 tokens, keys already cached
+        o5 = flash_decode(drafts, k_cache, v_cache, cache_seqlens=[8192, 105, 5005, 5])  # (4, 16, 5, 128)
     """
     lengths = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
@@ -349,11 +384,11 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
         cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
-    options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches)
+    options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
     if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
         window_left, window_right = _window_pair(window)
         return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
-                                            block_n, num_warps, num_stages, *_switch_fields(switches))
+                                            block_n, num_warps, num_stages, *_switch_fields(switches), causal)
     return _decode(tensors, options, lengths)
 
 
@@ -373,6 +408,9 @@ def _decode(tensors: tuple, options: tuple, lengths: list[int] | None = None) ->
     cache ``plan.PLANS``), else check everything and make one; then launch it. The key holds everything the
     checks read but the values of the lengths and the pages: lengths given on the host are checked on every call
     (no GPU wait), a table's pages whenever the table is read (:func:`_first_call`)."""
+    q = tensors[0]
+    if isinstance(q, torch.Tensor) and q.dim() == 3:  # one new token: the call with q (B, H_q, 1, D), a view
+        return _decode((q.unsqueeze(2), *tensors[1:]), options, lengths).squeeze(2)
     key = _launch_key(*tensors, options)
     try:
         plan = PLANS.plans.get(key) if key is not None else None
@@ -382,7 +420,18 @@ def _decode(tensors: tuple, options: tuple, lengths: list[int] | None = None) ->
         return _first_call(key, tensors, options, lengths)
     if lengths is not None:
         check_lengths(lengths, plan.n_max, plan.paged)
+        check_new_tokens(lengths, q.shape[2])
     return plan.run(tensors)
+
+
+def check_new_tokens(lengths: list[int], n_new: int) -> None:
+    """Each length counts the new tokens, whose keys are already in the cache (flash-attn's ``cache_seqlens``):
+    a sequence with keys holds at least ``n_new`` of them. A length of 0 (no keys at all) gives o = 0."""
+    for b, n in enumerate(lengths):
+        if 0 < n < n_new:
+            raise ValueError(f"cache_seqlens[{b}] = {n} but q has n_new = {n_new} new tokens: a length counts the new "
+                             "tokens too (their keys are written into the cache before the call, as in flash-attn's "
+                             f"flash_attn_with_kvcache), so it must be at least {n_new} (or 0 for an empty sequence)")
 
 
 def _check_options(num_splits, block_n) -> None:
@@ -397,13 +446,16 @@ def _check_options(num_splits, block_n) -> None:
 def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) -> torch.Tensor:
     """Check a call's inputs, choose its launch and splits, launch it, and keep the plan under ``key``."""
     q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
-    scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches = options
+    scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
     window = check_window(window)
     softcap = check_softcap(softcap)
     check_alibi_slopes(alibi_slopes, q)
     _check_options(num_splits, block_n)
-    head_dim = q.shape[2]
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal is {causal!r}: expected True (each new token sees the cache up to its own "
+                        "position, bottom-right aligned) or False (every new token sees the whole cache)")
+    n_new, head_dim = q.shape[2], q.shape[3]
     scale = default_scale(head_dim, check_scale(scale))
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
@@ -411,6 +463,7 @@ def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) 
         lengths = cache_seqlens.tolist()  # read once here; the kernel clamps on every call
     if lengths is not None:
         check_lengths(lengths, n_max, paged)
+    check_new_tokens(lengths if lengths is not None else [n_max] * q.shape[0], n_new)
     if paged and not _capturing(q):  # read once per plan, as the lengths
         check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
     block_d = padded_head_dim(head_dim)
@@ -426,7 +479,7 @@ def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) 
     window_left = window[0] if window is not None and window[0] >= 0 else None
 
     def make_and_run(cfg):
-        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key, switches)
+        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key, causal, switches)
         return plan, plan.run(tensors)
 
     plan, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype, switches), candidates, make_and_run,
@@ -446,45 +499,48 @@ class _Plan:
                  "combine_grid", "combine_args", "launches")
 
     def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
-                 window_left, softcap, props: configs.DeviceProps, key, switches: DecodeSwitches):
+                 window_left, softcap, props: configs.DeviceProps, key, causal: bool, switches: DecodeSwitches):
         q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
-        batch, h_q, head_dim = q.shape
+        batch, h_q, n_new, head_dim = q.shape
         h_kv = k_cache.shape[1]
         block_d = padded_head_dim(head_dim)
         block_n = cfg.block_n
         self.key, self.n_max, self.paged = key, n_max, block_table is not None
-        self.empty = batch * h_q == 0
+        self.empty = batch * h_q * n_new == 0
         span = n_max  # keys the splits cover at most
-        if window_left is not None:  # the window's keys; paged tiles start on a BLOCK_N boundary, up to
-            span = min(n_max, window_left + (block_n if self.paged else 1))  # block_n - 1 keys before it
+        if window_left is not None:  # the windows' keys; paged tiles start on a BLOCK_N boundary, up to
+            span = min(n_max, window_left + n_new - 1 + (block_n if self.paged else 1))  # block_n - 1 keys before
         if num_splits is None:  # about programs_per_sm programs an SM (decode_num_splits aims at one)
             num_splits = configs.decode_num_splits(replace(props, num_sms=props.num_sms * switches.programs_per_sm),
                                                    batch * h_kv, span, block_n)
         num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
         split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
         self.num_splits = num_splits
-        self.part_shape = (batch, h_q, num_splits, block_d)  # O_PART; LSE_PART is its first three dims
+        self.part_shape = (batch, h_q, n_new, num_splits, block_d)  # O_PART; LSE_PART is its first four dims
         o = torch.empty_like(q)  # as run() allocates it: its strides are q's layout's
-        self.split_grid = (num_splits, batch * h_kv)
+        rows = h_q // h_kv * n_new  # a program's query rows: the group's heads times the new tokens, in tiles of
+        block_rows = max(16, min(triton.next_power_of_2(rows), max(64, triton.next_power_of_2(h_q // h_kv))))
+        self.split_grid = (num_splits, batch * h_kv, triton.cdiv(rows, block_rows))  # at most 64 (or one group)
         self.split_args = dict(
             qk_scale=scale * LOG2E,
-            **strides(q, "q", axes="bhd"), **strides(o, "o", axes="bhd"), **strides(k_cache, "k"),
+            **strides(q, "q"), **strides(o, "o"), **strides(k_cache, "k"),
             **strides(v_cache, "v"),
             stride_bt_b=block_table.stride(0) if self.paged else 0,
             stride_bt_p=block_table.stride(1) if self.paged else 0,
-            H_KV=h_kv, N_MAX=n_max, SPLIT_LEN=split_len, NUM_SPLITS=num_splits, WINDOW_LEFT=window_left or 0,
-            softcap2=(softcap or 1.0) * LOG2E,
-            GROUP=h_q // h_kv, BLOCK_G=max(16, triton.next_power_of_2(h_q // h_kv)), HEAD_DIM=head_dim,
+            H_KV=h_kv, N_MAX=n_max, N_NEW=n_new, SPLIT_LEN=split_len, NUM_SPLITS=num_splits,
+            WINDOW_LEFT=window_left or 0, softcap2=(softcap or 1.0) * LOG2E,
+            GROUP=h_q // h_kv, BLOCK_G=block_rows, HEAD_DIM=head_dim,
             BLOCK_D=block_d, BLOCK_N=block_n, PAGED=self.paged, PAGE_SIZE=k_cache.shape[2] if self.paged else 1,
             HAS_SEQLENS=cache_seqlens is not None, HAS_WINDOW=window_left is not None,
             HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
             DOT_PRECISION=dot_precision(q.dtype), KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
-            MASK_TAIL_ONLY=switches.mask_tail_only,
+            MASK_TAIL_ONLY=switches.mask_tail_only, ROW_MASKS=n_new > 1, CAUSAL=causal and n_new > 1,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        self.combine_grid = (batch * h_q,)
-        self.combine_args = dict(**strides(o, "o", axes="bhd"), H_Q=h_q, NUM_SPLITS=num_splits, HEAD_DIM=head_dim,
-                                 BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+        self.combine_grid = (batch * h_q * n_new,)
+        self.combine_args = dict(**strides(o, "o"), H_Q=h_q, N_NEW=n_new, NUM_SPLITS=num_splits,
+                                 HEAD_DIM=head_dim, BLOCK_D=block_d,
+                                 BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
         self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
 
     def run(self, tensors: tuple) -> torch.Tensor:
@@ -496,7 +552,7 @@ class _Plan:
         o_part = lse_part = o  # one split writes o itself: the partials' pointers are never read
         if not direct:
             o_part = q.new_empty(self.part_shape, dtype=torch.float32)
-            lse_part = q.new_empty(self.part_shape[:3], dtype=torch.float32)
+            lse_part = q.new_empty(self.part_shape[:4], dtype=torch.float32)
         if k_scale is not None:  # indexed b * H_kv + h in the kernel
             k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
         # In _NAMES' order; q stands in for an absent tensor (a pointer the kernel never reads).
@@ -575,14 +631,14 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
                window_left: int, window_right: int, softcap: Optional[float], block_n: Optional[int],
                num_warps: Optional[int], num_stages: Optional[int], programs_per_sm: Optional[int] = None,
-               mask_tail_only: Optional[bool] = None) -> torch.Tensor:
+               mask_tail_only: Optional[bool] = None, causal: bool = True) -> torch.Tensor:
     """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
     their two fields (None: chosen per call)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
     switches = (None if (programs_per_sm, mask_tail_only) == (None, None)
                 else DecodeSwitches(programs_per_sm, mask_tail_only))
-    return _decode(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches))
+    return _decode(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal))
 
 
 def _switch_fields(switches) -> tuple:
@@ -594,7 +650,7 @@ def _switch_fields(switches) -> tuple:
 @_decode_op.register_fake
 def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale,
                     num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages,
-                    programs_per_sm=None, mask_tail_only=None):
+                    programs_per_sm=None, mask_tail_only=None, causal=True):
     # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
     # exist here; the kernel clamps them).
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)

@@ -35,6 +35,8 @@ from .common import (
     tma_scratch,
     visible,
 )
+from .dropout import Dropout, kept_weight_factor, online_softmax_update_dropped
+from .dropout import kernel_args as dropout_args
 from .launch import LaunchCache, layout_key, prepare_launch
 from .rules import Rules, causal_rules, refuse_missing
 from .stepdown import launch_fitting
@@ -45,7 +47,8 @@ from .versions import ForwardVersion
 
 # ------------------------------------------------------------------------------------------ v7 (rules)
 @triton.jit
-def _attend_tile_v7(acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn,
+def _attend_tile_v7(acc, l_i, m_i, q, seed, bh, dropout_p, DROPOUT: tl.constexpr,
+                    k_src, v_src, start_n, b, h, offs_m, stride_kn, stride_kd, stride_vn,
                     stride_vd, N_Q, N_KV, qk_scale, UPPER, LOWER, SHIFT, doc_ids, softcap2, slope2,
                     MASKED: tl.constexpr, HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr,
                     HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
@@ -76,6 +79,10 @@ def _attend_tile_v7(acc, l_i, m_i, q, k_src, v_src, start_n, b, h, offs_m, strid
             b, h, q_idx=offs_m[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV, UPPER=UPPER, LOWER=LOWER,
             doc_ids=doc_ids, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS, MASK_MOD=MASK_MOD)
         qk = tl.where(ok, qk, float("-inf"))
+    if DROPOUT:  # the softmax statistics stay the undropped ones; only the weights on V are dropped and rescaled
+        factor = kept_weight_factor(seed, bh, q_idx=offs_m[:, None], kv_idx=cols[None, :], N_Q=N_Q, N_KV=N_KV,
+                                    dropout_p=dropout_p)
+        return online_softmax_update_dropped(acc, l_i, m_i, qk, v, step_scale, factor, DOT_PRECISION)
     return online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
 
@@ -88,10 +95,10 @@ def _fwd_v7_kernel(
     stride_ob, stride_oh, stride_on, stride_od,
     H, GROUP, N_Q, N_KV,
     UPPER, LOWER, SHIFT, DOC_IDS, stride_doc_b, softcap2, ALIBI_SLOPES,
-    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW,
+    FULL_COUNTS, FULL_TILES, PARTIAL_COUNTS, PARTIAL_TILES, B_MASK, H_MASK, TILES_PER_ROW, SEED, dropout_p,
     HAS_UPPER: tl.constexpr, HAS_LOWER: tl.constexpr, HAS_DOCS: tl.constexpr, MASK_MOD: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SCORE_MOD: tl.constexpr, BLOCK_SPARSE: tl.constexpr,
-    USE_DESC: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    DROPOUT: tl.constexpr, USE_DESC: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -120,6 +127,10 @@ def _fwd_v7_kernel(
     slope2 = 0.0
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI_SLOPES + h) * LOG2E_IN_KERNEL
+    seed = 0
+    bh = b * H + h  # the dropout stream's row of heads, in int64 (its offsets pass 2**31 at N = 46341)
+    if DROPOUT:
+        seed = tl.load(SEED)
 
     m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -129,7 +140,8 @@ def _fwd_v7_kernel(
         for i in range(0, tl.load(FULL_COUNTS + row)):
             start_n = tl.load(FULL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                acc, l_i, m_i, q, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
                 stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -138,7 +150,8 @@ def _fwd_v7_kernel(
         for i in range(0, tl.load(PARTIAL_COUNTS + row)):
             start_n = tl.load(PARTIAL_TILES + row * TILES_PER_ROW + i) * BLOCK_N
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                acc, l_i, m_i, q, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
                 stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -154,7 +167,8 @@ def _fwd_v7_kernel(
         if HAS_LOWER:  # the window's left edge
             for start_n in range(lo, full_lo, BLOCK_N):
                 acc, l_i, m_i = _attend_tile_v7(
-                    acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                    acc, l_i, m_i, q, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                    k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
                     stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q,
                     N_KV=N_KV, qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids,
                     softcap2=softcap2, slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER,
@@ -163,7 +177,8 @@ def _fwd_v7_kernel(
                     DOT_PRECISION=DOT_PRECISION)
         for start_n in range(full_lo, full_hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                acc, l_i, m_i, q, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
                 stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=False, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -172,7 +187,8 @@ def _fwd_v7_kernel(
         # The diagonal / right edge and the tail tile past the last whole one.
         for start_n in range(full_hi, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile_v7(
-                acc, l_i, m_i, q, k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
+                acc, l_i, m_i, q, seed=seed, bh=bh, dropout_p=dropout_p, DROPOUT=DROPOUT,
+                k_src=k_src, v_src=v_src, start_n=start_n, b=b, h=h, offs_m=offs_m,
                 stride_kn=stride_kn, stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, N_Q=N_Q, N_KV=N_KV,
                 qk_scale=qk_scale, UPPER=UPPER, LOWER=LOWER, SHIFT=SHIFT, doc_ids=doc_ids, softcap2=softcap2,
                 slope2=slope2, MASKED=True, HAS_UPPER=HAS_UPPER, HAS_LOWER=HAS_LOWER, HAS_DOCS=HAS_DOCS,
@@ -224,12 +240,14 @@ def launch_candidates(version: ForwardVersion, props: configs.DeviceProps, block
 
 def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float | None,
                 config: configs.KernelConfig | None = None, rules: Rules | None = None,
-                block_mask: blockmask.BlockMask | None = None, record: list | None = None):
+                block_mask: blockmask.BlockMask | None = None, record: list | None = None,
+                dropout: Dropout | None = None):
     """Launch one forward version on checked inputs; returns (o, lse). ``config`` overrides the launch;
     ``rules`` (from ``rules.parse_rules``), when given, replaces ``causal``; ``block_mask`` (checked against the
     call) gives v7 its tile lists instead of building them. ``record``: a list that gets the launch prepared to
     repeat on other tensors of this layout (``launch.prepare_launch``), where the compiled kernel allows it and
-    the rules hold no tensor (a plan keeps it: ``plan.py``)."""
+    the rules hold no tensor (a plan keeps it: ``plan.py``). ``dropout``: the probability and seed of
+    ``dropout.py``, v7 only (the other versions refuse it)."""
     batch, heads, n_q, head_dim = q.shape
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
@@ -237,7 +255,10 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     lse = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
     if batch * heads * n_q == 0:
         return o, lse
-    key = _launch_key(version, rules, scale, config, q, k, v)
+    if dropout is not None and not version.takes_rules:
+        raise ValueError(f"forward version {version.name} has no dropout: use the default version "
+                         f"({DEFAULT_FORWARD}) or version='{DEFAULT_FORWARD}'")
+    key = None if dropout is not None else _launch_key(version, rules, scale, config, q, k, v)
     if version.needs_descriptors and key is not None:
         triton.set_allocator(tma_scratch(q.device))  # Triton's allocator is per thread: set it on every call
     remembered = _LAUNCHES.get(key)
@@ -270,14 +291,15 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
             lists = blockmask.call_lists(rules, block_mask, q, k, config.block_m, config.block_n, by_key=False)
             kernel = version.kernel
             launch.update(LSE=lse, qk_scale=scale * LOG2E, H=heads, GROUP=heads // k.shape[1],
-                          **blockmask.rule_args(rules, q, k), **lists, USE_DESC=use_descriptors)
+                          **blockmask.rule_args(rules, q, k), **lists, **dropout_args(dropout, q),
+                          USE_DESC=use_descriptors)
         else:
             kernel = _fwd_v5_kernel if version.needs_descriptors and not use_descriptors else version.kernel
             scale_arg = {"qk_scale": scale * LOG2E} if version.base2 else {"scale": scale}
             launch.update(LSE=lse, **scale_arg, H=heads, CAUSAL=rules.causal is not None)
         compiled = kernel[grid](**launch)
         _LAUNCHES.remember(key, kernel, compiled, grid, launch, PER_CALL_TENSORS)
-        if record is not None and rules.alibi_slopes is None and not rules.needs_block_mask:
+        if record is not None and rules.alibi_slopes is None and not rules.needs_block_mask and dropout is None:
             prepared = prepare_launch(kernel, compiled, grid, launch, PER_CALL_TENSORS)
             if prepared is not None:
                 record.append(prepared)

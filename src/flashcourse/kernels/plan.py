@@ -33,6 +33,7 @@ from ._checks import check_qkv, check_scale
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
 from .common import tma_scratch
+from .dropout import Dropout
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
 from .rules import Rules, parse_rules
 
@@ -158,7 +159,8 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     for present, what in ((block_mask is not None, "block mask"), (rules.window is not None, "sliding window"),
                           (rules.softcap is not None, "softcap"), (rules.alibi_slopes is not None, "ALiBi"),
                           (rules.document_ids is not None, "document masking"),
-                          (rules.mask_mod is not None, "mask_mod")):
+                          (rules.mask_mod is not None, "mask_mod"),
+                          (rules.dropout_p is not None, "dropout (v7 and b3 regenerate its mask)")):
         if present:
             return None, f"v8 has no {what}"
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -247,7 +249,8 @@ class Plan:
         # which parses a shape and a dtype on every call (0.9 us against 1.6-1.8 us on the CPU).
         self._lse_like = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
-        self._repeat = cacheable and repeatable(q) and launch.LaunchCache().enabled
+        # Dropout's seed changes every call, so its launches are never prepared.
+        self._repeat = (cacheable and repeatable(q) and launch.LaunchCache().enabled and rules.dropout_p is None)
         self._allocator = tma_scratch(q.device) if self._needs_scratch(q, k, v) else None
         self._forward_launch = None
         self._gluon = None  # hopper/fa3.py's ForwardPlan
@@ -259,8 +262,8 @@ class Plan:
             return False
         return descriptors_usable(configs.device_props(q.device), q, k, v)
 
-    def forward(self, q, k, v, rules: Rules, block_mask: BlockMask | None):
-        """(o, lse) of this call."""
+    def forward(self, q, k, v, rules: Rules, block_mask: BlockMask | None, dropout: Dropout | None = None):
+        """(o, lse) of this call; ``dropout`` (its probability and seed) where the rules have a dropout_p."""
         if self._allocator is not None:
             triton.set_allocator(self._allocator)
         if self._forward_launch is not None:
@@ -277,16 +280,18 @@ class Plan:
             return self._gluon(q, k, v)
         record = [] if self._repeat else None
         o, lse = run_forward(self._forward_version, q, k, v, rules=rules, scale=self.scale, block_mask=block_mask,
-                             record=record)
+                             record=record, dropout=dropout)
         if record:
             self._forward_launch = record[0]
         return o, lse
 
-    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None, *, dlse=None):
-        """(dq, dk, dv) from the forward's (o, lse); ``dlse``, the lse's gradient where a loss used it, or None."""
+    def backward(self, q, k, v, o, lse, do, rules: Rules, block_mask: BlockMask | None,
+                 dropout: Dropout | None = None, *, dlse=None):
+        """(dq, dk, dv) from the forward's (o, lse) (and its ``dropout``, the same seed); ``dlse``, the lse's
+        gradient where a loss used it, or None."""
         if dlse is not None:  # its term sits between the prepared launches: launched in full
             return run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
-                                block_mask=block_mask, dlse=dlse)
+                                block_mask=block_mask, dlse=dlse, dropout=dropout)
         if self._repeat:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:
@@ -298,7 +303,7 @@ class Plan:
                 return dq, dk, dv
         record = [] if self._repeat else None
         grads = run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
-                             block_mask=block_mask, record=record)
+                             block_mask=block_mask, record=record, dropout=dropout)
         if record and len(record) == 3:
             self._backward_launches[do.stride(), do.data_ptr() % 16 == 0] = tuple(record)
         return grads
@@ -356,6 +361,7 @@ class Call(NamedTuple):
     enable_gqa: bool
     forward_version: str | None
     backward_version: str | None
+    dropout_p: float | None = None  # checked: None or in (0, 1); the seed is per call, never in the description
 
 
 def check_gqa(q, k, enable_gqa) -> None:
@@ -379,7 +385,7 @@ _DESCRIBED_SCALES = frozenset((float, int, type(None)))
 
 def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
              mask_mod=None, block_mask=None, scale=None, enable_gqa=False, forward_version=None,
-             backward_version=None) -> tuple[Plan, Rules]:
+             backward_version=None, dropout_p=0.0) -> tuple[Plan, Rules]:
     """The front door: the plan and the checked rules of a call. The call is described once (:class:`Call`:
     its options parsed, its layout read); a description already in :data:`PLANS` is a call that passed every
     check, and gets its plan at once. Any other call is checked in full, and its plan kept under its description
@@ -390,11 +396,11 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
     if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
             and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
-            rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap)
+            rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
             # A Call's fields as a plain tuple, which hashes and compares equal to the Call kept under them: a
             # NamedTuple's own constructor is a Python call, several times the cost of the tuple, on every call.
             call = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                    forward_version, backward_version)
+                    forward_version, backward_version, rules.dropout_p)
             plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
             call = None
@@ -405,7 +411,7 @@ def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=N
     check_gqa(q, k, enable_gqa)
     check_block_mask(block_mask, q, k)
     rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, mask_mod=mask_mod)
+                        document_ids=document_ids, mask_mod=mask_mod, dropout_p=dropout_p)
     route = choose_route(q, k, v, rules, block_mask=block_mask, forward_version=forward_version,
                          backward_version=backward_version)
     plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)

@@ -43,6 +43,7 @@ import torch
 from triton.runtime.jit import KernelInterface
 
 from ..validation import check_window  # the reference's window rule, written once
+from .dropout import check_dropout_p
 
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
 
@@ -57,6 +58,7 @@ class Rules:
     alibi_slopes: torch.Tensor | None = None  # (H_q,) float32
     document_ids: torch.Tensor | None = None  # (B, N) integer
     mask_mod: Callable | None = None  # @triton.jit (b, h, q_idx, kv_idx) -> bool
+    dropout_p: float | None = None  # in (0, 1); None is no dropout (kernels/dropout.py: the mask, the seed)
 
     @property
     def needs_block_mask(self) -> bool:
@@ -103,7 +105,8 @@ class Rules:
         for present, what in ((self.window is not None, "sliding window"), (self.softcap is not None, "softcap"),
                               (self.alibi_slopes is not None, "ALiBi (alibi_slopes)"),
                               (self.document_ids is not None, "document masking (document_ids)"),
-                              (self.mask_mod is not None, "mask_mod")):
+                              (self.mask_mod is not None, "mask_mod"),
+                              (self.dropout_p is not None, "dropout (dropout_p)")):
             if present:
                 return what
         return None
@@ -287,12 +290,13 @@ def _jit_source(mask_mod) -> str | None:
 
 
 def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, softcap=None, alibi_slopes=None,
-                document_ids=None, mask_mod=None) -> Rules:
+                document_ids=None, mask_mod=None, dropout_p=0.0) -> Rules:
     """Check the variant options against q (B, H_q, N_q, D) and k (B, H_kv, N_k, D) and gather them.
 
     The plain call (every option None) returns a shared constant after four ``is None`` tests: it costs nothing.
     """
-    if window is None and softcap is None and alibi_slopes is None and document_ids is None and mask_mod is None:
+    if (window is None and softcap is None and alibi_slopes is None and document_ids is None and mask_mod is None
+            and type(dropout_p) is float and dropout_p == 0.0):
         if causal is False:
             return DENSE
         if causal is True:
@@ -300,7 +304,7 @@ def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, 
     return Rules(causal=causal_alignment(causal), window=check_window(window), softcap=check_softcap(softcap),
                  alibi_slopes=check_alibi_slopes(alibi_slopes, q),
                  document_ids=_document_ids(document_ids, q.shape[0], q.shape[2], k.shape[2], q.device),
-                 mask_mod=_mask_mod(mask_mod))
+                 mask_mod=_mask_mod(mask_mod), dropout_p=check_dropout_p(dropout_p))
 
 
 def parse_mask_rules(batch: int | None, n_q: int, n_kv: int, device: torch.device, *, causal=False, window=None,

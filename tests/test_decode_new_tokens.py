@@ -1,0 +1,178 @@
+"""``flash_decode`` with several new tokens, q (B, H_q, n_new, D), against a float64 NumPy reference.
+
+The convention is flash-attn's ``flash_attn_with_kvcache``: the new tokens' keys are already in the cache and
+``cache_seqlens`` counts them, so new token t (0-based) of a sequence of length L sits at key position
+L - n_new + t and, causal (bottom-right aligned), sees keys 0 .. L - n_new + t. The reference below writes that
+mask out per sequence. Sizes are awkward for the interpreter's 16-key tiles: lengths and caches not multiples of a
+tile or a page, a length equal to n_new, splits forced to 1 and to more, GQA; the ``gpu`` tests repeat it at real
+sizes in float16 and bfloat16 (speculative verification's few tokens, a chunked prefill's many).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+from flashcourse import kernels  # noqa: E402
+from flashcourse.tolerance import assert_close  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def expected(q, k, v, lengths, *, causal=True, window_left=None, alibi_slopes=None):
+    """(B, H_q, n_new, D) float64: each new token over its sequence's first lengths[b] keys, with the mask (and the
+    ALiBi bias -slope * (position - j)) written out; a row that sees no key gives 0."""
+    q, k, v = (t.detach().cpu().double().numpy() for t in (q, k, v))
+    batch, h_q, n_new, head_dim = q.shape
+    group = h_q // k.shape[1]
+    out = np.zeros(q.shape)
+    for b, length in enumerate(lengths):
+        if length == 0:  # no key at all
+            continue
+        keys = np.repeat(k[b, :, :length], group, axis=0)  # (H_q, L, D)
+        values = np.repeat(v[b, :, :length], group, axis=0)
+        scores = q[b] @ keys.swapaxes(-1, -2) / math.sqrt(head_dim)  # (H_q, n_new, L)
+        position = (length - n_new + np.arange(n_new))[:, None]
+        j = np.arange(length)[None, :]
+        seen = np.ones((n_new, length), dtype=bool)
+        if causal:
+            seen &= j <= position
+        if window_left is not None:
+            seen &= j >= position - window_left
+        if alibi_slopes is not None:
+            scores = scores - np.asarray(alibi_slopes, dtype=np.float64)[:, None, None] * (position - j)
+        scores = np.where(seen, scores, -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        weights = np.exp(scores - top)
+        total = weights.sum(axis=-1, keepdims=True)
+        out[b] = np.where(total > 0, (weights / np.where(total > 0, total, 1)) @ values, 0.0)
+    return out
+
+
+def make(rng, batch, h_q, h_kv, n_new, n_max, head_dim, dtype=torch.float32):
+    shapes = ((batch, h_q, n_new, head_dim), (batch, h_kv, n_max, head_dim), (batch, h_kv, n_max, head_dim))
+    return [torch.tensor(rng.standard_normal(s), dtype=dtype, device=DEVICE) for s in shapes]
+
+
+def paged(k, v, page_size, rng):
+    """The cache cut into pages stored in shuffled order, and the block table that finds them."""
+    batch, h_kv, n, head_dim = k.shape
+    pages = -(-n // page_size)
+    order = torch.tensor(rng.permutation(batch * pages), dtype=torch.int32)
+
+    def store(x):
+        padded = torch.zeros(batch, h_kv, pages * page_size, head_dim, dtype=x.dtype, device=x.device)
+        padded[:, :, :n] = x
+        blocks = padded.reshape(batch, h_kv, pages, page_size, head_dim).transpose(1, 2)
+        out = torch.empty((batch * pages, h_kv, page_size, head_dim), dtype=x.dtype, device=x.device)
+        out[order.long().to(x.device)] = blocks.reshape(-1, h_kv, page_size, head_dim)
+        return out
+
+    return store(k), store(v), order.reshape(batch, pages).to(k.device)
+
+
+def lengths_tensor(lengths):
+    return torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("n_new", [1, 2, 5, 17])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("page_size", [None, 16, 32])
+def test_new_tokens_see_the_cache_up_to_their_own_position(rng, n_new, num_splits, page_size):
+    """GQA (4 query heads per K/V head), lengths 73 (no multiple of a tile or page), n_new (the new tokens alone)
+    and the whole cache of 90; contiguous and paged."""
+    q, k, v = make(rng, 3, 8, 2, n_new, 90, 32)
+    lengths = [73, n_new, 90]
+    k_cache, v_cache, options = k, v, {}
+    if page_size is not None:
+        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), num_splits=num_splits,
+                             **options)
+    assert o.shape == q.shape
+    assert_close(o, expected(q, k, v, lengths), what=f"{n_new} new tokens, {num_splits} splits, pages {page_size}")
+
+
+def test_one_new_token_is_the_same_call_in_three_or_four_dims(rng):
+    q, k, v = make(rng, 2, 4, 4, 1, 50, 16)
+    lengths = lengths_tensor([50, 7])
+    four = kernels.flash_decode(q, k, v, cache_seqlens=lengths)
+    three = kernels.flash_decode(q[:, :, 0], k, v, cache_seqlens=lengths)
+    assert four.shape == (2, 4, 1, 16) and three.shape == (2, 4, 16)
+    assert torch.equal(four[:, :, 0], three)
+
+
+def test_causal_false_lets_every_new_token_see_the_whole_sequence(rng):
+    q, k, v = make(rng, 2, 4, 2, 6, 40, 16)
+    lengths = [40, 21]
+    o = kernels.flash_decode(q, k, v, cache_seqlens=lengths_tensor(lengths), causal=False, num_splits=2)
+    assert_close(o, expected(q, k, v, lengths, causal=False), what="non-causal new tokens")
+    causal = kernels.flash_decode(q, k, v, cache_seqlens=lengths_tensor(lengths), num_splits=2)
+    assert not torch.allclose(o, causal)  # the last token alone sees the same keys either way
+    assert torch.allclose(o[:, :, -1], causal[:, :, -1], atol=1e-6)
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_a_window_and_alibi_measure_from_each_tokens_own_position(rng, page_size):
+    q, k, v = make(rng, 2, 4, 2, 5, 64, 16)
+    lengths = [64, 30]
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    k_cache, v_cache, options = k, v, {}
+    if page_size is not None:
+        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), window=(9, 0),
+                             alibi_slopes=slopes, num_splits=2, **options)
+    assert_close(o, expected(q, k, v, lengths, window_left=9, alibi_slopes=slopes.cpu().numpy()),
+                 what=f"window and ALiBi with new tokens, pages {page_size}")
+
+
+def test_an_empty_sequence_gives_zeros(rng):
+    q, k, v = make(rng, 2, 2, 2, 3, 20, 16)
+    o = kernels.flash_decode(q, k, v, cache_seqlens=[0, 20])
+    assert torch.all(o[0] == 0)
+    assert_close(o, expected(q, k, v, [0, 20]), what="an empty sequence beside a full one")
+
+
+@pytest.mark.parametrize("lengths", [[4, 20], torch.tensor([20, 4], dtype=torch.int32)], ids=["list", "tensor"])
+def test_a_length_shorter_than_the_new_tokens_is_refused(rng, lengths):
+    q, k, v = make(rng, 2, 2, 2, 5, 20, 16)
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.to(DEVICE)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[\d\] = 4 but q has n_new = 5 new tokens: a length counts"):
+        kernels.flash_decode(q, k, v, cache_seqlens=lengths)
+
+
+def test_more_new_tokens_than_the_cache_holds_is_refused(rng):
+    q, k, v = make(rng, 1, 2, 2, 30, 20, 16)
+    with pytest.raises(ValueError, match="cache_seqlens\\[0\\] = 20 but q has n_new = 30"):
+        kernels.flash_decode(q, k, v)
+
+
+def test_causal_must_be_a_bool(rng):
+    q, k, v = make(rng, 1, 2, 2, 3, 20, 16)
+    with pytest.raises(TypeError, match="causal is 'bottom_right': expected True"):
+        kernels.flash_decode(q, k, v, causal="bottom_right")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n_new", [1, 4, 17, 128])
+@pytest.mark.parametrize("page_size", [None, 16, 256])
+def test_gpu_new_tokens_real_sizes(rng, n_new, page_size, dtype):
+    """Up to 5,000 keys, GQA 8:1 (a program's rows: 8 heads x n_new tokens, in tiles), the default splits."""
+    q, k, v = make(rng, 3, 32, 4, n_new, 5000, 128, dtype)
+    lengths = [5000, 1234, n_new]
+    k_cache, v_cache, options = k, v, {}
+    if page_size is not None:
+        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), **options)
+    assert_close(o, expected(q, k, v, lengths), what=f"{n_new} new tokens on the GPU, pages {page_size}")
