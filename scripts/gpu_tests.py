@@ -105,8 +105,16 @@ def main(argv=None) -> int:
                         help="most pytest-xdist workers (default 8; fewer where the card's free memory holds fewer)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="folder for the JSON")
     parser.add_argument("--no-launch-fit", action="store_true", help="skip the ahead-of-time fit check")
+    parser.add_argument("--files", nargs="+", metavar="TEST_FILE",
+                        help="only these of the GPU test files (a tier in two calls, each under a command's limit)")
+    parser.add_argument("--exclude", nargs="+", default=[], metavar="TEST_FILE", help="leave these test files out")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k decode)")
     args = parser.parse_args(argv)
+
+    files = [f for f in gpu_test_files() if (args.files is None or f in args.files) and f not in args.exclude]
+    unknown = (set(args.files or ()) | set(args.exclude)) - set(gpu_test_files())
+    if unknown:
+        sys.exit(f"not GPU test files: {sorted(unknown)}; they are {gpu_test_files()}")
 
     import torch
     import triton
@@ -127,7 +135,7 @@ def main(argv=None) -> int:
             workers = ["-n", str(n_workers)] if n_workers > 1 else []
             code |= subprocess.call([sys.executable, "-m", "pytest", "-m", markers, "-q", "-p",
                                      "no:cacheprovider", *workers, "--junitxml", str(junit), "--durations=15",
-                                     *gpu_test_files(), *args.pytest_args], cwd=ROOT, env=_env()) not in (0, 5)
+                                     *files, *args.pytest_args], cwd=ROOT, env=_env()) not in (0, 5)
             suite = ET.parse(junit).getroot()
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = [n + int(suite.get(k, 0)) for n, k in zip(counts, ("tests", "failures", "errors", "skipped"),
@@ -141,6 +149,8 @@ def main(argv=None) -> int:
     meta = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
             "triton": triton.__version__, "gpus": torch.cuda.device_count()}
     result = {"meta": meta, "summary": summary}
+    if args.files or args.exclude:
+        result["files"] = files
     if fit is not None:
         result["launch_fit"] = fit
     args.out.mkdir(parents=True, exist_ok=True)

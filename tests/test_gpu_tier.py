@@ -31,3 +31,10 @@ def test_workers_fit_the_card(gpu_tests):
 def test_the_big_marker_is_registered_and_used(gpu_tests):
     assert gpu_tests.BIG in (ROOT / "pyproject.toml").read_text()
     assert f"pytest.mark.{gpu_tests.BIG}" in (ROOT / "tests" / "test_plan.py").read_text()
+
+
+def test_a_file_that_holds_no_gpu_test_is_refused_before_anything_runs(gpu_tests):
+    with pytest.raises(SystemExit, match="not GPU test files: \\['tests/test_reference.py'\\]"):
+        gpu_tests.main(["--files", "tests/test_kernels_forward.py", "tests/test_reference.py"])
+    with pytest.raises(SystemExit, match="not GPU test files"):
+        gpu_tests.main(["--exclude", "tests/no_such_file.py"])
