@@ -69,12 +69,13 @@ test: setup
 # lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the wheel build, the site and the
 # browser, the ahead-of-time compiles for every supported GPU, tests marked slow, tests that start processes, and the
 # Triton interpreter's kernel tests but for a smoke subset (FAST_SMOKE: bad inputs refused, lse, empty rows, a
-# backward, decode's combine, the grader on kernels, the block mask's refusals). The files are named one by one rather than as `tests` with
+# backward, decode's combine, the grader on kernels, the block mask's refusals, dropout's mask, several new tokens). The files are named one by one rather than as `tests` with
 # --ignore: pytest drops a node id (FAST_SMOKE's) whose file it was told to ignore or already holds as part of a
 # folder. tests/test_make_targets.py collects these arguments and checks every FAST_SMOKE id is among the tests.
 FAST_IGNORE := test_site.py test_notebooks.py test_wheel.py test_grading_nbgrader.py test_grading_batch.py \
 	test_exercises.py test_kernels_forward.py test_kernels_backward.py test_kernels_variants.py test_decode.py \
-	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py test_block_mask.py
+	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py test_block_mask.py \
+	test_dropout.py test_decode_new_tokens.py
 FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
 	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \
 	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed
@@ -92,7 +93,11 @@ FAST_SMOKE := test_kernels_forward.py::test_bad_inputs_raise_clear_errors \
 	test_exercises.py::test_committed_exercises_equal_a_fresh_release \
 	test_exercises.py::test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers \
 	test_block_mask.py::test_wrong_shapes_raise test_block_mask.py::test_other_rules_raise \
-	test_block_mask.py::test_bad_arguments_raise
+	test_block_mask.py::test_bad_arguments_raise \
+	test_dropout.py::test_bad_dropout_p_is_refused_by_name \
+	test_dropout.py::test_flash_attention_is_repeatable_under_manual_seed_and_draws_a_new_mask_per_call \
+	test_decode_new_tokens.py::test_a_length_shorter_than_the_new_tokens_is_refused \
+	test_decode_new_tokens.py::test_causal_false_lets_every_new_token_see_the_whole_sequence
 FAST_FILES := $(filter-out $(addprefix tests/,$(FAST_IGNORE)),$(sort $(wildcard tests/test_*.py)))
 FAST_PYTEST_ARGS := -m "not gpu and not slow" $(addprefix --deselect=tests/,$(FAST_DESELECT)) $(FAST_FILES) \
 	$(addprefix tests/,$(FAST_SMOKE))
