@@ -45,10 +45,10 @@ setup-course: $(VENV)/.installed-course
 $(VENV)/.installed-course: pyproject.toml
 	$(call install,course)
 
-# Served from the repository root (lessons link to ../exercises/), opening on notebooks/. Containers often run
-# as root, which JupyterLab refuses unless told.
+# Served from the repository root (lessons link to ../exercises/), opening on notebooks/: the LabApp's default_url,
+# since `jupyter lab` ignores the ServerApp's. Containers often run as root, which JupyterLab refuses unless told.
 lab: setup-course
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks \
 		$$(test "$$(id -u)" = 0 && echo --allow-root) $(LAB_ARGS)
 
 lint: setup
@@ -65,22 +65,38 @@ test: setup
 	@$(call timed,site and browser,$(PY) scripts/build_site.py >/dev/null && FLASHCOURSE_SITE_BUILT=1 \
 		$(PY) -m pytest -n 2 --dist loadfile --durations=10 tests/test_site.py tests/browser)
 
-# `make test-fast`: ruff and the unit tests, in about a minute. Left to `make test`: whatever executes notebooks (the
-# lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the wheel build, the site and the
-# browser, the ahead-of-time compiles for every supported GPU, tests marked slow, tests that start processes, and the
-# Triton interpreter's kernel tests but for a smoke subset (FAST_SMOKE: bad inputs refused, lse, empty rows, a
-# backward, decode's combine, the grader on kernels, the block mask's refusals, dropout's mask, several new tokens). The files are named one by one rather than as `tests` with
-# --ignore: pytest drops a node id (FAST_SMOKE's) whose file it was told to ignore or already holds as part of a
-# folder. tests/test_make_targets.py collects these arguments and checks every FAST_SMOKE id is among the tests.
+# `make test-fast`: ruff, the unit tests and a kernel smoke set (tests/test_kernel_smoke.py: the forward, the
+# backward and decoding against float64 at N = 1 and 17, D = 16 and 32, causal and not). Measured on 2026-12-06
+# (README, "Two commands"). Left to `make test`, each for its cost:
+# - whatever executes notebooks (the lessons, the exercises' solutions and stubs, the batch grader, nbgrader), the
+#   wheel build, the site and the browser;
+# - ahead-of-time compiles (the launch fit for every supported GPU, the Gluon and FP8 stages for sm_90) and
+#   torch.compile of the kernels;
+# - the Triton interpreter's kernel tests but for the smoke set and FAST_SMOKE (bad inputs refused, lse, empty
+#   rows, a backward, decode's combine, the grader on kernels, the block mask's refusals, dropout's mask, several
+#   new tokens): every version, variant, dropout case, mask classification, document tiles and tile range, and
+#   the interview's hand-written kernels;
+# - the benchmarks' and measurement scripts' CPU runs (bench variants and train-step, the launch sweeps);
+# - the terminal quiz through a pseudo-terminal and the widgets (every step's figure drawn);
+# - tests marked slow and those that start process groups or fresh interpreters (FAST_DESELECT).
+# The files are named one by one rather than as `tests` with --ignore: pytest drops a node id (FAST_SMOKE's) whose
+# file it was told to ignore or already holds as part of a folder. tests/test_make_targets.py collects these
+# arguments and checks every FAST_SMOKE id is among the tests.
 FAST_IGNORE := test_site.py test_notebooks.py test_wheel.py test_grading_nbgrader.py test_grading_batch.py \
 	test_exercises.py test_kernels_forward.py test_kernels_backward.py test_kernels_variants.py test_decode.py \
 	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py test_block_mask.py \
-	test_dropout.py test_decode_new_tokens.py
+	test_fa3_fp8_compile.py test_fa3_backward_compile.py test_b7_compile.py test_compile.py test_decode_compile.py \
+	test_mask_classification.py test_document_tiles.py test_tile_lists.py test_kernels_common.py test_grading_ex15.py \
+	test_bench_variants.py test_bench_train_step.py test_sweep_backward_launches.py test_sweep_forward_rules.py \
+	test_quiz_cli.py test_widgets.py test_dropout.py test_decode_new_tokens.py
 FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
 	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \
-	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed
+	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed \
+	test_support.py::test_device_falls_back_to_the_interpreter_and_says_so_once \
+	test_support.py::test_device_warns_when_triton_was_imported_first
 FAST_SMOKE := test_kernels_forward.py::test_bad_inputs_raise_clear_errors \
-	test_kernels_forward.py::test_lse_matches_numpy_logsumexp test_kernels_forward.py::test_no_keys_gives_zero_and_minus_inf \
+	test_kernels_forward.py::test_lse_matches_numpy_logsumexp \
+	test_kernels_forward.py::test_no_keys_gives_zero_and_minus_inf \
 	test_kernels_forward.py::test_more_keys_than_queries_and_custom_scale \
 	test_kernels_backward.py::test_public_backward_from_saved_output_matches_autograd \
 	test_kernels_variants.py::test_bad_options_raise_clear_errors \
@@ -113,8 +129,10 @@ print-%:
 test-gpu:
 	PYTHONPATH=src $(PYTHON) scripts/gpu_tests.py $(GPU_TEST_ARGS)
 
+# Timed under its own name (the `timed` stages above report as part of `make test`).
 book: setup
-	@$(call timed,book,$(PY) scripts/build_site.py)
+	@t0=$$(date +%s); $(PY) scripts/build_site.py; rc=$$?; \
+		echo "[make book] built the site in $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 serve-book: book
 	$(PY) -m http.server --directory build/site --bind 127.0.0.1 8000

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 import yaml
@@ -47,8 +48,6 @@ README = ROOT / "README.md"
 # A row of the README's syllabus: | 10 | [lesson](notebooks/...) | ... | [ex12_from_memory](exercises/...), ... |
 SYLLABUS_ROW = re.compile(r"^\|\s*(\d+)\s*\|.*\|([^|]*)\|\s*$")
 EXERCISE_IN_ROW = re.compile(r"\(exercises/([\w-]+)\.ipynb\)")
-# Benchmarks drawn as kernel-speed figures: our kernel (by version, or the default one) beside SDPA's backends.
-FIGURE_KINDS = ("attention", "versions")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 IMAGE_MIME_TYPES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml")
 # A relative link to a notebook inside a markdown cell: ](path.ipynb) or ](path.ipynb#anchor).
@@ -156,63 +155,243 @@ def copy_mathjax(destination: Path) -> None:
         shutil.copytree(es5 / part, destination / part)
 
 
-def results_figures(results: list[Path], destination: Path) -> list[dict]:
-    """PNG figures of the kernel speeds by version, for each results file of the attention and versions
-    benchmarks, drawn by ``flashcourse.figures_gpu`` as lessons 07 and 08 draw them; beside each PNG, a JSON of
-    what it draws (TFLOP/s by shape, then by kernel). Returns, per figure: its path, data path and kernels."""
+class Headline(NamedTuple):
+    """One section of the benchmarks page: the newest results file of one benchmark, drawn as figures."""
+
+    heading: str
+    path: Path
+    figures: list[dict]  # {"file": PNG name, "alt": text, "caption": Markdown}
+    intro: str = ""
+
+
+def _newest(results: list[Path], suffix: str) -> Path | None:
+    """The newest results file whose name ends in ``suffix`` (names start with the date: the last in order)."""
+    found = [path for path in results if path.name.endswith(suffix)]
+    return found[-1] if found else None
+
+
+def _run_of(meta: dict, path: Path) -> str:
+    return (f"{meta.get('device', '?')}, {meta.get('date', '?')} (torch {meta.get('torch', '?')}, Triton "
+            f"{meta.get('triton', '?')}; `{path.name}`)")
+
+
+def _save(figure, destination: Path, name: str, data: dict) -> str:
+    """Write the figure as PNG and what it draws as JSON beside it; return the PNG's name."""
+    figure.savefig(destination / f"{name}.png", dpi=100)
+    (destination / f"{name}.json").write_text(json.dumps(data, indent=1))
+    return f"{name}.png"
+
+
+def attention_headline(results: list[Path], destination: Path) -> Headline | None:
+    """Forward and backward against PyTorch: the newest fp16 grid (and the newest bf16 one), ours (the default
+    kernels, as a call runs them) beside SDPA's flash and cuDNN backends, TFLOP/s against N."""
+    from flashcourse import figures_gpu
+
+    paths = [path for path in (_newest(results, "-attention-fp16.json"), _newest(results, "-attention-bf16.json"))
+             if path]
+    if not paths:
+        return None
+    figures = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        rows, meta = data["rows"], data["meta"]
+        dtype = "fp16" if path.name.endswith("fp16.json") else "bf16"
+        series = figures_gpu.headline_series(rows)
+        kernels = sorted({f"{r.get('forward_kernel')} / {r.get('backward_kernel')}" for r in rows
+                          if r["provider"] == "flashcourse" and r.get("forward_kernel")})
+        batch = sorted({r["batch"] for r in rows})
+        name = _save(figures_gpu.speed_panels(series, title=f"Attention, {dtype}, B = {batch[0]}: ours against "
+                                                             f"PyTorch's SDPA, {meta.get('device', '?')}"),
+                     destination, path.stem, {"source": path.name, "series": series})
+        figures.append({"file": name, "alt": f"{dtype} forward and backward TFLOP/s against N: ours, SDPA flash, "
+                                             "SDPA cuDNN",
+                        "caption": f"{dtype}, B = {batch[0]}, {_run_of(meta, path)}. **ours** (red): the default "
+                                   "kernels as a call runs them; the forward / backward kernel each shape ran: "
+                                   f"{', '.join(kernels) or 'not recorded'} (v8*: the Hopper kernels in Gluon, "
+                                   "chosen by head dim, mask and length; b1: the backward with a separate dQ "
+                                   "kernel). **SDPA flash** and **SDPA cuDNN**: PyTorch's "
+                                   "`scaled_dot_product_attention` backends, timed in the same run. TFLOP/s = "
+                                   "4·B·H·N²·D / time, halved under causal; the backward counts 2.5 times that."})
+    return Headline("Forward and backward against PyTorch", paths[0], figures)
+
+
+def _version_titles() -> dict[str, str]:
+    """Each kernel version's name -> its one-line title, from the kernels' own registries."""
+    from flashcourse.kernels.backward import BACKWARD_VERSIONS
+    from flashcourse.kernels.forward import FORWARD_VERSIONS
+
+    return {name: version.title for name, version in {**FORWARD_VERSIONS, **BACKWARD_VERSIONS}.items()}
+
+
+def versions_headline(results: list[Path], destination: Path) -> Headline | None:
+    """The version ladder: the newest versions run, each version's TFLOP/s per shape, SDPA's at the end."""
     from flashcourse import bench, figures_gpu
 
+    paths = [path for path in results if path.name.endswith("-versions.json")
+             and bench.result_kind({**json.loads(path.read_text()), "path": str(path)}) == "versions"]
+    if not paths:
+        return None
+    path = paths[-1]
+    data = json.loads(path.read_text())
+    titles = _version_titles()
     figures = []
-    for path in results:
-        data = json.loads(path.read_text())
-        rows, meta = data.get("rows", []), data.get("meta", {})
-        if not rows or bench.result_kind({**data, "meta": meta, "path": str(path)}) not in FIGURE_KINDS:
+    for mode, what in (("fwd", "forward"), ("bwd", "backward")):
+        rates = figures_gpu.version_rates(data["rows"], mode)
+        versions = list(dict.fromkeys(k for by in rates.values() for k in by if k not in
+                                      figures_gpu.REFERENCES.values()))
+        if not versions:
             continue
-        for mode, what in (("fwd", "forward"), ("bwd", "backward")):
-            rates = figures_gpu.version_rates(rows, mode)
-            if rates:
-                title = f"{what}, {meta.get('device', '?')}, {meta.get('date', '?')}"
-                figure = destination / f"{path.stem}-{mode}.png"
-                figures_gpu.version_speeds(rates, title=title).savefig(figure, dpi=100)
-                figure.with_suffix(".json").write_text(json.dumps({"source": path.name, "mode": mode,
-                                                                   "tflops": rates}, indent=1))
-                kernels = list(dict.fromkeys(kernel for by_kernel in rates.values() for kernel in by_kernel))
-                figures.append({"path": figure, "data": figure.with_suffix(".json"), "what": what,
-                                "kernels": kernels, "shapes": len(rates)})
-    return figures
+        name = _save(figures_gpu.version_ladder(rates, versions, title=f"The {what} version by version, "
+                                                                        f"{data['meta'].get('device', '?')}"),
+                     destination, f"{path.stem}-{mode}", {"source": path.name, "mode": mode, "tflops": rates})
+        named = "; ".join(f"**{v}** {titles.get(v, '')}".strip() for v in versions)
+        figures.append({"file": name, "alt": f"{what} TFLOP/s of {', '.join(versions)} and SDPA flash, SDPA cuDNN",
+                        "caption": f"{what}, {_run_of(data['meta'], path)}. Each line one shape, through our "
+                                   f"{what} versions in the order the course builds them: {named}. At the right, "
+                                   "in the shape's colour, PyTorch's SDPA flash (square) and cuDNN (triangle) on "
+                                   "the same shape. Lesson 07 (forward) and 08 (backward) build each version."})
+    intro = ("The Hopper kernels in Gluon (v8, b6) came after this run: the grid above times them as the default "
+             "kernels, and docs/KERNELS.md holds their stages.")
+    return Headline("The version ladder", path, figures, intro)
 
 
-def benchmarks_page(figures: list[Path], drawn: list[dict], results: list[Path]) -> str:
-    """Markdown for the GPU benchmark figures (copied ones, then those drawn from results files, each with what it
-    shows and its data), then every results file as a table that opens on a click."""
+def decode_headline(results: list[Path], destination: Path) -> Headline | None:
+    """Decoding one token: effective bandwidth by KV length, ours (contiguous and paged) beside SDPA's."""
+    from flashcourse import figures_gpu
+
+    path = _newest(results, "-decode.json")
+    if path is None:
+        return None
+    data = json.loads(path.read_text())
+    labels = {"flashcourse": "ours", "sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}
+    values: dict[str, dict[str, float]] = {}
+    for row in data["rows"]:
+        if row.get("status") != "ok" or row.get("kv_dtype", "float16") != "float16" or not row.get("kv_len"):
+            continue
+        label = labels.get(row["provider"])
+        if row["provider"] == "flashcourse_paged":
+            label = f"ours, paged ({row['page_size']}-token pages)"
+        if label:
+            values.setdefault(f"KV length {row['kv_len']}", {})[label] = float(row["bandwidth_tbs"])
+    read = next((r["bandwidth_tbs"] for r in data["rows"] if r.get("provider") == "read"), None)
+    name = _save(figures_gpu.grouped_bars(values, title=f"Decoding one token, {data['meta'].get('device', '?')}",
+                                          ylabel="effective bandwidth (TB/s)"),
+                 destination, path.stem, {"source": path.name, "bandwidth_tbs": values})
+    ceiling = f" A plain read of the same bytes ran at {read:.2f} TB/s: the ceiling." if read else ""
+    caption = (f"{_run_of(data['meta'], path)}. fp16 cache, B = 1, 32 query heads sharing 8 KV heads, D = 128; "
+               f"effective bandwidth = bytes of K and V / time.{ceiling} Lesson 09 builds the split-KV kernel.")
+    return Headline("Decoding", path, [{"file": name, "alt": "decode bandwidth: ours, ours paged, SDPA flash, "
+                                                             "SDPA cuDNN", "caption": caption}])
+
+
+def variants_headline(results: list[Path], destination: Path) -> Headline | None:
+    """Attention variants: ours against compiled FlexAttention, bf16, forward and backward."""
+    from flashcourse import figures_gpu
+
+    path = _newest(results, "-variants.json")
+    if path is None:
+        return None
+    data = json.loads(path.read_text())
+    labels = {"flashcourse": "ours", "flex": "FlexAttention"}
+    figures = []
+    for mode, what in (("fwd", "forward"), ("bwd", "backward")):
+        values: dict[str, dict[str, float]] = {}
+        for row in data["rows"]:
+            if (row.get("status") == "ok" and row.get("mode") == mode and row.get("dtype") == "bfloat16"
+                    and row["provider"] in labels):
+                values.setdefault(row["variant"], {})[labels[row["provider"]]] = float(row["tflops"])
+        if not values:
+            continue
+        name = _save(figures_gpu.grouped_bars(values, title=f"Variants, bf16, {what}, "
+                                                            f"{data['meta'].get('device', '?')}",
+                                              ylabel="TFLOP/s over the visible entries"),
+                     destination, f"{path.stem}-{mode}", {"source": path.name, "mode": mode, "tflops": values})
+        figures.append({"file": name, "alt": f"variants {what}: ours and FlexAttention",
+                        "caption": f"{what}, bf16, {_run_of(data['meta'], path)}. B = 4, H = 16, D = 128, "
+                                   "N = 16384 (GQA: 32 query heads on 8 KV heads, N = 8192; head_dim: D = 256, "
+                                   "N = 8192). TFLOP/s over the score entries the mask leaves visible. "
+                                   "FlexAttention: PyTorch's, compiled, its block mask built outside the timed "
+                                   "region. Lesson 11 builds the variants; the README's table has SDPA's numbers "
+                                   "where SDPA supports the variant."})
+    return Headline("Attention variants", path, figures)
+
+
+FP8_LABELS = {"v8e_fp8": "v8e FP8 (ours, Gluon)", "v8c_fp8": "v8c FP8 (ours, Gluon)",
+              "triton_fp8_keys_adjacent": "Triton FP8, V keys-adjacent (ours)",
+              "triton_fp8_as_given": "Triton FP8, V as given (ours)", "sdpa_cudnn_fp16": "SDPA cuDNN (fp16)"}
+
+
+def fp8_headline(results: list[Path], destination: Path) -> Headline | None:
+    """FP8: the newest FP8 forward run, each of our FP8 kernels beside cuDNN in fp16, TFLOP/s against N."""
+    from flashcourse import figures_gpu
+
+    path = _newest(results, "-fa3-fp8.json")
+    if path is None:
+        return None
+    data = json.loads(path.read_text())
+    series: dict[str, dict[str, list]] = {}
+    for row in data["rows"]:
+        if row.get("kind") == "time" and row.get("status", "ok") == "ok" and row["provider"] in FP8_LABELS:
+            case = f"forward, D{row['head_dim']}{', causal' if row['causal'] else ''}"
+            series.setdefault(case, {}).setdefault(FP8_LABELS[row["provider"]], []).append(
+                (row["n"], float(row["tflops"])))
+    name = _save(figures_gpu.speed_panels(series, title=f"FP8 forward, {data['meta'].get('device', '?')}"),
+                 destination, path.stem, {"source": path.name, "series": series})
+    caption = (f"{_run_of(data['meta'], path)}. B = 4, H = 16; q, k, v drawn in fp16 and quantised to FP8 (e4m3), "
+               "cuDNN on the fp16 inputs. **v8c / v8e**: the FP8 stages of our Hopper forward in Gluon; **Triton "
+               "FP8**: our Triton forward on FP8 inputs, V in the layout it was given or copied keys-adjacent "
+               "first. docs/KERNELS.md explains the stages and the accuracy.")
+    return Headline("FP8", path, [{"file": name, "alt": "FP8 forward TFLOP/s against N: our FP8 kernels and "
+                                                        "SDPA cuDNN fp16", "caption": caption}])
+
+
+HEADLINES = (attention_headline, versions_headline, decode_headline, variants_headline, fp8_headline)
+
+
+def benchmarks_page(headlines: list[Headline], results: list[Path]) -> str:
+    """Markdown: the newest run of each headline benchmark under its own heading, its figures with what they show;
+    then every results file, the headline ones included, by date, newest first, each folded into a table."""
     lines = ["# GPU benchmarks", "",
-             "Measured on a GPU with `python -m flashcourse.bench`; each file in `benchmarks/results/` records the "
-             "device, the library versions and the date of its run.", ""]
-    if not figures and not drawn and not results:
+             "Measured on a GPU with `python -m flashcourse.bench`. Each section below shows the newest committed "
+             "run of one benchmark; every run, older ones included, is listed by date under "
+             "[History of runs](#history-of-runs), each file with its device, library versions and date.", ""]
+    if not headlines and not results:
         lines += ["No GPU results are recorded yet.", ""]
-    for figure in figures:
-        lines += [f"![{figure.stem}](benchmarks/{figure.name})", ""]
-    for figure in drawn:
-        kernels = ", ".join(figure["kernels"])
-        lines += [f"![{figure['what']} TFLOP/s of {kernels}, {figure['shapes']} shapes]"
-                  f"(benchmarks/{figure['path'].name})", "",
-                  f"*{figure['path'].stem}*: {figure['what']} TFLOP/s of {kernels}; one bar per shape "
-                  f"({figure['shapes']}), a causal shape hatched in the colour of its non-causal twin "
-                  f"([data](benchmarks/{figure['data'].name})).", ""]
+    for headline in headlines:
+        lines += [f"## {headline.heading}", ""]
+        if headline.intro:
+            lines += [headline.intro, ""]
+        for figure in headline.figures:
+            data = figure["file"].removesuffix(".png") + ".json"
+            lines += [f"![{figure['alt']}](benchmarks/{figure['file']})", "",
+                      f"{figure['caption']} ([data](benchmarks/{data}))", ""]
     if results:
-        lines += ["## Recorded results", ""]
+        lines += ["## History of runs", "",
+                  "Every committed results file, newest date first. A name with a suffix (a commit, `run1`) is a "
+                  "rerun or an experiment kept for the record; docs/KERNELS.md says what each one decided.", ""]
+    by_date: dict[str, list[Path]] = {}
     for path in results:
-        data = json.loads(path.read_text())
-        meta, rows = data.get("meta", {}), data.get("rows", [])
-        columns = list(dict.fromkeys(key for row in rows for key in row))
-        described = ", ".join(f"{key} {value}" for key, value in meta.items() if not isinstance(value, (dict, list)))
-        lines += [f"<details><summary><code>{html.escape(path.name)}</code>: {len(rows)} rows; "
-                  f"{html.escape(described)}</summary>", "<table>",
-                  "<tr>" + "".join(f"<th>{html.escape(column)}</th>" for column in columns) + "</tr>"]
-        lines += ["<tr>" + "".join(f"<td>{html.escape(_table_cell(row.get(column, '')))}</td>" for column in columns)
-                  + "</tr>" for row in rows]
-        lines += ["</table></details>", ""]
+        by_date.setdefault(path.name[:10], []).append(path)
+    for date in sorted(by_date, reverse=True):
+        lines += [f"<details><summary><b>{html.escape(date)}</b>: {len(by_date[date])} files</summary>", ""]
+        for path in by_date[date]:
+            lines += _results_table(path)
+        lines += ["</details>", ""]
     return "\n".join(lines)
+
+
+def _results_table(path: Path) -> list[str]:
+    """One results file as a table that opens on a click."""
+    data = json.loads(path.read_text())
+    meta, rows = data.get("meta", {}), data.get("rows", [])
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    described = ", ".join(f"{key} {value}" for key, value in meta.items() if not isinstance(value, (dict, list)))
+    return [f"<details><summary><code>{html.escape(path.name)}</code>: {len(rows)} rows; "
+            f"{html.escape(described)}</summary>", "<table>",
+            "<tr>" + "".join(f"<th>{html.escape(column)}</th>" for column in columns) + "</tr>",
+            *("<tr>" + "".join(f"<td>{html.escape(_table_cell(row.get(column, '')))}</td>" for column in columns)
+              + "</tr>" for row in rows),
+            "</table></details>", ""]
 
 
 def _table_cell(value) -> str:
@@ -245,6 +424,25 @@ def syllabus_table(lessons: list[tuple[Path, str]], exercises: list[tuple[Path, 
         rows.append(f"| {'' if number is None else f'{number:02d}'} | [{title}](notebooks/{path.name}) "
                     f"| {', '.join(links)} |")
     return "\n".join(rows)
+
+
+def companions(lessons: list[tuple[Path, str]], exercises: list[tuple[Path, str]],
+               by_lesson: dict[int, list[str]]) -> dict[str, list[list[str]]]:
+    """Each notebook page's companions, as site/hooks.py links them: a lesson's exercises (the README's syllabus)
+    and an exercise's lesson(s); page source path -> [title, notebook path] pairs."""
+    lesson_of = {lesson_number(path): (path, title) for path, title in lessons}
+    exercise_titles = {path.stem: (path, title) for path, title in exercises}
+    links: dict[str, list[list[str]]] = {}
+    for number, stems in sorted(by_lesson.items()):
+        if number not in lesson_of:
+            continue
+        lesson_path, lesson_title = lesson_of[number]
+        for stem in stems:
+            if stem in exercise_titles:
+                path, title = exercise_titles[stem]
+                links.setdefault(f"notebooks/{lesson_path.name}", []).append([title, f"exercises/{path.name}"])
+                links.setdefault(f"exercises/{path.name}", []).append([lesson_title, f"notebooks/{lesson_path.name}"])
+    return links
 
 
 def navigation(lessons: list[tuple[Path, str]], exercises: list[tuple[Path, str]]) -> list:
@@ -282,11 +480,9 @@ def stage() -> dict:
         exercises.append((path, notebook_title(nb, path.stem)))
 
     (STAGE / "benchmarks").mkdir()
-    figures = [Path(shutil.copy2(figure, STAGE / "benchmarks" / figure.name))
-               for figure in sorted(BENCHMARKS_DIR.glob("*.png"))]
     results = sorted((BENCHMARKS_DIR / "results").glob("*.json"))
-    drawn = results_figures(results, STAGE / "benchmarks")
-    (STAGE / "benchmarks.md").write_text(benchmarks_page(figures, drawn, results))
+    headlines = [headline for make in HEADLINES if (headline := make(results, STAGE / "benchmarks"))]
+    (STAGE / "benchmarks.md").write_text(benchmarks_page(headlines, results))
 
     index = (SITE_CONFIG_DIR / "index.md").read_text()
     syllabus = syllabus_table(lessons, exercises, syllabus_exercises())
@@ -297,14 +493,15 @@ def stage() -> dict:
 
     config = yaml.safe_load((SITE_CONFIG_DIR / "mkdocs.yml").read_text())
     config.update(docs_dir=str(STAGE), site_dir=str(SITE), nav=navigation(lessons, exercises))
-    config["theme"]["custom_dir"] = str(SITE_CONFIG_DIR / "overrides")
-    config["hooks"] = [str(SITE_CONFIG_DIR / "hooks.py")]  # headings carry the ids the contents link to
+    config.setdefault("extra", {})["companions"] = companions(lessons, exercises, syllabus_exercises())
+    # the line of links above each notebook page, and headings that carry the ids the contents link to
+    config["hooks"] = [str(SITE_CONFIG_DIR / "hooks.py")]
     for plugin in config["plugins"]:
         if isinstance(plugin, dict) and "mkdocs-jupyter" in plugin:
             plugin["mkdocs-jupyter"]["cache_dir"] = str(BUILD / "mkdocs-jupyter-cache")
     (BUILD / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     return {"lessons": len(lessons), "reused": reused, "executed": executed_now, "exercises": len(exercises),
-            "benchmark figures": len(figures) + len(drawn), "results files": len(results)}
+            "benchmark figures": sum(len(h.figures) for h in headlines), "results files": len(results)}
 
 
 def main() -> int:

@@ -187,6 +187,8 @@ def test_cache_seqlens_as_an_int(rng):
     assert_close(o, kernels.flash_decode(q, k, v, cache_seqlens=[17, 17]).double(), what="cache_seqlens=17")
     with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = 41"):
         kernels.flash_decode(q, k, v, cache_seqlens=41)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[1\] = 1099511627776"):  # past int32: no overflow error
+        kernels.flash_decode(q, k, v, cache_seqlens=[3, 2**40])
 
 
 def test_no_kv_heads_is_a_clear_error(rng):
@@ -224,6 +226,19 @@ def test_a_value_equal_to_a_kept_one_is_still_checked(rng, bad):
     kernels.flash_attention(q, q, q, scale=1.0, enable_gqa=True)
     with pytest.raises(TypeError, match="scale is True|enable_gqa is 1"):
         kernels.flash_attention(q, q, q, **{"scale": 1.0, "enable_gqa": True, **bad})
+
+
+@pytest.mark.parametrize(("options", "keyable"), [
+    ((0.25, 2, (8, 0), 30.0), True), ((None, None, None, None), True), ((True, None, None, None), False),
+    ((None, True, None, None), False), ((None, None, None, True), False), ((None, None, (8.0, 0), None), False),
+    ((None, None, (8, False), None), False),
+])
+def test_decode_keeps_no_plan_for_options_equal_to_valid_ones(options, keyable):
+    """Decode's key holds its options as given (plans are kept on a GPU): True == 1 == 1.0, so a bool or a float
+    window must not find the plan of a valid call (they are refused in full instead)."""
+    from flashcourse.kernels.decode import keyable_options
+
+    assert keyable_options(options + (None, None, None, None)) is keyable
 
 
 def test_reference_agrees_on_the_mean_of_v():

@@ -19,7 +19,8 @@ NAMES = [p.name for p in SOLUTIONS]
 LESSON_LINK_NAMES = ["ex01_naive_attention", "ex02_softmax", "ex03_tiled_forward", "ex04_io", "ex05_backward",
                      "ex06_triton_softmax", "ex07_triton_forward", "ex08_triton_backward", "ex09_decode_combine"]
 LATER_LESSON_LINKS = {10: "ex12_from_memory", 11: "ex10_mask_rules",
-                      12: "ex11_ring_schedule", 13: "ex13_warp_schedule"}  # lesson -> exercise, past the run above
+                      12: "ex11_ring_schedule", 13: "ex13_warp_schedule",
+                      14: "ex16_fa4_softmax"}  # lesson -> exercise, past the run above
 DRILL_VARIANTS = ["ex12_from_memory_no_hints"]  # the same checks as an exercise above, linked from that exercise
 MORE_LESSON_LINKS = [(10, "ex14_interview_code"), (10, "ex15_handwritten_kernels")]  # (lesson, another exercise)
 

@@ -3,6 +3,7 @@ process; hostile or broken submissions cost only themselves (one test per attack
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from flashcourse.grading import batch
+from flashcourse.grading.batch import PartResult, SubmissionResult
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = "ex01_naive_attention"
@@ -61,11 +63,15 @@ def test_solved_gets_full_marks_and_a_stub_none_with_tables_feedback_and_progres
     assert all("not implemented yet" in p["feedback"] for p in graded["bob"]["parts"].values())
     out = graded["_out"]
     rows = (out / "grades.csv").read_text().splitlines()
-    assert rows[0] == "student,exercise,file,status,points,max_points,ex01_a,ex01_b,ex01_c"
-    assert rows[1].startswith("alice,ex01_naive_attention,") and rows[1].endswith(",8,8,2,2,4")
-    assert rows[2].startswith("bob,") and rows[2].endswith(",0,8,0,0,0")
+    assert rows[0] == "student,exercise,file,status,points,max_points,ex01_a,ex01_b,ex01_c,flags"
+    assert rows[1].startswith("alice,ex01_naive_attention,") and rows[1].endswith(",8,8,2,2,4,")
+    assert rows[2].startswith("bob,") and rows[2].endswith(",0,8,0,0,0,")
     assert "not implemented yet" in (out / "feedback" / "bob__ex01_naive_attention.md").read_text()
     assert "[2/2]" in graded["_progress"]
+    assert graded["alice"]["flags"] == [] and graded["bob"]["flags"] == []  # honest work raises no flag
+    book = list(csv.DictReader(io.StringIO((out / "gradebook.csv").read_text())))
+    assert [(row["student"], row["ex01_c"], row["ex01_naive_attention"], row["total"]) for row in book] == \
+        [("alice", "4", "8", "8"), ("bob", "0", "0", "0")]
 
 
 def test_graded_inputs_come_from_the_seed():
@@ -145,6 +151,62 @@ def test_monkeypatching_checks_numpy_testing_or_the_reference_gains_nothing(tmp_
     graded = _grade(tmp_path, _submit(tmp_path, "leo", _notebook("stub", extra=MONKEYPATCH)))
     assert graded["leo"]["points"] == 0
     assert "differs" in graded["leo"]["parts"]["ex01_c"]["feedback"]
+
+
+def test_a_tampering_submission_is_flagged_in_the_table_and_the_feedback(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    nb = _notebook("stub", extra=MONKEYPATCH + (
+        "import pathlib\n"
+        f"pathlib.Path({str(elsewhere)!r}).mkdir()\n"
+        f"(pathlib.Path({str(elsewhere)!r}) / 'grades.csv').write_text('student,points\\nzoe,8\\n')\n"))
+    checks = [cell for cell in nb.cells if cell.metadata.get("nbgrader", {}).get("grade")]
+    checks[0].source = "print('ex01 (a) scores: passed all 5 checks (2 points)')"  # an edited check cell
+    checks[1].metadata["nbgrader"]["grade_id"] = "ex01_b_mine"  # a renamed grade id
+    graded = _grade(tmp_path, _submit(tmp_path, "zoe", nb))
+    zoe = graded["zoe"]
+    assert zoe["points"] == 0
+    flags = "\n".join(zoe["flags"])
+    assert "check cell ex01_a edited" in flags
+    assert "check cell ex01_b missing" in flags and "'ex01_b_mine' is not one of the exercise's" in flags
+    assert "grading functions replaced:" in flags and "grading.ex01.check_attention_scores" in flags
+    assert f"files written outside the working copy: {elsewhere}" in flags
+    row = next(csv.DictReader(io.StringIO((graded["_out"] / "grades.csv").read_text())))
+    assert "check cell ex01_a edited" in row["flags"]
+    assert "## What the grader noticed" in (graded["_out"] / "feedback" / "zoe__ex01_naive_attention.md").read_text()
+
+
+def test_restored_check_cells_run_the_courses_checks_not_the_replacements(tmp_path):
+    # The stub replaces every check by one that prints a pass; the restored check cells must still fail it.
+    graded = _grade(tmp_path, _submit(tmp_path, "quinn", _notebook("stub", first=MONKEYPATCH)))
+    check_cells = [n for n in graded["quinn"]["notes"] if n.startswith(("cell 6:", "cell 9:", "cell 12:"))]
+    assert len(check_cells) == 3 and all("not implemented yet" in n for n in check_cells)
+
+
+def test_a_forbidden_call_is_flagged(tmp_path):
+    shortcut = ("from flashcourse import reference\n\n\n"
+                "def naive_attention(q, k, v, causal=False, scale=None):\n"
+                "    return reference.attention(q, k, v, causal=causal, scale=scale)")
+    graded = _grade(tmp_path, _submit(tmp_path, "rita", _notebook("solved", extra=shortcut)))
+    assert graded["rita"]["points"] == FULL - 4
+    assert any(f.startswith("forbidden call in ex01_c:") and "reference.attention" in f
+               for f in graded["rita"]["flags"])
+
+
+def test_the_gradebook_has_one_row_per_student_with_a_total():
+    def result(student, exercise, points):
+        parts = {grade_id: PartResult(p, p, True, "passed") for grade_id, p in points.items()}
+        return SubmissionResult(student, exercise, f"{student}.ipynb", "graded", sum(points.values()),
+                                sum(points.values()), parts=parts)
+
+    results = [result("amy", "ex01_naive_attention", {"ex01_a": 2, "ex01_b": 2, "ex01_c": 4}),
+               result("amy", "ex02_softmax", {"ex02_a": 2, "ex02_b": 0, "ex02_c": 3, "ex02_d": 2}),
+               result("ben", "ex02_softmax", {"ex02_a": 2, "ex02_b": 2, "ex02_c": 0, "ex02_d": 0})]
+    rows = list(csv.reader(io.StringIO(batch.gradebook(results))))
+    assert rows[0] == ["student", "ex01_a", "ex01_b", "ex01_c", "ex01_naive_attention",
+                       "ex02_a", "ex02_b", "ex02_c", "ex02_d", "ex02_softmax", "total"]
+    assert rows[1] == ["amy", "2", "2", "4", "8", "2", "0", "3", "2", "7", "15"]
+    assert rows[2] == ["ben", "", "", "", "", "2", "2", "0", "0", "4", "4"]  # blank: no ex01 submitted
+    assert len(rows) == 3
 
 
 def test_printing_the_graders_score_lines_gains_nothing(tmp_path):
@@ -257,7 +319,7 @@ def test_students_with_the_same_file_name_get_their_own_rows_and_feedback(tmp_pa
                         progress=progress)
     rows = (out / "grades.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in rows[1:]] == ["gina", "hank"]
-    assert rows[1].endswith(",8,8,2,2,4") and rows[2].endswith(",0,8,0,0,0")
+    assert rows[1].endswith(",8,8,2,2,4,") and rows[2].endswith(",0,8,0,0,0,")
     feedback = sorted(p.name for p in (out / "feedback").iterdir())
     assert feedback == ["gina__ex01_naive_attention.md", "hank__ex01_naive_attention.md"]
 

@@ -215,6 +215,41 @@ def test_the_librarys_own_answers_earn_nothing():
         grading.check_tile_latencies(lambda bq, bk, d, m, e, s: (schedule.Latencies.hopper(bq, bk, d).gemm0, 1.0))
 
 
+def test_the_graders_own_orders_earn_nothing():
+    """The hole in (c): warpgroup 0 of the grader's lock-step mistake is the overlap order."""
+    def borrowed(tiles):
+        return [op for op in ex13._lock_step_overlapped(tiles) if op.warpgroup == 0]
+
+    with pytest.raises(AssertionError, match="grading.ex13._lock_step_overlapped"):
+        grading.check_overlap_order(borrowed)
+
+
+def test_a_copy_of_the_librarys_source_earns_nothing():
+    """The hole in (b): ``exec`` of ``schedule.pingpong``'s source makes a new function that the call watcher
+    used to miss; a copy of ``pingpong_overlapped`` for (d) likewise."""
+    import inspect
+    import textwrap
+
+    for check, function in ((grading.check_pingpong_order, schedule.pingpong),
+                            (grading.check_fa3_order, schedule.pingpong_overlapped)):
+        namespace = dict(vars(schedule))
+        exec(textwrap.dedent(inspect.getsource(function)), namespace)
+        copy = namespace[function.__name__]
+        assert copy.__code__ is not function.__code__
+        with pytest.raises(AssertionError, match=f"schedule.{function.__name__} \\(or a copy of it\\)"):
+            check(copy)
+
+
+def test_plain_pingpong_loses_part_d_once_the_softmax_thread_work_counts():
+    """(d)'s payoff: at D = 64 and in FP8 with the thread work, FA3's order beats ping-pong by a third, and a
+    ping-pong order that passes (b) is told that it does not overlap itself."""
+    lat = schedule.Latencies.hopper(head_dim=64, thread_work=True)
+    assert (schedule.simulate(_fa3(6), lat).utilisation > 1.3 * schedule.simulate(_pingpong(6), lat).utilisation)
+    grading.check_pingpong_order(_pingpong)
+    with pytest.raises(AssertionError, match="does not overlap itself"):
+        grading.check_fa3_order(_pingpong)
+
+
 def test_a_stub_says_not_implemented():
     def stub(*args):
         raise NotImplementedError("fill in the TODO")

@@ -102,7 +102,11 @@ def test_the_makefile_installs_the_course_kernel():
 
 def _makefile_lab_options() -> set[str]:
     recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1]
-    return {word for word in recipe.split() if word.startswith("--ServerApp.default_url=")}
+    options = {word for word in recipe.split() if word.startswith(("--LabApp.default_url=",
+                                                                    "--ServerApp.default_url="))}
+    # `jupyter lab` ignores the ServerApp's default_url (it opened on the repository root): the LabApp's is the one
+    assert options == {"--LabApp.default_url=/lab/tree/notebooks"}, f"make lab's start page: {options}"
+    return options
 
 
 @pytest.mark.parametrize("document", ["README.md", "environment.yml"])
@@ -121,3 +125,32 @@ def test_conda_instructions_start_jupyterlab_as_make_lab_does(document):
 
 def test_binder_installs_the_course_kernel():
     assert _commands((ROOT / ".binder" / "postBuild").read_text(), INSTALL), f"postBuild must run {INSTALL}"
+
+
+def test_the_install_writes_the_courses_jupyterlab_settings_beside_the_kernel(tmp_path):
+    lab_kernel.install(prefix=str(tmp_path))
+    written = json.loads((tmp_path / lab_kernel.SETTINGS_FILE).read_text())
+    assert written["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"  # no news pop-up
+    assert lab_kernel.SETTINGS_FILE.parts[-2:] == ("overrides.d", "flashcourse.json")  # the user's overrides.json kept
+
+
+def _course(tmp_path: Path) -> Path:
+    for folder in ("notebooks", "exercises"):
+        (tmp_path / "course" / folder).mkdir(parents=True)
+    return tmp_path / "course"
+
+
+def test_a_server_started_inside_notebooks_is_named_as_why_exercise_links_do_nothing(tmp_path):
+    course = _course(tmp_path)
+    notice = lab_kernel.links_notice(course / "notebooks", course / "notebooks")
+    assert "started inside notebooks/" in notice and "make lab" in notice and str(course) in notice
+    assert lab_kernel.links_notice(course / "notebooks", course) == ""  # started at the root: links work
+    assert lab_kernel.links_notice(course / "notebooks", None) == ""  # no server found: nothing to say
+    (tmp_path / "elsewhere" / "notebooks").mkdir(parents=True)  # a folder of that name outside a course
+    assert lab_kernel.links_notice(tmp_path / "elsewhere" / "notebooks", tmp_path / "elsewhere" / "notebooks") == ""
+
+
+def test_the_servers_folder_comes_from_its_runtime_file(tmp_path):
+    (tmp_path / "jpserver-4242.json").write_text(json.dumps({"root_dir": "/srv/course/notebooks", "port": 8888}))
+    assert lab_kernel.server_root(4242, tmp_path) == Path("/srv/course/notebooks")
+    assert lab_kernel.server_root(4243, tmp_path) is None

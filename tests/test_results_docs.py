@@ -93,3 +93,96 @@ def test_backward_schemes_compare_at_equal_launches_and_a_backward_only_sweep_ke
     table = summary.sweep_backward_findings(tmp_path)
     assert "| 0.25-0.50x | - | 1.10x | 1.20x (64x64/w4/s2) | 0.72x |" in table
     assert "2026-01-01-gpu-sweep.json" in summary.sweep_forward_findings(tmp_path)  # the newer one has no v7 rows
+
+
+# ------------------------------------------------------------------ KERNELS.md, part 1: the version table
+# The story's table has one row per kernel version of the registries, and cites for each the newest committed run
+# on its GPU that timed it: the lowest and highest ratio to cuDNN's time in that run (fp16 and bf16, every shape,
+# or one head dim where the row says "D = ..."). Where a run swept launches, a shape counts at the version's
+# fastest launch.
+STORY_HEADER = "| version | what it changed | verdict | x cuDNN, newest run | run |"
+RUN_FILE = re.compile(r"`(\d{4}-\d\d-\d\d-[\w.-]+\.json)`(?:, D = (\d+))?(?:, N >= (\d+))?$")
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _registry_names() -> set[str]:
+    from flashcourse import kernels
+    from flashcourse.kernels.hopper import fa3, fa3_backward, fa3_fp8
+
+    return {*kernels.FORWARD_VERSIONS, *kernels.BACKWARD_VERSIONS, *fa3.STAGES, *fa3_fp8.STAGES,
+            *fa3_backward.STAGES}
+
+
+def _story_rows(doc: str) -> dict[str, list[str]]:
+    """{version: its cells} from the story's version table."""
+    lines = doc[doc.index(STORY_HEADER):].splitlines()[2:]
+    rows = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        assert len(cells) == 5, f"the story's version table: a row without 5 cells: {line}"
+        rows[cells[0]] = cells
+    return rows
+
+
+def _ratios_to_cudnn(path: Path, version: str, head_dim: int | None, min_n: int = 0) -> list[float]:
+    """Every ratio to cuDNN of ``version``'s timed rows in one results file (empty: the file did not time it), at
+    one head dim if given and from length ``min_n`` on."""
+    rows = [r for r in json.loads(path.read_text())["rows"] if r.get("n", 0) >= min_n]
+    if head_dim is not None:
+        rows = [r for r in rows if r.get("head_dim") == head_dim]
+    shape = ("dtype", "batch", "heads", "head_dim", "n", "causal")
+    if path.name.endswith("-versions.json"):  # rates in TFLOP/s; cuDNN's rows of the same shape and pass
+        cudnn = {(*(r[k] for k in shape), r["mode"]): r["tflops"] for r in rows if r["provider"] == "sdpa_cudnn"}
+        return [r["tflops"] / cudnn[(*(r[k] for k in shape), r["mode"])] for r in rows
+                if r["provider"] == "flashcourse" and version in (r.get("forward_version"), r.get("backward_version"))]
+    if path.name.endswith("-sweep.json"):  # launches swept: the version's fastest launch at each shape
+        best: dict[tuple, float] = {}
+        for r in rows:
+            if r["version"] == version:
+                key = (*(r[k] for k in shape), r["kernel"])
+                best[key] = max(best.get(key, 0.0), r["tflops"])
+        cudnn = {(*(r[k] for k in shape), r["kernel"]): r["tflops"] for r in rows if r["version"] == "sdpa_cudnn"}
+        return [tflops / cudnn[key] for key, tflops in best.items()]
+    key = "ratio_vs_cudnn_fp16" if "-fa3-fp8" in path.name else "ratio_vs_sdpa_cudnn"
+    return [r[key] for r in rows if r.get("kind") == "time" and r.get("status") == "ok"
+            and r.get("provider") in (version, f"fa3-{version}") and r.get("v_layout", "as_given") == "as_given"
+            and key in r]
+
+
+def _device(path: Path) -> str:
+    return json.loads(path.read_text())["meta"]["device"]
+
+
+def _timing_files() -> list[Path]:
+    kinds = ("-versions.json", "-sweep.json")
+    return sorted(p for p in RESULTS.glob("*.json")
+                  if p.name.endswith(kinds) or "-fa3-stages" in p.name or "-fa3-backward-stages" in p.name
+                  or "-fa3-fp8" in p.name)
+
+
+def test_kernels_story_table_lists_every_registered_version_once():
+    rows = _story_rows(_kernels_doc())
+    names = _registry_names()
+    assert set(rows) == names, (f"docs/KERNELS.md's story table and the registries (FORWARD_VERSIONS, "
+                                f"BACKWARD_VERSIONS, the Gluon STAGES) differ: only in the table "
+                                f"{sorted(set(rows) - names)}, only in the registries {sorted(names - set(rows))}")
+
+
+@pytest.mark.parametrize("version", sorted(_registry_names()))
+def test_kernels_story_table_cites_the_newest_run_and_its_figure(version):
+    rows = _story_rows(_kernels_doc())
+    assert version in rows, f"{version} is registered but has no row in docs/KERNELS.md's story table"
+    cells = rows[version]
+    found = RUN_FILE.search(cells[4])
+    assert found, f"{version}: the run cell names no results file as `DATE-....json`[, D = d][, N >= n]: {cells[4]}"
+    cited, head_dim, min_n = RESULTS / found[1], int(found[2]) if found[2] else None, int(found[3] or 0)
+    ratios = _ratios_to_cudnn(cited, version, head_dim, min_n)
+    assert ratios, f"{version}: {cited.name} holds no timed rows of it"
+    assert cells[3] == f"{min(ratios):.2f}-{max(ratios):.2f}x", (
+        f"{version}: the table says {cells[3]}, {cited.name} gives {min(ratios):.2f}-{max(ratios):.2f}x")
+    device = _device(cited)  # the story reads one GPU's runs: a newer run on another GPU is another claim
+    newer = [p.name for p in _timing_files() if p.name[:10] > cited.name[:10] and _device(p) == device
+             and _ratios_to_cudnn(p, version, None)]
+    assert not newer, f"{version}: newer runs on the {device} timed it ({newer}); cite the newest"

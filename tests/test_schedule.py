@@ -230,6 +230,109 @@ def test_stage_rates_reads_the_committed_h200_run():
     rates = schedule.stage_rates(run, n=16384)
     assert {provider for provider, _, _ in rates} >= {"fa3-v8a", "fa3-v8e", "v7", "sdpa_cudnn"}
     assert all(100 < value < 990 for value in rates.values())  # TFLOP/s, below the dense FP16 peak
-    assert set(schedule.STAGE_ORDERS) == {s for s in run["meta"]["stages"]}
-    lock = schedule.simulate(schedule.STAGE_ORDERS["v8d"](8)).utilisation
-    assert schedule.simulate(schedule.STAGE_ORDERS["v8c"](8)).utilisation < lock < 1.0
+    assert set(schedule.STAGE_MODELS) == {s for s in run["meta"]["stages"]}
+
+
+def test_stages_are_modelled_as_their_compiled_code_runs():
+    """v8d, v8e and v8f wait for PV(j-1) before their exponentials (the SASS test), so the mapped model gives v8d
+    v8c's figure and only v8g its softmax under PV; every stage of the committed run gets a row."""
+    assert [s for s, m in schedule.STAGE_MODELS.items() if m.softmax_waits_for_pv] == ["v8d", "v8e", "v8f"]
+    busy = {stage: schedule.predict_stage(stage, 128, tiles=8).utilisation for stage in schedule.STAGE_MODELS}
+    assert busy["v8d"] == pytest.approx(busy["v8c"], rel=0.02)
+    assert busy["v8g"] > 1.2 * busy["v8d"] and busy["v8e"] > 1.3 * busy["v8d"]
+    rows = schedule.stage_comparison(schedule.recorded_stages())
+    assert {(r["stage"], r["head_dim"]) for r in rows} == {(s, d) for s in schedule.STAGE_MODELS for d in (64, 128)}
+    assert all(0.3 < r["measured"] < 0.7 and 0.3 < r["model"] <= 1.0 for r in rows)
+    with pytest.raises(ValueError, match="stage='v9z'"):
+        schedule.predict_stage("v9z", 128)
+
+
+def test_thread_work_runs_beside_the_other_warpgroups_exponentials_by_hand():
+    # softmax = thread 1 (max, scale) + exp 2 + thread 1 (sum, convert, rescale): 4 alone
+    one = schedule.simulate(schedule.sequential(1), Latencies(1, 2, 1, thread=2))
+    assert spans(one)[(0, "softmax", 0)] == (1, 5) and one.makespan == 6
+    # two warpgroups that start their softmaxes one unit apart: w0's exponentials (1-3 after its max) overlap w1's
+    # thread phase, which runs at full speed on the FMA units; lock step shares both units and takes longer
+    staggered = [(0, "gemm0", 0), (0, "softmax", 0), (1, "gemm0", 0), (1, "softmax", 0), (0, "gemm1", 0),
+                 (1, "gemm1", 0)]
+    assert schedule.simulate(staggered, Latencies(1, 2, 1, thread=2)).makespan < schedule.simulate(
+        schedule.lock_step(1), Latencies(1, 2, 1, thread=2)).makespan
+
+
+def test_fa3_order_beats_pingpong_only_when_the_whole_softmax_outlasts_two_gemms():
+    for head_dim, matmul in ((64, 989.0), (128, 1979.0)):  # D = 64, FP8 GEMMs: the combined order wins
+        lat = Latencies.hopper(head_dim=head_dim, matmul_tflops=matmul, thread_work=True)
+        assert lat.softmax + lat.thread > 2 * lat.gemm0
+        assert (schedule.simulate(schedule.pingpong_overlapped(16), lat).utilisation
+                > 1.3 * schedule.simulate(schedule.pingpong(16), lat).utilisation)
+    lat = Latencies.hopper(thread_work=True)  # D = 128, FP16: the softmax fits, about the same
+    assert lat.softmax + lat.thread < 2 * lat.gemm0
+    assert schedule.simulate(schedule.pingpong_overlapped(16), lat).utilisation == pytest.approx(
+        schedule.simulate(schedule.pingpong(16), lat).utilisation, rel=0.02)
+    # only exponentials (the old model): identical
+    lat = Latencies.hopper(head_dim=64)
+    assert schedule.simulate(schedule.pingpong_overlapped(16), lat).utilisation == pytest.approx(
+        schedule.simulate(schedule.pingpong(16), lat).utilisation, rel=0.01)
+
+
+def test_thread_work_counts_by_hand():
+    # 64 x 128 scores, (3.5 + 128/128) instructions a score at 8 x 3.9 TFLOP/s over 132 SMs
+    assert schedule.thread_ns(64, 128, 128) == pytest.approx(64 * 128 * 4.5 / (3.9e12 * 8 / 132) * 1e9)
+    assert Latencies.hopper(thread_work=True).thread == pytest.approx(schedule.thread_ns())
+    assert Latencies.hopper().thread == 0.0
+    with pytest.raises(ValueError, match="exp_on_fma"):
+        Latencies.hopper(exp_on_fma=1.5)
+
+
+def test_exponentials_on_the_fma_units_run_beside_the_exp_units_by_hand():
+    # exp 8, a quarter on the FMA units at 6 instructions each (8 to an exp's time): 6 on MUFU beside 1.5 on FMA
+    lat = Latencies(1, 8, 1, thread=2, exp_on_fma=0.25)
+    assert lat.softmax_phases() == [[[schedule.FMA, 1.0]], [[schedule.EXP, 6.0], [schedule.FMA, 1.5]],
+                                    [[schedule.FMA, 1.0]]]
+    assert spans(schedule.simulate(schedule.sequential(1), lat))[(0, "softmax", 0)] == (1, 9)  # 1 + 6 + 1
+    # the exp units alone: 8; everything on the FMA units: 6; half and half: max(4, 3) = 4
+    assert schedule.simulate(schedule.sequential(1), Latencies(1, 8, 1, exp_on_fma=1.0)).makespan == 8
+    assert schedule.simulate(schedule.sequential(1), Latencies(1, 8, 1, exp_on_fma=0.5)).makespan == 6
+
+
+def test_softmax_waits_for_pv_when_asked():
+    lat = Latencies(1, 1, 1)
+    free = schedule.simulate(schedule.overlapped(2), lat)
+    held = schedule.simulate(schedule.overlapped(2), lat, softmax_waits_for_pv=True)
+    assert spans(free)[(0, "softmax", 1)] == (3, 4)  # under GEMM1 of tile 0
+    assert spans(held)[(0, "softmax", 1)] == (4, 5)  # after it: FA2's utilisation
+    assert held.utilisation == pytest.approx(4 / 6)
+
+
+def test_k_and_v_released_apart_by_hand_and_no_one_buffer_deadlock():
+    lat = Latencies(1, 1, 1, load=1)  # K and V half a unit each
+    timeline = schedule.simulate(schedule.sequential(2), lat, stages=1, split_kv=True)
+    at = spans(timeline)
+    assert at[(-1, "load_k", 0)] == (0, 0.5) and at[(-1, "load_v", 0)] == (0.5, 1.0)
+    assert at[(-1, "load_k", 1)] == (1.5, 2.0)  # K's one buffer frees when GEMM0 of tile 0 ends, V's waits
+    assert at[(-1, "load_v", 1)] == (3.5, 4.0)  # for GEMM1 of tile 0 (GEMM0 0.5-1.5, softmax, GEMM1 2.5-3.5)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        schedule.simulate(schedule.pingpong(4), lat, stages=1)
+    assert schedule.simulate(schedule.pingpong(4), lat, stages=1, split_kv=True).makespan > 0
+
+
+def test_load_times_and_the_l2_floor_by_hand():
+    # a 64 KiB K/V pair at one SM's share of 4.8 TB/s; a 64-row program at 474 TFLOP/s reads 474 / 64 TB/s
+    assert schedule.load_ns(128, 128) == pytest.approx(65536 / (4.8e12 / 132) * 1e9)
+    assert schedule.kv_tbps_implied(474.0, 64) == pytest.approx(474 * 2 / 128)
+    with pytest.raises(ValueError, match="tbps"):
+        schedule.load_ns(tbps=0)
+
+
+def test_lesson_13_and_14_figures_have_their_panels_and_labels():
+    from matplotlib.figure import Figure
+
+    from flashcourse import plots
+
+    rows = schedule.stage_comparison(schedule.recorded_stages())
+    fig = plots.stage_model_vs_measured(rows, title="model vs measured")
+    assert isinstance(fig, Figure) and [ax.get_title() for ax in fig.axes] == ["D = 64", "D = 128"]
+    assert all("peak" in ax.get_ylabel() for ax in fig.axes)
+    assert len(fig.axes[0].patches) == 2 * len([r for r in rows if r["head_dim"] == 64])  # model and measured
+    sweep = plots.exp_share_sweep([0.0, 0.5], {"a": [0.5, 0.9], "b": [0.6, 0.7]}, title="sweep")
+    assert len(sweep.axes[0].get_lines()) == 2 and "FMA" in sweep.axes[0].get_xlabel()

@@ -231,22 +231,95 @@ def test_no_page_promises_links_it_does_not_have(site):
                     f"{page_path.relative_to(site)} mentions {service} but has no link to it")
 
 
-def test_every_kernel_speed_figure_draws_our_kernel(site):
-    """Each figure drawn from a results file that timed our kernel shows it, beside SDPA's backends."""
-    from flashcourse import figures_gpu
+HEADLINE_HEADINGS = ["Forward and backward against PyTorch", "The version ladder", "Decoding", "Attention variants",
+                     "FP8", "History of runs"]
+# The benchmark each headline figure must come from: the newest results file whose name ends so.
+HEADLINE_SOURCES = {"Forward and backward against PyTorch": ("-attention-fp16.json", "-attention-bf16.json"),
+                    "The version ladder": ("-versions.json",), "Decoding": ("-decode.json",),
+                    "Attention variants": ("-variants.json",), "FP8": ("-fa3-fp8.json",)}
 
+
+def _sections(page_html: str) -> list[tuple[str, list[str]]]:
+    """(h2 heading, the image sources under it) in page order."""
+    sections = []
+    for piece in re.split(r"(?=<h2 )", page_html)[1:]:
+        inner = re.match(r"<h2[^>]*>(.*?)</h2>", piece, re.DOTALL).group(1)
+        heading = re.sub(r"<[^>]+>|¶|&para;", "", inner).strip()  # the text, without its permalink
+        sections.append((heading, re.findall(r'<img [^>]*src="([^"]+)"', piece)))
+    return sections
+
+
+def test_the_benchmarks_page_opens_on_the_newest_headline_results_under_headings(site):
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    sections = _sections((site / "benchmarks.html").read_text(encoding="utf-8"))
+    assert [heading for heading, _ in sections] == HEADLINE_HEADINGS, [heading for heading, _ in sections]
+    for heading, images in sections[:-1]:
+        assert images, f"the section '{heading}' shows no figure"
+        newest = {[path for path in results if path.name.endswith(suffix)][-1].name
+                  for suffix in HEADLINE_SOURCES[heading]}
+        drawn = {json.loads((site / image.removesuffix(".png")).with_suffix(".json").read_text())["source"]
+                 for image in images}
+        assert drawn == newest, f"'{heading}' draws {sorted(drawn)}, not the newest run {sorted(newest)}"
+    assert not sections[-1][1], "the history holds tables only: the figures are the newest runs'"
+    newest_grid = [path for path in results if path.name.endswith("-attention-fp16.json")][-1]
+    assert sections[0][1][0] == f"benchmarks/{newest_grid.stem}.png", "the page does not open on the newest grid"
+
+
+def test_every_headline_figure_draws_our_kernel(site):
+    """Each figure of the benchmarks page shows our kernel beside the references of the same run."""
     page = parse(site / "benchmarks.html")
     data_links = [link for link in page.links if link.startswith("benchmarks/") and link.endswith(".json")]
-    assert data_links, "the benchmarks page links no figure data"
+    assert len(data_links) >= 5, f"the benchmarks page links {data_links}"
     for link in data_links:
         figure = json.loads((site / link).read_text())
-        rows = json.loads((ROOT / "benchmarks" / "results" / figure["source"]).read_text())["rows"]
-        ran = any(row.get("provider") == "flashcourse" and row.get("mode") == figure["mode"]
-                  and row.get("status") == "ok" for row in rows)
-        for shape, by_kernel in figure["tflops"].items():
-            ours = [kernel for kernel in by_kernel if kernel not in figures_gpu.REFERENCES.values()]
-            assert ours or not ran, f"{link}: {shape} shows only {list(by_kernel)}, not our kernel"
-        image = link.removesuffix(".json") + ".png"
-        alt = dict(page.images).get(image, "")
-        assert (site / image).exists() and all(kernel in alt for shape in figure["tflops"].values()
-                                               for kernel in shape), f"{image}: missing, or its text is {alt!r}"
+        assert (ROOT / "benchmarks" / "results" / figure["source"]).exists(), f"{link}: no source {figure['source']}"
+        drawn = figure.get("series") or figure.get("tflops") or figure.get("bandwidth_tbs")
+        for case, by_label in drawn.items():
+            ours = [label for label in by_label if "ours" in label or re.fullmatch(r"[vb]\d+", label)]
+            assert ours, f"{link}: {case} shows only {list(by_label)}, not our kernel"
+        assert (site / link.removesuffix(".json")).with_suffix(".png").exists(), f"{link}: no figure beside it"
+
+
+def test_notebook_pages_link_their_download_and_their_lesson_or_exercise(site):
+    lesson = parse(site / "notebooks" / "03_flash_forward_numpy.html")
+    assert "03_flash_forward_numpy.ipynb" in lesson.links and "../exercises/ex03_tiled_forward.html" in lesson.links
+    exercise = parse(site / "exercises" / "ex03_tiled_forward.html")
+    assert "ex03_tiled_forward.ipynb" in exercise.links
+    assert "../notebooks/03_flash_forward_numpy.html" in exercise.links
+    assert (site / "exercises" / "ex03_tiled_forward.ipynb").exists()
+    repo_url = build_site.yaml.safe_load((ROOT / "site" / "mkdocs.yml").read_text()).get("repo_url")
+    if not repo_url:  # no address: no Binder or Colab link at all
+        assert not any("mybinder.org" in link or "colab.research" in link for link in lesson.links)
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("site_hooks", ROOT / "site" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_binder_and_colab_links_come_from_the_repository_address_or_not_at_all():
+    hooks = _hooks()
+    assert hooks.launch_links("", "main", "notebooks/02_softmax.ipynb") == ""
+    assert hooks.launch_links("https://gitlab.com/acme/flashcourse", "main", "notebooks/02_softmax.ipynb") == ""
+    links = hooks.launch_links("https://github.com/acme/flashcourse", "main", "notebooks/02_softmax.ipynb")
+    assert "https://mybinder.org/v2/gh/acme/flashcourse/main?urlpath=lab/tree/notebooks/02_softmax.ipynb" in links
+    assert "https://colab.research.google.com/github/acme/flashcourse/blob/main/notebooks/02_softmax.ipynb" in links
+    assert "%pip install &quot;flashcourse[course] @ git+https://github.com/acme/flashcourse&quot;" in links
+    assert "<" + "owner>" not in links and "OWNER" not in links
+
+
+def test_make_book_reports_its_time_under_its_own_name():
+    recipe = (ROOT / "Makefile").read_text().split("\nbook:", 1)[1].split("\n\n", 1)[0]
+    assert "[make book]" in recipe and "call timed" not in recipe, (
+        "`make book` must say its time as its own, not as a stage of `make test`")
+
+
+def test_no_page_shows_a_temporary_path(site):
+    """A warning shown the default way names the cell's temporary file (/tmp/ipykernel_123/456.py:4); the
+    interpreter notice is one plain line instead, and no other output should show such a path either."""
+    for page_path in sorted(site.rglob("*.html")):
+        text = parse(page_path).text
+        found = re.search(r"\S*ipykernel_\d+\S*", text)
+        assert not found, f"{page_path.relative_to(site)} shows a temporary path: {found.group(0)}"

@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         "grade", help="grade exercise notebooks in batch",
         description="Run each submission in its own process with a time limit, call its functions on graded "
                     "inputs from --seed, and score what they return against the reference. Writes "
-                    "DIR/grades.csv, DIR/grades.json and DIR/feedback/. This runs student code: use a "
+                    "DIR/grades.csv (with flags), DIR/gradebook.csv (one row per student), DIR/grades.json and "
+                    "DIR/feedback/. This runs student code: use a "
                     "container or a dedicated grading account.")
     grade.add_argument("submissions", nargs="+", type=Path, help="notebooks (.ipynb), one per student")
     grade.add_argument("--out", type=Path, required=True, help="folder for grades and feedback")
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     except DuplicateSubmissionError as error:
         print(f"flashcourse grade: nothing graded: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'grades.json'} and {len(results)} feedback file(s) in "
+    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'gradebook.csv'}, {args.out / 'grades.json'} and "
+          f"{len(results)} feedback file(s) in "
           f"{args.out / 'feedback'}")
     return 0
 

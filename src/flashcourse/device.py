@@ -6,9 +6,11 @@ the only switch Triton offers, and Triton reads it when a kernel is decorated an
 imported, so it cannot be scoped to one call or switched on later. Set ``TRITON_INTERPRET`` yourself before importing
 the course to choose otherwise.
 
-Nothing is printed: the choice is announced once as an :class:`InterpreterNotice` warning (on stderr, and below the
-cell in a notebook), and :func:`setup` returns it (``"cuda"`` or ``"cpu"``) for a lesson to show.
-Silence it with ``warnings.simplefilter("ignore", flashcourse.device.InterpreterNotice)``.
+Nothing goes to stdout: the choice is said once as one plain line on stderr (``InterpreterNotice: flashcourse: no
+CUDA GPU found, ...``), and :func:`setup` returns it (``"cuda"`` or ``"cpu"``) for a lesson to show. The line goes
+through the warnings filters as an :class:`InterpreterNotice`, so
+``warnings.simplefilter("ignore", flashcourse.device.InterpreterNotice)`` silences it; it is not shown the way
+``warnings`` shows a warning, which in a notebook names the cell's temporary file and echoes a line of source.
 """
 
 from __future__ import annotations
@@ -81,5 +83,14 @@ def setup() -> str:
         why = "no CUDA GPU found, so Triton kernels run in its CPU interpreter (slow: keep sizes small)"
     else:
         why = "TRITON_INTERPRET=1 is set, so Triton kernels run in the CPU interpreter on CPU tensors"
-    warnings.warn(f"flashcourse: {why}.", InterpreterNotice, stacklevel=2)
+    _notice(f"flashcourse: {why}.")
     return "cpu"
+
+
+def _notice(message: str) -> None:
+    """Say ``message`` as one line on stderr, unless the warnings filters ignore InterpreterNotice (or turn it into
+    an error, which then raises here)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.warn(message, InterpreterNotice, stacklevel=3)
+    for notice in caught:
+        print(f"{notice.category.__name__}: {notice.message}", file=sys.stderr, flush=True)

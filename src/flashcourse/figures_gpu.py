@@ -20,8 +20,9 @@ try:
 except ImportError as error:  # not in the core install
     raise missing("course", "matplotlib", __name__) from error
 
-__all__ = ["attention_grid", "loss_curves", "newest_per_shape", "shape_label", "shape_styles", "version_gains",
-           "version_rates", "version_speeds", "versions_markdown"]
+__all__ = ["attention_grid", "grouped_bars", "headline_series", "loss_curves", "newest_per_shape", "shape_label",
+           "shape_styles", "speed_panels", "version_gains", "version_ladder", "version_rates", "version_speeds",
+           "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 # Our kernel in a benchmark that times the default kernel (``bench attention``), whose rows name no version.
@@ -245,4 +246,132 @@ def attention_grid(rows: Sequence[Mapping], providers: Sequence[str], *, title: 
         axes.flat[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------------------------- the website's figures
+# One colour per provider on every figure of the website's benchmarks page, ours always the same red and drawn
+# thicker, so a reader matches lines across figures at a glance.
+PROVIDER_STYLES = {
+    "ours": {"color": "#d62728", "linewidth": 2.6, "marker": "o", "zorder": 3},
+    "SDPA flash": {"color": "#1f77b4", "linewidth": 1.5, "marker": "s"},
+    "SDPA cuDNN": {"color": "#2ca02c", "linewidth": 1.5, "marker": "^"},
+    "FlexAttention": {"color": "#9467bd", "linewidth": 1.5, "marker": "D"},
+}
+_FALLBACK_COLOURS = ["#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _style(label: str, index: int) -> dict:
+    """A provider's line style: the one of PROVIDER_STYLES whose name the label is or starts with ("ours, paged"
+    is drawn as ours is, "SDPA cuDNN (fp16)" as SDPA cuDNN), else a colour of the fallback list by position."""
+    for name, style in PROVIDER_STYLES.items():
+        if label == name or label.startswith((f"{name} ", f"{name},")):
+            return style
+    return {"color": _FALLBACK_COLOURS[index % len(_FALLBACK_COLOURS)], "linewidth": 1.5, "marker": "v"}
+
+
+def speed_panels(series: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], *, title: str,
+                 xlabel: str = "sequence length N", ylabel: str = "TFLOP/s", columns: int = 4) -> Figure:
+    """Small panels of lines: one panel per case (``"fwd, H16 D128"``), in it one line per provider through its
+    (x, y) points; x on a log2 axis. ``series``: case -> provider label -> points. One legend, above the panels."""
+    cases = list(series)
+    columns = max(1, min(columns, len(cases)))
+    rows = max(1, -(-len(cases) // columns))
+    fig = Figure(figsize=(3.6 * columns, 2.9 * rows + 0.7), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    labels = list(dict.fromkeys(label for by in series.values() for label in by))
+    for ax, case in zip(axes.flat, cases, strict=False):
+        for index, label in enumerate(labels):
+            points = sorted(series[case].get(label, []))
+            if points:
+                ax.plot(*zip(*points, strict=True), label=label, **_style(label, index))
+        ax.set_xscale("log", base=2)
+        xs = sorted({x for points in series[case].values() for x, _ in points})
+        ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=8)  # the measured lengths, as numbers
+        ax.minorticks_off()
+        ax.set_title(case, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.axis("off")
+    handles = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels(),
+                                                                          strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 5),
+               fontsize=9)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def headline_series(rows: Sequence[Mapping]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """The attention benchmark's rows as :func:`speed_panels` series: a panel per pass, head shape and mask;
+    ours (the default kernels), SDPA flash and SDPA cuDNN, TFLOP/s against N."""
+    labels = {"flashcourse": "ours", **REFERENCES}
+    series: dict[str, dict[str, list]] = {}
+    for row in rows:
+        if row.get("status") != "ok" or row.get("mode") not in ("fwd", "bwd") or row["provider"] not in labels:
+            continue
+        what = "forward" if row["mode"] == "fwd" else "backward"
+        case = f"{what}, H{row['heads']} x D{row['head_dim']}{', causal' if row['causal'] else ''}"
+        series.setdefault(case, {}).setdefault(labels[row["provider"]], []).append((row["n"], float(row["tflops"])))
+    # a row of panels per head shape: forward, forward causal, backward, backward causal
+    order = sorted(series, key=lambda case: (case.split(", ")[1], "backward" in case, "causal" in case))
+    return {case: series[case] for case in order}
+
+
+def version_ladder(rates: Mapping[str, Mapping[str, float]], versions: Sequence[str], *, title: str) -> Figure:
+    """The version ladder: our versions left to right, one line per shape climbing through them, and at the right
+    end, in the same colour, where SDPA flash (square) and SDPA cuDNN (triangle) stand on that shape."""
+    shapes = list(rates)
+    fig = Figure(figsize=(max(6.0, 0.75 * len(versions) + 4.5), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(versions))
+    references = list(REFERENCES.values())
+    for index, shape in enumerate(shapes):
+        colour = f"C{index % 10}"
+        ours = [rates[shape].get(v, np.nan) for v in versions]
+        ax.plot(x, ours, marker="o", color=colour, linewidth=2, label=shape,
+                linestyle="--" if shape.endswith("causal") else "-")
+        for offset, (reference, marker) in enumerate(zip(references, "s^", strict=True)):
+            if reference in rates[shape]:
+                ax.plot(len(versions) + offset, rates[shape][reference], marker=marker, color=colour, markersize=8,
+                        linestyle="none")
+    ax.set_xticks(np.arange(len(versions) + len(references)), [*versions, *(r.replace(" ", "\n") for r in references)])
+    for tick in ax.get_xticklabels()[len(versions):]:
+        tick.set_fontstyle("italic")  # PyTorch's, not ours
+    ax.axvline(len(versions) - 0.5, color="grey", linewidth=0.8)
+    ax.set_xlabel("our kernel, version by version  |  PyTorch's on the same shapes")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, title="shape (dashed: causal)", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def grouped_bars(values: Mapping[str, Mapping[str, float]], *, title: str, ylabel: str,
+                 xlabel: str = "") -> Figure:
+    """Bars in groups: one group per case (``values``' keys), in it one bar per provider, each provider named in
+    PROVIDER_STYLES in the colour it has on every figure of the page; the value written above each bar."""
+    cases = list(values)
+    labels = list(dict.fromkeys(label for by in values.values() for label in by))
+    fig = Figure(figsize=(max(6.0, 1.0 + 0.42 * len(cases) * len(labels)), 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(labels), 1)
+    x = np.arange(len(cases))
+    for index, label in enumerate(labels):
+        heights = [values[case].get(label, np.nan) for case in cases]
+        colour = PROVIDER_STYLES[label]["color"] if label in PROVIDER_STYLES else \
+            _FALLBACK_COLOURS[index % len(_FALLBACK_COLOURS)]  # "ours, paged" must not take ours' colour
+        bars = ax.bar(x + (index - (len(labels) - 1) / 2) * width, heights, width, label=label, color=colour)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=1)
+    ax.set_xticks(x, cases, fontsize=8, rotation=20 if max(map(len, cases), default=0) > 12 else 0, ha="right"
+                  if max(map(len, cases), default=0) > 12 else "center")
+    ax.set_ylabel(ylabel)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncols=min(len(labels), 4), loc="upper left")
+    ax.margins(y=0.15)  # room for the values above the bars
     return fig

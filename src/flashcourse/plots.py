@@ -28,6 +28,7 @@ from .distributed import cost, schedule  # NumPy-only parts of distributed: no t
 __all__ = [
     "bar_chart",
     "causal_alignment",
+    "exp_share_sweep",
     "grouped_bars",
     "matrix_heatmaps",
     "memory_capacities",
@@ -37,6 +38,7 @@ __all__ = [
     "ring_schedule",
     "roofline",
     "rule_tile_maps",
+    "stage_model_vs_measured",
     "step_time",
     "tile_map",
     "tile_order",
@@ -497,4 +499,37 @@ def step_time(seq_lens, *, world: int, heads: int, head_dim: int, tflops: float,
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def stage_model_vs_measured(rows: Sequence[Mapping], *, title: str) -> Figure:
+    """Lesson 13, section 8: for each Gluon stage, the simulator's tensor-core utilisation beside the measured
+    TFLOP/s as a fraction of the dense peak, one panel per head dim. ``rows``: ``schedule.stage_comparison``."""
+    head_dims = sorted({row["head_dim"] for row in rows})
+    fig, axes = _figure(4.6 * len(head_dims), 3.8, ncols=len(head_dims))
+    for ax, head_dim in zip(axes, head_dims, strict=True):
+        mine = [row for row in rows if row["head_dim"] == head_dim]
+        x = np.arange(len(mine))
+        ax.bar(x - 0.2, [100 * row["model"] for row in mine], 0.4, color="#9ecae1", label="model (simulator)")
+        ax.bar(x + 0.2, [100 * row["measured"] for row in mine], 0.4, color="#e6550d", label="measured (H200)")
+        ax.set_xticks(x, [row["stage"] for row in mine])
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("% of the dense FP16 peak (989 TFLOP/s)")
+        ax.set_title(f"D = {head_dim}")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title)
+    return fig
+
+
+def exp_share_sweep(shares: Sequence[float], curves: Mapping[str, Sequence[float]], *, title: str) -> Figure:
+    """Lesson 14: the tensor cores' busy share (simulated) against the share of exponentials computed on the FMA
+    units, one line per chip and head dim. ``curves``: label -> utilisation at each share (0 to 1)."""
+    fig, (ax,) = _figure(6.4, 3.8)
+    for label, values in curves.items():
+        ax.plot([100 * s for s in shares], [100 * v for v in values], marker="o", markersize=3, label=label)
+    ax.set_xlabel("exponentials computed on the FMA units (%)")
+    ax.set_ylabel("tensor cores busy (%, simulated)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
     return fig

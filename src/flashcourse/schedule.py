@@ -48,6 +48,7 @@ from ._extras import missing
 KINDS = ("gemm0", "softmax", "gemm1")
 GEMMS = ("gemm0", "gemm1")
 TENSOR, EXP, TMA = "tensor cores", "exp units", "TMA (producer)"
+FMA = "FMA units"  # the threads' FP32 units: the softmax's max, scaling, sum, conversion, rescale
 H100_MATMUL_TFLOPS = 989.0  # dense FP16 / BF16 with FP32 accumulation, H100 SXM5 (FA3 section 3)
 H100_EXP_TFLOPS = 3.9  # special functions (exp), H100 SXM5 (FA3 section 3)
 H100_SMS = 132
@@ -80,24 +81,51 @@ class Latencies:
     softmax: float
     gemm1: float
     load: float | None = None
+    thread: float = 0.0
+    exp_on_fma: float = 0.0
 
     def __post_init__(self):
-        for name in ("gemm0", "softmax", "gemm1", "load"):
+        for name in ("gemm0", "softmax", "gemm1", "load", "thread"):
             value = getattr(self, name)
             if value is None and name == "load":
                 continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"latency {name}={value!r}: a positive number of nanoseconds is expected")
+            may_be_zero = name in ("softmax", "thread")  # exponentials all on the FMA units; no thread work
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                    value > 0 or (may_be_zero and value == 0)):
+                kind = "a non-negative" if may_be_zero else "a positive"
+                raise ValueError(f"latency {name}={value!r}: {kind} number of nanoseconds is expected")
+        if self.softmax + self.thread <= 0:
+            raise ValueError("latency softmax=0 and thread=0: a softmax takes some time on the exp units or on "
+                             "the threads' FMA units")
+        if isinstance(self.exp_on_fma, bool) or not 0.0 <= self.exp_on_fma <= 1.0:
+            raise ValueError(f"exp_on_fma={self.exp_on_fma!r}: a fraction of the exponentials, from 0 to 1, is "
+                             "expected")
+
+    def softmax_phases(self) -> list[list[list]]:
+        """The softmax as phases, each a list of [unit, work] parts that run at the same time: half the thread
+        work (max, scale); the exponentials, a share ``exp_on_fma`` of them as polynomials on the FMA units
+        (``EMULATED_EXP2_OPS`` FP32 instructions each) beside the rest on the exp units; the other half (sum,
+        convert, rescale). Parts of no work are left out."""
+        emulated = self.softmax * self.exp_on_fma * EMULATED_EXP2_OPS / FMA_PER_EXP
+        phases = [[[FMA, self.thread / 2]], [[EXP, self.softmax * (1.0 - self.exp_on_fma)], [FMA, emulated]],
+                  [[FMA, self.thread / 2]]]
+        return [[part for part in phase if part[1] > 0] for phase in phases if any(part[1] > 0 for part in phase)]
 
     @classmethod
     def hopper(cls, block_q: int = 64, block_k: int = 128, head_dim: int = 128, *,
                matmul_tflops: float = H100_MATMUL_TFLOPS, exp_tflops: float = H100_EXP_TFLOPS,
-               sms: int = H100_SMS, load: float | None = None) -> Latencies:
+               sms: int = H100_SMS, load: float | None = None, thread_work: bool = False,
+               exp_on_fma: float = 0.0, rescale_share: float = 1.0) -> Latencies:
         """Per-SM times of one warpgroup's operations on one K/V tile from the chip's published rates
-        (:func:`tile_times`); ``block_q=64``: one consumer warpgroup's rows, as FA3 splits a 128-row tile."""
+        (:func:`tile_times`); ``block_q=64``: one consumer warpgroup's rows, as FA3 splits a 128-row tile.
+        ``thread_work=True`` adds the softmax's work besides the exponentials (:func:`thread_ns`);
+        ``exp_on_fma``: the share of exponentials computed by a polynomial on the FMA units, ``rescale_share``: of
+        the tiles that rescale O (FA4's two ideas, lesson 14)."""
         times = tile_times(block_q, block_k, head_dim, matmul_tflops=matmul_tflops, exp_tflops=exp_tflops,
                            sms=sms)
-        return cls(times["gemm_ns"], times["softmax_ns"], times["gemm_ns"], load)
+        thread = thread_ns(block_q, block_k, head_dim, exp_tflops=exp_tflops, sms=sms,
+                           rescale_share=rescale_share) if thread_work else 0.0
+        return cls(times["gemm_ns"], times["softmax_ns"], times["gemm_ns"], load, thread, exp_on_fma)
 
 
 def tile_times(block_q: int = 128, block_k: int = 128, head_dim: int = 128, *,
@@ -120,6 +148,50 @@ def tile_times(block_q: int = 128, block_k: int = 128, head_dim: int = 128, *,
     return {"gemm_flops": gemm_flops, "exps": exps, "gemm_ns": gemm_ns, "softmax_ns": softmax_ns,
             "flop_ratio": 2 * gemm_flops / exps, "rate_ratio": matmul_tflops / exp_tflops,
             "softmax_over_gemms": softmax_ns / (2 * gemm_ns)}
+
+
+# The softmax's work besides the exponentials, counted in FP32 instructions a score (``thread_ns``): the row max
+# (one max), the scaled score minus the max (one FMA), the row sum (one add), the conversion of P to 16 bits (one
+# instruction packs two); and the rescale of O by exp(m_old - m_new): one multiply an output element, which is
+# head_dim / block_k a score. An SM issues 128 FP32 lanes a clock and 16 special functions (CUDA C++ Programming
+# Guide, "Arithmetic Instructions", compute capability 9.0): eight FP32 instructions take the time of one exp.
+THREAD_OPS_PER_SCORE = 3.5
+FMA_PER_EXP = 8.0
+# An exp2 emulated on the FMA units (FlashAttention-4, lesson 14): split, a degree-3 polynomial by Horner (three
+# FMAs), the exponent added into the bits: about six FP32 instructions instead of one MUFU.EX2.
+EMULATED_EXP2_OPS = 6.0
+H200_HBM_TBPS = 4.8  # NVIDIA H200 data sheet: 4.8 TB/s of HBM3e (NVIDIA publishes no L2 bandwidth: see
+# ``kv_tbps_implied``, which bounds it from below with a measured run)
+
+
+def thread_ns(block_q: int = 64, block_k: int = 128, head_dim: int = 128, *, exp_tflops: float = H100_EXP_TFLOPS,
+              sms: int = H100_SMS, ops_per_score: float = THREAD_OPS_PER_SCORE,
+              fma_per_exp: float = FMA_PER_EXP, rescale_share: float = 1.0) -> float:
+    """Per-SM time (ns) of one tile's softmax work besides the MUFU exponentials, on the threads' FP32 units:
+    ``ops_per_score + head_dim / block_k`` instructions a score (the counts above ``THREAD_OPS_PER_SCORE``; the
+    second term is the rescale of O, done on a share ``rescale_share`` of the tiles: 1 in FA2 and FA3, fewer
+    with FA4's conditional rescaling), at ``fma_per_exp`` times the exp units' rate."""
+    if not 0.0 <= rescale_share <= 1.0:
+        raise ValueError(f"rescale_share={rescale_share!r}: a share of the tiles, from 0 to 1, is expected")
+    ops = ops_per_score + rescale_share * head_dim / block_k
+    return block_q * block_k * ops / (exp_tflops * 1e12 * fma_per_exp / sms) * 1e9
+
+
+def load_ns(block_k: int = 128, head_dim: int = 128, *, bytes_per_value: int = 2, tbps: float = H200_HBM_TBPS,
+            sms: int = H100_SMS) -> float:
+    """Per-SM time (ns) of one K/V tile pair (2 x block_k x head_dim values) at one SM's share of a bandwidth:
+    ``tbps`` TB/s over ``sms`` SMs (HBM, ``H200_HBM_TBPS``, or what L2 delivers, ``kv_tbps_implied``)."""
+    if not tbps > 0:
+        raise ValueError(f"tbps={tbps!r}: a positive bandwidth in TB/s is expected")
+    return 2 * block_k * head_dim * bytes_per_value / (tbps * 1e12 / sms) * 1e9
+
+
+def kv_tbps_implied(tflops: float, block_q: int, *, bytes_per_value: int = 2) -> float:
+    """TB/s of K and V that a forward must read to run at ``tflops`` when each program of ``block_q`` query rows
+    reads every K/V tile once: a K/V pair of block_k x D is 2 block_k D bytes_per_value bytes for the two GEMMs'
+    4 block_q block_k D FLOPs, so bytes / FLOPs = bytes_per_value / (2 block_q), whatever the head dim and key
+    tile. Beyond what HBM gives, it must come from L2: a lower bound on what L2 delivers."""
+    return tflops * bytes_per_value / (2 * block_q)
 
 
 # --------------------------------------------------------------------------------------------- checking an order
@@ -268,17 +340,26 @@ class Timeline:
         return "\n".join(lines)
 
 
-def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live_scores: int = 1) -> Timeline:
+def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live_scores: int = 1,
+             softmax_waits_for_pv: bool = False, split_kv: bool = False) -> Timeline:
     """Run a schedule (see the module's docstring) and return its :class:`Timeline`.
 
     ``latencies``: a :class:`Latencies` (default ``Latencies.hopper()``: one consumer warpgroup's 64 query rows, 128
     keys, D = 128, H100/H200); ``stages``: the producer's ring of K/V buffers (used only when ``latencies.load`` is
     set); ``live_scores``: how many S tiles a warpgroup's registers hold at once (:func:`validate`).
+    ``softmax_waits_for_pv``: the softmax of tile j also waits for the warpgroup's GEMM1 of tile j-1 when that was
+    issued before it, as the compiled v8d, v8e and v8f do (ptxas moves the wait up, above the exponentials: lesson
+    13, section 8). ``split_kv``: K and V travel as two loads of half the time each, in two rings, as in FA3: a K
+    buffer is free again once every warpgroup's GEMM0 of its tile is done, a V buffer once their GEMM1s are, and
+    GEMM1 waits for its V; otherwise one ring of K/V pairs, freed by GEMM1.
 
     The order is the order of *issue*: an operation is issued once the one listed before it has been (barriers
     between the warpgroups), its warpgroup's threads are free (not in a softmax) and what it needs is done. The
-    tensor cores then run GEMMs in issue order, sharing them between GEMMs issued at the same moment; softmaxes
-    running at the same time share the exp units.
+    tensor cores then run GEMMs in issue order, sharing them between GEMMs issued at the same moment. A softmax runs
+    in three phases (:meth:`Latencies.softmax_phases`): half its thread work (the max, the scaling), its
+    exponentials (on the exp units, and a share on the FMA units at the same time when ``exp_on_fma`` is set),
+    the other half (the sum, the conversion, the rescale); parts of two warpgroups' phases on the same unit
+    share it.
     """
     ops = validate(order, live_scores=live_scores)
     latencies = Latencies.hopper() if latencies is None else latencies
@@ -288,82 +369,105 @@ def simulate(order, latencies: Latencies | None = None, *, stages: int = 2, live
         raise ValueError(f"stages={stages!r}: the ring needs at least one buffer")
     warpgroups = max(op.warpgroup for op in ops) + 1
     tiles = max(op.tile for op in ops) + 1
+    position = {op: i for i, op in enumerate(ops)}
     end: dict[tuple[int, str, int], float] = {}
     begin: dict[tuple[int, str, int], float] = {}
     gemms: list[list[list]] = [[] for _ in range(warpgroups)]  # per warpgroup, GEMMs issued and not done, in order
-    softmax: dict[int, list] = {}  # warpgroup -> [op, work left] while its softmax runs
-    loading: list | None = None  # [tile, end] while the producer's TMA load runs
+    softmax: dict[int, list] = {}  # warpgroup -> [op, phases to go: each a list of [unit, work left]] while it runs
+    if latencies.load is None:
+        loads, load_time = [], 0.0
+    elif split_kv:
+        loads, load_time = [(kind, j) for j in range(tiles) for kind in ("load_k", "load_v")], latencies.load / 2
+    else:
+        loads, load_time = [("load", j) for j in range(tiles)], latencies.load
+    k_load = "load_k" if split_kv else "load"
+    loading: list | None = None  # [kind, tile, end] while the producer's TMA load runs
     next_load, issued, now = 0, 0, 0.0
+    small = 1e-9 * min(latencies.gemm0, latencies.gemm1)
+
+    def buffer_free(kind: str, j: int) -> bool:
+        if j < stages:
+            return True
+        freed_by = "gemm0" if kind == "load_k" else "gemm1"
+        return all((w, freed_by, j - stages) in end for w in range(warpgroups))
 
     def can_issue(op: Op) -> bool:
         w, j = op.warpgroup, op.tile
         if w in softmax:  # the warpgroup's threads compute a softmax
             return False
         if op.kind == "softmax":  # it reads S: GEMM0 must be done
-            return (w, "gemm0", j) in end
+            before = Op(w, "gemm1", j - 1)
+            held = softmax_waits_for_pv and j > 0 and position[before] < position[op] and before not in end
+            return (w, "gemm0", j) in end and not held
         if op.kind == "gemm1":  # O is rescaled after GEMM1 of tile j-1 lands, then GEMM1 of tile j is issued
-            return j == 0 or (w, "gemm1", j - 1) in end
-        return latencies.load is None or (-1, "load", j) in end  # GEMM0 waits for its K/V tile
+            return (j == 0 or (w, "gemm1", j - 1) in end) and (not loads or not split_kv or (-1, "load_v", j) in end)
+        return not loads or (-1, k_load, j) in end  # GEMM0 waits for its K tile
 
     while True:
         changed = True
         while changed:  # everything that can start now starts: the producer's next load, then issues in order
             changed = False
-            if (latencies.load is not None and loading is None and next_load < tiles
-                    and all((w, "gemm1", next_load - stages) in end for w in range(warpgroups)
-                            if next_load >= stages)):
-                loading = [next_load, now + latencies.load]
-                begin[(-1, "load", next_load)] = now
+            if loading is None and next_load < len(loads) and buffer_free(*loads[next_load]):
+                kind, j = loads[next_load]
+                loading = [kind, j, now + load_time]
+                begin[(-1, kind, j)] = now
                 next_load += 1
                 changed = True
             if issued < len(ops) and can_issue(ops[issued]):
                 op = ops[issued]
                 if op.kind == "softmax":
-                    softmax[op.warpgroup] = [op, latencies.softmax]
+                    softmax[op.warpgroup] = [op, latencies.softmax_phases()]
                     begin[op] = now
                 else:
                     gemms[op.warpgroup].append([op, getattr(latencies, op.kind), now])
                 issued += 1
                 changed = True
         # The tensor cores take GEMMs in the order issued; the first GEMMs of two warpgroups issued at the same
-        # moment interleave and share them. The exp units split evenly between the softmaxes running.
+        # moment interleave and share them. The exp units, and the FMA units, split evenly between the softmax
+        # phases running on them.
         heads = [queue[0] for queue in gemms if queue]
         first = min((head[2] for head in heads), default=now)
         on_tensor = [head for head in heads if head[2] == first]
         for head in on_tensor:
             begin.setdefault(head[0], now)
-        on_exp = list(softmax.values())
-        events = [now + item[1] * len(running) for running in (on_tensor, on_exp) for item in running]
+        on_units = [[part for entry in softmax.values() for part in entry[1][0]
+                     if part[0] == unit and part[1] > small] for unit in (EXP, FMA)]
+        groups = [on_tensor] + on_units
+        events = [now + item[1] * len(running) for running in groups for item in running]
         if loading is not None:
-            events.append(loading[1])
+            events.append(loading[2])
         if not events:
             if issued == len(ops):
                 break
             stuck = ops[issued]
+            freed_by = "GEMM0 (its K buffer) or GEMM1 (its V buffer)" if split_kv else "GEMM1"
             raise ScheduleError(
                 f"deadlock: {_describe(stuck)} cannot run: K/V tile {stuck.tile}'s ring buffer (of {stages}) is "
-                f"freed only by GEMM1 of tile {stuck.tile - stages}, which waits behind it: use more stages or "
-                "move that GEMM1 earlier", "deadlock", issued)
+                f"freed only by {freed_by} of tile {stuck.tile - stages}, which waits behind it: use more stages or "
+                "move that GEMM earlier", "deadlock", issued)
         later = min(events)
-        for running in (on_tensor, on_exp):
+        for running in groups:
             for item in running:
                 item[1] -= (later - now) / len(running)
         now = later
         for queue in gemms:
-            if queue and queue[0][1] <= 1e-9 * latencies.gemm0:
+            if queue and queue[0][1] <= small:
                 end[queue.pop(0)[0]] = now
-        for w, (op, left) in list(softmax.items()):
-            if left <= 1e-9 * latencies.softmax:
+        for w, (op, phases) in list(softmax.items()):
+            while phases and all(part[1] <= small for part in phases[0]):
+                phases.pop(0)
+            if not phases:
                 end[op] = now
                 del softmax[w]
-        if loading is not None and loading[1] <= now:
-            end[(-1, "load", loading[0])] = now
+        if loading is not None and loading[2] <= now:
+            end[(-1, loading[0], loading[1])] = now
             loading = None
-    spans = [Span(-1, "load", j, TMA, begin[(-1, "load", j)], end[(-1, "load", j)])
-             for j in range(tiles) if (-1, "load", j) in end]
+    spans = [Span(-1, kind, j, TMA, begin[(-1, kind, j)], end[(-1, kind, j)]) for kind, j in loads]
     for op in ops:
         unit = EXP if op.kind == "softmax" else TENSOR
-        spans.append(Span(op.warpgroup, op.kind, op.tile, unit, begin[op], end[op], getattr(latencies, op.kind)))
+        work = (sum(max(part[1] for part in phase) for phase in latencies.softmax_phases()) if op.kind == "softmax"
+                else getattr(latencies, op.kind))
+        spans.append(Span(op.warpgroup, op.kind, op.tile, unit, begin[op], end[op], work))
     return Timeline(tuple(spans), warpgroups, tiles, latencies, stages)
 
 
@@ -431,8 +535,9 @@ def pingpong_overlapped(tiles: int) -> list[Op]:
 
 
 # --------------------------------------------------------------------------------------------- pictures
-_COLOURS = {"gemm0": "#4c72b0", "gemm1": "#55a868", "softmax": "#dd8452", "load": "#8172b2"}
-_LABELS = {"gemm0": "QK", "gemm1": "PV", "softmax": "exp", "load": "K/V"}
+_COLOURS = {"gemm0": "#4c72b0", "gemm1": "#55a868", "softmax": "#dd8452", "load": "#8172b2", "load_k": "#8172b2",
+            "load_v": "#b39ddb"}
+_LABELS = {"gemm0": "QK", "gemm1": "PV", "softmax": "softmax", "load": "K/V", "load_k": "K", "load_v": "V"}
 
 
 def _matplotlib():
@@ -471,26 +576,31 @@ def draw_timeline(timeline: Timeline, *, title: str | None = None):
             places = [(span.warpgroup, -0.1, 0.5, 1.0)]
         for row, shift, height, alpha in places:
             middle = row + shift
-            ax.barh(middle, width, left=span.start, height=height, color=colour, alpha=alpha, edgecolor="white",
-                    hatch=hatch)
+            # hatching in a dark grey, so that it shows on the colour and a label on a white box stays readable
+            ax.barh(middle, width, left=span.start, height=height, color=colour, alpha=alpha,
+                    edgecolor="0.2" if hatch else "white", linewidth=0.4 if hatch else 1.0, hatch=hatch)
             if alpha == 1.0 and width / scale > 0.035:
                 who = "" if span.unit != TENSOR or lanes == 1 else f"w{span.warpgroup} "
+                box = dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85)
                 ax.text(span.start + width / 2, middle, f"{who}{_LABELS[span.kind]} {span.tile}", ha="center",
-                        va="center", fontsize=7 if lanes == 1 or span.unit != TENSOR else 6, color="white")
+                        va="center", fontsize=7 if lanes == 1 or span.unit != TENSOR else 6,
+                        color="black" if hatch else "white", bbox=box if hatch else None)
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_xlabel("time (ns)")
     ax.set_xlim(0, timeline.makespan * 1.01)
     heading = title or "schedule"
     ax.set_title(f"{heading}: tensor cores busy {timeline.utilisation:.0%} of {timeline.makespan:.0f} ns")
-    kinds = [k for k in ("gemm0", "softmax", "gemm1", "load") if any(s.kind == k for s in timeline.spans)]
-    names = {"gemm0": "GEMM0: S = QK^T", "softmax": "softmax (exp)", "gemm1": "GEMM1: O += PV",
-             "load": "TMA load of K/V"}
+    kinds = [k for k in ("gemm0", "softmax", "gemm1", "load", "load_k", "load_v")
+             if any(s.kind == k for s in timeline.spans)]
+    names = {"gemm0": "GEMM0: S = QK^T", "softmax": "softmax (exp and thread work)", "gemm1": "GEMM1: O += PV",
+             "load": "TMA load of K/V", "load_k": "TMA load of K", "load_v": "TMA load of V"}
     handles = [Patch(color=_COLOURS[k], label=names[k]) for k in kinds]
-    handles.append(Patch(facecolor="0.55", alpha=0.4, label="pale, thin: the warpgroup's GEMM in flight"))
+    handles += [Patch(facecolor=_COLOURS[k], alpha=0.4, label=f"pale, thin: the warpgroup's {name} in flight")
+                for k, name in (("gemm0", "GEMM0"), ("gemm1", "GEMM1"))]
     if any(s.shared for s in timeline.spans):
-        handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="////",
-                             label="hatched: unit shared, half speed"))
+        handles.append(Patch(facecolor="0.75", edgecolor="0.2", hatch="////",
+                             label="hatched: unit shared, part speed"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8,
               frameon=False)
     return fig
@@ -536,12 +646,78 @@ def _rectangle(x: float, y: float, colour: str):
 
 
 # --------------------------------------------------------------------------------------------- recorded runs
-STAGE_ORDERS = {"v8a": sequential, "v8b": sequential, "v8c": lock_step,
-                "v8d": lambda tiles: lock_step(tiles, overlap=True), "v8e": pingpong_overlapped,
-                "v8f": pingpong_overlapped, "v8g": lambda tiles: lock_step(tiles, overlap=True)}
-"""The order each Gluon stage runs, as this simulator sees it (v8b adds only the producer; v8c's two warpgroups run
-one loop with nothing to stagger them; v8f is v8e's order in a persistent grid, which the model of one query tile
-cannot see; v8g is v8d's order with the PV wait where the model already puts it, below the softmax)."""
+@dataclass(frozen=True)
+class StageModel:
+    """How the simulator sees one Gluon stage of lesson 13 (``kernels/hopper/fa3.py``): the order its compiled code
+    runs, whether its softmax waits for the GEMM1 before it, and its query rows a program."""
+
+    order: object  # tiles -> list of Op
+    softmax_waits_for_pv: bool
+    rows: int
+    runs: str  # what the compiled code does, in words
+
+
+def _lock_step_overlapped(tiles: int) -> list[Op]:
+    return lock_step(tiles, overlap=True)
+
+
+STAGE_MODELS = {
+    "v8a": StageModel(sequential, False, 64, "one warpgroup in FA2's order (two or three such programs share an SM, "
+                      "which the model of one program cannot see)"),
+    "v8b": StageModel(sequential, False, 64, "v8a's order, the loads in a producer warp"),
+    "v8c": StageModel(lock_step, False, 128, "two warpgroups running one loop: lock step"),
+    "v8d": StageModel(_lock_step_overlapped, True, 128, "lock step, each warpgroup issuing QK^T(j) with PV(j-1); "
+                      "compiled, it waits for PV(j-1) before its exponentials, so nothing runs under PV"),
+    "v8e": StageModel(pingpong_overlapped, True, 128, "ping-pong of v8d's loop, the same early PV wait"),
+    "v8f": StageModel(pingpong_overlapped, True, 128, "v8e's order in a persistent grid (one program per SM; the "
+                      "model of one query tile cannot see the persistence); three warpgroups at D = 64"),
+    "v8g": StageModel(_lock_step_overlapped, False, 128, "v8d with the PV wait held below the softmax: the softmax "
+                      "really runs under PV(j-1) (the SASS test reads it)"),
+}
+"""The order each stage's *compiled* code runs, as tests/test_fa3_compile.py reads it from the SASS: v8d, v8e and v8f
+wait for PV(j-1) before their exponentials (``test_v8g_keeps_the_exponentials_under_pv``), only v8g does not."""
+
+
+def predict_stage(stage: str, head_dim: int, *, thread_work: bool = True, load_tbps: float | None = None,
+                  tiles: int = 16, block_k: int = 128, exp_on_fma: float = 0.0,
+                  rescale_share: float = 1.0) -> Timeline:
+    """The simulator's timeline for one query tile of a Gluon stage (``STAGE_MODELS``) at ``head_dim``, 16-bit:
+    with the softmax's thread work unless ``thread_work=False``, and a producer loading each K/V pair at
+    ``load_tbps`` TB/s (one SM's share; None: no loads) into a ring of two buffers, K and V released apart.
+    ``exp_on_fma`` and ``rescale_share``: FA4's ideas added to the stage (:meth:`Latencies.hopper`)."""
+    if stage not in STAGE_MODELS:
+        raise ValueError(f"stage={stage!r}: one of {', '.join(STAGE_MODELS)} is expected")
+    model = STAGE_MODELS[stage]
+    load = None if load_tbps is None else load_ns(block_k, head_dim, tbps=load_tbps)
+    latencies = Latencies.hopper(block_k=block_k, head_dim=head_dim, thread_work=thread_work, load=load,
+                                 exp_on_fma=exp_on_fma, rescale_share=rescale_share)
+    return simulate(model.order(tiles), latencies, softmax_waits_for_pv=model.softmax_waits_for_pv,
+                    split_kv=True)
+
+
+def stage_comparison(run: dict, *, n: int = 16384, causal: bool = False, load_tbps: float | None = None,
+                     peak_tflops: float = H100_MATMUL_TFLOPS) -> list[dict]:
+    """Model beside measurement for every stage of a recorded run and head dim 64 and 128: one row each with the
+    simulator's tensor-core utilisation (``model``) and the measured TFLOP/s as a fraction of the dense peak
+    (``measured``, the mean of float16 and bfloat16), and each one's change from the stage before (``model_gain``,
+    ``measured_gain``: 0.05 is +5%)."""
+    rates = stage_rates(run, n=n, causal=causal)
+    rows = []
+    for head_dim in (64, 128):
+        previous = None
+        for stage in STAGE_MODELS:
+            measured = [rates[(f"fa3-{stage}", dtype, head_dim)] for dtype in ("float16", "bfloat16")
+                        if (f"fa3-{stage}", dtype, head_dim) in rates]
+            if not measured:
+                continue
+            row = {"stage": stage, "head_dim": head_dim,
+                   "model": predict_stage(stage, head_dim, load_tbps=load_tbps).utilisation,
+                   "measured": sum(measured) / len(measured) / peak_tflops}
+            row["model_gain"] = None if previous is None else row["model"] / previous["model"] - 1
+            row["measured_gain"] = None if previous is None else row["measured"] / previous["measured"] - 1
+            rows.append(row)
+            previous = row
+    return rows
 
 
 def stage_rates(run: dict, *, n: int, causal: bool = False) -> dict[tuple[str, str, int], float]:

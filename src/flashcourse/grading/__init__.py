@@ -33,6 +33,7 @@ EXERCISES = {
     "ex13_warp_schedule": "ex13",
     "ex14_interview_code": "ex14",
     "ex15_handwritten_kernels": "ex15",
+    "ex16_fa4_softmax": "ex16",
 }
 
 # check function name -> module that defines it; modules load on first use (the Triton ones import torch).
@@ -58,6 +59,7 @@ _CHECKS = {
     "check_mha_forward": "ex14", "check_gqa_forward": "ex14", "check_rope": "ex14", "check_mla_decode": "ex14",
     "check_kv_cache_bytes": "ex14", "start_code_clock": "ex14",
     "check_softmax_rows": "ex15", "check_matmul": "ex15", "check_sum_all": "ex15", "check_transpose": "ex15",
+    "check_emulated_exp2": "ex16", "check_row_stats": "ex16",
 }
 
 __all__ = ["EXERCISES", "ForbiddenCallError", "NotImplementedYet", "Part", "keep_going", "parts", "run_check",

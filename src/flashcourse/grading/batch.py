@@ -6,7 +6,10 @@ functions on graded inputs drawn from the instructor's seed and save the arrays 
 judges those arrays against the float64 reference itself: nothing the submission prints or writes is read as a
 score. One bad submission (invalid JSON, a crash, an endless loop, megabytes of output) costs only itself.
 
-Writes DIR/grades.csv, DIR/grades.json (per student, per part, points) and DIR/feedback/<student>__<exercise>.md.
+Writes DIR/grades.csv and DIR/grades.json (one row per submission: status, points per part, and ``flags``: what
+the grader saw the notebook do, such as an edited check cell or a replaced grading function), DIR/gradebook.csv
+(one row per student: points per part, per exercise and in total, for a learning platform's import) and
+DIR/feedback/<student>__<exercise>.md.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ import numpy as np
 
 from . import EXERCISES, _processes, parts
 from ._core import Case, lay_out, pack_cases
-from .release import strip_solutions
+from .release import ReleaseError, strip_solutions
 
 MAX_OUTPUT_BYTES = 256 * 1024 * 1024  # the most the child's outputs file may hold
 MAX_LOG_BYTES = 64 * 1024 * 1024  # the child cannot write files larger than this (prints included)
 MAX_FEEDBACK = 1500  # characters of one message in a feedback file
 SHORT_NAMES = {short: name for name, short in EXERCISES.items()}
+OUTLIVED = "process(es) it started outlived it and were killed"
 
 # Workers running now, and the grader's own children from before grading: the processes end_strays must spare.
 _PROCESSES_LOCK = threading.Lock()
@@ -74,6 +78,7 @@ class SubmissionResult:
     seconds: float = 0.0
     parts: dict[str, PartResult] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # what the notebook did that an instructor should look at
 
 
 # --------------------------------------------------------------------------------------------- identifying
@@ -143,33 +148,68 @@ def _safe_name(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------- one submission
-def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> tuple[dict, str]:
-    """(the submission with its check cells replaced by the solution's, matched by nbgrader grade_id, a note).
+@dataclass
+class Prepared:
+    """A submission ready to run: its cells with the check cells restored, and what restoring them found."""
+    notebook: dict
+    check_cells: list[int]  # the restored check cells, numbered from 1 as JupyterLab shows them
+    note: str = ""  # why the check cells could not be restored ("" when they were)
+    flags: list[str] = field(default_factory=list)
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _prepare_notebook(notebook: dict, exercise: str, solutions: Path | None) -> Prepared:
+    """The submission with its check cells replaced by the solution's, matched by nbgrader grade_id.
 
     Code and markdown cells the learner wrote stay as they are. The hidden tests are left out of the restored
-    check cells: the grader draws the graded inputs and judges them itself, in its own process. The note says
-    when there was no solution notebook to restore the check cells from ("" otherwise).
+    check cells: the grader draws the graded inputs and judges them itself, in its own process. A check cell the
+    learner edited, deleted or gave another grade id is restored and flagged; one deleted or renamed comes back
+    at the end of the notebook.
     """
     source_path = (solutions / f"{exercise}.ipynb") if solutions else None
     if source_path is None or not source_path.exists():
-        return notebook, (f"no solution notebook {source_path}: the submission's own check cells ran (the scores do "
-                          "not depend on them)" if source_path else "")
+        return Prepared(notebook, [], f"no solution notebook {source_path}: the submission's own check cells ran "
+                                      "(the scores do not depend on them)" if source_path else "")
     source = json.loads(source_path.read_text())
     checks = {c["metadata"]["nbgrader"]["grade_id"]: _without_hidden_tests(c) for c in source["cells"]
               if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
-    cells = []
+    cells, restored, flags = [], [], []
     for cell in notebook.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell.get("metadata"), dict) else {}
         grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
-        cells.append(checks.pop(grade_id) if grade_id in checks else cell)
-    cells += checks.values()  # check cells the learner deleted come back at the end
-    return {**notebook, "cells": cells}, ""
+        if grade_id in checks:
+            check = checks.pop(grade_id)
+            if _released_source(cell).strip() != _source(check).strip():
+                flags.append(f"check cell {grade_id} edited (the original ran)")
+            cells.append(check)
+            restored.append(len(cells))
+        else:
+            if isinstance(meta, dict) and meta.get("grade") and isinstance(grade_id, str):
+                flags.append(f"grade id {grade_id[:40]!r} is not one of the exercise's")
+            cells.append(cell)
+    for grade_id, check in checks.items():  # check cells the learner deleted (or renamed) come back at the end
+        flags.append(f"check cell {grade_id} missing: deleted or its grade id changed (restored at the end)")
+        cells.append(check)
+        restored.append(len(cells))
+    return Prepared({**notebook, "cells": cells}, restored, "", flags)
+
+
+def _released_source(cell: dict) -> str:
+    """A submitted check cell's code as the exercise released it: hidden tests (which nbgrader's own release
+    removes, and a solved notebook keeps) left out."""
+    try:
+        return strip_solutions(_source(cell), code=True, where="a submitted check cell")
+    except ReleaseError:  # markers the learner broke: not the released cell
+        return _source(cell)
 
 
 def _without_hidden_tests(cell: dict) -> dict:
-    source = cell.get("source", "")
-    source = "".join(source) if isinstance(source, list) else source
-    return {**cell, "source": strip_solutions(source, code=True, where=f"check cell {cell['metadata']['nbgrader']}")}
+    where = f"check cell {cell['metadata']['nbgrader']}"
+    return {**cell, "source": strip_solutions(_source(cell), code=True, where=where)}
 
 
 def _tail(path: Path, limit: int = 1500) -> str:
@@ -181,18 +221,19 @@ def _tail(path: Path, limit: int = 1500) -> str:
         return ""
 
 
-def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], timeout: float,
+def _run_child(prepared: Prepared, exercise: str, cases: dict[str, list[Case]], timeout: float,
                job_dir: Path, work_dir: Path) -> tuple[str, dict, dict]:
     """Run the worker; return (status, outputs, report). Never raises for anything the child does."""
     spec, arrays = pack_cases(cases)
     # The child counts its time limit from the moment it is started here (CLOCK_MONOTONIC is system-wide), not
     # from the end of its own imports: those take seconds when several workers share a core, and the grader stops
     # waiting 5 s after the limit, so a child counting from later was killed before it saved what it had.
-    job = {"exercise": exercise, "cases": spec, "cell_seconds": 0.6 * timeout, "deadline_seconds": timeout,
+    job = {"exercise": exercise, "exercise_module": EXERCISES[exercise], "cases": spec,
+           "check_cells": prepared.check_cells, "cell_seconds": 0.6 * timeout, "deadline_seconds": timeout,
            "started_monotonic": time.monotonic(), "max_file_bytes": MAX_LOG_BYTES}
     (job_dir / "job.json").write_text(json.dumps(job))
     np.savez(job_dir / "cases.npz", **arrays)
-    (work_dir / "submission.ipynb").write_text(json.dumps(prepared))
+    (work_dir / "submission.ipynb").write_text(json.dumps(prepared.notebook))
     env = {**os.environ, "MPLBACKEND": "agg", "PYTHONUNBUFFERED": "1"}
     env.pop("FLASHCOURSE_SEED", None)
     log = job_dir / "log.txt"
@@ -215,7 +256,7 @@ def _run_child(prepared: dict, exercise: str, cases: dict[str, list[Case]], time
                 keep = _live_workers | _grader_children
             ended = _processes.end_strays(keep)
             if ended:
-                status += f"; {ended} process(es) it started outlived it and were killed"
+                status += f"; {ended} {OUTLIVED}"
     outputs: dict = {}
     report: dict = {}
     out_path = job_dir / "outputs.npz"
@@ -315,12 +356,13 @@ def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | N
     job_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-job-"))
     work_dir = Path(tempfile.mkdtemp(prefix="flashcourse-grade-run-"))
     try:
-        prepared, note = _prepare_notebook(notebook, result.exercise, solutions)
-        if note:
-            result.notes.append(note)
+        prepared = _prepare_notebook(notebook, result.exercise, solutions)
+        if prepared.note:
+            result.notes.append(prepared.note)
         status, outputs, report = _run_child(prepared, result.exercise, cases, timeout, job_dir, work_dir)
         result.status = status
         result.parts = _judge(result.exercise, cases, outputs, report)
+        result.flags = prepared.flags + flags_from(report, status)
         cell_errors = report.get("cell_errors") if isinstance(report.get("cell_errors"), list) else []
         for entry in cell_errors[:20]:
             if isinstance(entry, dict):
@@ -335,6 +377,29 @@ def grade_submission(path: Path, *, seed: int, timeout: float, exercise: str | N
     result.points = sum(p.points for p in result.parts.values())
     result.seconds = time.monotonic() - start
     return result
+
+
+def flags_from(report: dict, status: str) -> list[str]:
+    """What the worker saw the notebook do, in words an instructor can act on. The report comes from the
+    submission's own process, so each entry is type-checked and cut short; a notebook that forges a clean report
+    only hides its own flags (scores never depend on the report)."""
+    flags = []
+    replaced = [str(name)[:100] for name in report.get("replaced", []) if isinstance(name, str)] \
+        if isinstance(report.get("replaced"), list) else []
+    if replaced:
+        count = report.get("replaced_count") if isinstance(report.get("replaced_count"), int) else len(replaced)
+        more = f" and {count - len(replaced)} more" if count > len(replaced) else ""
+        flags.append(f"grading functions replaced: {', '.join(replaced)}{more}")
+    forbidden = report.get("forbidden") if isinstance(report.get("forbidden"), dict) else {}
+    for grade_id, message in list(forbidden.items())[:20]:
+        first_line = str(message).splitlines()[0] if str(message) else ""
+        flags.append(f"forbidden call in {str(grade_id)[:40]}: {first_line[:300]}")
+    writes = report.get("outside_writes") if isinstance(report.get("outside_writes"), list) else []
+    if writes:
+        flags.append("files written outside the working copy: " + ", ".join(str(p)[:200] for p in writes[:10]))
+    if OUTLIVED in status:
+        flags.append("started processes that outlived the notebook (killed)")
+    return flags
 
 
 # --------------------------------------------------------------------------------------------- writing
@@ -365,6 +430,11 @@ def write_feedback(result: SubmissionResult, folder: Path) -> tuple[Path, str]:
         lines += [f"## {grade_id}: {part.points:g} / {part.max_points:g} ({mark})", ""]
         if not part.passed:
             lines += ["```", part.feedback, "```", ""]
+    if result.flags:
+        lines += ["## What the grader noticed", "",
+                  *(f"- {flag}" for flag in result.flags), "",
+                  "These do not change the score (it comes from your functions' outputs alone); your instructor "
+                  "sees them too.", ""]
     if result.notes:
         lines += ["## Errors while running your notebook", ""]
         lines += ["```", *result.notes, "```", ""]
@@ -392,12 +462,44 @@ def write_tables(results: list[SubmissionResult], out: Path, meta: dict) -> dict
     part_ids = sorted({grade_id for r in results for grade_id in r.parts})
     table = io.StringIO(newline="")
     writer = csv.writer(table)
-    writer.writerow(["student", "exercise", "file", "status", "points", "max_points", *part_ids])
+    writer.writerow(["student", "exercise", "file", "status", "points", "max_points", *part_ids, "flags"])
     for r in results:
         writer.writerow([_cell(r.student), r.exercise or "", _cell(r.file), _cell(r.status), f"{r.points:g}",
-                         f"{r.max_points:g}", *[f"{r.parts[g].points:g}" if g in r.parts else "" for g in part_ids]])
+                         f"{r.max_points:g}", *[f"{r.parts[g].points:g}" if g in r.parts else "" for g in part_ids],
+                         _cell("; ".join(r.flags))])
     return {"grades.json": write_atomically(out / "grades.json", json.dumps(payload, indent=2) + "\n"),
-            "grades.csv": write_atomically(out / "grades.csv", table.getvalue())}
+            "grades.csv": write_atomically(out / "grades.csv", table.getvalue()),
+            "gradebook.csv": write_atomically(out / "gradebook.csv", gradebook(results))}
+
+
+def gradebook(results: list[SubmissionResult]) -> str:
+    """The wide table a learning platform imports: one row per student; a column per exercise part (ex01_a), per
+    exercise (ex01_naive_attention: its total) and the student's total. A blank cell: no submission for that
+    exercise. Every row is a student (the maximum of each column is in grades.json, under "exercises")."""
+    graded = sorted({r.exercise for r in results if r.exercise})
+    columns = [(name, [p.grade_id for p in parts(name)]) for name in graded]
+    header = ["student", *(column for name, grade_ids in columns for column in (*grade_ids, name)), "total"]
+    by_student: dict[str, dict[str, SubmissionResult]] = {}
+    for r in results:
+        if r.exercise:
+            by_student.setdefault(r.student, {})[r.exercise] = r
+        else:
+            by_student.setdefault(r.student, {})
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(header)
+    for student in sorted(by_student):
+        row = [_cell(student)]
+        for name, grade_ids in columns:
+            submitted = by_student[student].get(name)
+            if submitted is None:
+                row += [""] * (len(grade_ids) + 1)
+            else:
+                row += [*(f"{submitted.parts[g].points:g}" if g in submitted.parts else "0" for g in grade_ids),
+                        f"{submitted.points:g}"]
+        row.append(f"{sum(r.points for r in by_student[student].values()):g}")
+        writer.writerow(row)
+    return table.getvalue()
 
 
 def write_summary(out: Path, meta: dict, digests: dict[str, str]) -> str:

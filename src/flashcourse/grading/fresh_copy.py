@@ -24,10 +24,12 @@ import uuid
 
 def fresh_hidden_test():
     """``hidden_test`` of a copy of the grading package loaded now from its files (every module anew)."""
-    return _fresh_grading_package().fresh_judge.hidden_test
+    return fresh_grading_package().fresh_judge.hidden_test
 
 
-def _fresh_grading_package():
+def fresh_grading_package():
+    """A copy of the grading package loaded now from its files under a new name (also the batch grader's worker's
+    copy for the restored check cells)."""
     folder = os.path.dirname(os.path.abspath(__file__))  # set by runpy from the installed file's location
     name = f"flashcourse._fresh_grading_{uuid.uuid4().hex}"  # beside grading: its "from .. import" still work
     spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),

@@ -235,12 +235,15 @@ def host_lengths(lengths, batch: int) -> list[int]:
     """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
     floats and other types are refused (int32 would truncate them)."""
     try:
-        if not isinstance(lengths, (list, tuple)):
-            return [operator.index(lengths)] * batch
-        return [operator.index(n) for n in lengths]
+        values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
+                  else [operator.index(n) for n in lengths])
     except TypeError:
         raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
                         "or a (B,) int32 tensor") from None
+    for b, n in enumerate(values):  # before they become an int32 tensor, whose overflow error names no argument
+        if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
+            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
+    return values
 
 
 def check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:

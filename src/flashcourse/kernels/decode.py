@@ -590,13 +590,24 @@ _NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V
 _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
+def keyable_options(options: tuple) -> bool:
+    """Whether a call's options can stand in its plan's key: True == 1 == 1.0 as keys, so a bool where a number goes
+    (refused by the checks) or a window of floats would find the plan of a valid call and skip the check that
+    refuses it. Such calls keep no plan and are checked in full."""
+    scale, num_splits, window, softcap = options[:4]
+    if scale.__class__ is bool or num_splits.__class__ is bool or softcap.__class__ is bool:
+        return False
+    return window is None or (window.__class__ is tuple and len(window) == 2 and window[0].__class__ is int
+                              and window[1].__class__ is int)
+
+
 def _launch_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
     """The plan's key (None on the interpreter, whose calls are not kept): every tensor's layout (shape, strides,
     dtype, device, 16-byte alignment: what Triton specialises on), None for an absent one, and every option. An
     argument that is not a tensor gives None too: the checks then say what was expected. Written out flat, as
     ``plan.layout_key``: it is built on every call (the device as ``get_device()``, an int: only CUDA calls are
     kept, so no other device can share one)."""
-    if not isinstance(q, torch.Tensor) or q.device.type != "cuda":
+    if not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not keyable_options(options):
         return None
     try:
         key = ("decode", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,

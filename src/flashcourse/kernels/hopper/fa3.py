@@ -649,9 +649,10 @@ def _v8f_tiles(acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg: gl.co
                j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
                STAGES: gl.constexpr, PINGPONG: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, of one query tile, as v8e's: QK^T(j) and PV(j-1) issued together in
-    this warpgroup's turn, softmax(j) under PV(j-1). The ring position of key tile j is r0 + j and the turn
-    number turn0 + j - 1 (both run on across query tiles). The turns go round CONSUMERS warpgroups: turn t of
-    warpgroup w > 0 follows warpgroup w-1's turn t, turn t of warpgroup 0 the last warpgroup's turn t-1; each
+    this warpgroup's turn, the softmax of tile j written to run under PV(j-1) (as compiled, ptxas moves the wait for
+    PV(j-1) above the exponentials, as in v8d: lesson 13, section 8). The ring position of key tile j is r0 + j
+    and the turn number turn0 + j - 1 (both run on across query tiles). The turns go round CONSUMERS warpgroups:
+    turn t of warpgroup w > 0 follows warpgroup w-1's turn t, turn t of warpgroup 0 the last warpgroup's turn t-1; each
     arrives on the next warpgroup's barrier once its pair of GEMMs is issued. Without PINGPONG (D = 256, as
     FlashAttention-3 there) no turns; at D = 256 the output rows are rescaled before PV(j-1), as in
     ``_ws_tiles_overlapped``."""
@@ -921,7 +922,8 @@ STAGES = {
               by_head_dim={256: {"expected": "D = 256: about v7 (2026-12-02, float16, N = 8192: 505 / 498 TFLOP/s, "
                                              "0.79x / 0.84x cuDNN), up to +5%: the softmax and the rescale of 128 "
                                              "output registers a thread still wait between the GEMMs"}}),
-        Stage("v8d", "intra-warpgroup overlap: QK^T(j) with PV(j-1), softmax(j) under PV(j-1)",
+        Stage("v8d", "intra-warpgroup overlap: QK^T(j) issued with PV(j-1); softmax(j) written under PV(j-1) but, "
+                     "as compiled, after the wait for it (v8g pins the wait below the softmax)",
               "+5-10% over v8c", _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128, 256: 64}, stages=2,
               overlap=True, producer_regs=24, consumer_regs=240,
               by_head_dim={256: {"expected": "D = 256: +8-15% over v8c, 0.9-1.0x cuDNN (570-640 TFLOP/s at "

@@ -1,0 +1,436 @@
+"""Backward b7: FlashAttention-3's backward design in Gluon, dQ by one TMA reduce-add off the math warps
+(Triton >= 3.9; issue 54).
+
+With S = scale * Q K^T, P = exp(S - lse), Delta = rowsum(dO * O) (the preprocess, as b1 and b6):
+    dV = P^T dO      dP = dO V^T      dS = P * (dP - Delta)      dK = scale * dS^T Q      dQ = scale * dS K
+FA3's backward (Shah et al. 2024, section 3 and appendix B; ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` and
+``hopper/flash_bwd_kernel_sm90.h`` of Dao-AILab/flash-attention) as one Gluon program per tile of 128 keys:
+
+- two consumer warpgroups own 64 keys each and keep that slice of dK and dV in registers for the whole walk
+  (``setmaxnreg``: 240 registers a thread each, the other partitions 24);
+- a loader warp brings K and V once, then every (Q, dO) tile that sees the keys into a ring (b6's producer);
+- each step runs the five products per warpgroup, keys as rows (as b1 and b6): S^T = K Q^T, dP^T = V dO^T,
+  dV += P^T dO, dK += dS^T Q, and dQ; dS^T goes to shared memory once and both dK's and dQ's products read it;
+- dQ as FA3 splits it: warpgroup w computes the columns [w D/2, (w+1) D/2) of the tile's whole dQ share from
+  **both** warpgroups' dS (so each step waits for the other warpgroup's dS: an mbarrier of two arrivals), into
+  a float32 tile in shared memory; a **writer warp** (FA3's dQ-writer role, in the producer warpgroup) adds
+  those tiles to a float32 dQ buffer in global memory with ``tma.async_atomic_add`` (PTX
+  ``cp.reduce.async.bulk.tensor ... add``: the addition happens in L2, no thread waits for it) and frees the
+  tile. dS and the dQ tiles are double-buffered, so a warpgroup computes step i+1 while step i's add is in
+  flight. A small kernel scales the buffer into dQ's dtype (b6's convert).
+
+What b7 changes against its predecessors (docs/KERNELS.md, "judged"): b2/b4 added dQ with ``tl.atomic_add``
+from the math warps (one instruction per element, issued by the threads that should be multiplying); b5 had
+the TMA reduce-add but in plain Triton, issued from the math warps, with no warp specialization; b6c split the
+work like b7 but each warpgroup added its own whole share by relaxed atomics (twice the traffic, on the math
+warps). b7 moves the addition to a warp of its own and halves it.
+
+Prediction (written before any GPU run; Triton 3.9 on an H100 or H200).
+A step (one 128-key tile, one query tile of M rows) costs 5 x 2 x 128 x M x D FLOPs (each of the five products is
+2 x 128 x M x D over both warpgroups; the scale and masks are free) and moves 2 x M x D x 2 bytes in (Q, dO, from
+L2 after the first program of a head), 8 M bytes of lse and Delta, and M x D x 4 bytes of float32 out (the reduce-
+add, half b6c's 2 x M x D x 4). At D = 128, M = 32: 5.2 MFLOP against 16 KB in and 16 KB reduced, 160 FLOP a byte;
+at D = 64, M = 64: the same. The H100's SXM tensor rate (989 TFLOP/s dense fp16) over its L2 (about 5.5 TB/s)
+allows about 180 FLOP a byte, so the step is near balance against L2 and far above HBM's (3.35 TB/s) only because
+Q and dO tiles are shared by a head's programs through L2. The math warps now do only the five products, the
+softmax recomputation and the dS arithmetic: the reference is b6c's 0.50-0.64x cuDNN (benchmarks/results/
+2026-12-01-nvidia-h200-fa3-backward-stages.json, rows ``fa3-b6c``, n 8192, float16), b1's 0.70-0.82x and cuDNN's
+405-522 TFLOP/s (same file, ``b1`` and ``sdpa_cudnn``). Taking the dQ atomics off the math warps and halving them
+should recover most of the gap between b6c and the products' own rate: expected 0.85-1.0x cuDNN at N >= 4096
+(1.1-1.3x b1), D = 128 nearer the top (its products are longer against the fixed per-step costs); causal about
+5% less (the diagonal tiles are masked and half empty). What would limit it, in order of likelihood: the per-step
+rendezvous of the two warpgroups (FA3 has it too), the 32-row query tiles at D = 128 (wgmma at M = 64 with N = 32
+runs at half its rate on the S^T, dP^T products), register pressure (dK, dV: 128 registers a thread at D = 128).
+FA4's 1.06-1.34x cuDNN (issue 54) is the goal, not the prediction.
+
+Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
+D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
+Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
+(P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows).
+
+Not dispatched: nothing here has run on a GPU yet (``TESTED_TRITON``). ``flashcourse.kernels`` does not import
+this module; ``benchmarks/gpu_b7.py`` is its first GPU run.
+"""
+
+# No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
+import math
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .fa3 import _LOG2E, _mma_layout, _smem_layout, aggregate, tensor_descriptor_signature, triton_cdiv
+from .fa3_backward import BLOCK_M, ROWS, _b6_producer, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
+from .fa3_backward import check_inputs as _check_b6_inputs
+
+TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); run on a GPU: none yet
+# Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
+HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
+CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
+DQ_BUFFERS = 2  # dS and the dQ tiles: step i+1 computes while step i's dQ is added
+_LOG2E_C = gl.constexpr(_LOG2E)
+# The same numbers as the kernels see them (a @gluon.jit function reads only constexpr globals).
+_CONSUMERS_C = gl.constexpr(CONSUMERS)
+_DQ_BUFFERS_C = gl.constexpr(DQ_BUFFERS)
+_ROWS_C = gl.constexpr(ROWS)
+
+
+@aggregate
+class _Rows:
+    """What a step reads about its query rows: lse and Delta from row ``stat_row`` of their (B*H, N_q) arrays,
+    N_Q and N_KV for the masks, ``qk_scale`` (the softmax scale times log2(e))."""
+
+    LSE: gl.tensor
+    DELTA: gl.tensor
+    stat_row: gl.tensor
+    N_Q: gl.tensor
+    N_KV: gl.tensor
+    qk_scale: gl.tensor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, LSE, DELTA, stat_row, N_Q, N_KV, qk_scale):
+        self.LSE = LSE
+        self.DELTA = DELTA
+        self.stat_row = stat_row
+        self.N_Q = N_Q
+        self.N_KV = N_KV
+        self.qk_scale = qk_scale
+
+
+@aggregate
+class _DqHandoff:
+    """dS and the dQ tiles between the warpgroups and the writer. Step i uses buffer b = i % DQ_BUFFERS:
+    ``ds_smem.index(b * 2 + w)`` holds warpgroup w's dS^T (64 keys x M), ``ds_ready.index(b)`` completes once
+    both warpgroups wrote theirs; ``dq_smem.index(b * 2 + w)`` holds warpgroup w's dQ columns (M x D/2, float32),
+    ``dq_full`` / ``dq_empty`` (same index) hand it to the writer and back."""
+
+    ds_smem: gl.shared_memory_descriptor
+    ds_ready: gl.shared_memory_descriptor
+    dq_smem: gl.shared_memory_descriptor
+    dq_full: gl.shared_memory_descriptor
+    dq_empty: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, ds_smem, ds_ready, dq_smem, dq_full, dq_empty):
+        self.ds_smem = ds_smem
+        self.ds_ready = ds_ready
+        self.dq_smem = dq_smem
+        self.dq_full = dq_full
+        self.dq_empty = dq_empty
+
+
+@gluon.jit
+def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, handoff, rows, m0, keys,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+    """Step i of warpgroup ``wg`` (query tile starting at row m0; the caller waited for q_tile, do_tile): the
+    five products, dS^T handed to the other warpgroup, this warpgroup's dQ columns handed to the writer."""
+    BLOCK_M: gl.constexpr = q_tile.shape[0]
+    HEAD_DIM: gl.constexpr = q_tile.shape[1]
+    KEYS: gl.constexpr = _ROWS_C
+    HALF: gl.constexpr = HEAD_DIM // 2  # dQ columns of one warpgroup
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=KV_LAYOUT, k_width=2)
+    k_tile = k_smem.index(wg)
+    v_tile = v_smem.index(wg)
+    buf = i % _DQ_BUFFERS_C
+    phase = (i // _DQ_BUFFERS_C) & 1
+    ds_tile = handoff.ds_smem.index(buf * 2 + wg)
+    cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, S_LAYOUT))  # query indices (S^T's columns)
+    zero = gl.zeros([KEYS, BLOCK_M], gl.float32, S_LAYOUT)
+    if MASKED:
+        lse2 = gl.load(rows.LSE + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0) * _LOG2E_C
+        delta = gl.load(rows.DELTA + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0)
+    else:
+        lse2 = gl.load(rows.LSE + rows.stat_row + cols) * _LOG2E_C
+        delta = gl.load(rows.DELTA + rows.stat_row + cols)
+    s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+    p = gl.exp2(s * rows.qk_scale - lse2[None, :])
+    if MASKED:  # rows past N_Q (the next head's), keys past N_KV and, causal, keys after the query: P = 0
+        ok = (cols[None, :] < rows.N_Q) & (keys[:, None] < rows.N_KV)
+        if CAUSAL:
+            ok = ok & (keys[:, None] <= cols[None, :])
+        p = gl.where(ok, p, 0.0)
+    dv = warpgroup_mma(gl.convert_layout(p.to(q_tile.dtype), op_layout), do_tile, dv, is_async=True)
+    dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+    ds_tile.store((p * (dp - delta[None, :])).to(q_tile.dtype))
+    dv = warpgroup_mma_wait(num_outstanding=0, deps=(dv,))
+    fence_async_shared()  # dS^T written by the threads, read by the tensor cores (the async proxy)
+    mbarrier.arrive(handoff.ds_ready.index(buf))  # this warpgroup's dS^T is in place
+    dk = warpgroup_mma(ds_tile, q_tile, dk, is_async=True)
+
+    # dQ[:, wg*HALF : (wg+1)*HALF] of the tile = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] (both 64-key halves).
+    mbarrier.wait(handoff.ds_ready.index(buf), phase)  # the other warpgroup's dS^T too
+    dq_tile = handoff.dq_smem.index(buf * 2 + wg)
+    if BLOCK_M == 64:
+        DQ_LAYOUT: gl.constexpr = _mma_layout(HALF)
+        dq = gl.zeros([BLOCK_M, HALF], gl.float32, DQ_LAYOUT)
+        for j in gl.static_range(_CONSUMERS_C):
+            dq = warpgroup_mma(handoff.ds_smem.index(buf * 2 + j).permute((1, 0)),
+                               k_smem.index(j).slice(wg * HALF, HALF, dim=1), dq, use_acc=j > 0, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+        mbarrier.wait(handoff.dq_empty.index(buf * 2 + wg), phase ^ 1)  # the writer is done with this tile
+        dq_tile.store(dq)
+    else:  # query tiles narrower than wgmma's 64 rows: dQ^T[cols, :] = K_0[:, cols]^T dS_0^T + K_1[:, cols]^T dS_1^T
+        DQT_LAYOUT: gl.constexpr = _mma_layout(BLOCK_M)
+        dqt = gl.zeros([HALF, BLOCK_M], gl.float32, DQT_LAYOUT)
+        for j in gl.static_range(_CONSUMERS_C):
+            dqt = warpgroup_mma(k_smem.index(j).slice(wg * HALF, HALF, dim=1).permute((1, 0)),
+                                handoff.ds_smem.index(buf * 2 + j), dqt, use_acc=j > 0, is_async=True)
+        dqt = warpgroup_mma_wait(num_outstanding=0, deps=(dqt,))
+        mbarrier.wait(handoff.dq_empty.index(buf * 2 + wg), phase ^ 1)
+        dq_tile.permute((1, 0)).store(dqt)
+    fence_async_shared()  # the float32 tile written by the threads, read by the TMA unit
+    mbarrier.arrive(handoff.dq_full.index(buf * 2 + wg))
+    dk = warpgroup_mma_wait(num_outstanding=0, deps=(dk,))
+    return dk, dv
+
+
+@gluon.jit
+def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, i_lo, i_hi, m_lo,
+              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
+              KV_LAYOUT: gl.constexpr):
+    """Steps [i_lo, i_hi) of warpgroup ``wg``: wait for the (Q, dO) slot, compute, free the slot."""
+    BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
+    for i in range(i_lo, i_hi):
+        slot = i % STAGES
+        mbarrier.wait(ring.ready.index(slot), (i // STAGES) & 1)
+        dk, dv = _b7_step(wg, i, dk, dv, k_smem, v_smem, ring.q_smem.index(slot), ring.do_smem.index(slot),
+                          handoff, rows, (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL,
+                          S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+        mbarrier.arrive(ring.empty.index(slot))  # every product of the step has landed: Q, dO no longer read
+    return dk, dv
+
+
+@gluon.jit
+def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
+                 full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program."""
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
+    S_LAYOUT: gl.constexpr = _mma_layout(BLOCK_M)
+    KV_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
+    first = n0 + wg * _ROWS_C
+    keys = first + gl.arange(0, _ROWS_C, layout=gl.SliceLayout(1, S_LAYOUT))
+    dk = gl.zeros([_ROWS_C, HEAD_DIM], gl.float32, KV_LAYOUT)
+    dv = gl.zeros([_ROWS_C, HEAD_DIM], gl.float32, KV_LAYOUT)
+    mbarrier.wait(kv_bar, 0)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, 0, full_lo - m_lo, m_lo,
+                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, full_lo - m_lo, full_hi - m_lo, m_lo,
+                       MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, full_hi - m_lo, n_m - m_lo, m_lo,
+                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    _store_dkdv(dk, dv, DK, DV, kv_row, first, rows.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=_ROWS_C, KV_LAYOUT=KV_LAYOUT)
+
+
+@gluon.jit
+def _b7_consumer0(k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """The default partition: consumer warpgroup 0."""
+    _b7_consumer(0, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
+
+
+@gluon.jit
+def _b7_consumer1(k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+    """A worker partition of 4 warps: consumer warpgroup 1, the program's next 64 keys."""
+    _b7_consumer(1, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
+                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
+
+
+@gluon.jit
+def _b7_dq_writer(dq_desc, handoff, dq_row, m_lo, n_tiles):
+    """The writer warp: for each step, both warpgroups' float32 dQ columns added to the global buffer by TMA
+    reduce-adds (the additions run in L2; the warp only waits until the TMA unit has read shared memory, then
+    gives the tiles back)."""
+    BLOCK_M: gl.constexpr = dq_desc.block_type.shape[0]
+    HALF: gl.constexpr = dq_desc.block_type.shape[1]
+    for i in range(n_tiles):
+        buf = i % _DQ_BUFFERS_C
+        phase = (i // _DQ_BUFFERS_C) & 1
+        for w in gl.static_range(_CONSUMERS_C):
+            mbarrier.wait(handoff.dq_full.index(buf * 2 + w), phase)
+            tma.async_atomic_add(dq_desc, [dq_row + (m_lo + i) * BLOCK_M, w * HALF], handoff.dq_smem.index(buf * 2 + w))
+        tma.store_wait(0)  # shared memory read: the tiles may be overwritten (the adds may still be in flight)
+        for w in gl.static_range(_CONSUMERS_C):
+            mbarrier.arrive(handoff.dq_empty.index(buf * 2 + w))
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
+def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA, qk_scale, scale, N_Q, N_KV, N_QPAD,
+               CAUSAL: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+               CONSUMER_REGS: gl.constexpr):
+    """b7: two consumer warpgroups (launch with num_warps=4: the default partition is consumer 0), a loader
+    warp, a dQ-writer warp; one program per 128 keys of one (batch, head)."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    DS_LAYOUT: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], q_desc.dtype)
+
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    n0 = pid_n * (KEYS * _CONSUMERS_C)
+    kv_row = bh * N_KV
+    q_row = bh * N_Q
+    stat_row = bh.to(gl.int64) * N_Q
+    dq_row = bh * N_QPAD
+    m_lo, full_lo, full_hi, n_m = _query_tiles(n0, N_Q, N_KV, CAUSAL=CAUSAL, KEYS=KEYS * _CONSUMERS_C,
+                                               BLOCK_M=BLOCK_M)
+
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [_CONSUMERS_C, KEYS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [_CONSUMERS_C, KEYS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [_DQ_BUFFERS_C * _CONSUMERS_C, KEYS, BLOCK_M], DS_LAYOUT)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [_DQ_BUFFERS_C * _CONSUMERS_C, BLOCK_M, HEAD_DIM // 2],
+                                        dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [_DQ_BUFFERS_C, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [_DQ_BUFFERS_C * _CONSUMERS_C, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [_DQ_BUFFERS_C * _CONSUMERS_C, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=_CONSUMERS_C)  # every consumer warpgroup frees the slot
+    for i in gl.static_range(_DQ_BUFFERS_C):
+        mbarrier.init(ds_ready.index(i), count=_CONSUMERS_C)  # both halves of dS written
+    for i in gl.static_range(_DQ_BUFFERS_C * _CONSUMERS_C):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+
+    ring = _Ring(q_smem, do_smem, ready, empty)
+    handoff = _DqHandoff(ds_smem, ds_ready, dq_smem, dq_full, dq_empty)
+    rows = _Rows(LSE, DELTA, stat_row, N_Q, N_KV, qk_scale)
+    # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
+    gl.warp_specialize([
+        (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                         full_hi, n_m, CAUSAL, STAGES)),
+        (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                         full_hi, n_m, CAUSAL, STAGES)),
+        (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, ring, q_row, kv_row, n0, m_lo,
+                        n_m - m_lo, _CONSUMERS_C, STAGES)),
+        (_b7_dq_writer, (dq_desc, handoff, dq_row, m_lo, n_m - m_lo)),
+    ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+
+
+# ------------------------------------------------------------------------------------------ stage and host
+@dataclass(frozen=True)
+class Stage:
+    """b7's launch: its kernel, ring depth and register budgets (the shape ``scripts/fa3_compile.py`` reads)."""
+
+    name: str
+    adds: str
+    expected: str
+    kernel: object
+    stages: int = 2  # (Q, dO) ring depth
+    producer_regs: int = 24  # the loader's and the writer's warpgroup
+    consumer_regs: int = 240
+
+    def keys(self) -> int:
+        return ROWS * CONSUMERS
+
+    def options(self) -> dict:
+        return {"num_warps": 4}
+
+    def constexprs(self, causal: bool) -> dict:
+        return {"CAUSAL": causal, "STAGES": self.stages, "PRODUCER_REGS": self.producer_regs,
+                "CONSUMER_REGS": self.consumer_regs}
+
+
+STAGES = {
+    "b7": Stage("b7", "FA3's backward: two consumer warpgroups (dK, dV in registers, 240 each), a loader warp, a dQ "
+                "writer warp; dQ columns split between the warpgroups from both halves of dS, added to float32 "
+                "by one TMA reduce-add a warpgroup a step (tma.async_atomic_add), off the math warps",
+                "0.85-1.0x cuDNN at N >= 4096 (1.1-1.3x b1)", _b7_kernel),
+}
+HEAD_DIMS = (64, 128)
+
+
+def _dq_layout(block_m: int, head_dim: int):
+    return gl.NVMMASharedLayout.get_default_for([block_m, head_dim // 2], gl.float32)
+
+
+def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
+    """(signature, constexprs) of b7's kernel, as ``triton.compile`` takes them."""
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    block_m = BLOCK_M[head_dim]
+    signature = {"q_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
+                 "k_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
+                 "v_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
+                 "do_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
+                 "dq_desc": f"tensordesc<fp32[{block_m},{head_dim // 2}],{_dq_layout(block_m, head_dim)!r}>",
+                 "DK": f"*{name}", "DV": f"*{name}", "LSE": "*fp32", "DELTA": "*fp32",
+                 "qk_scale": "fp32", "scale": "fp32", "N_Q": "i32", "N_KV": "i32", "N_QPAD": "i32"}
+    constexprs = stage.constexprs(causal)
+    signature.update({key: "constexpr" for key in constexprs})
+    return signature, constexprs
+
+
+def check_inputs(q, k, v, o, lse, do) -> None:
+    """What b7 takes, or a ValueError saying what to use instead (b6's rules, plus a Triton with the TMA
+    reduce-add)."""
+    if not HAS_TMA_REDUCE:
+        import triton
+
+        raise ValueError(f"b7 adds dQ with Gluon's tma.async_atomic_add, which Triton {triton.__version__} lacks "
+                         "(it came with 3.9): install Triton >= 3.9, or use "
+                         "flashcourse.kernels.flash_attention_backward")
+    _check_b6_inputs(q, k, v, o, lse, do)
+
+
+def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                do: torch.Tensor, *, causal: bool = False,
+                scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention by b7 (see the module docstring) from the forward's o and natural-log lse.
+    ``causal=True`` is top-left aligned. Hopper and Triton >= 3.9 only; ``check_inputs`` says what it takes."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..backward import _bwd_preprocess
+    from ..common import strides
+
+    check_inputs(q, k, v, o, lse, do)
+    spec = STAGES["b7"]
+    batch, heads, n_q, head_dim = q.shape
+    block_m = BLOCK_M[head_dim]
+    n_kv = k.shape[2]
+    if batch * heads * n_q == 0 or n_kv == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    delta = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
+    _bwd_preprocess[(triton_cdiv(n_q, 64), batch * heads)](
+        O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
+        HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=64)
+    n_qpad = triton_cdiv(n_q, ROWS) * ROWS  # whole 64-row tiles: a reduce-add never reaches the next head's rows
+    dq_acc = torch.zeros((batch * heads, n_qpad, head_dim), device=q.device, dtype=torch.float32)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+
+    def describe(t: torch.Tensor, n: int, block_rows: int):
+        flat = t.view(batch * heads * n, head_dim)
+        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
+                                _smem_layout(block_rows, head_dim, q.dtype))
+
+    dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
+    dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
+                               _dq_layout(block_m, head_dim))
+    grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
+    spec.kernel[grid](describe(q, n_q, block_m), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
+                      describe(do, n_q, block_m), dq_desc, dk, dv, lse, delta, scale * _LOG2E, scale, n_q, n_kv,
+                      n_qpad, **spec.constexprs(bool(causal)), **spec.options())
+    dq = torch.empty_like(q)
+    _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, n_qpad, HEAD_DIM=head_dim,
+                                                              BLOCK=64, num_warps=4)
+    return dq, dk, dv

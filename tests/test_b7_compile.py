@@ -1,0 +1,334 @@
+"""Backward b7 (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA reduce-add from a writer
+warp) compiles for sm_90 on this CPU, and what compiling cannot show is modelled in Python.
+
+As tests/test_fa3_backward_compile.py does for b6: the kernel is compiled ahead of time to a cubin (no GPU) and its
+resources checked; the handoffs between its four partitions (loader, two consumer warpgroups, dQ writer) are run
+on the forward test's mbarrier model (no deadlock, no buffer overwritten while read, the writer adds each step's
+tiles); b7's arithmetic (its dQ columns split between the warpgroups, each summing both halves of dS) is written
+out in float64 NumPy and compared with the gradients. Triton has no interpreter for Gluon, so whether the kernel
+computes those gradients is the GPU's job: ``benchmarks/gpu_b7.py``. Skipped where the running Triton's Gluon has
+no ``tma.async_atomic_add`` (before 3.9).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from flashcourse import device  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _has_tma_reduce() -> bool:
+    try:
+        from triton.experimental.gluon.language.nvidia.hopper import tma
+    except ImportError:
+        return False
+    return hasattr(tma, "async_atomic_add")
+
+
+needs_tma_reduce = pytest.mark.skipif(not _has_tma_reduce(),
+                                      reason="this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
+
+
+def _sibling(name: str):
+    """Another test file as a module: its models are reused, not copied."""
+    spec = importlib.util.spec_from_file_location(f"_b7_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# What the subprocess below prints: b7 compiled for sm_90 at D 64 and 128 (fp16 not causal, bf16 causal), the
+# cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
+_COMPILE = r"""
+import json, os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, sys.argv[1])
+import flashcourse.device
+flashcourse.device.setup = lambda: "cuda"  # compile only: Gluon has no interpreter
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import fa3_compile
+from flashcourse.kernels.hopper import fa3_backward_tma as b7
+stage = b7.STAGES["b7"]
+records = []
+for head_dim in b7.HEAD_DIMS:
+    for dtype, causal in ((torch.float16, False), (torch.bfloat16, True)):
+        signature, constexprs = b7.kernel_signature(stage, head_dim, dtype, causal)
+        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options=stage.options())
+        usage = fa3_compile.resource_usage(compiled.asm["cubin"])
+        ptx = compiled.asm["ptx"]
+        records.append({"head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
+                        "shared": compiled.metadata.shared,
+                        "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+                        "atom": ptx.count("atom.global") + ptx.count("red.global"),
+                        "wgmma": ptx.count("wgmma.mma_async"),
+                        "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
+print(json.dumps(records))
+"""
+
+
+@needs_tma_reduce
+@pytest.mark.slow  # one to two minutes on two shared cores: four compiles to cubin
+def test_b7_compiles_for_sm90(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(ROOT / "scripts")], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(records) == 4
+    for r in records:
+        where = f"b7 D={r['head_dim']} {r['dtype']} causal={r['causal']}"
+        assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
+        assert r["local"] == 0, f"{where} spills {r['local']} bytes a thread"
+        assert r["wgmma"] > 0, f"{where} has no wgmma"
+        # dQ leaves only by the TMA reduce-add (one per warpgroup tile; Triton splits a tile wider than the
+        # 128-byte swizzle into two copies), never by per-element atomics from the math warps.
+        assert r["reduce_add"] >= 2, f"{where}: {r['reduce_add']} TMA reduce-adds in the PTX"
+        assert r["atom"] == 0, f"{where}: {r['atom']} global atomics in the PTX"
+        budgets = " ".join(r["setmaxnreg"])
+        assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"  # loader and writer
+        assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # the consumers
+
+
+def test_kernels_package_does_not_import_b7():
+    """CI's Triton may lack the TMA reduce-add: ``import flashcourse.kernels`` must not load b7's module."""
+    code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_backward_tma' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
+
+
+def test_unsupported_inputs_say_what_to_use(monkeypatch):
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+
+    try:
+        from flashcourse.kernels.hopper import fa3_backward_tma
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_backward_tma.py does not import under this Triton: {error}")
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 8)
+    monkeypatch.setattr(fa3_backward_tma, "HAS_TMA_REDUCE", False)
+    with pytest.raises(ValueError, match=r"tma.async_atomic_add.*Triton >= 3.9.*flash_attention_backward"):
+        fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
+    monkeypatch.setattr(fa3_backward_tma, "HAS_TMA_REDUCE", True)
+    with pytest.raises(ValueError, match="Hopper.*flash_attention_backward"):  # b6's rules hold too
+        fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
+    with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
+        fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
+    assert fa3_backward_tma.TESTED_TRITON == ()  # nothing has run on a GPU yet: benchmarks/gpu_b7.py is first
+
+
+# ------------------------------------------------------------------------------------------ the handoffs
+def _run_b7_protocol(n_tiles: int, stages: int, buffers: int, seed: int):
+    """b7's four partitions on threads. The loader fills the (Q, dO) ring (as b6). Each consumer warpgroup w,
+    step i, buffer b = i % buffers: waits for the slot, writes its dS^T into ds[b][w], arrives on ds_ready[b]
+    (two arrivals), waits for it, reads ds[b][0] and ds[b][1] (its dQ columns need both), waits dq_empty[b][w],
+    writes its dQ tile, arrives dq_full[b][w], frees the slot. The writer, each step, waits dq_full[b][0] and
+    [b][1], reads both tiles (the TMA unit reading shared memory), and arrives on both dq_empty."""
+    fwd = _sibling("test_fa3_compile")
+    world = fwd._World()
+    rng = random.Random(seed)
+    ready = [fwd._MBarrier(1, world) for _ in range(stages)]
+    empty = [fwd._MBarrier(2, world) for _ in range(stages)]
+    ds_ready = [fwd._MBarrier(2, world) for _ in range(buffers)]
+    dq_full = [[fwd._MBarrier(1, world) for _ in range(2)] for _ in range(buffers)]
+    dq_empty = [[fwd._MBarrier(1, world) for _ in range(2)] for _ in range(buffers)]
+    slots = [None] * stages
+    ds = [[None, None] for _ in range(buffers)]
+    dq = [[None, None] for _ in range(buffers)]
+    added = []
+    errors = []
+
+    def loader():
+        for i in range(n_tiles):
+            slot = i % stages
+            empty[slot].wait(((i // stages) & 1) ^ 1)
+
+            def land(slot=slot, i=i):
+                fwd._jitter(random.Random(i * 7 + slot))
+                slots[slot] = ("QdO", i)
+                ready[slot].arrive()
+            world.start(land)
+
+    def consumer(w):
+        for i in range(n_tiles):
+            slot, b, phase = i % stages, i % buffers, (i // buffers) & 1
+            ready[slot].wait((i // stages) & 1)
+            assert slots[slot] == ("QdO", i), f"wg {w} step {i}: slot holds {slots[slot]}"
+            ds[b][w] = ("dS", i, w)
+            ds_ready[b].arrive()
+            ds_ready[b].wait(phase)
+            fwd._jitter(rng)
+            for j in range(2):  # the dQ product reads both halves, the other warpgroup's too
+                assert ds[b][j] == ("dS", i, j), f"wg {w} step {i}: ds[{b}][{j}] holds {ds[b][j]}"
+            dq_empty[b][w].wait(phase ^ 1)
+            dq[b][w] = ("dQ", i, w)
+            dq_full[b][w].arrive()
+            assert slots[slot] == ("QdO", i), f"wg {w} step {i}: slot refilled while read"
+            empty[slot].arrive()
+
+    def writer():
+        for i in range(n_tiles):
+            b, phase = i % buffers, (i // buffers) & 1
+            for w in range(2):
+                dq_full[b][w].wait(phase)
+                fwd._jitter(rng)
+                assert dq[b][w] == ("dQ", i, w), f"writer step {i}: dq[{b}][{w}] holds {dq[b][w]}"
+                added.append((i, w))
+            for w in range(2):
+                dq_empty[b][w].arrive()
+
+    def guarded(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            errors.append(error)
+
+    world.start(guarded, loader)
+    world.start(guarded, consumer, 0)
+    world.start(guarded, consumer, 1)
+    world.start(guarded, writer)
+    world.join()  # a deadlock ends every thread with fwd.Deadlock, found without a clock
+    assert not errors, errors[0]
+    assert sorted(added) == [(i, w) for i in range(n_tiles) for w in range(2)]
+
+
+@pytest.mark.parametrize("n_tiles", [0, 1, 2, 3, 7])
+def test_the_four_partitions_hand_over_without_deadlock_or_overwrite(n_tiles):
+    for seed in range(3):
+        _run_b7_protocol(n_tiles, stages=2, buffers=2, seed=seed)
+
+
+def test_the_model_catches_a_single_ds_buffer():
+    """With one dS buffer a warpgroup that runs ahead overwrites the dS the other is still reading: the model
+    must see it (else the test above could not fail)."""
+    failures = []
+    for seed in range(12):
+        try:
+            _run_b7_protocol(6, stages=2, buffers=1, seed=seed)
+        except AssertionError as error:
+            failures.append(str(error))
+    assert failures, "twelve runs with one dS buffer and no overwrite seen"
+    assert all("ds[0]" in failure for failure in failures), failures
+
+
+# ------------------------------------------------------------------------------------------ the arithmetic
+def _emulate_b7(q, k, v, o, lse, do, causal):
+    """b7's arithmetic in float64 NumPy: 128-key programs of two 64-key warpgroups, query tiles of BLOCK_M rows
+    read as TMA reads them (a tile past a head's end takes the next head's rows, past the last zeros), the masked
+    and unmasked loops of ``_query_tiles``; warpgroup w's dQ columns [w D/2, (w+1) D/2) from both halves of dS,
+    added to a padded float32 buffer."""
+    import numpy as np
+
+    b6_test = _sibling("test_fa3_backward_compile")
+    batch, heads, n_q, d = q.shape
+    n_kv = k.shape[2]
+    block_m = 32 if d > 64 else 64  # fa3_backward.BLOCK_M's rule: 64 rows at D = 64, 32 at D = 128
+    half = d // 2
+    scale = 1.0 / np.sqrt(d)
+    flat = {name: t.reshape(-1, d) for name, t in (("q", q), ("k", k), ("v", v), ("do", do))}
+    lse_flat, delta_flat = lse.reshape(-1), (o * do).sum(-1).reshape(-1)
+
+    def tma(name, row, rows):
+        out = np.zeros((rows, d))
+        got = flat[name][row:row + rows]
+        out[:len(got)] = got
+        return out
+
+    dq_acc = np.zeros((batch * heads, -(-n_q // 64) * 64, d))
+    dk, dv = np.zeros_like(k).reshape(-1, d), np.zeros_like(v).reshape(-1, d)
+    for bh in range(batch * heads):
+        for n0 in range(0, n_kv, 128):
+            m_lo, full_lo, full_hi, n_m = b6_test._query_tiles(n0, n_q, n_kv, causal, 128, block_m)
+            kt = [tma("k", bh * n_kv + n0 + 64 * w, 64) for w in range(2)]
+            vt = [tma("v", bh * n_kv + n0 + 64 * w, 64) for w in range(2)]
+            key_ids = [n0 + 64 * w + np.arange(64) for w in range(2)]
+            dk_acc, dv_acc = [np.zeros((64, d)) for _ in range(2)], [np.zeros((64, d)) for _ in range(2)]
+            for m in range(m_lo, n_m):
+                masked = not full_lo <= m < full_hi
+                qt, dot = tma("q", bh * n_q + m * block_m, block_m), tma("do", bh * n_q + m * block_m, block_m)
+                cols = m * block_m + np.arange(block_m)
+                ok_rows = cols < n_q
+                lse_m = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                ds_t = []
+                for w in range(2):
+                    with np.errstate(over="ignore"):
+                        p = np.exp(kt[w] @ qt.T * scale - lse_m[None, :])
+                    if masked:
+                        ok = ok_rows[None, :] & (key_ids[w][:, None] < n_kv)
+                        if causal:
+                            ok &= key_ids[w][:, None] <= cols[None, :]
+                        p = np.where(ok, p, 0.0)
+                    dv_acc[w] += p @ dot
+                    ds_t.append(p * (vt[w] @ dot.T - delta[None, :]))
+                    dk_acc[w] += ds_t[w] @ qt
+                for w in range(2):  # the split: each warpgroup's columns from both halves of dS
+                    c = slice(w * half, (w + 1) * half)
+                    dq_acc[bh, m * block_m:(m + 1) * block_m, c] += ds_t[0].T @ kt[0][:, c] + ds_t[1].T @ kt[1][:, c]
+            for w in range(2):
+                keep = key_ids[w] < n_kv
+                dk[bh * n_kv + key_ids[w][keep]] = dk_acc[w][keep] * scale
+                dv[bh * n_kv + key_ids[w][keep]] = dv_acc[w][keep]
+    return (dq_acc[:, :n_q] * scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
+    """The emulation equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and more
+    keys than queries, one row, and two heads (a tile past the first head's end reads the second's rows)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for n_q, n_kv in [(1, 1), (17, 17), (100, 100), (130, 130), (40, 150), (150, 40), (200, 257)]:
+        q, do = rng.standard_normal((1, 2, n_q, d)), rng.standard_normal((1, 2, n_q, d))
+        k, v = rng.standard_normal((1, 2, n_kv, d)), rng.standard_normal((1, 2, n_kv, d))
+        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+        if causal:
+            s = np.where(np.tril(np.ones((n_q, n_kv), dtype=bool)), s, -np.inf)
+        lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+        p = np.exp(s - lse[..., None])
+        o = p @ v
+        ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
+        expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
+        got = _emulate_b7(q, k, v, o, lse, do, causal)
+        for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
+
+
+# ------------------------------------------------------------------------------------------ the GPU script
+def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
+    """benchmarks/gpu_b7.py (run on the GPU by the lead) covers D 64 and 128, both dtypes, causal and not, checks
+    one row and lengths that end mid-tile for every tile it uses, and says what it needs on a CPU."""
+    spec = importlib.util.spec_from_file_location("_gpu_b7", ROOT / "benchmarks" / "gpu_b7.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cases = script.time_shapes(quick=False)
+    assert {(d, dt, c) for _, _, _, d, dt, c in cases} == {
+        (d, dt, c) for d in (64, 128) for dt in ("float16", "bfloat16") for c in (False, True)}
+    assert {n for _, _, n, *_ in cases} >= {4096, 8192}
+    assert 1 in script.CHECK_NS and any(n % 32 for n in script.CHECK_NS) and any(n % 128 for n in script.CHECK_NS)
+    assert {"sdpa_cudnn", "b1", "fa4"} <= set(script.REFERENCES)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout + proc.stderr[-2000:]
