@@ -73,8 +73,9 @@ test: setup
 # - ahead-of-time compiles (the launch fit for every supported GPU, the Gluon and FP8 stages for sm_90) and
 #   torch.compile of the kernels;
 # - the Triton interpreter's kernel tests but for the smoke set and FAST_SMOKE (bad inputs refused, lse, empty
-#   rows, a backward, decode's combine, the grader on kernels, the block mask's refusals): every version, variant,
-#   mask classification, document tiles and tile range, and the interview's hand-written kernels;
+#   rows, a backward, decode's combine, the grader on kernels, the block mask's refusals, dropout's mask, several
+#   new tokens): every version, variant, dropout case, mask classification, document tiles and tile range, and
+#   the interview's hand-written kernels;
 # - the benchmarks' and measurement scripts' CPU runs (bench variants and train-step, the launch sweeps);
 # - the terminal quiz through a pseudo-terminal and the widgets (every step's figure drawn);
 # - tests marked slow and those that start process groups or fresh interpreters (FAST_DESELECT).
@@ -87,7 +88,7 @@ FAST_IGNORE := test_site.py test_notebooks.py test_wheel.py test_grading_nbgrade
 	test_fa3_fp8_compile.py test_fa3_backward_compile.py test_b7_compile.py test_compile.py test_decode_compile.py \
 	test_mask_classification.py test_document_tiles.py test_tile_lists.py test_kernels_common.py test_grading_ex15.py \
 	test_bench_variants.py test_bench_train_step.py test_sweep_backward_launches.py test_sweep_forward_rules.py \
-	test_quiz_cli.py test_widgets.py
+	test_quiz_cli.py test_widgets.py test_dropout.py test_decode_new_tokens.py
 FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
 	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \
 	test_distributed.py::test_an_error_in_one_rank_stops_the_run_and_shows_what_the_ranks_printed \
@@ -108,7 +109,11 @@ FAST_SMOKE := test_kernels_forward.py::test_bad_inputs_raise_clear_errors \
 	test_exercises.py::test_committed_exercises_equal_a_fresh_release \
 	test_exercises.py::test_release_replaces_regions_with_a_stub_and_rejects_unpaired_markers \
 	test_block_mask.py::test_wrong_shapes_raise test_block_mask.py::test_other_rules_raise \
-	test_block_mask.py::test_bad_arguments_raise
+	test_block_mask.py::test_bad_arguments_raise \
+	test_dropout.py::test_bad_dropout_p_is_refused_by_name \
+	test_dropout.py::test_flash_attention_is_repeatable_under_manual_seed_and_draws_a_new_mask_per_call \
+	test_decode_new_tokens.py::test_a_length_shorter_than_the_new_tokens_is_refused \
+	test_decode_new_tokens.py::test_causal_false_lets_every_new_token_see_the_whole_sequence
 FAST_FILES := $(filter-out $(addprefix tests/,$(FAST_IGNORE)),$(sort $(wildcard tests/test_*.py)))
 FAST_PYTEST_ARGS := -m "not gpu and not slow" $(addprefix --deselect=tests/,$(FAST_DESELECT)) $(FAST_FILES) \
 	$(addprefix tests/,$(FAST_SMOKE))

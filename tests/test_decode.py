@@ -142,7 +142,7 @@ def test_split_outputs_combine_with_merge_partials(rng, monkeypatch):
     # Key tiles of 16: each split covers whole tiles, cdiv(cdiv(50, 2), 16) * 16 = 32 keys, the second the rest.
     o = kernels.flash_decode(q.float(), k.float(), v.float(), num_splits=2, block_n=16)
     assert len(received) == 1, "two splits must be merged by one combine launch"
-    o_part, lse_part = received[0]  # (1, H_q, 2, BLOCK_D), (1, H_q, 2)
+    o_part, lse_part = (x[:, :, 0] for x in received[0])  # (1, H_q, 2, BLOCK_D), (1, H_q, 2) of the one new token
     qn, kn, vn = q.numpy()[0][:, None], k.numpy()[0], v.numpy()[0]
     split_len = 32
     o1, lse1 = reference.attention_lse(qn, kn[:, :split_len], vn[:, :split_len])

@@ -176,3 +176,22 @@ def test_gpu_new_tokens_real_sizes(rng, n_new, page_size, dtype):
         k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), **options)
     assert_close(o, expected(q, k, v, lengths), what=f"{n_new} new tokens on the GPU, pages {page_size}")
+
+
+@pytest.mark.slow  # torch.compile's tracing: tens of seconds on a loaded CPU
+@pytest.mark.parametrize("causal", [True, False])
+def test_compiled_fullgraph_matches_eager(rng, causal):
+    """Under torch.compile(fullgraph=True) the call is the flashcourse::decode op, with q's new-token axis and
+    ``causal`` carried through."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    q, k, v = make(rng, 2, 4, 2, 5, 40, 16)
+    lengths = lengths_tensor([40, 23])
+
+    def decode(q, k, v, lengths):
+        return kernels.flash_decode(q, k, v, cache_seqlens=lengths, causal=causal, num_splits=2)
+
+    compiled = torch.compile(decode, backend="aot_eager", fullgraph=True)
+    assert_close(compiled(q, k, v, lengths).cpu(), decode(q, k, v, lengths).cpu().numpy(),
+                 what=f"compiled decode of 5 new tokens, causal={causal}")

@@ -388,7 +388,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
         window_left, window_right = _window_pair(window)
         return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
-                                            block_n, num_warps, num_stages, *_switch_fields(switches), causal)
+                                            block_n, num_warps, num_stages, causal, *_switch_fields(switches))
     return _decode(tensors, options, lengths)
 
 
@@ -630,8 +630,8 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
                block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
                alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
                window_left: int, window_right: int, softcap: Optional[float], block_n: Optional[int],
-               num_warps: Optional[int], num_stages: Optional[int], programs_per_sm: Optional[int] = None,
-               mask_tail_only: Optional[bool] = None, causal: bool = True) -> torch.Tensor:
+               num_warps: Optional[int], num_stages: Optional[int], causal: bool = True,
+               programs_per_sm: Optional[int] = None, mask_tail_only: Optional[bool] = None) -> torch.Tensor:
     """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
     their two fields (None: chosen per call)."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
@@ -650,7 +650,7 @@ def _switch_fields(switches) -> tuple:
 @_decode_op.register_fake
 def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale,
                     num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages,
-                    programs_per_sm=None, mask_tail_only=None, causal=True):
+                    causal=True, programs_per_sm=None, mask_tail_only=None):
     # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
     # exist here; the kernel clamps them).
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
