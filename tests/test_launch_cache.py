@@ -15,7 +15,7 @@ from flashcourse import device  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 from flashcourse import kernels, reference  # noqa: E402
-from flashcourse.kernels import forward  # noqa: E402
+from flashcourse.kernels import forward, plan  # noqa: E402
 from flashcourse.kernels.launch import LaunchCache, cached_launch_supported, layout_key  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
@@ -301,7 +301,7 @@ def test_gpu_decode_repeat_calls_hit_the_cache_and_stay_right():
     from flashcourse.kernels import decode
 
     decode._LAUNCHES.clear()
-    decode._PLANS.clear()  # a plan made by an earlier test would launch its own prepared launch, remembering none
+    plan.PLANS.clear()  # a plan made by an earlier test would launch its own prepared launch, remembering none
     x = torch.randn(2, 4, 300, 64, device="cuda", dtype=torch.float16)
     kernels.flash_decode(x[:, :, 0].repeat_interleave(2, 1), x, x)  # k is v in the call that fills the cache
     for _ in range(2):
@@ -324,7 +324,7 @@ def test_gpu_forward_and_decode_agree_with_and_without_the_cache(cache_on, monke
     for cache in (forward._LAUNCHES, decode._LAUNCHES):
         cache.clear()
         monkeypatch.setattr(cache, "enabled", cache_on)
-    decode._PLANS.clear()  # a decode plan keeps its launches: a plan made before would launch them
+    plan.PLANS.clear()  # a decode plan keeps its launches: a plan made before would launch them
     q, k, v = (torch.randn(1, 2, 200, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     want = reference.attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=True)
     for _ in range(2):
