@@ -128,7 +128,7 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     launch = stage.at(head_dim) if hasattr(stage, "at") else stage  # a forward stage's launch by head dim (v8f)
     start = time.perf_counter()
     try:
-        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+        compiled = triton.compile(GluonASTSource(launch.kernel, signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", SM90, 32), options=launch.options())
         usage = resource_usage(compiled.asm["cubin"])
         instructions = fa3_fp8_compile.sass(compiled.asm["cubin"])
