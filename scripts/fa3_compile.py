@@ -79,6 +79,8 @@ class Compiled:
     wgmma: int | None = None  # wgmma.mma_async instructions in the PTX
     ex2_under_pv: list | None = None  # MUFU.EX2 between the two wgmma waits, per overlapped stretch of SASS
     opcodes: dict | None = None  # SASS instructions of the kinds in fa3_fp8_compile.OPCODES
+    ex2_ptx: int | None = None  # ex2.approx instructions in the PTX (v9b moves some to the FMA units)
+    predicated_branches: int | None = None  # SASS branches taken on a predicate (v9a adds one around each rescale)
     seconds: float | None = None
     error: str = ""
 
@@ -145,6 +147,9 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     record.wgmma = sum("wgmma.mma_async" in line for line in ptx.splitlines())
     record.ex2_under_pv = fa3_fp8_compile.overlapped_ex2(instructions)
     record.opcodes = fa3_fp8_compile.opcode_counts(instructions)
+    record.ex2_ptx = sum("ex2.approx" in line for line in ptx.splitlines())
+    record.predicated_branches = sum(op.split()[0].startswith("@") and op.split()[1:2] == ["BRA"]
+                                     for op in instructions if op.split())
     record.seconds = round(time.perf_counter() - start, 2)
     return record
 
