@@ -232,10 +232,12 @@ def _exp2_on_fma(x):
 
 @gluon.jit
 def _rescale_when_moved(acc, alpha, O_LAYOUT: gl.constexpr):
-    """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max (alpha < 1); when
-    none did, every alpha is exactly 1 and the 64 x D multiplications are skipped. The test is one value for
-    the whole warpgroup (a reduction over its 64 rows), so the branch is uniform: FA4 branches per warp."""
-    if gl.min(alpha, axis=0) < 1.0:
+    """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max; when none did,
+    every alpha is 2^0 = 1 and the 64 x D multiplications are skipped. A row that moved its max moved it by more
+    than the threshold (8), so its alpha is below 2^-8: testing against 0.5 separates the two whatever the last
+    bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
+    shared memory), so the branch is uniform: FA4 decides per warp."""
+    if gl.min(alpha, axis=0) < 0.5:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
     return acc
 
@@ -967,6 +969,9 @@ class Stage:
             raise ValueError(f"stage {self.name}: emulated_columns={self.emulated_columns} must be a multiple of 8 "
                              f"(a thread's columns of a wgmma tile come in groups of 8) and at most the key tile, "
                              f"{min(self.block_n.values())}")
+        if self.rescale_threshold and self.rescale_threshold < 1:
+            raise ValueError(f"stage {self.name}: rescale_threshold={self.rescale_threshold} must be 0 (off) or at "
+                             "least 1 (log2 units): _rescale_when_moved tells a moved row by its alpha < 0.5")
         if self.rescale_threshold and not self.overlap:
             raise ValueError(f"stage {self.name}: rescale_threshold needs the overlapped loop (overlap=True), the one "
                              "that tests it")

@@ -1,0 +1,148 @@
+"""FlashAttention-4's two portable ideas as Hopper stages (``kernels/hopper/fa3.py``'s v9a and v9b, lesson 14).
+
+On the CPU: v9b's exponential, the kernel's arithmetic replayed in float32 NumPy, is within the fitted polynomial's
+error of float64 2^x; the stages build on the fastest forward of each head dim; their switches are off in v8a-v8h.
+Compiled for sm_90 (``scripts/fa3_compile.py``, as tests/test_fa3_compile.py): v9a and v9b without spills, v9b
+with fewer MUFU exponentials than its base (in proportion to the columns it moves), v9a with a branch more. Whether
+they compute the right thing on a GPU, and how fast: ``benchmarks/gpu_fa4_stages.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+from flashcourse import device, fa4  # noqa: E402
+
+if not device.triton_available():
+    pytest.skip("Triton is not installed here", allow_module_level=True)
+fa3 = pytest.importorskip("flashcourse.kernels.hopper.fa3", reason="this Triton has no Gluon Hopper API")
+
+ROOT = Path(__file__).resolve().parents[1]
+V9 = ("v9a", "v9b_1of16", "v9b_1of4")
+
+
+def _exp2_as_the_kernel(x, coefficients):
+    """``fa3._exp2_on_fma`` step by step in float32 (the GPU fuses Horner's multiply-adds; the difference is a
+    rounding of 2^-24)."""
+    x = np.maximum(np.asarray(x, dtype=np.float32), np.float32(-126.0))
+    magic = np.float32(12582912.0)
+    rounded = x + magic
+    frac = x - (rounded - magic)
+    c0, c1, c2, c3 = (np.float32(c) for c in coefficients)
+    power = ((c3 * frac + c2) * frac + c1) * frac + c0
+    bits = power.view(np.int32) + (rounded.view(np.int32) << np.int32(23))
+    return bits.view(np.float32)
+
+
+def test_the_kernels_exp2_is_within_the_polynomials_error():
+    # Down to -125.5: below, 2^f < 1 lands in the exponent field's 0, a subnormal float that drops p's leading 1
+    # (fa4.exp2_emulated flushes below -126; beside a row's max term, 1, neither matters).
+    x = np.concatenate([np.linspace(-125.5, 0.0, 200_001), np.linspace(-3.0, 0.0, 10_001),
+                        np.arange(-125.0, 1.0), np.arange(-124.5, 0.0)]).astype(np.float32)
+    got = _exp2_as_the_kernel(x, fa3.centred_exp2_polynomial()).astype(np.float64)
+    error = np.max(np.abs(got / np.exp2(x.astype(np.float64)) - 1.0))
+    bound = fa4.exp2_relative_error()  # the fitted polynomial's own error on [0, 1), about 1e-4
+    assert error <= bound * 1.01 + 1e-6, (error, bound)
+    # A masked score (-inf) and the flushed range give tiny non-negative numbers, never NaN or a negative float.
+    tiny = _exp2_as_the_kernel(np.array([-np.inf, -1e30, -127.0, -126.0, -125.7], dtype=np.float32),
+                               fa3.centred_exp2_polynomial())
+    assert np.all(tiny >= 0) and np.all(tiny <= 2.0 ** -125)
+    # The test can fail: p's own coefficients, fitted on [0, 1), used on the kernel's fraction in [-0.5, 0.5],
+    # are about 1% off (a hundred times the bound), outside [0, 1) where p was not fitted.
+    wrong = _exp2_as_the_kernel(x, fa4.EXP2_POLY3).astype(np.float64)
+    assert np.max(np.abs(wrong / np.exp2(x.astype(np.float64)) - 1.0)) > 10 * bound
+
+
+def test_the_centred_polynomial_is_p_shifted_by_a_half():
+    f = np.linspace(-0.5, 0.5, 101)
+    centred = np.polynomial.polynomial.polyval(f, fa3.centred_exp2_polynomial())
+    shifted = np.polynomial.polynomial.polyval(f + 0.5, fa4.EXP2_POLY3.astype(np.float64)) / np.sqrt(2.0)
+    np.testing.assert_allclose(centred, shifted, rtol=1e-12)
+
+
+def test_v9_builds_on_the_fastest_forward_of_each_head_dim():
+    from flashcourse.kernels import plan
+
+    for name in V9:
+        for head_dim in (64, 128):
+            stage = fa3.STAGES[name].at(head_dim)
+            fastest = plan.FORWARD_BANDS[(head_dim, False)][-1][1]  # the non-causal band of every length
+            assert stage.builds_on == fastest, (name, head_dim, stage.builds_on, fastest)
+            base = fa3.STAGES[fastest].at(head_dim)
+            same = ("kernel", "consumers", "block_n", "stages", "pingpong", "hold_pv_wait", "producer_regs",
+                    "consumer_regs", "maxnreg", "persistent")
+            assert {f: getattr(stage, f) for f in same} == {f: getattr(base, f) for f in same}, (name, head_dim)
+            assert stage.grid(4096, 64, False, 132) == base.grid(4096, 64, False, 132)
+    assert fa3.STAGES["v9a"].rescale_threshold == fa4.RESCALE_THRESHOLD_16BIT
+    assert {n: fa3.STAGES[n].emulated_columns for n in V9} == {"v9a": 0, "v9b_1of16": 8, "v9b_1of4": 32}
+
+
+def test_the_switches_are_off_in_every_v8_stage():
+    for name, stage in fa3.STAGES.items():
+        if name.startswith("v8"):
+            for head_dim in stage.head_dims:
+                constexprs = stage.at(head_dim).constexprs(causal=True)
+                assert constexprs.get("RESCALE_THRESHOLD", 0.0) == 0.0 and constexprs.get("EMULATED_COLUMNS", 0) == 0
+
+
+def test_a_stage_with_switches_its_kernel_cannot_honour_says_why():
+    base = fa3.STAGES["v9b_1of16"]
+    with pytest.raises(ValueError, match="emulated_columns=12 must be a multiple of 8"):
+        fa3.Stage("x", "", "", base.kernel, consumers=2, block_n={128: 128}, overlap=True, emulated_columns=12)
+    with pytest.raises(ValueError, match="emulated_columns=256 .* at most the key tile, 128"):
+        fa3.Stage("x", "", "", base.kernel, consumers=2, block_n={128: 128}, overlap=True, emulated_columns=256)
+    with pytest.raises(ValueError, match="rescale_threshold needs the overlapped loop"):
+        fa3.Stage("x", "", "", base.kernel, consumers=2, block_n={128: 128}, rescale_threshold=8.0)
+    with pytest.raises(ValueError, match="rescale_threshold=0.5 must be 0 .* or at least 1"):
+        fa3.Stage("x", "", "", base.kernel, consumers=2, block_n={128: 128}, overlap=True, rescale_threshold=0.5)
+
+
+def _compile(stages, flags, tmp_path):
+    out = tmp_path / "v9.json"
+    env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fa3_compile.py"),
+                           *(a for s in stages for a in ("--stage", s)), *flags, "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    if proc.stdout.startswith("skipped:"):
+        pytest.skip(proc.stdout.strip())
+    assert out.exists(), proc.stdout + proc.stderr[-3000:]
+    return json.loads(out.read_text())["records"]
+
+
+@pytest.mark.slow  # ten compiles to cubin, about 60 s on two shared cores
+@pytest.mark.parametrize("flags", [pytest.param((), id="fp16-causal"),
+                                   pytest.param(("--all",), id="fp16-bf16-causal-and-not", marks=pytest.mark.full)])
+def test_v9_compiles_without_spills_with_fewer_exponentials_or_a_branch(flags, tmp_path):
+    records = _compile(("v8d", "v8f") + V9, flags, tmp_path)
+    by = {(r["stage"], r["head_dim"], r["dtype"], r["causal"]): r for r in records}
+    for r in records:
+        where = f"{r['stage']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
+        assert r["ok"], f"{where}: {r['error']}"
+        assert r["spill_bytes"] == 0, f"{where} spills {r['spill_bytes']} bytes a thread"
+        assert r["shared"] <= 232448, where
+    checked = 0
+    for (stage, head_dim, dtype, causal), r in by.items():
+        if stage not in V9:
+            continue
+        base = by[(fa3.STAGES[stage].at(head_dim).builds_on, head_dim, dtype, causal)]
+        where = f"{stage} D={head_dim} {dtype} causal={causal}"
+        if stage == "v9a":  # the same exponentials, and the branch around the output's rescale
+            assert r["ex2_ptx"] == base["ex2_ptx"], where
+            assert r["predicated_branches"] > base["predicated_branches"], where
+        else:
+            assert r["ex2_ptx"] < base["ex2_ptx"], where
+        checked += 1
+    assert checked == len(records) * 3 // 5
+    # The exponentials moved grow with the columns moved: 32 columns take 4 times those of 8.
+    for head_dim, dtype, causal in {(d, t, c) for (_, d, t, c) in by}:
+        base = by[(fa3.STAGES["v9a"].at(head_dim).builds_on, head_dim, dtype, causal)]["ex2_ptx"]
+        moved = {n: base - by[(n, head_dim, dtype, causal)]["ex2_ptx"] for n in ("v9b_1of16", "v9b_1of4")}
+        assert moved["v9b_1of4"] == 4 * moved["v9b_1of16"] > 0, (head_dim, dtype, causal, moved)
