@@ -76,7 +76,8 @@ def test_v9_builds_on_the_fastest_forward_of_each_head_dim():
             fastest = plan.FORWARD_BANDS[(head_dim, False)][-1][1]  # the non-causal band of every length
             assert stage.builds_on == fastest, (name, head_dim, stage.builds_on, fastest)
             base = fa3.STAGES[fastest].at(head_dim)
-            same = ("kernel", "consumers", "block_n", "stages", "pingpong", "hold_pv_wait", "producer_regs",
+            assert stage.block_n[head_dim] == base.block_n[head_dim], (name, head_dim)
+            same = ("kernel", "consumers", "stages", "pingpong", "hold_pv_wait", "producer_regs",
                     "consumer_regs", "maxnreg", "persistent")
             assert {f: getattr(stage, f) for f in same} == {f: getattr(base, f) for f in same}, (name, head_dim)
             assert stage.grid(4096, 64, False, 132) == base.grid(4096, 64, False, 132)
