@@ -56,7 +56,7 @@ def base_stages() -> dict[int, str]:
     """Head dim -> the v8 stage the v9 stages build on there (one for all of them: checked)."""
     from flashcourse.kernels.hopper import fa3
 
-    bases = {d: {fa3.STAGES[s].at(d).builds_on for s in V9_STAGES} for d in HEAD_DIMS}
+    bases = {d: {fa3.FA4_STAGES[s].at(d).builds_on for s in V9_STAGES} for d in HEAD_DIMS}
     assert all(len(b) == 1 for b in bases.values()), f"the v9 stages build on different stages: {bases}"
     return {d: b.pop() for d, b in bases.items()}
 
@@ -95,7 +95,7 @@ def run_child(stage: str, out: Path) -> None:
                 for causal in (False, True):
                     for shape in CHECK_SHAPES:
                         row = gpu_fa3.check_case(stage, shape, head_dim, dtype, causal)
-                        row["builds_on"] = fa3.STAGES[stage].at(head_dim).builds_on
+                        row["builds_on"] = fa3.FA4_STAGES[stage].at(head_dim).builds_on
                         file.write(json.dumps(row) + "\n")
                         file.flush()
                         gpu_fa3.log(f"{stage} check {dtype} D={head_dim} causal={causal} N={shape[0]}: "
@@ -202,10 +202,10 @@ def main(argv=None) -> int:
     meta = environment_info()
     meta.update(capability=list(torch.cuda.get_device_capability()), lengths=list(args.lengths),
                 tested_triton=list(fa3.TESTED_TRITON), builds_on={str(d): s for d, s in bases.items()},
-                stages={name: {"adds": fa3.STAGES[name].adds, "expected": fa3.STAGES[name].expected,
-                               "rescale_threshold": fa3.STAGES[name].rescale_threshold,
-                               "emulated_columns": fa3.STAGES[name].emulated_columns,
-                               "block_n": fa3.STAGES[name].block_n} for name in V9_STAGES})
+                stages={name: {"adds": fa3.FA4_STAGES[name].adds, "expected": fa3.FA4_STAGES[name].expected,
+                               "rescale_threshold": fa3.FA4_STAGES[name].rescale_threshold,
+                               "emulated_columns": fa3.FA4_STAGES[name].emulated_columns,
+                               "block_n": fa3.FA4_STAGES[name].block_n} for name in V9_STAGES})
     gpu_fa3.log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
                 f"stages {V9_STAGES} on {bases}")
 

@@ -125,7 +125,7 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
 
     module = _module(name)
     record = Compiled(name, head_dim, str(dtype).removeprefix("torch."), causal, ok=False)
-    stage = module.STAGES[name]
+    stage = {**module.STAGES, **getattr(module, "FA4_STAGES", {})}[name]  # v9 (fa3.py's FA4_STAGES) too
     signature, constexprs = module.kernel_signature(stage, head_dim, dtype, causal)
     launch = stage.at(head_dim) if hasattr(stage, "at") else stage  # a forward stage's launch by head dim (v8f)
     start = time.perf_counter()
@@ -159,7 +159,9 @@ def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causa
     prints as they come); ``backward``: the backward's stages (b6*) by default instead of the forward's."""
     names = list(_module("b6" if backward else "v8").STAGES) if stages is None else stages
     for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals):
-        if d in getattr(_module(name).STAGES[name], "head_dims", (d,)):  # D = 256: v8c-v8f only
+        module = _module(name)
+        stage = {**module.STAGES, **getattr(module, "FA4_STAGES", {})}[name]
+        if d in getattr(stage, "head_dims", (d,)):  # D = 256: v8c-v8f only
             yield compile_stage(name, d, dt, c)
 
 

@@ -59,6 +59,18 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       v8g makes the wait for K(j+1) between the softmax and the PV wait: a loop in the PTX, which ptxas moves no
       instruction across. Expected: +3-8% over v8d at D = 128.
 
+- v9a, v9b (``_fa4_stage``): FlashAttention-4's two softmax ideas that need no Blackwell hardware (Zadouri, Shah,
+      Dao et al., arXiv 2603.05451, 2026; lesson 14), as switches of the fastest forward of each head dim
+      (``Stage.builds_on``: v8f at D = 64, v8d at D = 128), off (0) in every v8 stage, whose compiled code they
+      leave as it was. v9a, RESCALE_THRESHOLD = 8: a row keeps its running max while a tile raises it by at most
+      8 in log2 units (P then reaches at most 2^8, which 16-bit P and the fp32 sums hold; the final division by
+      l undoes whichever max was kept), and the output rows are rescaled only when some row of the warpgroup
+      moved its max. Never for FP8 (P near 2^8 times FP8's scale headroom would saturate; fa3.py takes 16-bit
+      inputs only). v9b_1of16 / v9b_1of4, EMULATED_COLUMNS = 8 / 32: the first columns of each 128-key tile
+      take 2^x from ``_exp2_on_fma`` (FMA and integer units), the rest from MUFU.EX2, which at 16 results a clock
+      an SM is the softmax's narrowest unit. Expected (lesson 14's model, not yet measured): v9a +2.3% over v8f
+      at D = 64, +3.4% over v8d at D = 128; v9b -1.2% / +1.7% with 1/16, +1.6% / +7.4% with 1/4.
+
 (FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
@@ -1083,6 +1095,16 @@ STAGES = {
               "as cuDNN's, which keeps a third K/V tile in flight), about v8d at N = 16384",
               _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=3, overlap=True, producer_regs=24,
               consumer_regs=240),
+    )
+}
+
+
+# FlashAttention-4's stages (v9), kept apart from STAGES until a GPU has measured them: STAGES is the FA3 stage table
+# that gpu_fa3.py's default run, lesson 13 and docs/KERNELS.md's story table (one row per registered stage, with its
+# run) read. fa3_forward and ForwardPlan take either (``_stage``); benchmarks/gpu_fa4_stages.py measures these.
+FA4_STAGES = {
+    s.name: s
+    for s in (
         _fa4_stage("v9a", "FlashAttention-4's conditional rescaling: a row keeps its max while a tile raises it by "
                    "at most 8 (log2 units, 16-bit inputs), P computed with the max kept; the output rescaled only "
                    "when some row of the warpgroup moved its max", "+2.3% over v8f at D = 64, +3.4% over v8d at "
@@ -1237,9 +1259,11 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
 
 
 def _stage(name: str) -> Stage:
-    if name not in STAGES:
-        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES)}")
-    return STAGES[name]
+    """A stage of v8 (STAGES) or v9 (FA4_STAGES) by name."""
+    stage = STAGES.get(name) or FA4_STAGES.get(name)
+    if stage is None:
+        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES) + sorted(FA4_STAGES)}")
+    return stage
 
 
 def triton_cdiv(a: int, b: int) -> int:
