@@ -60,6 +60,10 @@ def test_the_kernels_exp2_is_within_the_polynomials_error():
     assert np.max(np.abs(wrong / np.exp2(x.astype(np.float64)) - 1.0)) > 10 * bound
 
 
+def test_the_kernels_polynomial_is_lesson_14s():
+    assert np.array_equal(np.asarray(fa3.EXP2_POLY3, dtype=np.float32), fa4.EXP2_POLY3)
+
+
 def test_the_centred_polynomial_is_p_shifted_by_a_half():
     f = np.linspace(-0.5, 0.5, 101)
     centred = np.polynomial.polynomial.polyval(f, fa3.centred_exp2_polynomial())

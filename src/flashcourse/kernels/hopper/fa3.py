@@ -121,7 +121,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ...fa4 import EXP2_POLY3
 from ..launch import prepare_launch  # the library's repeatable launch: one argument list, tensors swapped per call
 
 try:
@@ -139,10 +138,13 @@ _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
 # Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
 _MASKED_FILL = gl.constexpr(-1.0e30)
+# p(g) ~ 2^g on [0, 1], lowest coefficient first: ``fa4.EXP2_POLY3`` (fitted there, lesson 14), written out because
+# the kernels import no NumPy teaching module (tests/test_architecture.py); tests/test_v9_compile.py holds them equal.
+EXP2_POLY3 = (1.0, 0.6954245567321777, 0.22630758583545685, 0.07826786488294601)
 
 
 def centred_exp2_polynomial(poly=EXP2_POLY3) -> tuple[float, ...]:
-    """v9b's polynomial, lowest coefficient first. ``fa4.EXP2_POLY3`` is p(g) ~ 2^g on [0, 1]; the kernel's
+    """v9b's polynomial, lowest coefficient first. ``EXP2_POLY3`` is p(g) ~ 2^g on [0, 1]; the kernel's
     fraction f = x - round(x) lies in [-0.5, 0.5] (round to nearest is the only rounding a plain float add
     gives), so it evaluates q(f) = p(f + 0.5) / sqrt(2) ~ 2^f, whose relative error is p's (q(f) / 2^f =
     p(g) / 2^g). The coefficients of q: p's, shifted by 0.5 (binomial expansion) and scaled, in float64."""
