@@ -156,3 +156,24 @@ def test_v9_compiles_without_spills_with_fewer_exponentials_or_a_branch(flags, t
         base = by[(fa3.FA4_STAGES["v9a"].at(head_dim).builds_on, head_dim, dtype, causal)]["ex2_ptx"]
         moved = {n: base - by[(n, head_dim, dtype, causal)]["ex2_ptx"] for n in ("v9b_1of16", "v9b_1of4")}
         assert moved["v9b_1of4"] == 4 * moved["v9b_1of16"] > 0, (head_dim, dtype, causal, moved)
+
+
+def test_gpu_script_checks_awkward_lengths_and_times_each_stage_beside_its_base(tmp_path):
+    """benchmarks/gpu_fa4_stages.py checks at N 1, 17, 1000 (no multiple of a tile) and 4096, both head dims,
+    dtypes and causalities; times N 1024 / 4096 / 16384 at B = 4 (B*H*N constant from 4096 on) beside v8f at
+    D = 64 and v8d at D = 128; without a GPU it says so and exits 2. (Read in a child process: the script drops
+    TRITON_INTERPRET, which this process's kernels need.)"""
+    env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); import gpu_fa4_stages as g; print(json.dumps(["
+            "g.CHECK_SHAPES, g.time_shapes(g.LENGTHS), g.base_stages(), g.V9_STAGES]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    checks, timed, bases, stages = json.loads(proc.stdout.splitlines()[-1])
+    assert {n_q for n_q, n_kv, _, _ in checks} == {1, 17, 1000, 4096} and all(q == k for q, k, _, _ in checks)
+    assert {(b, h, n) for b, h, n, _, _, _ in timed} == {(4, 32, 1024), (4, 32, 4096), (4, 8, 16384)}
+    assert len(timed) == 3 * 2 * 2 * 2  # lengths, head dims, dtypes, causal and not
+    assert bases == {"64": "v8f", "128": "v8d"} and set(stages) == set(V9)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa4_stages.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
