@@ -1,7 +1,8 @@
 """FlashAttention-4's two portable ideas as Hopper stages (v9a, v9b; ``flashcourse.kernels.hopper.fa3``) checked and
-timed beside the v8 stage each builds on and SDPA's cuDNN, on an H100 / H200, in under 4 minutes.
+timed beside the v8 stage each builds on and SDPA's cuDNN, on an H100 / H200, in under 4 minutes. Written before
+any GPU ran it (the stages compile for sm_90 on a CPU: tests/test_v9_compile.py).
 
-    PYTHONPATH=src python3 benchmarks/gpu_fa4_stages.py --out $OUT                       # about 3 minutes
+    PYTHONPATH=src python3 benchmarks/gpu_fa4_stages.py --out $OUT                  # expected 2-4 minutes
     PYTHONPATH=src python3 benchmarks/gpu_fa4_stages.py --lengths 4096 --out /tmp/fa4    # one length, faster
 
 The stages (lesson 14): v9a, conditional rescaling (keep a row's max while a tile raises it by at most 8 in log2
