@@ -102,6 +102,14 @@ def run_child(stage: str, out: Path) -> None:
                         gpu_fa3.log(f"{stage} check {dtype} D={head_dim} causal={causal} N={shape[0]}: "
                                     f"{row['status']}" + (f" (max |err| o {row['max_err_o']:.2e}, lse "
                                                           f"{row['max_err_lse']:.2e})" if "max_err_o" in row else ""))
+        # Registers, spills and shared memory of every variant this child compiled (v9b_1of4 at D = 64 spills 32
+        # bytes a thread under Triton 3.9, non-causal: tests/test_v9_compile.py's SPILLS).
+        for kernel in {fa3.FA4_STAGES[stage].at(d).kernel for d in HEAD_DIMS}:
+            for row in gpu_fa3.compiled_rows(kernel, stage):
+                file.write(json.dumps(row) + "\n")
+                file.flush()
+                gpu_fa3.log(f"{stage} compiled {row.get('constants', '')}: {row.get('n_regs')} registers, "
+                            f"{row.get('n_spills')} spills, {row.get('shared')} B shared ({row['status']})")
 
 
 def run_children(bases: dict[int, str], timeout: float) -> tuple[list[dict], dict]:
