@@ -79,6 +79,8 @@ class Compiled:
     wgmma: int | None = None  # wgmma.mma_async instructions in the PTX
     ex2_under_pv: list | None = None  # MUFU.EX2 between the two wgmma waits, per overlapped stretch of SASS
     opcodes: dict | None = None  # SASS instructions of the kinds in fa3_fp8_compile.OPCODES
+    ex2_ptx: int | None = None  # ex2.approx instructions in the PTX (v9b moves some to the FMA units)
+    predicated_branches: int | None = None  # SASS branches taken on a predicate (v9a adds one around each rescale)
     seconds: float | None = None
     error: str = ""
 
@@ -123,12 +125,12 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
 
     module = _module(name)
     record = Compiled(name, head_dim, str(dtype).removeprefix("torch."), causal, ok=False)
-    stage = module.STAGES[name]
+    stage = {**module.STAGES, **getattr(module, "FA4_STAGES", {})}[name]  # v9 (fa3.py's FA4_STAGES) too
     signature, constexprs = module.kernel_signature(stage, head_dim, dtype, causal)
     launch = stage.at(head_dim) if hasattr(stage, "at") else stage  # a forward stage's launch by head dim (v8f)
     start = time.perf_counter()
     try:
-        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+        compiled = triton.compile(GluonASTSource(launch.kernel, signature, constexprs=constexprs),
                                   target=GPUTarget("cuda", SM90, 32), options=launch.options())
         usage = resource_usage(compiled.asm["cubin"])
         instructions = fa3_fp8_compile.sass(compiled.asm["cubin"])
@@ -145,6 +147,9 @@ def compile_stage(name: str, head_dim: int, dtype: torch.dtype = torch.float16, 
     record.wgmma = sum("wgmma.mma_async" in line for line in ptx.splitlines())
     record.ex2_under_pv = fa3_fp8_compile.overlapped_ex2(instructions)
     record.opcodes = fa3_fp8_compile.opcode_counts(instructions)
+    record.ex2_ptx = sum("ex2.approx" in line for line in ptx.splitlines())
+    record.predicated_branches = sum(op.split()[0].startswith("@") and op.split()[1:2] == ["BRA"]
+                                     for op in instructions if op.split())
     record.seconds = round(time.perf_counter() - start, 2)
     return record
 
@@ -154,7 +159,9 @@ def compile_all(stages=None, head_dims=(64, 128), dtypes=(torch.float16,), causa
     prints as they come); ``backward``: the backward's stages (b6*) by default instead of the forward's."""
     names = list(_module("b6" if backward else "v8").STAGES) if stages is None else stages
     for name, d, dt, c in itertools.product(names, head_dims, dtypes, causals):
-        if d in getattr(_module(name).STAGES[name], "head_dims", (d,)):  # D = 256: v8c-v8f only
+        module = _module(name)
+        stage = {**module.STAGES, **getattr(module, "FA4_STAGES", {})}[name]
+        if d in getattr(stage, "head_dims", (d,)):  # D = 256: v8c-v8f only
             yield compile_stage(name, d, dt, c)
 
 

@@ -59,6 +59,18 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       v8g makes the wait for K(j+1) between the softmax and the PV wait: a loop in the PTX, which ptxas moves no
       instruction across. Expected: +3-8% over v8d at D = 128.
 
+- v9a, v9b (``_fa4_stage``): FlashAttention-4's two softmax ideas that need no Blackwell hardware (Zadouri, Shah,
+      Dao et al., arXiv 2603.05451, 2026; lesson 14), as switches of the fastest forward of each head dim
+      (``Stage.builds_on``: v8f at D = 64, v8d at D = 128), off (0) in every v8 stage, whose compiled code they
+      leave as it was. v9a, RESCALE_THRESHOLD = 8: a row keeps its running max while a tile raises it by at most
+      8 in log2 units (P then reaches at most 2^8, which 16-bit P and the fp32 sums hold; the final division by
+      l undoes whichever max was kept), and the output rows are rescaled only when some row of the warpgroup
+      moved its max. Never for FP8 (P near 2^8 times FP8's scale headroom would saturate; fa3.py takes 16-bit
+      inputs only). v9b_1of16 / v9b_1of4, EMULATED_COLUMNS = 8 / 32: the first columns of each 128-key tile
+      take 2^x from ``_exp2_on_fma`` (FMA and integer units), the rest from MUFU.EX2, which at 16 results a clock
+      an SM is the softmax's narrowest unit. Expected (lesson 14's model, not yet measured): v9a +2.3% over v8f
+      at D = 64, +3.4% over v8d at D = 128; v9b -1.2% / +1.7% with 1/16, +1.6% / +7.4% with 1/4.
+
 (FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
 
@@ -126,6 +138,24 @@ _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
 # Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
 _MASKED_FILL = gl.constexpr(-1.0e30)
+# p(g) ~ 2^g on [0, 1], lowest coefficient first: ``fa4.EXP2_POLY3`` (fitted there, lesson 14), written out because
+# the kernels import no NumPy teaching module (tests/test_architecture.py); tests/test_v9_compile.py holds them equal.
+EXP2_POLY3 = (1.0, 0.6954245567321777, 0.22630758583545685, 0.07826786488294601)
+
+
+def centred_exp2_polynomial(poly=EXP2_POLY3) -> tuple[float, ...]:
+    """v9b's polynomial, lowest coefficient first. ``EXP2_POLY3`` is p(g) ~ 2^g on [0, 1]; the kernel's
+    fraction f = x - round(x) lies in [-0.5, 0.5] (round to nearest is the only rounding a plain float add
+    gives), so it evaluates q(f) = p(f + 0.5) / sqrt(2) ~ 2^f, whose relative error is p's (q(f) / 2^f =
+    p(g) / 2^g). The coefficients of q: p's, shifted by 0.5 (binomial expansion) and scaled, in float64."""
+    coefficients = [0.0] * len(poly)
+    for k, c in enumerate(float(c) for c in poly):
+        for i in range(k + 1):  # c (f + 0.5)^k = c sum_i C(k, i) f^i 0.5^(k - i)
+            coefficients[i] += c * math.comb(k, i) * 0.5 ** (k - i)
+    return tuple(c / math.sqrt(2.0) for c in coefficients)
+
+
+_EXP2_C0, _EXP2_C1, _EXP2_C2, _EXP2_C3 = (gl.constexpr(c) for c in centred_exp2_polynomial())
 
 
 # ------------------------------------------------------------------------------------------ shared pieces
@@ -161,20 +191,69 @@ def _key_tiles(first_row, N_KV, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_
 
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                  BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
+                  BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr = 0.0,
+                  EMULATED_COLUMNS: gl.constexpr = 0):
     """The online softmax of one score tile ``s`` (unscaled, fp32, in registers), base 2: returns P (fp32), the
-    factor alpha that rescales the old output rows, and the new running max and sum."""
+    factor alpha that rescales the old output rows, and the new running max and sum.
+    RESCALE_THRESHOLD > 0 (v9a): a row keeps its max while the tile raises it by at most that much (log2 units),
+    and P is computed with the max kept (alpha is then exactly 1). EMULATED_COLUMNS > 0 (v9b): the tile's first
+    EMULATED_COLUMNS columns take their exponentials from ``_exp2_on_fma``, the others from MUFU.EX2."""
     if MASKED:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         ok = cols[None, :] < N_KV
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows[:, None])
         s = gl.where(ok, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
-    p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+    if RESCALE_THRESHOLD > 0:
+        grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
+        # the threshold. A row's first tile always moves it (m_i starts at -1e30). P below uses this m_new, the
+        # max kept: computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
+        m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
+    if EMULATED_COLUMNS > 0:
+        x = s * qk_scale - m_new[:, None]
+        # In a wgmma accumulator a thread holds the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6``
+        # = 8k + b is the same number in every thread, so this choice is a constant per register and the
+        # compiler keeps only one of the two exponentials for each (EMULATED_COLUMNS a multiple of 8).
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        on_fma = (cols & ~6) < EMULATED_COLUMNS
+        p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
+    else:
+        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _exp2_on_fma(x):
+    """2^x for x <= 0 in float32 on the FMA and integer units, no MUFU.EX2 (FlashAttention-4's software exp2,
+    ``ex2_emulation`` in flash_attn/cute/utils.py; lesson 14): x = n + f with n = round(x) and f in [-0.5, 0.5],
+    2^f by a degree-3 polynomial (Horner: three FMAs), and n added into the float's exponent field.
+    Adding 1.5 * 2^23 rounds x to an integer n (the float's last place there is 1) and leaves n in the low
+    mantissa bits: shifted left by 23 they are n's exponent increment (the sum's other bits shift out).
+    x is first clamped to -126: a masked score (-inf) then gives 2^-126 or less, never a negative or NaN
+    bit pattern; beside the row's max term (1) it is nothing, as fa4.exp2_emulated's flush to 0 is."""
+    x = gl.maximum(x, -126.0)
+    rounded = x + 12582912.0  # 1.5 * 2^23
+    frac = x - (rounded - 12582912.0)
+    power = ((_EXP2_C3 * frac + _EXP2_C2) * frac + _EXP2_C1) * frac + _EXP2_C0
+    bits = power.to(gl.int32, bitcast=True) + (rounded.to(gl.int32, bitcast=True) << 23)
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _rescale_when_moved(acc, alpha, O_LAYOUT: gl.constexpr):
+    """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max; when none did,
+    every alpha is 2^0 = 1 and the 64 x D multiplications are skipped. A row that moved its max moved it by more
+    than the threshold (8), so its alpha is below 2^-8: testing against 0.5 separates the two whatever the last
+    bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
+    shared memory), so the branch is uniform: FA4 decides per warp."""
+    if gl.min(alpha, axis=0) < 0.5:
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    return acc
 
 
 @gluon.jit
@@ -359,7 +438,8 @@ def _ws_tiles(acc, m_i, l_i, q_smem, ring, rows, j_lo, j_hi, N_KV, qk_scale, MAS
 def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns, wg: gl.constexpr, rows, j_lo,
                          j_hi, n_tiles, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                          PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr, STAGES: gl.constexpr,
-                         BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+                         BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
+                         RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, with intra-warpgroup overlap (v8d): QK^T of tile j and PV of tile j-1
     (P of tile j-1 waiting in registers) are issued together; tile j's softmax runs while PV(j-1) is still on
     the tensor cores; the output rows are rescaled by tile j's alpha once that PV has landed.
@@ -404,7 +484,8 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(slot))
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
-                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                           RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
         if HOLD_PV_WAIT:
             nxt = j + 1
             mbarrier.wait(ring.k_ready.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_tiles)
@@ -412,6 +493,8 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
         mbarrier.arrive(ring.v_empty.index(prev))
         if RESCALE_FIRST:
             alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+        elif RESCALE_THRESHOLD > 0:
+            acc = _rescale_when_moved(acc, alpha, O_LAYOUT=O_LAYOUT)
         else:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
@@ -421,7 +504,7 @@ def _ws_tiles_overlapped(acc, p_prev, alpha_prev, m_i, l_i, q_smem, ring, turns,
 @gluon.jit
 def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                  CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
-                 STAGES: gl.constexpr):
+                 STAGES: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """One consumer warpgroup: 64 query rows from m0, every key tile of the program, then the store."""
     ROWS: gl.constexpr = q_smem.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.shape[2]
@@ -445,21 +528,27 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
             mbarrier.arrive(ring.k_empty.index(0))
             if full > 0:
                 p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False,
-                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                                   RESCALE_THRESHOLD=RESCALE_THRESHOLD,
+                                                   EMULATED_COLUMNS=EMULATED_COLUMNS)
             else:
                 p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=True,
-                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+                                                   CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                                   RESCALE_THRESHOLD=RESCALE_THRESHOLD,
+                                                   EMULATED_COLUMNS=EMULATED_COLUMNS)
             p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
             # Tile 0's alpha: the D = 256 order multiplies the (zero) output rows by it before tile 0's PV.
             alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
             acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
                 acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), n_tiles,
                 N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT,
-                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+                RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
             acc, p_prev, alpha_prev, m_i, l_i = _ws_tiles_overlapped(
                 acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles,
                 n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT,
-                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                STAGES=STAGES, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+                RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
             # The last tile's PV.
             last = (n_tiles - 1) % STAGES
             mbarrier.wait(ring.v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
@@ -482,26 +571,29 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
 @gluon.jit
 def _ws_consumer0(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _ws_consumer(0, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV, CAUSAL=CAUSAL,
-                 OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES)
+                 OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES,
+                 RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit
 def _ws_consumer1(O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, HOLD_PV_WAIT: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 rows of the program's query tile."""
     ROWS: gl.constexpr = q_smem.shape[1]
     _ws_consumer(1, O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q, N_KV,
-                 CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES)
+                 CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, HOLD_PV_WAIT=HOLD_PV_WAIT, STAGES=STAGES,
+                 RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: gl.constexpr,
                    CONSUMERS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                   HOLD_PV_WAIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                   HOLD_PV_WAIT: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """v8b-v8e: a producer warp and CONSUMERS warpgroups of 4 warps (launch with num_warps=4: the default
     partition is consumer 0). A program takes CONSUMERS * 64 query rows (q_desc's block is one warpgroup's)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -545,16 +637,19 @@ def _fa3_ws_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL: 
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES, RESCALE_THRESHOLD,
+                             EMULATED_COLUMNS)),
             (_ws_consumer1, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES, RESCALE_THRESHOLD,
+                             EMULATED_COLUMNS)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
                             STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_ws_consumer0, (O, LSE, qk_scale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES)),
+                             CAUSAL, OVERLAP, PINGPONG, HOLD_PV_WAIT, STAGES, RESCALE_THRESHOLD,
+                             EMULATED_COLUMNS)),
             (_ws_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, q_row, kv_row, n_tiles, CONSUMERS,
                             STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -647,7 +742,8 @@ def _v8f_producer(q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, 
 @gluon.jit
 def _v8f_tiles(acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, rows, r0, turn0, j_lo,
                j_hi, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
-               STAGES: gl.constexpr, PINGPONG: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+               STAGES: gl.constexpr, PINGPONG: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
+               RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, of one query tile, as v8e's: QK^T(j) and PV(j-1) issued together in
     this warpgroup's turn, the softmax of tile j written to run under PV(j-1) (as compiled, ptxas moves the wait for
     PV(j-1) above the exponentials, as in v8d: lesson 13, section 8). The ring position of key tile j is r0 + j
@@ -683,11 +779,14 @@ def _v8f_tiles(acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg: gl.co
         if MASKED:
             s = _v8f_mask(s, rows, j * BLOCK_N, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
         p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
-                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                           RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
         acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
         mbarrier.arrive(ring.v_empty.index(prev))
         if RESCALE_FIRST:
             alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))
+        elif RESCALE_THRESHOLD > 0:
+            acc = _rescale_when_moved(acc, alpha, O_LAYOUT=O_LAYOUT)
         else:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
@@ -697,7 +796,7 @@ def _v8f_tiles(acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg: gl.co
 @gluon.jit
 def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units,
                   n_m, N_Q, N_KV, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+                  PINGPONG: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """Consumer warpgroup ``wg`` of v8f: rows [m0 + 64 wg, m0 + 64 wg + 64) of every query tile the program takes
     (the producer's order), each as v8e's consumer: tile 0 alone, then the overlapped tiles in turns, the last PV,
     the store."""
@@ -730,18 +829,22 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
             # Masked whether or not it needs to be (once a query tile): one code path.
             s = _v8f_mask(s, rows, 0, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
-                                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+                                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT,
+                                               RESCALE_THRESHOLD=RESCALE_THRESHOLD,
+                                               EMULATED_COLUMNS=EMULATED_COLUMNS)
             p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
             alpha_prev = gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))  # see _ws_consumer
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
             acc, p_prev, alpha_prev, m_i, l_i = _v8f_tiles(
                 acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item, 1,
                 gl.maximum(full, 1), N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS,
-                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+                RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
             acc, p_prev, alpha_prev, m_i, l_i = _v8f_tiles(
                 acc, p_prev, alpha_prev, m_i, l_i, q_tile, ring, turns, wg, rows, r0, r0 - item,
                 gl.maximum(full, 1), n_tiles, N_KV, qk_scale, MASKED=True, CAUSAL=CAUSAL, CONSUMERS=CONSUMERS,
-                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                STAGES=STAGES, PINGPONG=PINGPONG, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+                RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
             mbarrier.arrive(q_empty)  # every QK^T of this query tile has landed: its Q may be overwritten
             last = r0 + n_tiles - 1
             mbarrier.wait(ring.v_ready.index(last % STAGES), (last // STAGES) & 1)
@@ -758,32 +861,39 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
 
 @gluon.jit
 def _v8f_consumer0(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _v8f_consumer(0, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit
 def _v8f_consumer1(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1."""
     _v8f_consumer(1, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit
 def _v8f_consumer2(O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                   CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 2 (three consumers, D = 64)."""
     _v8f_consumer(2, O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m, N_Q, N_KV,
-                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG)
+                  CAUSAL=CAUSAL, CONSUMERS=CONSUMERS, STAGES=STAGES, PINGPONG=PINGPONG,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "BH"])
 def _fa3_v8f_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, BH, CAUSAL: gl.constexpr,
                     CONSUMERS: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+                    EMULATED_COLUMNS: gl.constexpr):
     """v8f: persistent. A grid of at most one program per SM; program i takes work units i, i + grid, ... (see
     ``_v8f_unit``), each query tile of CONSUMERS * 64 rows with v8e's schedule; BH = batch * heads. Launch with
     num_warps=4 (the default partition is consumer 0)."""
@@ -824,20 +934,20 @@ def _fa3_v8f_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, BH, CAU
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_v8f_consumer0, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
             (_v8f_consumer1, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
             (_v8f_consumer2, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
             (_v8f_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, step, n_units, n_m, N_Q,
                              N_KV, CAUSAL, CONSUMERS, STAGES)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_v8f_consumer0, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
             (_v8f_consumer1, (O, LSE, qk_scale, q_smem, q_bars, q_empty, ring, turns, first, step, n_units, n_m,
-                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG)),
+                              N_Q, N_KV, CAUSAL, CONSUMERS, STAGES, PINGPONG, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
             (_v8f_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, q_empty, ring, first, step, n_units, n_m, N_Q,
                              N_KV, CAUSAL, CONSUMERS, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -862,7 +972,23 @@ class Stage:
     consumer_regs: int = 0
     maxnreg: int | None = None  # registers a thread at launch (None: what the compiler needs)
     persistent: bool = False  # one program per SM, taking query tiles in turn (v8f)
+    # FlashAttention-4's softmax on Hopper (v9a, v9b): both 0 in v8a-v8h, whose compiled code they leave as it was
+    rescale_threshold: float = 0.0  # keep a row's max while a tile raises it by at most this (log2 units)
+    emulated_columns: int = 0  # columns of each key tile whose exponentials are computed on the FMA units
+    builds_on: str = ""  # the v8 stage this one changes (per head dim through ``by_head_dim``): its timing baseline
     by_head_dim: dict = field(default_factory=dict)  # head dim -> the fields that differ there (see ``at``)
+
+    def __post_init__(self):
+        if self.emulated_columns % 8 or self.emulated_columns > min(self.block_n.values()):
+            raise ValueError(f"stage {self.name}: emulated_columns={self.emulated_columns} must be a multiple of 8 "
+                             f"(a thread's columns of a wgmma tile come in groups of 8) and at most the key tile, "
+                             f"{min(self.block_n.values())}")
+        if self.rescale_threshold and self.rescale_threshold < 1:
+            raise ValueError(f"stage {self.name}: rescale_threshold={self.rescale_threshold} must be 0 (off) or at "
+                             "least 1 (log2 units): _rescale_when_moved tells a moved row by its alpha < 0.5")
+        if self.rescale_threshold and not self.overlap:
+            raise ValueError(f"stage {self.name}: rescale_threshold needs the overlapped loop (overlap=True), the one "
+                             "that tests it")
 
     def at(self, head_dim: int) -> "Stage":
         """The stage as it launches at ``head_dim``: ``by_head_dim``'s fields for that head dim in place of the
@@ -890,12 +1016,13 @@ class Stage:
         """The kernel's compile-time arguments (of the stage as ``at`` gives it for a head dim)."""
         if not self.warp_specialized:
             return {"CAUSAL": causal}
+        fa4 = {"RESCALE_THRESHOLD": float(self.rescale_threshold), "EMULATED_COLUMNS": self.emulated_columns}
         if self.persistent:  # v8f's kernel always overlaps
             return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "PINGPONG": self.pingpong,
-                    "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
+                    "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs, **fa4}
         return {"CAUSAL": causal, "CONSUMERS": self.consumers, "STAGES": self.stages, "OVERLAP": self.overlap,
                 "PINGPONG": self.pingpong, "HOLD_PV_WAIT": self.hold_pv_wait, "PRODUCER_REGS": self.producer_regs,
-                "CONSUMER_REGS": self.consumer_regs}
+                "CONSUMER_REGS": self.consumer_regs, **fa4}
 
     def grid(self, n_q: int, batch_heads: int, causal: bool, sm_count: int) -> tuple[int, ...]:
         """Programs to launch: a query tile each ((tiles, B*H)), or for a persistent stage one program per work
@@ -905,6 +1032,15 @@ class Stage:
             return (n_m, batch_heads)
         units = batch_heads * ((n_m + 1) // 2 if causal else n_m)
         return (max(1, min(units, sm_count)),)
+
+
+def _fa4_stage(name: str, adds: str, expected: str, **fa4) -> Stage:
+    """A v9 stage: v8d's kernel at D = 128 and v8f's at D = 64 (the fastest forward of each, non-causal, in
+    ``kernels/plan.py``'s FORWARD_BANDS) with FlashAttention-4's switches ``fa4`` on."""
+    return Stage(name, adds, expected, _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=2,
+                 overlap=True, producer_regs=24, consumer_regs=240, builds_on="v8d",
+                 by_head_dim={64: {"kernel": _fa3_v8f_kernel, "persistent": True, "pingpong": True, "consumers": 3,
+                                   "producer_regs": 32, "consumer_regs": 160, "builds_on": "v8f"}}, **fa4)
 
 
 STAGES = {
@@ -961,6 +1097,26 @@ STAGES = {
               "as cuDNN's, which keeps a third K/V tile in flight), about v8d at N = 16384",
               _fa3_ws_kernel, consumers=2, block_n={64: 128, 128: 128}, stages=3, overlap=True, producer_regs=24,
               consumer_regs=240),
+    )
+}
+
+
+# FlashAttention-4's stages (v9), kept apart from STAGES until a GPU has measured them: STAGES is the FA3 stage table
+# that gpu_fa3.py's default run, lesson 13 and docs/KERNELS.md's story table (one row per registered stage, with its
+# run) read. fa3_forward and ForwardPlan take either (``_stage``); benchmarks/gpu_fa4_stages.py measures these.
+FA4_STAGES = {
+    s.name: s
+    for s in (
+        _fa4_stage("v9a", "FlashAttention-4's conditional rescaling: a row keeps its max while a tile raises it by "
+                   "at most 8 (log2 units, 16-bit inputs), P computed with the max kept; the output rescaled only "
+                   "when some row of the warpgroup moved its max", "+2.3% over v8f at D = 64, +3.4% over v8d at "
+                   "D = 128 (lesson 14's model, 5% of tiles rescaled)", rescale_threshold=8.0),
+        _fa4_stage("v9b_1of16", "FlashAttention-4's software exp2 on 1/16 of the scores: the first 8 columns of each "
+                   "128-key tile through a degree-3 polynomial on the FMA units and an integer add into the "
+                   "exponent, the rest on MUFU.EX2", "-1.2% against v8f at D = 64, +1.7% over v8d at D = 128 "
+                   "(lesson 14's model)", emulated_columns=8),
+        _fa4_stage("v9b_1of4", "v9b_1of16 on 1/4 of the scores (the first 32 columns of each key tile)",
+                   "+1.6% over v8f at D = 64, +7.4% over v8d at D = 128 (lesson 14's model)", emulated_columns=32),
     )
 }
 
@@ -1105,9 +1261,11 @@ def fa3_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
 
 
 def _stage(name: str) -> Stage:
-    if name not in STAGES:
-        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES)}")
-    return STAGES[name]
+    """A stage of v8 (STAGES) or v9 (FA4_STAGES) by name."""
+    stage = STAGES.get(name) or FA4_STAGES.get(name)
+    if stage is None:
+        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES) + sorted(FA4_STAGES)}")
+    return stage
 
 
 def triton_cdiv(a: int, b: int) -> int:
