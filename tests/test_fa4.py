@@ -69,3 +69,43 @@ def test_saturation_check_refuses_fp8_with_a_threshold():
         fa4.check_rescale_threshold(16.0, "float16")
     with pytest.raises(ValueError, match="dtype"):
         fa4.check_rescale_threshold(8.0, "int8")
+
+
+def _timing(stage, base, ratio, *, n=1024, dtype="float16", causal=False, status="ok"):
+    row = {"kind": "time", "provider": stage, "stage": stage, "builds_on": base, "dtype": dtype, "head_dim": 64,
+           "causal": causal, "n": n, "status": status, "ratio_vs_sdpa_cudnn": ratio * 0.9}
+    if base:
+        row[f"ratio_vs_{base}"] = ratio
+    return row
+
+
+def test_stage_ratios_read_the_base_stage_and_skip_the_rest():
+    rows = [
+        _timing("v9a", "v8f", 0.95, n=4096),
+        _timing("v9a", "v8f", 0.90, n=1024, causal=True),
+        _timing("v9b_1of4", "v8f", 1.02, dtype="bfloat16"),
+        _timing("v8f", "", 1.0),  # the base stage itself: no ratio to anything
+        _timing("v9a", "v8f", 0.5, status="error"),  # a failed run is no measurement
+        {"kind": "check", "stage": "v9a", "builds_on": "v8f", "status": "ok"},
+    ]
+    ratios = fa4.stage_ratios(rows)
+    assert [(r["stage"], r["n"], r["ratio"]) for r in ratios] == [("v9a", 4096, 0.95), ("v9a", 1024, 0.90),
+                                                                   ("v9b_1of4", 1024, 1.02)]
+    assert all(r["base"] == "v8f" for r in ratios) and ratios[0]["ratio_vs_sdpa_cudnn"] == pytest.approx(0.855)
+    assert fa4.ratio_ranges(ratios) == {("v9a", 64): (0.90, 0.95), ("v9b_1of4", 64): (1.02, 1.02)}
+    broken = _timing("v9a", "v8f", 0.95)
+    del broken["ratio_vs_v8f"]
+    with pytest.raises(ValueError, match="ratio_vs_v8f"):
+        fa4.stage_ratios([broken])
+
+
+def test_fa4_stage_figure_has_a_panel_per_head_dim_and_causality():
+    from flashcourse import plots
+
+    ratios = fa4.stage_ratios([_timing("v9a", "v8f", 0.95, n=1024), _timing("v9a", "v8f", 0.97, n=4096),
+                               _timing("v9a", "v8f", 0.9, causal=True)])
+    fig = plots.fa4_stage_ratios(ratios, title="t")
+    assert [ax.get_title() for ax in fig.axes] == ["D = 64, non-causal (base: v8f)", "D = 64, causal (base: v8f)"]
+    line = fig.axes[0].get_lines()[0]
+    assert list(line.get_xdata()) == [1024, 4096] and list(line.get_ydata()) == [0.95, 0.97]
+    assert [tuple(ln.get_ydata()) for ln in fig.axes[0].get_lines()][-1] == (1.0, 1.0)  # the no-change line

@@ -171,3 +171,34 @@ def check_rescale_threshold(threshold: float, dtype: str, *, p_offset_log2: floa
             f"rescale threshold {threshold} with P scaled by 2^{p_offset_log2:g} lets P reach 2^{peak:g}, above "
             f"{dtype}'s largest value {limits[dtype]:g} (2^{np.log2(limits[dtype]):.2f}): the top probabilities "
             "would saturate. Lower the threshold (FA4 uses 0 for FP8) or the scaling")
+
+
+def stage_ratios(rows) -> list[dict]:
+    """The FA4 stages' timings of a recorded ``benchmarks/results/*-fa4-stages.json`` (its "rows"), each as its
+    speed against the stage it builds on: one dict per stage, dtype, head dim, causality and length with keys
+    stage, base, dtype, head_dim, causal, n, ratio (``ratio_vs_<base>``: above 1 the FA4 stage is faster) and
+    ratio_vs_sdpa_cudnn. Rows that are not successful timings of a stage built on another are left out."""
+    ratios = []
+    for row in rows:
+        base = row.get("builds_on")
+        if row.get("kind") != "time" or row.get("status") != "ok" or not base:
+            continue
+        key = f"ratio_vs_{base}"
+        if key not in row:
+            raise ValueError(f"row of stage {row.get('stage')!r} builds on {base!r} but has no {key!r}: the run "
+                             "must time the base stage beside it (bench fa4-stages does)")
+        ratios.append({"stage": row["stage"], "base": base, "dtype": row["dtype"], "head_dim": row["head_dim"],
+                       "causal": row["causal"], "n": row["n"], "ratio": row[key],
+                       "ratio_vs_sdpa_cudnn": row.get("ratio_vs_sdpa_cudnn")})
+    return sorted(ratios, key=lambda r: (r["stage"], r["head_dim"], r["dtype"], r["causal"], r["n"]))
+
+
+def ratio_ranges(ratios) -> dict[tuple[str, int], tuple[float, float]]:
+    """(stage, head dim) -> (smallest, largest) ratio to the base stage over dtypes, causality and lengths, from
+    :func:`stage_ratios`."""
+    ranges: dict[tuple[str, int], tuple[float, float]] = {}
+    for row in ratios:
+        key = (row["stage"], row["head_dim"])
+        low, high = ranges.get(key, (np.inf, -np.inf))
+        ranges[key] = (min(low, row["ratio"]), max(high, row["ratio"]))
+    return ranges

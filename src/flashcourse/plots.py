@@ -29,6 +29,7 @@ __all__ = [
     "bar_chart",
     "causal_alignment",
     "exp_share_sweep",
+    "fa4_stage_ratios",
     "grouped_bars",
     "matrix_heatmaps",
     "memory_capacities",
@@ -532,4 +533,34 @@ def exp_share_sweep(shares: Sequence[float], curves: Mapping[str, Sequence[float
     ax.set_ylim(0, 105)
     ax.set_title(title)
     ax.legend(fontsize=8)
+    return fig
+
+
+def fa4_stage_ratios(ratios: Sequence[Mapping], *, title: str) -> Figure:
+    """Lesson 14, section 6: each FA4 stage's speed against the stage it builds on, against the length N, one
+    panel per head dim and causality, one line per stage and dtype (solid fp16, dashed bf16), a grey line at 1
+    (no change). ``ratios``: :func:`flashcourse.fa4.stage_ratios`."""
+    head_dims = sorted({row["head_dim"] for row in ratios})
+    fig = Figure(figsize=(9.6, 3.2 * len(head_dims)), layout="constrained")
+    stages = sorted({row["stage"] for row in ratios})
+    colours = dict(zip(stages, ("#1f77b4", "#d62728", "#2ca02c", "#9467bd"), strict=False))
+    for i, head_dim in enumerate(head_dims):
+        for j, causal in enumerate((False, True)):
+            ax = fig.add_subplot(len(head_dims), 2, 2 * i + j + 1)
+            mine = [row for row in ratios if row["head_dim"] == head_dim and row["causal"] == causal]
+            for stage in stages:
+                for dtype, style in (("float16", "-"), ("bfloat16", "--")):
+                    line = sorted((row["n"], row["ratio"]) for row in mine
+                                  if row["stage"] == stage and row["dtype"] == dtype)
+                    if line:
+                        ax.plot(*zip(*line, strict=True), style, marker="o", markersize=3, color=colours[stage],
+                                label=f"{stage} {'fp16' if dtype == 'float16' else 'bf16'}")
+            ax.axhline(1.0, color="grey", linewidth=1)
+            ax.set_xscale("log", base=2)
+            base = mine[0]["base"] if mine else "base"
+            ax.set_title(f"D = {head_dim}, {'causal' if causal else 'non-causal'} (base: {base})")
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(f"speed vs {base} (x)")
+            ax.legend(fontsize=7, ncols=3)
+    fig.suptitle(title)
     return fig

@@ -68,8 +68,10 @@ runnable kernel (or a switch of the warp-specialized kernel) that adds one idea:
       moved its max. Never for FP8 (P near 2^8 times FP8's scale headroom would saturate; fa3.py takes 16-bit
       inputs only). v9b_1of16 / v9b_1of4, EMULATED_COLUMNS = 8 / 32: the first columns of each 128-key tile
       take 2^x from ``_exp2_on_fma`` (FMA and integer units), the rest from MUFU.EX2, which at 16 results a clock
-      an SM is the softmax's narrowest unit. Expected (lesson 14's model, not yet measured): v9a +2.3% over v8f
-      at D = 64, +3.4% over v8d at D = 128; v9b -1.2% / +1.7% with 1/16, +1.6% / +7.4% with 1/4.
+      an SM is the softmax's narrowest unit. Expected (lesson 14's model): v9a +2.3% over v8f at D = 64, +3.4%
+      over v8d at D = 128; v9b -1.2% / +1.7% with 1/16, +1.6% / +7.4% with 1/4. Measured on an H100 80GB
+      (2026-12-06-nvidia-h100-80gb-hbm3-fa4-stages.json): v9a 0.92-0.97x / 0.96-1.00x its base, v9b 0.90-1.06x
+      with 1/16, 0.79-0.98x with 1/4; not dispatched (docs/KERNELS.md, "v9").
 
 (FA3's paper presents ping-pong before the intra-warpgroup overlap; here the overlap comes first because the
 ping-pong hand-over is cleanest around the pair of GEMMs that the overlap issues together.)
@@ -1101,9 +1103,10 @@ STAGES = {
 }
 
 
-# FlashAttention-4's stages (v9), kept apart from STAGES until a GPU has measured them: STAGES is the FA3 stage table
-# that gpu_fa3.py's default run, lesson 13 and docs/KERNELS.md's story table (one row per registered stage, with its
-# run) read. fa3_forward and ForwardPlan take either (``_stage``); benchmarks/gpu_fa4_stages.py measures these.
+# FlashAttention-4's stages (v9), kept apart from STAGES (measured on an H100 only, and slower than their base stages
+# there): STAGES is the FA3 stage table that gpu_fa3.py's default run, lesson 13 and docs/KERNELS.md's story table
+# (one row per registered stage, with its run) read. fa3_forward and ForwardPlan take either (``_stage``);
+# benchmarks/gpu_fa4_stages.py measures these.
 FA4_STAGES = {
     s.name: s
     for s in (
