@@ -319,16 +319,24 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
 def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
     """benchmarks/gpu_b7.py (run on the GPU by the lead) covers D 64 and 128, both dtypes, causal and not, checks
     one row and lengths that end mid-tile for every tile it uses, and says what it needs on a CPU."""
-    spec = importlib.util.spec_from_file_location("_gpu_b7", ROOT / "benchmarks" / "gpu_b7.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    cases = script.time_shapes(quick=False)
+    # Read in a child process: the script turns the interpreter off for its own process (it compiles real kernels),
+    # and kernels defined in this one after that would no longer run on the CPU.
+    read = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('gpu_b7', sys.argv[1])\n"
+            "script = importlib.util.module_from_spec(spec); spec.loader.exec_module(script)\n"
+            "print(json.dumps({'cases': script.time_shapes(quick=False), 'check_ns': list(script.CHECK_NS),\n"
+            "                  'references': list(script.REFERENCES)}))")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", read, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout.strip().splitlines()[-1])
+    cases, check_ns = plan["cases"], plan["check_ns"]
     assert {(d, dt, c) for _, _, _, d, dt, c in cases} == {
         (d, dt, c) for d in (64, 128) for dt in ("float16", "bfloat16") for c in (False, True)}
     assert {n for _, _, n, *_ in cases} >= {4096, 8192}
-    assert 1 in script.CHECK_NS and any(n % 32 for n in script.CHECK_NS) and any(n % 128 for n in script.CHECK_NS)
-    assert {"sdpa_cudnn", "b1", "fa4"} <= set(script.REFERENCES)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    assert 1 in check_ns and any(n % 32 for n in check_ns) and any(n % 128 for n in check_ns)
+    assert {"sdpa_cudnn", "b1", "fa4"} <= set(plan["references"])
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout + proc.stderr[-2000:]

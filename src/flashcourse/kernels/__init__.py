@@ -362,7 +362,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         check_gqa(q, k, enable_gqa)
         check_saved(q, o, lse, do)
         return ops.attention_backward(q, k, v, o, lse, do, *ops.flat_rules(rules), check_scale(scale), enable_gqa,
-                                      version, rules.dropout_p or 0.0, _saved_seed(rules, dropout_seed, q))
+                                      version, dropout_p=rules.dropout_p or 0.0,
+                                      dropout_seed=_saved_seed(rules, dropout_seed, q))
     plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
                            document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
                            enable_gqa=enable_gqa, backward_version=version, dropout_p=dropout_p)
