@@ -185,7 +185,7 @@ def test_links_resolve_and_nothing_loads_from_the_network(site):
 
 def test_the_syllabus_is_read_from_the_readme():
     by_lesson = build_site.syllabus_exercises()
-    assert by_lesson[10] == ["ex12_from_memory", "ex14_interview_code", "ex15_handwritten_kernels"]
+    assert by_lesson[10] == ["ex12_from_memory", "ex14_interview_code", "ex15_handwritten_kernels", "ex17_cuda_kernels"]
     assert by_lesson[11] == ["ex10_mask_rules"]
     assert set(by_lesson) == {build_site.lesson_number(lesson) for lesson in LESSONS}
 
