@@ -1,8 +1,8 @@
-"""Backward b7 (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA reduce-add; issue 54)
+"""Backward b7 (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA reduce-add)
 checked against float64 and timed beside b1, cuDNN and, where importable, FlashAttention-4, on an H100 / H200 under
 Triton >= 3.9. Its first GPU run.
 
-The GPU machines carry Triton 3.6; 3.9 travels in parts (``scripts/wheel_parts.py``, which prints the device calls)
+The GPU machines carry Triton 3.6; 3.9 travels in parts (``scripts/wheel_parts.py``, which prints the calls)
 and is first on the path:
 
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --out $OUT            # about 3 minutes

@@ -1,11 +1,11 @@
-"""Carry a wheel larger than a device call's 64 MiB working tree to the GPU machine in parts (issue 54: Triton 3.9).
+"""Carry a wheel larger than one call's 64 MiB to a remote GPU machine in parts (Triton 3.9, for backward b7).
 
 The GPU machines have Triton 3.6 and no network; Triton 3.9's wheel for CPython 3.12 is about 272 MiB, and each
-device call carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
+call to the GPU machine carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
 
     python3 scripts/wheel_parts.py download          # pip download triton==3.9.* (cp312, manylinux x86-64) into .t39/
     python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 46)
-    python3 scripts/wheel_parts.py commands          # prints the K back-to-back device calls below
+    python3 scripts/wheel_parts.py commands          # prints the K back-to-back calls below
 
 and on the GPU machine, one call per part while it stays warm (the parts live in its /tmp, which a machine gone
 idle loses: keep the calls back to back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs
@@ -61,14 +61,14 @@ def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
 
 
 def install_script(wheel_name: str, digest: str, n_parts: int) -> str:
-    """What the last device call runs: reassemble in order, check the sha256, install into DEVICE_TARGET."""
+    """What the last call runs: reassemble in order, check the sha256, install into DEVICE_TARGET."""
     parts = " ".join(f"{DEVICE_PARTS}/{wheel_name}.part{i}" for i in range(1, n_parts + 1))
     wheel = f"{DEVICE_PARTS}/{wheel_name}"
     return f"""#!/usr/bin/env bash
 # Written by scripts/wheel_parts.py split: reassemble {wheel_name} from its {n_parts} parts and install it.
 set -euo pipefail
 for part in {parts}; do
-    [ -f "$part" ] || {{ echo "missing $part: run the earlier device calls again, back to back" >&2; exit 1; }}
+    [ -f "$part" ] || {{ echo "missing $part: run the earlier calls again, back to back" >&2; exit 1; }}
 done
 cat {parts} > {shlex.quote(wheel)}
 echo "{digest}  {wheel}" | sha256sum -c -
@@ -106,7 +106,7 @@ def split(wheel: Path, dest: Path, part_bytes: int) -> list[Path]:
 
 
 def device_commands(folders: list[Path], run: str) -> list[tuple[str, str]]:
-    """(carry, command) of each device call, in order; ``run`` is what the last call does after installing."""
+    """(carry, command) of each call, in order; ``run`` is what the last call does after installing."""
     calls = []
     for i, folder in enumerate(folders, start=1):
         carry = folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else str(folder)

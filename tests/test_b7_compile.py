@@ -317,7 +317,7 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
 
 # ------------------------------------------------------------------------------------------ the GPU script
 def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
-    """benchmarks/gpu_b7.py (run on the GPU by the lead) covers D 64 and 128, both dtypes, causal and not, checks
+    """benchmarks/gpu_b7.py (run on a GPU) covers D 64 and 128, both dtypes, causal and not, checks
     one row and lengths that end mid-tile for every tile it uses, and says what it needs on a CPU."""
     # Read in a child process: the script turns the interpreter off for its own process (it compiles real kernels),
     # and kernels defined in this one after that would no longer run on the CPU.

@@ -333,7 +333,7 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
 @pytest.mark.parametrize("scale", [float("inf"), float("nan"), -float("inf"), 0.0, -0.05])
 def test_scale_follows_the_attention_rule(rng, scale):
     """Decode and attention share one scale rule (a finite number > 0): decode's own check let 0 and negatives
-    through, and scale=0.0 or -0.05 gave all NaN (issue 48, case 1)."""
+    through, and scale=0.0 or -0.05 gave all NaN."""
     q, k, v = make(rng, 1, 4, 2, 16, 16, torch.float32)
     with pytest.raises(ValueError, match=r"scale is .*: expected a finite number > 0"):
         kernels.flash_decode(q, k, v, scale=scale)

@@ -1,4 +1,4 @@
-"""The public options at their edges (issue 48, "no silent wrong answers"): each case gives the float64 answer or a
+"""The public options at their edges (no silent wrong answers): each case gives the float64 answer or a
 clear error naming the argument. Every test of a case failed on the code before its fix (8e7e024), each in the way
 the issue reproduced it (page 1000 killed the process), except the guards said to be such (softcap's gradients,
 padding past a sequence's pages, the reference's mean of v), which hold what the fixes must keep. Decode's scale
@@ -255,7 +255,7 @@ AWKWARD_HEAD_DIMS = (8, 40, 59, 72, 111, 160, 192, 224)
 
 @pytest.mark.parametrize("head_dim", AWKWARD_HEAD_DIMS)
 def test_any_head_dim_from_8_to_256(rng, head_dim):
-    """flash-attn's range (issue 53, item 3): forward, gradients (causal and not) and decode against float64 at
+    """flash-attn's range: forward, gradients (causal and not) and decode against float64 at
     head dims no power of two, tiled at the next power of two and masked; the scale is the true D's."""
     for causal in (False, True):
         q, k, v = (randn(rng, 1, 2, 19, head_dim).requires_grad_() for _ in range(3))

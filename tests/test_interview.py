@@ -439,7 +439,7 @@ def test_lesson_html_hides_answers_shows_evidence_after_them_and_wrong_answers_b
         answer = markdown_to_html(follow["answer"][lang])
         assert f"</summary>{answer}</details>" in page  # each follow-up's answer hidden too
     table = page[page.index('<table class="fc-wrong">'):]
-    left = ' style="text-align: left; vertical-align: top"'  # headers aligned with the prose below (issue 52)
+    left = ' style="text-align: left; vertical-align: top"'  # headers aligned with the prose below
     assert table.count(f"<th{left}>") == 2 and "<th>" not in table
     for wrong in entry["wrong_answers"]:
         assert (f"<tr><td{left}>{markdown_to_html(wrong['claim'][lang])}</td>"

@@ -161,7 +161,7 @@ def largest_p_log2(threshold: float, *, p_offset_log2: float = 0.0) -> float:
 def check_rescale_threshold(threshold: float, dtype: str, *, p_offset_log2: float = 0.0) -> None:
     """ValueError when P could saturate ``dtype`` (its largest finite value): the threshold plus the FP8 scaling
     must stay below log2 of the format's maximum, else the largest probabilities clip to it while the fp32 sum l
-    still counts them whole, and the output shrinks (flash-attention issue #2716)."""
+    still counts them whole, and the output shrinks (report #2716 in the flash-attention repository)."""
     limits = {"float8_e4m3fn": FP8_E4M3_MAX, "float16": FP16_MAX, "bfloat16": 3.3895313892515355e38}
     if dtype not in limits:
         raise ValueError(f"dtype={dtype!r}: one of {', '.join(limits)} is expected")
