@@ -44,7 +44,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature  # noqa: E402
 
 from flashcourse.bench import overhead  # noqa: E402
-from flashcourse.kernels import _checks, common, configs, decode, forward, launch, rules  # noqa: E402
+from flashcourse.kernels import _checks, call, common, configs, decode, forward, launch, rules  # noqa: E402
 
 try:  # absent in checkouts before the plans (run there to time the path they replaced)
     from flashcourse.kernels import plan  # noqa: E402
@@ -184,8 +184,10 @@ def pieces() -> dict[str, float]:
         "check_qkv": lambda: _checks.check_qkv(x, x, x),
         "parse_rules (dense)": lambda: rules.parse_rules(x, x),
         "forward _launch_key (GPU key)": lambda: forward._launch_key(version, rules.DENSE, None, None, x, x, x),
-        **({} if plan is None else {
-            "plan_for, a repeat call (parse options, key, look up)": lambda: plan.plan_for(x, x, x, causal=True)}),
+        "the front door, a repeat call (parse options, describe, look up)": lambda: call.describe(
+            x, x, x, causal=True, scale=None, window=None, softcap=None, alibi_slopes=None, document_ids=None,
+            mask_mod=None, block_mask=None, enable_gqa=False, is_causal=None, forward_version=None,
+            backward_version=None, varlen=(None, None, None, None), dropout_p=0.0, seed=("draw", None)),
         "layout_key of 3 tensors": lambda: launch.layout_key(x, x, x),
         "check_device": lambda: _checks.check_device(x, "q"),
         "x.device (a new torch.device each time)": lambda: x.device,

@@ -75,7 +75,7 @@ def t(*shape, dtype=torch.float16):
 
 def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **options):
     rules = parse_rules(q, k, **options)
-    return plan.choose_route(q, k, v, rules, block_mask=block_mask, props=props, triton_version=triton_version)
+    return plan.choose_route(q, k, v, rules, props=props, block_mask=block_mask, triton_version=triton_version)
 
 
 @pytest.mark.parametrize(("head_dim", "stages"), [(128, ("v8d", "v8f")), (64, ("v8f", "v8a")), (256, ("v8d", "v8d"))])
@@ -262,7 +262,7 @@ def test_alibi_slopes_and_document_ids_are_saved_for_backward_not_kept_on_ctx():
     docs = torch.tensor([[0] * 10 + [1] * 14])
     o = kernels.flash_attention(q, q, q, alibi_slopes=slopes, document_ids=docs)
     node = o.grad_fn
-    assert node.rules.alibi_slopes is None and node.rules.document_ids is None
+    assert node.described.rules.alibi_slopes is None and node.described.rules.document_ids is None
     saved = node.saved_tensors
     assert any(s is not None and torch.equal(s, slopes) for s in saved)
     assert any(s is not None and torch.equal(s, docs.to(torch.int32)) for s in saved)

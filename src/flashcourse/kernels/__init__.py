@@ -46,23 +46,15 @@ if _device.setup() == "cpu":
 import torch  # noqa: E402
 
 # Some names are here for other modules and lessons to import (kernels.run_forward, kernels.padded_head_dim...).
-from . import backward, configs, forward, fp8, ops  # noqa: E402, F401
+from . import backward, call, configs, forward, fp8, ops  # noqa: E402, F401
 from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402, F401
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402, F401
 from .blockmask import BlockMask  # noqa: E402
 from .decode import flash_decode, quantize_kv_cache  # noqa: E402
-from .dropout import Dropout, draw_seed, dropout_mask, seed_tensor  # noqa: E402, F401
+from .dropout import draw_seed, dropout_mask, seed_tensor  # noqa: E402, F401
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402, F401
-from .plan import (  # noqa: E402
-    Plan,
-    Route,
-    check_gqa,
-    check_scale,
-    plan_for,
-    with_tensors,
-    without_tensors,
-)
-from .rules import parse_mask_rules, parse_rules, varlen_document_ids  # noqa: E402
+from .plan import Route  # noqa: E402
+from .rules import parse_mask_rules  # noqa: E402
 
 __all__ = [
     "BACKWARD_VERSIONS",
@@ -81,8 +73,6 @@ __all__ = [
     "quantize_kv_cache",
 ]
 
-
-_is_compiling = torch.compiler.is_compiling  # bound once: flash_attention asks on every call
 
 
 def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: int, *, document_ids=None,
@@ -163,30 +153,6 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
                              mask_mod=mask_mod)
     batch = rules.document_ids.shape[0] if rules.document_ids is not None else B
     return BlockMask.build(rules, batch, H, N_q, N_kv, device, block_size)
-
-
-def _spelled_options(q, k, causal, is_causal, window, document_ids, mask_mod, block_mask, varlen) -> tuple:
-    """(causal, window, document_ids, mask_mod) of a call that spells them another way: SDPA's ``is_causal``,
-    flash-attn's ``cu_seqlens`` (``varlen``: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), or a block
-    mask that carries them. Every entry point asks it once, before the front door (``plan.plan_for``)."""
-    if is_causal is not None:
-        causal = _sdpa_causal(causal, is_causal)
-    if varlen[0] is not None or varlen[1] is not None:  # flash-attn's packed sequences, as document ids
-        document_ids = varlen_document_ids(q, k, document_ids, *varlen)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
-    return causal, window, document_ids, mask_mod
-
-
-def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
-    """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"block_mask is a {type(block_mask).__module__}.{type(block_mask).__name__}: expected a "
-                        "flashcourse.kernels.BlockMask from kernels.create_block_mask(...) (FlexAttention's "
-                        "BlockMask holds other tiles)")
-    options = block_mask.call_options(causal=causal, window=window, document_ids=document_ids, mask_mod=mask_mod)
-    return options["causal"], options["window"], options["document_ids"], options["mask_mod"]
 
 
 def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
@@ -278,36 +244,12 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         o, lse = flash_attention_forward(q, k, v, causal="bottom_right", softcap=30.0)
         o.shape, lse.shape, lse.dtype  # (1, 4, 512, 128), (1, 4, 512), torch.float32
     """
-    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
-        causal, window, document_ids, mask_mod = _spelled_options(
-            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
-            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if getattr(q, "dtype", None) is fp8.FP8:
-        if dropout_p != 0.0:
-            raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
-                             "16-bit inputs")
-        return fp8.flash_attention_forward_fp8(
-            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
-            causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-            document_ids=document_ids, mask_mod=mask_mod, version=version)
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
-        raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
-                         f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
-    if _is_compiling():
-        if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
-            return _outside_graph(flash_attention_forward, q, k, v, causal=causal, scale=scale, window=window,
-                                  softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
-                                  mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, version=version,
-                                  dropout_p=dropout_p, dropout_seed=dropout_seed)
-        rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                            document_ids=document_ids, dropout_p=dropout_p)
-        check_gqa(q, k, enable_gqa)
-        return ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, version, None,
-                                      _call_seed(rules, dropout_seed, q))
-    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, forward_version=version, dropout_p=dropout_p)
-    return plan.forward(q, k, v, rules, block_mask, _call_dropout(rules, dropout_seed, q))
+    return call.forward_call(
+        q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+        is_causal=is_causal, version=version, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+        out_dtype=out_dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float | None = None, window=None,
@@ -346,99 +288,11 @@ def flash_attention_backward(q, k, v, o, lse, do, *, causal=False, scale: float 
         o, lse = flash_attention_forward(q, k, v, causal=True)
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, torch.ones_like(o), causal=True)
     """
-    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
-        causal, window, document_ids, mask_mod = _spelled_options(
-            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
-            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if _is_compiling():
-        if mask_mod is not None or block_mask is not None:  # they fit no op schema: run eagerly, a graph break
-            return _outside_graph(flash_attention_backward, q, k, v, o, lse, do, causal=causal, scale=scale,
-                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask,
-                                  enable_gqa=enable_gqa, version=version, dropout_p=dropout_p,
-                                  dropout_seed=dropout_seed)
-        rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                            document_ids=document_ids, dropout_p=dropout_p)
-        check_gqa(q, k, enable_gqa)
-        check_saved(q, o, lse, do)
-        return ops.attention_backward(q, k, v, o, lse, do, *ops.flat_rules(rules), check_scale(scale), enable_gqa,
-                                      version, dropout_p=rules.dropout_p or 0.0,
-                                      dropout_seed=_saved_seed(rules, dropout_seed, q))
-    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, backward_version=version, dropout_p=dropout_p)
-    check_saved(q, o, lse, do)
-    dropout = None if rules.dropout_p is None else Dropout(rules.dropout_p, _saved_seed(rules, dropout_seed, q))
-    return plan.backward(q, k, v, o, lse, do, rules, block_mask, dropout)
-
-
-class FlashAttentionFunction(torch.autograd.Function):
-    """Saves (q, k, v, o, lse) and the rules' tensors in the forward; the backward recomputes P from them (no N x N
-    matrix) through the forward's plan, which prepares its launches on first use.
-
-    ``apply(q, k, v, plan, call)``: ``call`` is None for a call that needs only the plan (its rules are the plan's,
-    no block mask, o alone returned), else (rules without tensors, block_mask, alibi_slopes, document_ids,
-    return_lse, dropout). Autograd's own work grows with the number of arguments, so the usual call passes five.
-    The tensors in ``call`` are saved with ``save_for_backward``, never kept on ctx (the dropout seed too: the
-    backward regenerates the forward's mask from it).
-
-    With ``return_lse`` the lse is differentiable (as FlexAttention's): its gradient enters the backward's
-    preprocess, delta = rowsum(dO * O) - dLSE, since d lse_i / d s_ij = P_ij. The backward itself has no
-    derivative: a backward with ``create_graph=True`` raises a RuntimeError at once (SDPA's flash backend raises
-    for a double backward too), instead of gradients whose own gradients would be wrong or silently zero."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, call):
-        ctx.plan = plan
-        if call is None:
-            o, lse = plan.forward(q, k, v, plan.rules, None)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.rules = None  # the plan's
-            return o
-        rules, block_mask, alibi_slopes, document_ids, return_lse, dropout = call
-        o, lse = plan.forward(q, k, v, with_tensors(rules, alibi_slopes, document_ids), block_mask, dropout)
-        seed = None if dropout is None else dropout.seed  # the backward regenerates the forward's mask from it
-        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids, seed)  # None where there is no tensor
-        ctx.rules, ctx.block_mask = rules, block_mask  # rules without tensors (without_tensors)
-        if not return_lse:  # one output: the usual call pays for no second one
-            return o
-        ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, no zeros allocated
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse=None):
-        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
-            raise RuntimeError("flash_attention has no double backward: its gradients cannot be differentiated "
-                               "again, so a backward with create_graph=True (a gradient penalty, Hessian-vector "
-                               "products) is refused. Compute that term with reference attention in float64 or "
-                               "F.scaled_dot_product_attention's math backend")
-        if do is None and dlse is None:
-            return None, None, None, None, None
-        plan = ctx.plan
-        if ctx.rules is None:
-            q, k, v, o, lse = ctx.saved_tensors
-            rules, block_mask, dropout = plan.rules, None, None
-        else:
-            q, k, v, o, lse, alibi_slopes, document_ids, seed = ctx.saved_tensors
-            rules, block_mask = with_tensors(ctx.rules, alibi_slopes, document_ids), ctx.block_mask
-            dropout = None if seed is None else Dropout(ctx.rules.dropout_p, seed)
-        if do is None:  # only the lse is in the loss: o's gradient is 0
-            do = torch.zeros_like(o)
-        dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, block_mask, dropout, dlse=dlse)
-        return dq, dk, dv, None, None
-
-
-def _sdpa_causal(causal, is_causal):
-    """``is_causal``, SDPA's spelling, as ``causal``; both given and different is an error."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal is {is_causal!r}: expected True or False, as in "
-                        "F.scaled_dot_product_attention (causal= also takes 'top_left' and 'bottom_right')")
-    if causal is False or causal is None:
-        return is_causal
-    if not (is_causal and (causal is True or causal == "top_left")):
-        raise ValueError(f"causal={causal!r} and is_causal={is_causal} disagree: is_causal is SDPA's spelling of "
-                         "causal (is_causal=True is causal='top_left'); pass one of them")
-    return causal
+    return call.backward_call(
+        q, k, v, o, lse, do, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+        is_causal=is_causal, version=version, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None,
@@ -539,33 +393,12 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         o = flash_attention(q, k, v, causal=True, window=(255, 0), enable_gqa=True)  # 256 keys back at most
         o.sum().backward()  # q.grad: (2, 8, 1024, 64)
     """
-    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
-        causal, window, document_ids, mask_mod = _spelled_options(
-            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
-            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    if _is_compiling():
-        # Only while torch.compile traces: the registered op (ops.py) keeps the call in the graph. Eager calls
-        # skip it and keep FlashAttentionFunction and the inference shortcut below: their host time per call is
-        # tuned and measured against SDPA, and the op's dispatcher would add to it. Eagerly this check costs one
-        # call that returns a flag (about 0.1 us).
-        return _flash_attention_compiling(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                                          alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                                          block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
-                                          forward_version=forward_version, backward_version=backward_version,
-                                          dropout_p=dropout_p)
-    plan, rules = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                           document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                           enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version,
-                           dropout_p=dropout_p)
-    dropout = _call_dropout(rules, None, q)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        if (block_mask is None and not return_lse and rules.alibi_slopes is None and rules.document_ids is None
-                and dropout is None):
-            return FlashAttentionFunction.apply(q, k, v, plan, None)  # the plan's rules are the call's
-        return FlashAttentionFunction.apply(q, k, v, plan, (without_tensors(rules), block_mask, rules.alibi_slopes,
-                                                            rules.document_ids, return_lse, dropout))
-    o, lse = plan.forward(q, k, v, rules, block_mask, dropout)  # inference: no autograd node
-    return (o, lse) if return_lse else o
+    return call.attention_call(
+        q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+        is_causal=is_causal, return_lse=return_lse, forward_version=forward_version,
+        backward_version=backward_version, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p)
 
 
 def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, softcap=None, alibi_slopes=None,
@@ -603,62 +436,9 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         #                                      else the H200's, said as the fallback)
         # backward b1: the call needs none of b3's options, and b1 is faster
     """
-    if is_causal is not None or block_mask is not None or cu_seqlens_q is not None or cu_seqlens_k is not None:
-        causal, window, document_ids, mask_mod = _spelled_options(
-            q, k, causal, is_causal, window, document_ids, mask_mod, block_mask,
-            (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    plan, _ = plan_for(q, k, v, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                       document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, scale=scale,
-                       enable_gqa=enable_gqa, forward_version=forward_version, backward_version=backward_version,
-                       dropout_p=dropout_p)
-    return plan.route
-
-
-def _flash_attention_compiling(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod,
-                               block_mask, enable_gqa, return_lse, forward_version, backward_version, dropout_p):
-    """``flash_attention`` as torch.compile traces it: the options checked here, the inputs in the op's fake
-    implementation, then the ``torch.library`` op of ops.py."""
-    if mask_mod is not None or block_mask is not None:  # a @triton.jit function or a BlockMask fits no op schema
-        return _outside_graph(flash_attention, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                              alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                              block_mask=block_mask, enable_gqa=enable_gqa, return_lse=return_lse,
-                              forward_version=forward_version, backward_version=backward_version,
-                              dropout_p=dropout_p)
-    # check_qkv runs in the op's fake implementation: it asks about the device, which tracing cannot follow.
-    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, dropout_p=dropout_p)
-    check_gqa(q, k, enable_gqa)
-    o, lse = ops.attention_in_graph(q, k, v, rules, check_scale(scale), enable_gqa, forward_version,
-                                    backward_version, lse_grad=return_lse, dropout_seed=_call_seed(rules, None, q))
-    return (o, lse) if return_lse else o
-
-
-def _call_seed(rules, dropout_seed, q):
-    """The seed of a forward with dropout: the caller's, else a fresh one from torch's generator; None without."""
-    if rules.dropout_p is None:
-        return None
-    return draw_seed(q.device) if dropout_seed is None else seed_tensor(dropout_seed, q.device)
-
-
-def _call_dropout(rules, dropout_seed, q) -> Dropout | None:
-    """A forward's dropout (probability and seed) for the plan, None without."""
-    seed = _call_seed(rules, dropout_seed, q)
-    return None if seed is None else Dropout(rules.dropout_p, seed)
-
-
-def _saved_seed(rules, dropout_seed, q):
-    """The seed a backward with dropout must be given (its forward's), as a tensor on q's device."""
-    if rules.dropout_p is None:
-        return None
-    if dropout_seed is None:
-        raise ValueError(f"dropout_p is {rules.dropout_p} but dropout_seed is None: the backward regenerates the "
-                         "forward's mask from its seed, so pass the dropout_seed given to flash_attention_forward "
-                         "(or use flash_attention, which keeps it)")
-    return seed_tensor(dropout_seed, q.device)
-
-
-def _outside_graph(entry, *tensors, **options):
-    """``entry(*tensors, **options)`` run eagerly (a graph break): a ``mask_mod`` or ``block_mask`` call under
-    torch.compile. Only reached while compiling, so ``torch.compiler.disable`` (which imports torch._dynamo, about
-    a second and a half) is asked here, not at import: every process that imports the kernels would pay it."""
-    return torch.compiler.disable(entry)(*tensors, **options)
+    return call.explain_call(
+        q, k, v, causal=causal, scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        document_ids=document_ids, mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+        is_causal=is_causal, forward_version=forward_version, backward_version=backward_version,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        dropout_p=dropout_p)

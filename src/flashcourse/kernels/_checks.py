@@ -43,11 +43,12 @@ def check_device(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} is on {t.device}, but the Triton interpreter runs on CPU tensors: use {name}.cpu()")
 
 
-def check_dtype(t: torch.Tensor, name: str) -> None:
+def check_dtype(t: torch.Tensor, name: str) -> configs.DeviceProps:
+    """float16, bfloat16 where the device has bfloat16 tensor cores, or float32; returns the device's properties."""
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}, expected float16, bfloat16 or float32")
+    props = configs.device_props(t.device)
     if t.dtype == torch.bfloat16:
-        props = configs.device_props(t.device)
         if props.interpreter:
             raise TypeError(f"{name} is bfloat16, which the CPU interpreter cannot run (its bf16 dot is wrong): "
                             "use float16 instead")
@@ -56,6 +57,7 @@ def check_dtype(t: torch.Tensor, name: str) -> None:
             raise TypeError(f"{name} is bfloat16, but the {props.name} (compute capability {major}.{minor}) has no "
                             "bfloat16 tensor cores (they start at 8.0, Ampere): use float16 instead, e.g. "
                             f"{name}.half()")
+    return props
 
 
 FP8_CACHE_CAPABILITY = (8, 9)  # Triton's float8_e4m3fn ("fp8e4nv") type: cvt.rn.f16x2.e4m3x2 starts at sm_89
@@ -85,8 +87,23 @@ def check_head_dim(head_dim: int) -> None:
         )
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, one dtype, one device."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> configs.DeviceProps:
+    """q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, one dtype, one device that runs
+    it. Returns the device's properties, which the dtype's check reads."""
+    check_shapes(q, k, v)
+    return check_device_and_dtype(q)
+
+
+def check_device_and_dtype(q: torch.Tensor) -> configs.DeviceProps:
+    """q (and with it k and v, :func:`check_shapes`) on a device the kernels run on, in a dtype it runs; returns
+    the device's properties."""
+    check_device(q, "q")
+    return check_dtype(q, "q")
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q (B, H_q, N_q, D), k and v (B, H_kv, N_kv, D) with H_q a multiple of H_kv, a head dim in range, one dtype,
+    one device."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor of shape (B, H, N, D)")
@@ -109,8 +126,6 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             "attention: query head h uses KV head h // (H_q // H_kv))"
         )
     check_head_dim(q.shape[3])
-    check_device(q, "q")
-    check_dtype(q, "q")
 
 
 def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor) -> None:
@@ -126,6 +141,36 @@ def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.T
         raise ValueError(f"lse is {got}: expected {want} float32, as flash_attention_forward returns it")
     if not lse.is_contiguous():  # the kernels index lse as a dense (B * H, N_q) array
         raise ValueError("lse is not contiguous: pass lse.contiguous() (the kernels read it as one dense array)")
+
+
+def check_call(q, k, v, *, enable_gqa, scale, block_mask, saved=None, described=False, tracing=False):
+    """Every check of an attention call's tensors, in the order a mistake is best named: q, k and v (shapes,
+    dtypes, device), grouped-query heads asked for, the scale, a block mask built for these shapes, and a
+    backward's ``saved`` (o, lse, do). Returns the device's properties, read once here and carried to the plan
+    (None while ``torch.compile`` traces, ``tracing``: the device cannot be asked then, and the op's fake
+    implementation checks q, k and v instead). ``described``: the call's description found its plan, so only
+    ``saved`` (which the description does not hold) is checked."""
+    if described:
+        check_saved(q, *saved)
+        return None
+    check_shapes(q, k, v)
+    check_gqa(q, k, enable_gqa)
+    check_scale(scale)
+    if block_mask is not None:
+        block_mask.check_call(q, k)  # before the rules are parsed, so that other shapes are named as the cause
+    if saved is not None:
+        check_saved(q, *saved)
+    return None if tracing else check_device_and_dtype(q)
+
+
+def check_gqa(q, k, enable_gqa) -> None:
+    """Fewer K/V heads than query heads only when asked for, as SDPA and FlexAttention require."""
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa is {enable_gqa!r}: expected True or False")
+    if not enable_gqa and q.shape[1] != k.shape[1]:
+        raise ValueError(f"q has {q.shape[1]} heads and k has {k.shape[1]}: grouped-query attention must be asked "
+                         "for, as in F.scaled_dot_product_attention: pass enable_gqa=True (query head h then reads "
+                         f"K/V head h // {q.shape[1] // max(k.shape[1], 1)})")
 
 
 def check_scale(scale) -> float | None:

@@ -1,20 +1,32 @@
-"""The attention kernels as ``torch.library`` ops, so that ``torch.compile(model, fullgraph=True)`` keeps them.
+"""The dispatch of an attention call: one implementation per op, run eagerly by the autograd Function and, under
+``torch.compile``, by the ``torch.library`` ops that keep the call in the graph.
 
-Two custom ops, ``flashcourse::attention_forward`` (-> o, lse) and ``flashcourse::attention_backward``
-(-> dq, dk, dv), each with a fake implementation (shapes and dtypes only, what the compiler traces with) and the
-forward with an autograd formula that calls the backward op. Every tensor the backward needs, the ALiBi slopes
-and document ids included, is saved with ``save_for_backward``; the rest of the rules are plain numbers and
-strings. ``kernels.flash_attention``, ``flash_attention_forward`` and ``flash_attention_backward`` route here only
-while compiling: eager calls keep the plan (``plan.py``) and ``FlashAttentionFunction`` (the comment in
-``flash_attention`` says why). Both ops run through the same plans as eager calls, so they dispatch the same way.
+The front door (``call.py``) hands each checked call here as a ``call.Described``. :func:`attention_forward_impl`
+and :func:`attention_backward_impl` are the one forward and the one backward: they take the call's plan
+(``plan.plan_for``) and launch it. Eagerly, ``flash_attention`` reaches them through
+:class:`FlashAttentionFunction` (or, without grad, directly), ``flash_attention_forward`` and ``_backward``
+directly; under ``torch.compile`` the custom ops ``flashcourse::attention_forward`` (-> o, lse) and
+``flashcourse::attention_backward`` (-> dq, dk, dv) call the same two functions from their bodies, each op with a
+fake implementation (shapes and dtypes only, what the compiler traces with) and the forward with an autograd
+formula that calls the backward op. So the decision and the launch code exist once.
 
-A ``mask_mod`` is a ``@triton.jit`` function and a ``block_mask`` a Python object holding tile lists, which an op's
-schema cannot carry: the entry points run such a call eagerly, outside the graph (a graph break).
+Why the eager call does not go through the op: the dispatcher's hop costs host time on every call. Measured on a
+CPU (torch 2.13): a call through a ``torch.library.custom_op`` costs about 24 us against 3.9 us for the plain
+function, and an op made with the low-level ``torch.library.Library.define`` and
+``impl("CompositeExplicitAutograd")`` still 6.5 us; the eager forward's whole host path is measured against SDPA
+(``bench overhead``). No registration found costs under 1 us more than the plain call, so eager calls call the
+implementation functions directly and only the compiler sees the ops.
+
+Every tensor the backward needs, the ALiBi slopes, document ids and dropout seed included, is saved with
+``save_for_backward``; the rest of the rules are plain numbers and strings. A ``mask_mod`` is a ``@triton.jit``
+function and a ``block_mask`` a Python object holding tile lists, which an op's schema cannot carry: the front door
+runs such a call eagerly, outside the graph (a graph break).
 """
 
 # No `from __future__ import annotations`, and Optional rather than `X | None`: torch.library reads the op's schema
 # from the annotations, and typing.Optional is the spelling every torch version's schema inference knows.
 # ruff: noqa: UP045
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -24,18 +36,154 @@ from .dropout import Dropout
 from .plan import plan_for
 from .rules import Rules
 
+class _OpCall:
+    """The ``call.Described`` an op's body makes of its flat arguments (the front door checked them while the
+    compiler traced): the description is the op's own key in ``plan.PLANS``, so a compiled call's plan is made once
+    too, and the device's properties are read by ``plan.plan_for`` (tracing could not read them)."""
 
-def _options(causal: str, window_left: int, window_right: int, softcap: Optional[float],
-             alibi_slopes: Optional[torch.Tensor], document_ids: Optional[torch.Tensor], dropout_p: float) -> dict:
-    """The op's flat arguments back into the call's options; causal "" and window (-1, -1) are none."""
+    __slots__ = ("call", "plan", "rules", "props", "block_mask", "scale", "enable_gqa", "forward_version",
+                 "backward_version", "dropout")
+
+    def __init__(self, q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version, dropout):
+        cacheable = rules.alibi_slopes is None and rules.document_ids is None
+        self.call = (("op", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device,
+                      q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0), rules.causal,
+                     rules.window, rules.softcap, scale, enable_gqa, forward_version, backward_version,
+                     rules.dropout_p) if cacheable else None
+        self.plan = self.props = self.block_mask = None
+        self.rules, self.scale, self.enable_gqa, self.dropout = rules, scale, enable_gqa, dropout
+        self.forward_version, self.backward_version = forward_version, backward_version
+
+
+def _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, enable_gqa,
+             forward_version, backward_version, dropout_p, dropout_seed) -> _OpCall:
+    """The op's flat arguments back into a described call; causal "" and window (-1, -1) are none."""
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    return dict(causal=causal or False, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                document_ids=document_ids, dropout_p=dropout_p)
+    rules = Rules(causal=causal or None, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+                  document_ids=document_ids, dropout_p=dropout_p or None)
+    dropout = None if rules.dropout_p is None else Dropout(rules.dropout_p, dropout_seed)
+    return _OpCall(q, k, v, rules, scale, enable_gqa, forward_version, backward_version, dropout)
 
 
-def _dropout(rules: Rules, dropout_seed: Optional[torch.Tensor]) -> Optional[Dropout]:
-    """The call's dropout for the kernels: its probability with the seed the entry point drew."""
-    return None if rules.dropout_p is None else Dropout(rules.dropout_p, dropout_seed)
+def attention_forward_impl(q, k, v, described) -> tuple:
+    """(plan, o, lse): the one forward, eager or compiled. The plan is the one the description found, else
+    ``plan.plan_for``'s."""
+    plan = described.plan
+    if plan is None:
+        plan = plan_for(described, q, k, v)
+    o, lse = plan.forward(q, k, v, described.rules, described.block_mask, described.dropout)
+    return plan, o, lse
+
+
+def attention_backward_impl(q, k, v, o, lse, do, described, dlse=None) -> tuple:
+    """(dq, dk, dv): the one backward, eager or compiled, from the forward's (o, lse); ``dlse``, the lse's gradient
+    where a loss used it, or None."""
+    plan = described.plan
+    if plan is None:
+        plan = plan_for(described, q, k, v)
+    return plan.backward(q, k, v, o, lse, do, described.rules, described.block_mask, described.dropout, dlse=dlse)
+
+
+def dispatch_attention(q, k, v, described, *, return_lse: bool, tracing: bool):
+    """``flash_attention``'s dispatch: the op while ``torch.compile`` traces; eagerly the autograd Function where a
+    gradient is wanted, else the forward alone (no autograd node)."""
+    if tracing:
+        o, lse = _in_graph(q, k, v, described, lse_grad=return_lse)
+        return (o, lse) if return_lse else o
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        rules, dropout = described.rules, described.dropout
+        if (described.block_mask is None and not return_lse and rules.alibi_slopes is None
+                and rules.document_ids is None and dropout is None):
+            return FlashAttentionFunction.apply(q, k, v, described, None)  # the usual call: five arguments
+        kept = described._replace(rules=replace(rules, alibi_slopes=None, document_ids=None), dropout=None)
+        return FlashAttentionFunction.apply(q, k, v, kept, (rules.alibi_slopes, rules.document_ids,
+                                                            None if dropout is None else dropout.seed, return_lse))
+    _, o, lse = attention_forward_impl(q, k, v, described)
+    return (o, lse) if return_lse else o
+
+
+def dispatch_forward(q, k, v, described, *, tracing: bool):
+    """``flash_attention_forward``'s dispatch: (o, lse), the op while ``torch.compile`` traces."""
+    if tracing:
+        return _in_graph(q, k, v, described)
+    _, o, lse = attention_forward_impl(q, k, v, described)
+    return o, lse
+
+
+def dispatch_backward(q, k, v, o, lse, do, described, *, tracing: bool):
+    """``flash_attention_backward``'s dispatch: (dq, dk, dv), the backward op while ``torch.compile`` traces."""
+    if tracing:
+        rules, dropout = described.rules, described.dropout
+        scale = None if described.scale is None else float(described.scale)
+        return attention_backward(q, k, v, o, lse, do, *flat_rules(rules), scale, described.enable_gqa,
+                                  described.backward_version, dropout_p=rules.dropout_p or 0.0,
+                                  dropout_seed=None if dropout is None else dropout.seed)
+    return attention_backward_impl(q, k, v, o, lse, do, described)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Saves (q, k, v, o, lse) and the rules' tensors in the forward; the backward recomputes P from them (no N x N
+    matrix) through the forward's plan, which prepares its launches on first use.
+
+    ``apply(q, k, v, described, tensors)``: ``tensors`` is None for the usual call (no tensor in its rules, no
+    block mask, no dropout, o alone returned), else (alibi_slopes, document_ids, dropout seed, return_lse), with
+    ``described`` holding the rules without those tensors. Autograd's own work grows with the number of
+    arguments, so the usual call passes five. The tensors are saved with ``save_for_backward``, never kept on ctx.
+
+    With ``return_lse`` the lse is differentiable (as FlexAttention's): its gradient enters the backward's
+    preprocess, delta = rowsum(dO * O) - dLSE, since d lse_i / d s_ij = P_ij. The backward itself has no
+    derivative: a backward with ``create_graph=True`` raises a RuntimeError at once (SDPA's flash backend raises
+    for a double backward too), instead of gradients whose own gradients would be wrong or silently zero."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, described, tensors):
+        if tensors is None:
+            plan, o, lse = attention_forward_impl(q, k, v, described)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.described = described if described.plan is not None else described._replace(plan=plan)
+            ctx.with_tensors = False
+            return o
+        alibi_slopes, document_ids, seed, return_lse = tensors
+        rules = described.rules
+        call = described._replace(rules=_with_tensors(rules, alibi_slopes, document_ids),
+                                  dropout=None if seed is None else Dropout(rules.dropout_p, seed))
+        plan, o, lse = attention_forward_impl(q, k, v, call)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, document_ids, seed)  # None where there is no tensor
+        ctx.described = described._replace(plan=plan)  # its rules without tensors
+        ctx.with_tensors = True
+        if not return_lse:  # one output: the usual call pays for no second one
+            return o
+        ctx.set_materialize_grads(False)  # an unused output's gradient comes as None, no zeros allocated
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse=None):
+        if torch.is_grad_enabled():  # autograd runs a backward with grad mode on only for create_graph=True
+            raise RuntimeError("flash_attention has no double backward: its gradients cannot be differentiated "
+                               "again, so a backward with create_graph=True (a gradient penalty, Hessian-vector "
+                               "products) is refused. Compute that term with reference attention in float64 or "
+                               "F.scaled_dot_product_attention's math backend")
+        if do is None and dlse is None:
+            return None, None, None, None, None
+        described = ctx.described
+        if ctx.with_tensors:
+            q, k, v, o, lse, alibi_slopes, document_ids, seed = ctx.saved_tensors
+            rules = described.rules
+            described = described._replace(rules=_with_tensors(rules, alibi_slopes, document_ids),
+                                           dropout=None if seed is None else Dropout(rules.dropout_p, seed))
+        else:
+            q, k, v, o, lse = ctx.saved_tensors
+        if do is None:  # only the lse is in the loss: o's gradient is 0
+            do = torch.zeros_like(o)
+        dq, dk, dv = attention_backward_impl(q, k, v, o, lse, do, described, dlse)
+        return dq, dk, dv, None, None
+
+
+def _with_tensors(rules: Rules, alibi_slopes, document_ids) -> Rules:
+    """The rules with their saved tensors put back."""
+    if alibi_slopes is None and document_ids is None:
+        return rules
+    return replace(rules, alibi_slopes=alibi_slopes, document_ids=document_ids)
 
 
 @torch.library.custom_op("flashcourse::attention_forward", mutates_args=())
@@ -45,10 +193,10 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_s
                       forward_version: Optional[str], backward_version: Optional[str], lse_grad: bool = False,
                       dropout_p: float = 0.0, dropout_seed: Optional[torch.Tensor] = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
-                                               document_ids, dropout_p), scale=scale, enable_gqa=enable_gqa,
-                           forward_version=forward_version, backward_version=backward_version)
-    return plan.forward(q, k, v, rules, None, _dropout(rules, dropout_seed))
+    _, o, lse = attention_forward_impl(q, k, v, _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left,
+                                                         window_right, softcap, scale, enable_gqa, forward_version,
+                                                         backward_version, dropout_p, dropout_seed))
+    return o, lse
 
 
 @attention_forward.register_fake
@@ -68,10 +216,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        scale: Optional[float], enable_gqa: bool, backward_version: Optional[str],
                        dlse: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                        dropout_seed: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    plan, rules = plan_for(q, k, v, **_options(causal, window_left, window_right, softcap, alibi_slopes,
-                                               document_ids, dropout_p), scale=scale, enable_gqa=enable_gqa,
-                           backward_version=backward_version)
-    dq, dk, dv = plan.backward(q, k, v, o, lse, do, rules, None, _dropout(rules, dropout_seed), dlse=dlse)
+    dq, dk, dv = attention_backward_impl(q, k, v, o, lse, do, _op_call(
+        q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, enable_gqa, None,
+        backward_version, dropout_p, dropout_seed), dlse)
     # The fake promises q's, k's and v's strides (a compiler may check them); b2, b4 and b5 build dq contiguous.
     if dq.stride() != q.stride():
         dq = torch.empty_like(q).copy_(dq)
@@ -118,10 +265,12 @@ def flat_rules(rules: Rules) -> tuple:
     return rules.alibi_slopes, rules.document_ids, rules.causal or "", window_left, window_right, rules.softcap
 
 
-def attention_in_graph(q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version,
-                       lse_grad: bool = False, dropout_seed=None):
-    """``flash_attention`` as the compiler sees it: one ``attention_forward`` op (and its backward op); (o, lse),
-    the lse differentiable with ``lse_grad`` (a call with return_lse=True). ``dropout_seed``: the (1,) int64
-    seed drawn outside the op (a random op the graph keeps), where the rules have a dropout_p."""
-    return attention_forward(q, k, v, *flat_rules(rules), scale, enable_gqa, forward_version, backward_version,
-                             lse_grad, rules.dropout_p or 0.0, dropout_seed)
+def _in_graph(q, k, v, described, lse_grad: bool = False):
+    """The forward as the compiler sees it: one ``attention_forward`` op (and its backward op); (o, lse), the lse
+    differentiable with ``lse_grad`` (a call with return_lse=True). The dropout seed was drawn outside the op (a
+    random op the graph keeps)."""
+    rules, dropout = described.rules, described.dropout
+    scale = None if described.scale is None else float(described.scale)
+    return attention_forward(q, k, v, *flat_rules(rules), scale, described.enable_gqa, described.forward_version,
+                             described.backward_version, lse_grad, rules.dropout_p or 0.0,
+                             None if dropout is None else dropout.seed)

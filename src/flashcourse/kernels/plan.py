@@ -23,19 +23,17 @@ plan for that call alone: their tensors change from call to call (a ``mask_mod``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 import triton
 
 from . import configs, launch
-from ._checks import check_qkv, check_scale
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
 from .common import tma_scratch
 from .dropout import Dropout
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
-from .rules import Rules, parse_rules
+from .rules import Rules
 
 # The forward that serves a call on Hopper, per (head dim, causal), in bands of N_q: the first band whose limit the
 # call's N_q does not pass names it, v7 or a Gluon stage (the same in float16 and bfloat16). From N_q = 2048 on, each
@@ -196,17 +194,16 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
-def choose_route(q, k, v, rules: Rules, *, block_mask: BlockMask | None = None, forward_version: str | None = None,
-                 backward_version: str | None = None, props: configs.DeviceProps | None = None,
+def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, block_mask: BlockMask | None = None,
+                 forward_version: str | None = None, backward_version: str | None = None,
                  triton_version: str | None = None) -> Route:
-    """The kernels a checked call runs, and why: the one decision every entry point asks. ``props`` and
-    ``triton_version`` default to q's device and the installed Triton (a test passes an H200's)."""
+    """The kernels a checked call runs on the device of ``props``, and why: the one decision every entry point
+    asks. ``triton_version`` defaults to the installed Triton (a test passes another)."""
     if forward_version is not None and forward_version not in FORWARD_VERSIONS:
         raise ValueError(f"unknown forward version {forward_version!r}: expected one of {sorted(FORWARD_VERSIONS)}")
     if backward_version is not None and backward_version not in BACKWARD_VERSIONS:
         raise ValueError(f"unknown backward version {backward_version!r}: expected one of "
                          f"{sorted(BACKWARD_VERSIONS)}")
-    props = configs.device_props(q.device) if props is None else props
     if forward_version is not None:
         forward, forward_why = forward_version, f"asked for (forward_version={forward_version!r})"
     else:
@@ -251,16 +248,15 @@ class Plan:
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
         # Dropout's seed changes every call, so its launches are never prepared.
         self._repeat = (cacheable and repeatable(q) and launch.LaunchCache().enabled and rules.dropout_p is None)
-        self._allocator = tma_scratch(q.device) if self._needs_scratch(q, k, v) else None
+        self._allocator = None  # set by plan_for where v7 builds TMA descriptors (needs_descriptors)
         self._forward_launch = None
         self._gluon = None  # hopper/fa3.py's ForwardPlan
         self._backward_launches: dict = {}  # (do's strides, do aligned) -> (preprocess, dK/dV, dQ) launches
 
-    def _needs_scratch(self, q, k, v) -> bool:
-        """v7 builds TMA descriptors in a global scratch on Hopper: Triton's allocator (per thread) must be set."""
-        if self.route.gluon or not self._forward_version.needs_descriptors:
-            return False
-        return descriptors_usable(configs.device_props(q.device), q, k, v)
+    @property
+    def needs_descriptors(self) -> bool:
+        """Whether the forward is v7 (or another version) that may build TMA descriptors."""
+        return not self.route.gluon and self._forward_version.needs_descriptors
 
     def forward(self, q, k, v, rules: Rules, block_mask: BlockMask | None, dropout: Dropout | None = None):
         """(o, lse) of this call; ``dropout`` (its probability and seed) where the rules have a dropout_p."""
@@ -331,93 +327,32 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def layout_key(q, k, v) -> tuple:
-    """What Triton specialises the kernels on, and what the checks read, for q, k and v: shapes, strides, dtypes,
-    devices and whether each address is 16-byte aligned (``launch.layout_key`` written out for three tensors: it is
-    on every call). The device is the ``torch.device`` itself: ``get_device()`` is -1 for the CPU and for a meta
-    tensor alike, so a meta call once found a CPU call's plan and skipped the check that refuses it."""
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0)
-
-
-class Call(NamedTuple):
-    """One attention call, normalised: the frozen description every entry point (``flash_attention``, the
-    forward, the backward, ``explain``, the ``torch.library`` ops) makes of its arguments, and the key of its plan
-    in :data:`PLANS`.
-
-    It holds everything the checks read (shapes, strides, dtypes, devices, alignment, the options as checked)
-    and nothing else, so the checks are a function of it: a call whose description is already a key passed them
-    when that plan was made, and a cache hit can never skip a check that would have failed (a failed check keeps
-    no plan). A NamedTuple, not a dataclass: it is built on every call, and a tuple is the cheapest frozen record
-    to build and hash. Calls whose rules carry tensors (ALiBi slopes, document ids, a block mask) or a
-    ``mask_mod`` have no description kept: they are checked in full every time. A new option is one more field
-    (with its check in :func:`plan_for`)."""
-
-    layout: tuple  # layout_key(q, k, v)
-    causal: str | None
-    window: tuple[int, int] | None
-    softcap: float | None
-    scale: float | int | None  # as given; None is 1/sqrt(D)
-    enable_gqa: bool
-    forward_version: str | None
-    backward_version: str | None
-    dropout_p: float | None = None  # checked: None or in (0, 1); the seed is per call, never in the description
-
-
-def check_gqa(q, k, enable_gqa) -> None:
-    """Fewer K/V heads than query heads only when asked for, as SDPA and FlexAttention require."""
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa is {enable_gqa!r}: expected True or False")
-    if not enable_gqa and q.shape[1] != k.shape[1]:
-        raise ValueError(f"q has {q.shape[1]} heads and k has {k.shape[1]}: grouped-query attention must be asked "
-                         "for, as in F.scaled_dot_product_attention: pass enable_gqa=True (query head h then reads "
-                         f"K/V head h // {q.shape[1] // max(k.shape[1], 1)})")
-
-
-def check_block_mask(block_mask: BlockMask | None, q, k) -> None:
-    """Before the call's rules are parsed, so that a block mask of other shapes is named as the cause."""
-    if block_mask is not None:
-        block_mask.check_call(q, k)
-
-
-_DESCRIBED_SCALES = frozenset((float, int, type(None)))
-
-
-def plan_for(q, k, v, *, causal=False, window=None, softcap=None, alibi_slopes=None, document_ids=None,
-             mask_mod=None, block_mask=None, scale=None, enable_gqa=False, forward_version=None,
-             backward_version=None, dropout_p=0.0) -> tuple[Plan, Rules]:
-    """The front door: the plan and the checked rules of a call. The call is described once (:class:`Call`:
-    its options parsed, its layout read); a description already in :data:`PLANS` is a call that passed every
-    check, and gets its plan at once. Any other call is checked in full, and its plan kept under its description
-    when its rules hold no tensor."""
-    call = None
-    # True == 1 == 1.0 as keys: a bool scale or a non-bool enable_gqa (refused by the checks) must never find the
-    # plan of a valid call, so only these types are described; anything else is checked in full.
-    if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
-            and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
-        try:
-            rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
-            # A Call's fields as a plain tuple, which hashes and compares equal to the Call kept under them: a
-            # NamedTuple's own constructor is a Python call, several times the cost of the tuple, on every call.
-            call = (layout_key(q, k, v), rules.causal, rules.window, rules.softcap, scale, enable_gqa,
-                    forward_version, backward_version, rules.dropout_p)
-            plan = PLANS.plans.get(call)
-        except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
-            call = None
-        else:
-            if plan is not None:
-                return plan, rules
-    check_qkv(q, k, v)
-    check_gqa(q, k, enable_gqa)
-    check_block_mask(block_mask, q, k)
-    rules = parse_rules(q, k, causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-                        document_ids=document_ids, mask_mod=mask_mod, dropout_p=dropout_p)
-    route = choose_route(q, k, v, rules, block_mask=block_mask, forward_version=forward_version,
-                         backward_version=backward_version)
-    plan = Plan(route, q, k, v, rules, scale=check_scale(scale), cacheable=call is not None)
+def plan_for(described, q, k, v) -> Plan:
+    """The plan of a checked, described call (``call.Described``, from the front door): the one its description
+    found in :data:`PLANS`, or, the first time, its route (:func:`choose_route`) and launches, kept under its
+    description when it has one (its rules hold no tensor). Under ``torch.compile`` the op's body describes the
+    call itself and comes here with no plan and no device properties: they are read here (tracing could not)."""
+    if described.plan is not None:
+        return described.plan
+    call = described.call
     if call is not None:
-        PLANS.put(Call._make(call), plan)
-    return plan, rules
+        plan = PLANS.plans.get(call)
+        if plan is not None:
+            return plan
+    # The front door read the device's properties; under torch.compile the op's body comes here without them
+    # (tracing cannot ask the device), and they are read here.
+    props = described.props if described.props is not None else configs.device_props(q.device)
+    route = choose_route(q, k, v, described.rules, props=props, block_mask=described.block_mask,
+                         forward_version=described.forward_version, backward_version=described.backward_version)
+    scale = None if described.scale is None else float(described.scale)  # checked by the front door
+    plan = Plan(route, q, k, v, described.rules, scale=scale, cacheable=call is not None)
+    if call is not None:
+        PLANS.put(call, plan)
+    # Last, the one thing another module is asked: v7 builds TMA descriptors in a global scratch on Hopper, and
+    # Triton's allocator (per thread) must then be set before each launch.
+    if plan.needs_descriptors and descriptors_usable(props, q, k, v):
+        plan._allocator = tma_scratch(q.device)
+    return plan
 
 
 def without_tensors(rules: Rules) -> Rules:

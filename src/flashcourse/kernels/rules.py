@@ -36,7 +36,7 @@ import inspect
 import math
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -291,20 +291,37 @@ def _jit_source(mask_mod) -> str | None:
 
 def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, softcap=None, alibi_slopes=None,
                 document_ids=None, mask_mod=None, dropout_p=0.0) -> Rules:
-    """Check the variant options against q (B, H_q, N_q, D) and k (B, H_kv, N_k, D) and gather them.
+    """Check the variant options against q (B, H_q, N_q, D) and k (B, H_kv, N_k, D) and gather them: the
+    options that need no tensor (:func:`parse_options`), then those that do (:func:`with_call_tensors`)."""
+    options = parse_options(causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
+    return with_call_tensors(options, q, k, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                             mask_mod=mask_mod)
 
-    The plain call (every option None) returns a shared constant after four ``is None`` tests: it costs nothing.
-    """
-    if (window is None and softcap is None and alibi_slopes is None and document_ids is None and mask_mod is None
-            and type(dropout_p) is float and dropout_p == 0.0):
+
+def parse_options(*, causal=False, window=None, softcap=None, dropout_p=0.0) -> Rules:
+    """The options of a call that are plain values, checked (no tensor is read: the front door asks this first,
+    on every call, to describe the call). The plain call returns a shared constant after a few tests."""
+    if window is None and softcap is None and type(dropout_p) is float and dropout_p == 0.0:
         if causal is False:
             return DENSE
         if causal is True:
             return TOP_LEFT_CAUSAL
     return Rules(causal=causal_alignment(causal), window=check_window(window), softcap=check_softcap(softcap),
-                 alibi_slopes=check_alibi_slopes(alibi_slopes, q),
-                 document_ids=_document_ids(document_ids, q.shape[0], q.shape[2], k.shape[2], q.device),
-                 mask_mod=_mask_mod(mask_mod), dropout_p=check_dropout_p(dropout_p))
+                 dropout_p=check_dropout_p(dropout_p))
+
+
+def with_call_tensors(options: Rules, q: torch.Tensor, k: torch.Tensor, *, alibi_slopes=None, document_ids=None,
+                      mask_mod=None, varlen=(None, None, None, None)) -> Rules:
+    """``options`` (from :func:`parse_options`) with the rules that bring tensors or code, checked against q
+    (B, H_q, N_q, D) and k (B, H_kv, N_k, D): ALiBi slopes, document ids (or flash-attn's packed sequences,
+    ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), as document ids) and a ``mask_mod``."""
+    if varlen[0] is not None or varlen[1] is not None:
+        document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    if alibi_slopes is None and document_ids is None and mask_mod is None:
+        return options
+    return replace(options, alibi_slopes=check_alibi_slopes(alibi_slopes, q),
+                   document_ids=_document_ids(document_ids, q.shape[0], q.shape[2], k.shape[2], q.device),
+                   mask_mod=_mask_mod(mask_mod))
 
 
 def parse_mask_rules(batch: int | None, n_q: int, n_kv: int, device: torch.device, *, causal=False, window=None,

@@ -1,0 +1,256 @@
+"""The front door: every entry point of ``kernels/__init__.py`` hands its arguments here, and each call leaves
+checked and described, for the plan (``plan.py``) and the dispatch (``ops.py``) that follow.
+
+What a call goes through here, in this order (each step asks another module once, never one asked before, so a
+newcomer reads the path top to bottom, as Triton's tutorial 06 reads):
+
+1. the options spelled another way, which need no tensor: SDPA's ``is_causal``, a block mask's options;
+2. the description (:class:`Call`): q's, k's and v's layout and the scalar options, parsed (``rules.parse_options``).
+   It is the key of the call's plan in ``plan.PLANS``, the one plan cache, and it holds everything the checks
+   read, so a description already there belongs to a call that passed them: the checks below are skipped;
+3. any other call is checked in full: the tensors (``_checks.check_call``, which reads the device's properties
+   once, carried on to the plan), then the rules that hold tensors (``rules.with_call_tensors``: ALiBi slopes,
+   document ids or flash-attn's ``cu_seqlens``, a ``mask_mod``);
+4. the dropout seed of this call (``dropout.py``), where it has dropout;
+5. on to ``ops.py`` (or, for ``explain``, straight to the plan): the autograd Function eagerly, the
+   ``torch.library`` ops under ``torch.compile``.
+
+Calls whose rules hold tensors (ALiBi slopes, document ids, a block mask) or a ``mask_mod`` have no description
+kept: they are checked in full every time. Decode has the same door (:func:`decode`), with its own checks.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import _checks, configs, fp8, ops
+from .blockmask import BlockMask
+from .dropout import Dropout, draw_seed, seed_tensor
+from .plan import PLANS, plan_for
+from .rules import parse_options, with_call_tensors
+
+_is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
+
+
+class Call(NamedTuple):
+    """One attention call, normalised: the frozen description the front door makes of its arguments, and the key
+    of its plan in ``plan.PLANS``.
+
+    It holds everything the checks read (shapes, strides, dtypes, devices, alignment, the options as checked)
+    and nothing else, so the checks are a function of it: a call whose description is already a key passed them
+    when that plan was made, and a cache hit can never skip a check that would have failed (a failed check keeps
+    no plan). The device is the ``torch.device`` itself: ``get_device()`` is -1 for the CPU and a meta tensor
+    alike, so a meta call once found a CPU call's plan and skipped the check that refuses it. A NamedTuple, not a
+    dataclass: it is built on every call, and a tuple is the cheapest frozen record to build and hash (the hot
+    path builds the plain tuple of these fields, which hashes and compares equal to the Call kept under them).
+    A new option is one more field, with its check in :func:`describe`."""
+
+    layout: tuple  # (q, k, v)'s shapes, strides, dtypes, devices and 16-byte alignment: what Triton specialises on
+    causal: str | None
+    window: tuple[int, int] | None
+    softcap: float | None
+    scale: float | int | None  # as given; None is 1/sqrt(D)
+    enable_gqa: bool
+    forward_version: str | None
+    backward_version: str | None
+    dropout_p: float | None = None  # checked: None or in (0, 1); the seed is per call, never in the description
+
+
+# True == 1 == 1.0 as keys: a bool scale or a non-bool enable_gqa (refused by the checks) must never find the plan
+# of a valid call, so only these types are described; anything else is checked in full.
+_DESCRIBED_SCALES = frozenset((float, int, type(None)))
+
+
+class Described(NamedTuple):
+    """A checked attention call, as the plan and the dispatch take it: its description (None where no plan is
+    kept), its plan where the description found one, its rules (with their tensors), the device's properties (None
+    on a cache hit, whose plan read them, and while ``torch.compile`` traces), its block mask, scale and versions,
+    and its dropout (probability and seed) or None."""
+
+    call: tuple | None
+    plan: object  # plan.Plan or None
+    rules: object  # rules.Rules
+    props: configs.DeviceProps | None
+    block_mask: BlockMask | None
+    scale: float | int | None
+    enable_gqa: bool
+    forward_version: str | None
+    backward_version: str | None
+    dropout: Dropout | None
+
+
+def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+             enable_gqa, is_causal, forward_version, backward_version, varlen, dropout_p, seed, saved=None,
+             tracing=False) -> Described:
+    """Check and describe one attention call (the steps of this module's docstring). ``varlen``: (cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k); ``seed``: how the call's dropout gets its seed, a pair (how,
+    value): ("draw", None) a fresh one, ("given", the caller's or None to draw one) for a forward, ("saved", the
+    caller's, required) for a backward, ("none", None) none at all (``explain``: nothing runs); ``saved``: a backward's (o, lse, do); ``tracing``: under ``torch.compile``, where the device cannot be
+    asked (the op's fake implementation checks the tensors instead)."""
+    if is_causal is not None:
+        causal = _sdpa_causal(causal, is_causal)
+    if block_mask is not None:
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
+                                                                     mask_mod)
+    options = parse_options(causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
+    call = plan = None
+    if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
+            and varlen[0] is None and varlen[1] is None and not tracing
+            and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
+        try:
+            # layout, then the options: Call's fields, written out (a call of a function costs more than this)
+            call = ((q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                     q.device, k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0,
+                     v.data_ptr() % 16 == 0), options.causal, options.window, options.softcap, scale, enable_gqa,
+                    forward_version, backward_version, options.dropout_p)
+            plan = PLANS.plans.get(call)
+        except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
+            call = None
+    props = None
+    if saved is not None or plan is None:
+        props = _checks.check_call(q, k, v, enable_gqa=enable_gqa, scale=scale, block_mask=block_mask, saved=saved,
+                                   described=plan is not None, tracing=tracing)
+    rules = options if plan is not None else with_call_tensors(
+        options, q, k, alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod, varlen=varlen)
+    dropout = None
+    if rules.dropout_p is not None and seed is not _NO_SEED:
+        how, value = seed
+        if how == "saved" and value is None:
+            raise ValueError(f"dropout_p is {rules.dropout_p} but dropout_seed is None: the backward regenerates the "
+                             "forward's mask from its seed, so pass the dropout_seed given to "
+                             "flash_attention_forward (or use flash_attention, which keeps it)")
+        dropout = Dropout(rules.dropout_p, draw_seed(q.device) if value is None else seed_tensor(value, q.device))
+    if call is not None and plan is None:
+        call = Call._make(call)
+    return Described(call, plan, rules, props, block_mask, scale, enable_gqa, forward_version, backward_version,
+                     dropout)
+
+
+def _sdpa_causal(causal, is_causal):
+    """``is_causal``, SDPA's spelling, as ``causal``; both given and different is an error."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal is {is_causal!r}: expected True or False, as in "
+                        "F.scaled_dot_product_attention (causal= also takes 'top_left' and 'bottom_right')")
+    if causal is False or causal is None:
+        return is_causal
+    if not (is_causal and (causal is True or causal == "top_left")):
+        raise ValueError(f"causal={causal!r} and is_causal={is_causal} disagree: is_causal is SDPA's spelling of "
+                         "causal (is_causal=True is causal='top_left'); pass one of them")
+    return causal
+
+
+def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask is a {type(block_mask).__module__}.{type(block_mask).__name__}: expected a "
+                        "flashcourse.kernels.BlockMask from kernels.create_block_mask(...) (FlexAttention's "
+                        "BlockMask holds other tiles)")
+    options = block_mask.call_options(causal=causal, window=window, document_ids=document_ids, mask_mod=mask_mod)
+    return options["causal"], options["window"], options["document_ids"], options["mask_mod"]
+
+
+def _outside_graph(entry, *tensors, **options):
+    """``entry(*tensors, **options)`` run eagerly (a graph break): a ``mask_mod`` or ``block_mask`` call under
+    torch.compile, which no op schema can carry. Only reached while compiling, so ``torch.compiler.disable`` (which
+    imports torch._dynamo, about a second and a half) is asked here, not at import."""
+    return torch.compiler.disable(entry)(*tensors, **options)
+
+
+def attention_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+              enable_gqa, is_causal, return_lse, forward_version, backward_version, cu_seqlens_q, cu_seqlens_k,
+              max_seqlen_q, max_seqlen_k, dropout_p):
+    """``kernels.flash_attention``: described here, then dispatched by ``ops.dispatch_attention``."""
+    tracing = _is_compiling()
+    if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
+        return _outside_graph(attention_call, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                              alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                              block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                              return_lse=return_lse, forward_version=forward_version,
+                              backward_version=backward_version, cu_seqlens_q=cu_seqlens_q,
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                              dropout_p=dropout_p)
+    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                         forward_version=forward_version, backward_version=backward_version,
+                         varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
+                         seed=_DRAW, tracing=tracing)
+    return ops.dispatch_attention(q, k, v, described, return_lse=return_lse, tracing=tracing)
+
+
+_DRAW = ("draw", None)  # a fresh seed for each call with dropout
+_NO_SEED = ("none", None)  # explain: dropout is part of the route, but nothing runs
+
+
+def forward_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+                      enable_gqa, is_causal, version, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q,
+                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
+    """``kernels.flash_attention_forward``: FP8 inputs to ``fp8.py``'s own kernel and checks, the rest described
+    here and dispatched by ``ops.dispatch_forward``."""
+    if getattr(q, "dtype", None) is fp8.FP8:
+        for name, value in (("block_mask", block_mask), ("cu_seqlens_q", cu_seqlens_q),
+                            ("cu_seqlens_k", cu_seqlens_k)):
+            if value is not None:
+                raise ValueError(f"{name} is given, but the FP8 forward runs plain and causal attention only: drop "
+                                 "it, or pass 16-bit inputs")
+        if dropout_p != 0.0:
+            raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
+                             "16-bit inputs")
+        return fp8.flash_attention_forward_fp8(
+            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
+            causal=causal if is_causal is None else _sdpa_causal(causal, is_causal), scale=scale, window=window,
+            softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+            version=version)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
+        raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
+                         f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
+    tracing = _is_compiling()
+    if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
+        return _outside_graph(forward_call, q, k, v, causal=causal, scale=scale, window=window,
+                              softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                              mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                              version=version, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                              out_dtype=out_dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
+                              dropout_seed=dropout_seed)
+    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal, forward_version=version,
+                         backward_version=None, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                         dropout_p=dropout_p, seed=("given", dropout_seed), tracing=tracing)
+    return ops.dispatch_forward(q, k, v, described, tracing=tracing)
+
+
+def backward_call(q, k, v, o, lse, do, *, causal, scale, window, softcap, alibi_slopes, document_ids,
+                       mask_mod, block_mask, enable_gqa, is_causal, version, cu_seqlens_q, cu_seqlens_k,
+                       max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
+    """``kernels.flash_attention_backward``."""
+    tracing = _is_compiling()
+    if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
+        return _outside_graph(backward_call, q, k, v, o, lse, do, causal=causal, scale=scale, window=window,
+                              softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                              mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                              version=version, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
+                              dropout_seed=dropout_seed)
+    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal, forward_version=None,
+                         backward_version=version, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                         dropout_p=dropout_p, seed=("saved", dropout_seed), saved=(o, lse, do), tracing=tracing)
+    return ops.dispatch_backward(q, k, v, o, lse, do, described, tracing=tracing)
+
+
+def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+            enable_gqa, is_causal, forward_version, backward_version, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, dropout_p):
+    """``kernels.explain``: the route of the call's plan, nothing launched."""
+    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                         forward_version=forward_version, backward_version=backward_version,
+                         varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
+                         seed=_NO_SEED)
+    return plan_for(described, q, k, v).route
