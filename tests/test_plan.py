@@ -75,7 +75,9 @@ def t(*shape, dtype=torch.float16):
 
 def route(q, k, v, *, triton_version="3.6.0", props=H200, block_mask=None, **options):
     rules = parse_rules(q, k, **options)
-    return plan.choose_route(q, k, v, rules, props=props, block_mask=block_mask, triton_version=triton_version)
+    lacks = rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
+    return plan.choose_route(q, k, v, rules, props=props, lacks=lacks, block_mask=block_mask,
+                             triton_version=triton_version)
 
 
 @pytest.mark.parametrize(("head_dim", "stages"), [(128, ("v8d", "v8f")), (64, ("v8f", "v8a")), (256, ("v8d", "v8d"))])

@@ -65,13 +65,15 @@ _DESCRIBED_SCALES = frozenset((float, int, type(None)))
 
 class Described(NamedTuple):
     """A checked attention call, as the plan and the dispatch take it: its description (None where no plan is
-    kept), its plan where the description found one, its rules (with their tensors), the device's properties (None
+    kept), its plan where the description found one, its rules (with their tensors) and what of them the
+    numbered versions lack (``Rules.missing_in_numbered_version``: the backward's route), the device's properties (None
     on a cache hit, whose plan read them, and while ``torch.compile`` traces), its block mask, scale and versions,
     and its dropout (probability and seed) or None."""
 
     call: tuple | None
     plan: object  # plan.Plan or None
     rules: object  # rules.Rules
+    lacks: str | None  # what the numbered versions (b1 ...) cannot do for this call; read only where plan is None
     props: configs.DeviceProps | None
     block_mask: BlockMask | None
     scale: float | int | None
@@ -112,8 +114,11 @@ def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_
     if saved is not None or plan is None:
         props = _checks.check_call(q, k, v, enable_gqa=enable_gqa, scale=scale, block_mask=block_mask, saved=saved,
                                    described=plan is not None, tracing=tracing)
-    rules = options if plan is not None else with_call_tensors(
-        options, q, k, alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod, varlen=varlen)
+    rules, lacks = options, None
+    if plan is None:
+        rules = with_call_tensors(options, q, k, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                                  mask_mod=mask_mod, varlen=varlen)
+        lacks = rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
     dropout = None
     if rules.dropout_p is not None and seed is not _NO_SEED:
         how, value = seed
@@ -124,7 +129,7 @@ def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_
         dropout = Dropout(rules.dropout_p, draw_seed(q.device) if value is None else seed_tensor(value, q.device))
     if call is not None and plan is None:
         call = Call._make(call)
-    return Described(call, plan, rules, props, block_mask, scale, enable_gqa, forward_version, backward_version,
+    return Described(call, plan, rules, lacks, props, block_mask, scale, enable_gqa, forward_version, backward_version,
                      dropout)
 
 
@@ -253,4 +258,4 @@ def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
                          forward_version=forward_version, backward_version=backward_version,
                          varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
                          seed=_NO_SEED)
-    return plan_for(described, q, k, v).route
+    return plan_for(described, q, k, v, described.props, described.lacks).route

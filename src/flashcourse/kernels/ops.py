@@ -31,6 +31,7 @@ from typing import Optional
 
 import torch
 
+from . import configs
 from ._checks import check_qkv
 from .dropout import Dropout
 from .plan import plan_for
@@ -41,8 +42,8 @@ class _OpCall:
     compiler traced): the description is the op's own key in ``plan.PLANS``, so a compiled call's plan is made once
     too, and the device's properties are read by ``plan.plan_for`` (tracing could not read them)."""
 
-    __slots__ = ("call", "plan", "rules", "props", "block_mask", "scale", "enable_gqa", "forward_version",
-                 "backward_version", "dropout")
+    __slots__ = ("call", "plan", "rules", "lacks", "props", "block_mask", "scale", "enable_gqa",
+                 "forward_version", "backward_version", "dropout")
 
     def __init__(self, q, k, v, rules: Rules, scale, enable_gqa, forward_version, backward_version, dropout):
         cacheable = rules.alibi_slopes is None and rules.document_ids is None
@@ -50,7 +51,7 @@ class _OpCall:
                       q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0), rules.causal,
                      rules.window, rules.softcap, scale, enable_gqa, forward_version, backward_version,
                      rules.dropout_p) if cacheable else None
-        self.plan = self.props = self.block_mask = None
+        self.plan = self.lacks = self.props = self.block_mask = None  # props None: asked by _plan_of
         self.rules, self.scale, self.enable_gqa, self.dropout = rules, scale, enable_gqa, dropout
         self.forward_version, self.backward_version = forward_version, backward_version
 
@@ -65,12 +66,23 @@ def _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left, window_ri
     return _OpCall(q, k, v, rules, scale, enable_gqa, forward_version, backward_version, dropout)
 
 
-def attention_forward_impl(q, k, v, described) -> tuple:
-    """(plan, o, lse): the one forward, eager or compiled. The plan is the one the description found, else
-    ``plan.plan_for``'s."""
+def _plan_of(described, q, k, v):
+    """The call's plan: the one its description found, else ``plan.plan_for``'s. An op's body under
+    ``torch.compile`` comes without the device's properties, which tracing could not read, and without what the
+    numbered versions lack: asked here, at run time."""
     plan = described.plan
-    if plan is None:
-        plan = plan_for(described, q, k, v)
+    if plan is not None:
+        return plan
+    props, lacks = described.props, described.lacks
+    if props is None:
+        props = configs.device_props(q.device)
+        lacks = described.rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
+    return plan_for(described, q, k, v, props, lacks)
+
+
+def attention_forward_impl(q, k, v, described) -> tuple:
+    """(plan, o, lse): the one forward, eager or compiled."""
+    plan = _plan_of(described, q, k, v)
     o, lse = plan.forward(q, k, v, described.rules, described.block_mask, described.dropout)
     return plan, o, lse
 
@@ -78,9 +90,7 @@ def attention_forward_impl(q, k, v, described) -> tuple:
 def attention_backward_impl(q, k, v, o, lse, do, described, dlse=None) -> tuple:
     """(dq, dk, dv): the one backward, eager or compiled, from the forward's (o, lse); ``dlse``, the lse's gradient
     where a loss used it, or None."""
-    plan = described.plan
-    if plan is None:
-        plan = plan_for(described, q, k, v)
+    plan = _plan_of(described, q, k, v)
     return plan.backward(q, k, v, o, lse, do, described.rules, described.block_mask, described.dropout, dlse=dlse)
 
 
@@ -193,9 +203,9 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi_s
                       forward_version: Optional[str], backward_version: Optional[str], lse_grad: bool = False,
                       dropout_p: float = 0.0, dropout_seed: Optional[torch.Tensor] = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    _, o, lse = attention_forward_impl(q, k, v, _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left,
-                                                         window_right, softcap, scale, enable_gqa, forward_version,
-                                                         backward_version, dropout_p, dropout_seed))
+    described = _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale,
+                         enable_gqa, forward_version, backward_version, dropout_p, dropout_seed)
+    _, o, lse = attention_forward_impl(q, k, v, described)
     return o, lse
 
 
@@ -216,9 +226,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: tor
                        scale: Optional[float], enable_gqa: bool, backward_version: Optional[str],
                        dlse: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                        dropout_seed: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = attention_backward_impl(q, k, v, o, lse, do, _op_call(
-        q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale, enable_gqa, None,
-        backward_version, dropout_p, dropout_seed), dlse)
+    described = _op_call(q, k, v, alibi_slopes, document_ids, causal, window_left, window_right, softcap, scale,
+                         enable_gqa, None, backward_version, dropout_p, dropout_seed)
+    dq, dk, dv = attention_backward_impl(q, k, v, o, lse, do, described, dlse)
     # The fake promises q's, k's and v's strides (a compiler may check them); b2, b4 and b5 build dq contiguous.
     if dq.stride() != q.stride():
         dq = torch.empty_like(q).copy_(dq)

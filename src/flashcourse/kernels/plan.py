@@ -194,11 +194,13 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
-def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, block_mask: BlockMask | None = None,
-                 forward_version: str | None = None, backward_version: str | None = None,
-                 triton_version: str | None = None) -> Route:
+def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, lacks: str | None,
+                 block_mask: BlockMask | None = None, forward_version: str | None = None,
+                 backward_version: str | None = None, triton_version: str | None = None) -> Route:
     """The kernels a checked call runs on the device of ``props``, and why: the one decision every entry point
-    asks. ``triton_version`` defaults to the installed Triton (a test passes another)."""
+    asks. ``lacks``: what of the call the numbered versions cannot do (``Rules.missing_in_numbered_version``, asked
+    by the front door), None for nothing; ``triton_version`` defaults to the installed Triton (a test passes
+    another)."""
     if forward_version is not None and forward_version not in FORWARD_VERSIONS:
         raise ValueError(f"unknown forward version {forward_version!r}: expected one of {sorted(FORWARD_VERSIONS)}")
     if backward_version is not None and backward_version not in BACKWARD_VERSIONS:
@@ -213,11 +215,10 @@ def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, block_mas
     if backward_version is not None:
         backward, backward_why = backward_version, f"asked for (backward_version={backward_version!r})"
     else:
-        missing = rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
-        if missing is None and block_mask is None:
+        if lacks is None and block_mask is None:
             backward, backward_why = DENSE_BACKWARD, "the call needs none of b3's options, and b1 is faster"
         else:
-            backward, backward_why = DEFAULT_BACKWARD, f"b3 runs every option ({missing or 'block mask'})"
+            backward, backward_why = DEFAULT_BACKWARD, f"b3 runs every option ({lacks or 'block mask'})"
     return Route(forward, backward, forward_why, backward_why)
 
 
@@ -327,11 +328,12 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def plan_for(described, q, k, v) -> Plan:
+def plan_for(described, q, k, v, props: configs.DeviceProps, lacks: str | None) -> Plan:
     """The plan of a checked, described call (``call.Described``, from the front door): the one its description
     found in :data:`PLANS`, or, the first time, its route (:func:`choose_route`) and launches, kept under its
-    description when it has one (its rules hold no tensor). Under ``torch.compile`` the op's body describes the
-    call itself and comes here with no plan and no device properties: they are read here (tracing could not)."""
+    description when it has one (its rules hold no tensor). ``props`` and ``lacks``: the device's properties and
+    what of the call the numbered versions lack, which the front door asked (under ``torch.compile``, the op's
+    body)."""
     if described.plan is not None:
         return described.plan
     call = described.call
@@ -339,11 +341,9 @@ def plan_for(described, q, k, v) -> Plan:
         plan = PLANS.plans.get(call)
         if plan is not None:
             return plan
-    # The front door read the device's properties; under torch.compile the op's body comes here without them
-    # (tracing cannot ask the device), and they are read here.
-    props = described.props if described.props is not None else configs.device_props(q.device)
-    route = choose_route(q, k, v, described.rules, props=props, block_mask=described.block_mask,
-                         forward_version=described.forward_version, backward_version=described.backward_version)
+    route = choose_route(q, k, v, described.rules, props=props, lacks=lacks,
+                         block_mask=described.block_mask, forward_version=described.forward_version,
+                         backward_version=described.backward_version)
     scale = None if described.scale is None else float(described.scale)  # checked by the front door
     plan = Plan(route, q, k, v, described.rules, scale=scale, cacheable=call is not None)
     if call is not None:
