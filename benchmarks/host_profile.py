@@ -9,7 +9,8 @@ call takes on an H200:
 - every ``kernel[grid](**kwargs)`` counts one *full* launch, runs Triton's own argument binding for a CUDA target
   (``JITFunction.run`` up to the driver call: bind, specialise, build the cache key) and returns a stand-in for
   the compiled kernel that ``kernels/launch.py`` accepts; launching that stand-in counts one *cached* launch;
-- the launch caches' keys are computed as on a GPU (their ``_launch_key`` without the test for a CUDA device).
+- the plan and launch caches' keys are computed as on a GPU (forward's ``_launch_key`` and the front door's
+  ``_decode_key`` without the test for a CUDA device).
 
 What it cannot see: the driver launch itself (Triton's C launcher packing the arguments, ``cuLaunchKernel``), the
 CUDA caching allocator (a CUDA ``torch.empty`` costs more than a CPU one) and the GPU. So the totals are a floor of
@@ -110,18 +111,19 @@ def full_launch(kernel, grid):
 
 
 def gpu_launch_keys() -> None:
-    """Recompile forward's and decode's ``_launch_key`` without their CUDA-only test, so that CPU tensors take the
-    cached path a GPU's repeat call takes. Refuses when the test is gone (the source changed: update this)."""
+    """Recompile forward's ``_launch_key`` and the front door's ``_decode_key`` without their CUDA-only test, so that
+    CPU tensors take the cached path a GPU's repeat call takes. Refuses when the test is gone (the source changed:
+    update this)."""
     test = 'q.device.type != "cuda"'
-    for module in (forward, decode):
-        source = textwrap.dedent(inspect.getsource(module._launch_key))
+    for module, name in ((forward, "_launch_key"), (call, "_decode_key")):
+        source = textwrap.dedent(inspect.getsource(getattr(module, name)))
         if test not in source:
-            raise SystemExit(f"{module.__name__}._launch_key no longer contains {test!r}: update gpu_launch_keys")
+            raise SystemExit(f"{module.__name__}.{name} no longer contains {test!r}: update gpu_launch_keys")
         # compile() inherits this file's `from __future__ import annotations`: annotations stay unevaluated
         code = compile(source.replace(test, "False"), module.__file__, "exec")
         namespace: dict = {}
         exec(code, module.__dict__, namespace)  # the module's globals: layout_key, Rules...
-        module._launch_key = namespace["_launch_key"]
+        setattr(module, name, namespace[name])
 
 
 def as_on_an_h200() -> None:

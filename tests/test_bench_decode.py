@@ -128,12 +128,12 @@ def test_newest_launch_reads_what_the_plan_launched(monkeypatch):
     keys a tile, warps, stages, whole tiles unmasked, and the splits."""
     from types import SimpleNamespace
 
-    from flashcourse.kernels import decode, plan
+    from flashcourse.kernels import plan
 
     older = SimpleNamespace(num_splits=1, launches=None, split_args={})
     newest = SimpleNamespace(num_splits=33, launches=None,
                              split_args={"BLOCK_N": 128, "num_warps": 4, "num_stages": 3, "MASK_TAIL_ONLY": False})
-    monkeypatch.setattr(decode, "_Plan", SimpleNamespace)  # the one plan cache holds attention plans too
+    monkeypatch.setattr(plan, "DecodePlan", SimpleNamespace)  # the one plan cache holds attention plans too
     monkeypatch.setattr(plan.PLANS, "plans", {"older": older, "attention": object(), "newest": newest})
     assert decode_bench._newest_launch() == {
         "num_splits": 33, "launch": {"block_n": 128, "num_warps": 4, "num_stages": 3, "mask_tail_only": False}}

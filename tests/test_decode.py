@@ -219,9 +219,9 @@ def test_the_kernel_clamps_lengths_it_was_not_checked_on(rng, monkeypatch, page_
     """A call that reuses a kept plan does not read a GPU tensor's lengths again; the kernel clamps them to
     0 .. N_max, so a length past the cache reads this sequence's rows alone: two splits of 32 keys cover 64
     rows of a 40-row cache (48 in pages), and a window would start past the cache."""
-    from flashcourse.kernels import decode
+    from flashcourse.kernels import _checks
 
-    monkeypatch.setattr(decode, "check_lengths", lambda *args: None)  # as on a kept plan's later calls
+    monkeypatch.setattr(_checks, "check_lengths", lambda *args: None)  # as on a kept plan's later calls
     q, k, v = make(rng, 3, 4, 2, 40, 16, torch.float32)
     cache, n_max = {"k_cache": k, "v_cache": v}, 40
     if page_size is not None:
@@ -238,12 +238,12 @@ def test_the_kernel_clamps_lengths_it_was_not_checked_on(rng, monkeypatch, page_
 def test_a_kept_plan_checks_list_lengths_and_clamps_tensor_lengths(rng, monkeypatch):
     """The GPU's path on the CPU: plans kept by key. The second call reuses the first's plan (no second
     check of the inputs); a list's lengths are still checked; a tensor's, changed in place, are clamped."""
-    from flashcourse.kernels import decode
+    from flashcourse.kernels import call
 
     made = []
-    first_call = decode._first_call
-    monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout",))
-    monkeypatch.setattr(decode, "_first_call", lambda *args: made.append(1) or first_call(*args))
+    first_call = call.decode_plan_for
+    monkeypatch.setattr(call, "_decode_key", lambda *args: ("one layout",))
+    monkeypatch.setattr(call, "decode_plan_for", lambda *args: made.append(1) or first_call(*args))
     monkeypatch.setattr(plan.PLANS, "plans", {})
     q, k, v = make(rng, 2, 4, 2, 32, 16, torch.float32)
     lens = torch.tensor([32, 9], dtype=torch.int32, device=DEVICE)
@@ -287,7 +287,7 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
 
     from triton.runtime.interpreter import InterpretedFunction
 
-    from flashcourse.kernels import decode
+    from flashcourse.kernels import call, decode
     from flashcourse.kernels.launch import LaunchCache
 
     interpreted = InterpretedFunction.__getitem__
@@ -315,7 +315,7 @@ def test_a_repeat_call_replays_its_plans_prepared_launches(rng, monkeypatch, num
         return run
 
     monkeypatch.setattr(InterpretedFunction, "__getitem__", full_launch)
-    monkeypatch.setattr(decode, "_launch_key", lambda *args: ("one layout", args[-1]))  # kept, as on a GPU
+    monkeypatch.setattr(call, "_decode_key", lambda *args: ("one layout", args[-1]))  # kept, as on a GPU
     monkeypatch.setattr(plan.PLANS, "plans", {})
     monkeypatch.setattr(decode, "_LAUNCHES", LaunchCache())
     for step in range(2):
@@ -748,17 +748,17 @@ def test_a_call_takes_the_default_switches_and_fills_in_what_it_leaves(rng, monk
     """On an H200 (its properties, the kernels in the interpreter) the FP8 cache's plan gets two programs per SM
     and the float16 cache's one; whole tiles run unmasked exactly for V stored keys-adjacent; a DecodeSwitches
     with a field left None gets that field chosen as by default."""
-    from flashcourse.kernels import configs, decode
+    from flashcourse.kernels import configs
 
     monkeypatch.setattr(configs, "device_props", lambda device: configs.KNOWN_DEVICES["H200"])
     planned = []
-    make_plan = decode._Plan.__init__
+    make_plan = plan.DecodePlan.__init__
 
     def record(self, *args, **kwargs):
-        planned.append(args[-1])  # the switches, the plan's last argument
+        planned.append(args[-3])  # the switches, before the padded head dim and the products' precision
         make_plan(self, *args, **kwargs)
 
-    monkeypatch.setattr(decode._Plan, "__init__", record)
+    monkeypatch.setattr(plan.DecodePlan, "__init__", record)
     q, k8, v8, options, k_true, v_true = fp8_cache(rng, 8, 2, None, "as_given")
     lens = options["cache_seqlens"].tolist()
     for v, switches in ((v8, None), (v_keys_adjacent(v8), None), (v8, DecodeSwitches(mask_tail_only=True)),

@@ -236,9 +236,9 @@ def test_a_value_equal_to_a_kept_one_is_still_checked(rng, bad):
 def test_decode_keeps_no_plan_for_options_equal_to_valid_ones(options, keyable):
     """Decode's key holds its options as given (plans are kept on a GPU): True == 1 == 1.0, so a bool or a float
     window must not find the plan of a valid call (they are refused in full instead)."""
-    from flashcourse.kernels.decode import keyable_options
+    from flashcourse.kernels.call import _describable_decode
 
-    assert keyable_options(options + (None, None, None, None)) is keyable
+    assert _describable_decode(options + (None, None, None, None)) is keyable
 
 
 def test_reference_agrees_on_the_mean_of_v():

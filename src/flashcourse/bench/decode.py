@@ -447,9 +447,9 @@ def _newest_launch() -> dict:
     """Splits, launch and compiled resources of the plan ``flash_decode`` made last (its split kernel as Triton
     compiled it on this GPU): ``launch`` (keys a tile, warps, stages, whole tiles unmasked), registers a thread,
     spilled bytes, shared memory, and how many programs an SM holds."""
-    from flashcourse.kernels import decode, plan
+    from flashcourse.kernels import plan
 
-    kept = [kept for kept in plan.PLANS.plans.values() if isinstance(kept, decode._Plan)]
+    kept = [kept for kept in plan.PLANS.plans.values() if isinstance(kept, plan.DecodePlan)]
     if not kept:  # plans are kept on a GPU only
         return {}
     plan = kept[-1]

@@ -50,7 +50,7 @@ from . import backward, call, configs, forward, fp8, ops  # noqa: E402, F401
 from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402, F401
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402, F401
 from .blockmask import BlockMask  # noqa: E402
-from .decode import flash_decode, quantize_kv_cache  # noqa: E402
+from .decode import DecodeSwitches, quantize_kv_cache  # noqa: E402
 from .dropout import draw_seed, dropout_mask, seed_tensor  # noqa: E402, F401
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402, F401
 from .plan import Route  # noqa: E402
@@ -442,3 +442,89 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
         is_causal=is_causal, forward_version=forward_version, backward_version=backward_version,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
         dropout_p=dropout_p)
+
+
+def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
+                 k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
+                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 switches: DecodeSwitches | None = None, causal: bool = True):
+    """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
+    length.
+
+    Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
+    second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
+    token still spreads over every SM, where a FlashAttention forward would give it one program per
+    (batch, head). A call that needs one split (a short cache, or many sequences and heads) writes its output
+    directly: one launch. Several new tokens (speculative decoding's drafts to verify, a chunk of a long prompt)
+    are extra rows of the same programs: every K/V tile is read once for all of a sequence's new tokens and the
+    query heads that share its K/V head.
+
+    Args:
+        q: (B, H_q, D), one new token per sequence, or (B, H_q, n_new, D), n_new new tokens per sequence whose
+            keys and values are already written at the end of the cache (positions seqlen - n_new .. seqlen - 1,
+            as flash-attn's ``flash_attn_with_kvcache`` has them after appending); float16, bfloat16 (compute
+            capability 8.0+) or float32;
+            D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
+            the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
+        k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
+            capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
+            (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
+            be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
+        cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size), or the
+            keys in use per sequence, the new tokens' own keys included (flash-attn's convention): a (B,) int32
+            tensor on q's device, an int for every sequence, or a list or tuple of B ints (copied to q's device
+            on each call). A sequence of length 0 gives o = 0. Each length must lie in 0 .. N_max
+            (max_blocks * page_size for a paged cache) and, with n_new new tokens, be 0 or at least n_new, else a
+            ValueError. Lengths given as a list
+            are checked on every call; a tensor's values are read once, when a call first meets its shapes and
+            options (reading a GPU tensor waits for the GPU, so not on every call), and on every call the
+            kernel clamps each length to 0 .. N_max: a length changed in place past the cache reads the whole
+            cache, never another sequence's rows.
+        block_table: None (default: contiguous cache) or (B, max_blocks) int32, each sequence's pages in
+            order. ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows); the table is
+            read once per page, by tiles that never straddle a page edge.
+        scale: the factor on q.k; None (default) means 1/sqrt(D); inf and NaN are refused.
+        num_splits: pieces of the cache length; None (default) gives about one program per SM.
+        k_scale, v_scale: None (default, a 16-bit cache) or, for a float8_e4m3fn cache, (B, H_kv) float32: the
+            true K of sequence b, KV head h is ``k_cache * k_scale[b, h]`` (for a paged cache, on every page of
+            b's block-table row), V likewise; :func:`quantize_kv_cache` makes the cache and its scales. The
+            kernel reads one byte per element and widens it to q's dtype in registers (exact); k_scale joins
+            the score scale, v_scale multiplies the output.
+        window: None (default) or (left, right), -1 = unbounded: a new token at position p (``seqlen - 1`` for
+            the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
+            token); only the windows' keys are read, the splits share out the windows, not the cache.
+        softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
+        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (p - j) for the token at
+            position p.
+        block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
+            None (default) takes ``configs.decode_config``'s.
+        switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
+            a :class:`DecodeSwitches`, the split kernel's options beyond its tiles, for tuning; its None fields
+            are chosen as by default.
+        causal: True (default): bottom-right causal among the new tokens, new token t (0-based) of a sequence
+            of length L sees keys 0 .. L - n_new + t, the last one the whole sequence (flash-attn's
+            ``causal=True``, aligned to the bottom right); False: every new token sees all L keys (flash-attn's
+            default). With one new token the two are the same.
+
+    ``cache_leftpad`` (flash-attn's first real key of each sequence) is not taken: every sequence's keys start at
+    row 0 of its cache row or first page. Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
+
+    Returns:
+        o: q's shape, (B, H_q, D) or (B, H_q, n_new, D), and q's dtype.
+
+    Example::
+
+        k_cache, v_cache = (torch.randn(4, 2, 8192, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+        q = torch.randn(4, 16, 128, device="cuda", dtype=torch.float16)  # 8 query heads per K/V head
+        lengths = torch.tensor([8192, 100, 5000, 1], device="cuda", dtype=torch.int32)
+        o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
+        o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
+        drafts = torch.randn(4, 16, 5, 128, device="cuda", dtype=torch.float16)  # 5 tokens, keys already cached
+        o5 = flash_decode(drafts, k_cache, v_cache, cache_seqlens=[8192, 105, 5005, 5])  # (4, 16, 5, 128)
+    """
+    return call.decode_call(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, scale=scale,
+        num_splits=num_splits, k_scale=k_scale, v_scale=v_scale, window=window, softcap=softcap,
+        alibi_slopes=alibi_slopes, block_n=block_n, num_warps=num_warps, num_stages=num_stages, switches=switches,
+        causal=causal)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
-import operator
+from typing import NamedTuple
 
 import torch
 
+from ..validation import check_window
 from . import configs
+from .decode import DecodeSwitches
+from .rules import check_alibi_slopes, check_softcap
 
 # Any head dim in 8 .. 256 (flash-attn's range). The kernels tile the head dim at the next power of two >= 16
 # (padded_head_dim: 40 and 59 -> 64, 72, 80, 96 and 111 -> 128, 160 to 256 -> 256) and mask the columns past it
@@ -247,12 +250,18 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: move it to q's device")
     check_head_dim(head_dim)
     check_device(q, "q")
-    check_dtype(q, "q")
     if k_cache.device != q.device or v_cache.device != q.device:
         raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")
     _check_cache_scales(q, k_cache, k_scale, v_scale)
-    if kv_fp8:
+
+
+def check_decode_dtypes(q, k_cache) -> configs.DeviceProps:
+    """What a decode call's device can run (after :func:`check_decode_inputs`): q's dtype, and an FP8 cache's
+    conversion; returns the device's properties, which these checks read."""
+    props = check_dtype(q, "q")
+    if k_cache.dtype == FP8:
         check_fp8_cache_device(k_cache, "k_cache")
+    return props
 
 
 def _check_cache_scales(q, k_cache, k_scale, v_scale) -> None:
@@ -274,21 +283,6 @@ def _check_cache_scales(q, k_cache, k_scale, v_scale) -> None:
                              "head), as quantize_kv_cache returns it")
         if s.device != q.device:
             raise ValueError(f"{name} is on {s.device}, q on {q.device}: move it with {name}.to(q.device)")
-
-
-def host_lengths(lengths, batch: int) -> list[int]:
-    """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
-    floats and other types are refused (int32 would truncate them)."""
-    try:
-        values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
-                  else [operator.index(n) for n in lengths])
-    except TypeError:
-        raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
-                        "or a (B,) int32 tensor") from None
-    for b, n in enumerate(values):  # before they become an int32 tensor, whose overflow error names no argument
-        if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
-            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
-    return values
 
 
 def check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
@@ -314,3 +308,85 @@ def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size:
                                  f"(k_cache.shape[0] = {num_pages} pages); sequence {b} reads this slot (its "
                                  "length reaches it), and a page outside the cache would read memory that is not "
                                  "the cache")
+
+
+def check_new_tokens(lengths: list[int], n_new: int) -> None:
+    """Each length counts the new tokens, whose keys are already in the cache (flash-attn's ``cache_seqlens``):
+    a sequence with keys holds at least ``n_new`` of them. A length of 0 (no keys at all) gives o = 0."""
+    for b, n in enumerate(lengths):
+        if 0 < n < n_new:
+            raise ValueError(f"cache_seqlens[{b}] = {n} but q has n_new = {n_new} new tokens: a length counts the new "
+                             "tokens too (their keys are written into the cache before the call, as in flash-attn's "
+                             f"flash_attn_with_kvcache), so it must be at least {n_new} (or 0 for an empty sequence)")
+
+
+def check_decode_options(num_splits, block_n, switches, causal) -> None:
+    """The launch options a decode call may force, whole numbers in range, its switches and ``causal``."""
+    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name} is {value!r}: expected an int >= {least} or None (chosen per call)")
+    if block_n is not None and block_n & (block_n - 1):
+        raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+    if switches is not None:
+        if not isinstance(switches, DecodeSwitches):
+            raise TypeError(f"switches is a {type(switches).__name__}: expected a DecodeSwitches (or None)")
+        programs = switches.programs_per_sm
+        if programs is not None and (not isinstance(programs, int) or isinstance(programs, bool) or programs < 1):
+            raise ValueError(f"programs_per_sm = {programs!r}: expected an int, at least 1 (or None: chosen per "
+                             "call)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal is {causal!r}: expected True (each new token sees the cache up to its own "
+                        "position, bottom-right aligned) or False (every new token sees the whole cache)")
+
+
+class DecodeChecked(NamedTuple):
+    """What the checks of a decode call leave for its plan: the scale as given (checked; None is 1/sqrt(D)), the
+    window's left reach (None: unbounded), the softcap, the keys a sequence can reach (``n_max``), whether the
+    cache is paged, the lengths' values where known (given on the host, or read once here), the padded head dim
+    the products' precision (:func:`dot_precision`) and the device's properties."""
+
+    scale: float | None
+    window_left: int | None
+    softcap: float | None
+    n_max: int
+    paged: bool
+    lengths: list[int] | None
+    block_d: int
+    dot_precision: str
+    props: configs.DeviceProps
+
+
+def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None, kept=None,
+                      capturing: bool = False) -> DecodeChecked | None:
+    """Every check of a decode call (``tensors`` and ``options`` in ``flash_decode``'s order; ``lengths``: the
+    lengths given on the host). A call whose description found its plan (``kept``, a ``plan.DecodePlan``) checks
+    only the host lengths, which the description does not hold. Otherwise everything, and the lengths' and pages'
+    values once (reading a GPU tensor waits for the GPU, so once per plan; not at all while a CUDA graph is
+    captured, ``capturing``): the kernel clamps each length on every call, so a length changed in place past the
+    cache reads the whole cache, never another sequence's rows."""
+    q = tensors[0]
+    if kept is not None:
+        check_lengths(lengths, kept.n_max, kept.paged)
+        check_new_tokens(lengths, 1 if q.dim() == 3 else q.shape[2])
+        return None
+    q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+    scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    window = check_window(window)
+    check_decode_options(num_splits, block_n, switches, causal)
+    n_new = 1 if q.dim() == 3 else q.shape[2]
+    paged = block_table is not None
+    n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    if lengths is None and cache_seqlens is not None and not capturing:
+        lengths = cache_seqlens.tolist()  # read once here; the kernel clamps on every call
+    if lengths is not None:
+        check_lengths(lengths, n_max, paged)
+    check_new_tokens(lengths if lengths is not None else [n_max] * q.shape[0], n_new)
+    if paged and not capturing:  # read once per plan, as the lengths
+        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
+    window_left = window[0] if window is not None and window[0] >= 0 else None
+    scale, softcap = check_scale(scale), check_softcap(softcap)
+    block_d, precision = padded_head_dim(q.shape[-1]), dot_precision(q.dtype)
+    props = check_decode_dtypes(q, k_cache)  # the checks that ask the device, last
+    check_alibi_slopes(alibi_slopes, q)
+    return DecodeChecked(scale, window_left, softcap, n_max, paged, lengths, block_d, precision, props)

@@ -21,6 +21,7 @@ kept: they are checked in full every time. Decode has the same door (:func:`deco
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -28,7 +29,7 @@ import torch
 from . import _checks, configs, fp8, ops
 from .blockmask import BlockMask
 from .dropout import Dropout, draw_seed, seed_tensor
-from .plan import PLANS, plan_for
+from .plan import PLANS, decode_plan_for, plan_for
 from .rules import parse_options, with_call_tensors
 
 _is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
@@ -89,8 +90,9 @@ def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_
     """Check and describe one attention call (the steps of this module's docstring). ``varlen``: (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k); ``seed``: how the call's dropout gets its seed, a pair (how,
     value): ("draw", None) a fresh one, ("given", the caller's or None to draw one) for a forward, ("saved", the
-    caller's, required) for a backward, ("none", None) none at all (``explain``: nothing runs); ``saved``: a backward's (o, lse, do); ``tracing``: under ``torch.compile``, where the device cannot be
-    asked (the op's fake implementation checks the tensors instead)."""
+    caller's, required) for a backward, ("none", None) none at all (``explain``: nothing runs); ``saved``: a
+    backward's (o, lse, do); ``tracing``: under ``torch.compile``, where the device cannot be asked (the op's fake
+    implementation checks the tensors instead)."""
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
     if block_mask is not None:
@@ -259,3 +261,98 @@ def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
                          varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
                          seed=_NO_SEED)
     return plan_for(described, q, k, v, described.props, described.lacks).route
+
+
+def decode_call(q, k_cache, v_cache, *, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale, window,
+                softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal):
+    """``kernels.flash_decode``: lengths given on the host made a tensor, then the op while ``torch.compile``
+    traces, else :func:`decode_eager`."""
+    lengths = None
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.
+        lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
+        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
+    if not _is_compiling():
+        return decode_eager(tensors, options, lengths)
+    return ops.decode_in_graph(tensors, options)  # one op in the graph: tracing our Python (and Triton's) fails
+
+
+def decode_eager(tensors: tuple, options: tuple, lengths: list[int] | None = None) -> torch.Tensor:
+    """A decode call run eagerly (also the body of the ``flashcourse::decode`` op): its description (the key of
+    its plan, on a GPU) looked up in ``plan.PLANS``; a call found there checks only the lengths given on the host
+    (``lengths``), which the description does not hold, and launches its plan; any other call is checked in full
+    (``_checks.check_decode_call``, the lengths' and pages' values read once) and planned (``plan.decode_plan_for``).
+    """
+    q = tensors[0]
+    keys = ()
+    plan = None
+    key = _decode_key(*tensors, options)
+    if key is not None:
+        try:
+            plan = PLANS.plans.get(key)
+        except TypeError:  # an unhashable option (a window given as a list): no plan kept for this call
+            key = None
+    if plan is None and key is not None:
+        # A one-token call, q (B, H_q, D), is planned as its (B, H_q, 1, D) view, whose key finds the plan too.
+        keys = (key, _decode_key(q.unsqueeze(2), *tensors[1:], options)) if q.dim() == 3 else (key,)
+    if plan is None or lengths is not None:
+        checked = _checks.check_decode_call(tensors, options, lengths, kept=plan, capturing=_capturing(q))
+    if plan is None:
+        return decode_plan_for(keys, tensors, options, checked)
+    return plan.run(tensors)
+
+
+def _capturing(q) -> bool:
+    """Whether a CUDA graph is being captured on q's device: its calls run later, so no value can be read now."""
+    return isinstance(q, torch.Tensor) and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _describable_decode(options: tuple) -> bool:
+    """Whether a decode call's options can stand in its plan's key: True == 1 == 1.0 as keys, so a bool where a
+    number goes (refused by the checks) or a window of floats would find the plan of a valid call and skip the
+    check that refuses it. Such calls keep no plan and are checked in full."""
+    scale, num_splits, window, softcap = options[:4]
+    if scale.__class__ is bool or num_splits.__class__ is bool or softcap.__class__ is bool:
+        return False
+    return window is None or (window.__class__ is tuple and len(window) == 2 and window[0].__class__ is int
+                              and window[1].__class__ is int)
+
+
+def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
+    """A decode call's description, its plan's key (None on the interpreter, whose calls are not kept): every
+    tensor's layout (shape, strides, dtype, device, 16-byte alignment: what Triton specialises on), None for an
+    absent one, and every option. An argument that is not a tensor gives None too: the checks then say what was
+    expected. Written out flat, as the attention call's: it is built on every call (the device as
+    ``get_device()``, an int: only CUDA calls are kept, so no other device can share one)."""
+    if not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not _describable_decode(options):
+        return None
+    try:
+        key = ("decode", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(),
+               q.dtype, k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
+               q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, options)
+        if (cache_seqlens is None and block_table is None and k_scale is None and v_scale is None
+                and alibi_slopes is None):
+            return key
+        return key + tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
+                           for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes))
+    except AttributeError:
+        return None
+
+
+def host_lengths(lengths, batch: int) -> list[int]:
+    """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
+    floats and other types are refused (int32 would truncate them)."""
+    try:
+        values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
+                  else [operator.index(n) for n in lengths])
+    except TypeError:
+        raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
+                        "or a (B,) int32 tensor") from None
+    for b, n in enumerate(values):  # before they become an int32 tensor, whose overflow error names no argument
+        if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
+            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
+    return values
+
+

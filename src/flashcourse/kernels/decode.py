@@ -8,10 +8,11 @@ merge rule of lesson 02 (``reference.merge_partials``), applied to all splits at
     lse = log(sum_s exp(lse_s)),    o = sum_s exp(lse_s - lse) * o_s;   empty splits have lse_s = -inf.
 With one split there is nothing to merge: the split kernel writes o itself, and the call is one launch.
 
-The host path works out once what a call's layouts and options decide (a ``_Plan``: checks, launch, splits,
-the kernels' arguments) and keeps it by those layouts and options; a repeat call on a GPU only allocates its
-output and launches, as FlashInfer's ``plan`` / ``run`` split. Under ``torch.compile`` the call is one custom op,
-``flashcourse::decode``.
+This module holds the kernels and their launches. The host path is the attention path's: ``flash_decode`` is
+checked and described by the front door (``call.py``), its plan (``plan.DecodePlan``: launch, splits, the kernels'
+arguments) is made once and kept in the one plan cache, and a repeat call on a GPU only allocates its output and
+launches, as FlashInfer's ``plan`` / ``run`` split. Under ``torch.compile`` the call is one custom op,
+``flashcourse::decode`` (``ops.py``).
 
 Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
 tile is read from memory once for the whole group (the bytes that bound decoding). A sliding window reads
@@ -36,37 +37,21 @@ from: the FP8 cache's candidates, timed on the H200 by ``benchmarks/gpu_decode_f
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from . import configs
-from ._checks import (
-    check_decode_inputs,
-    check_lengths,
-    check_pages,
-    check_scale,
-    dot_precision,
-    host_lengths,
-    padded_head_dim,
-)
 from .common import (
-    LOG2E,
     LOG2E_IN_KERNEL,
     NO_KEY_YET,
-    default_scale,
     modified_scores,
     normalise_rows,
     online_softmax_update,
-    strides,
 )
 from .launch import LaunchCache
-from .plan import PLANS
-from .rules import check_alibi_slopes, check_softcap, check_window
-from .stepdown import launch_fitting
 
 FP8 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
@@ -95,26 +80,15 @@ def default_switches(props: configs.DeviceProps, block_d: int, elem_bytes: int, 
                           mask_tail_only=v_keys_adjacent)
 
 
-def _check_switches(switches) -> DecodeSwitches | None:
-    if switches is None:
-        return None
-    if not isinstance(switches, DecodeSwitches):
-        raise TypeError(f"switches is a {type(switches).__name__}: expected a DecodeSwitches (or None)")
-    programs = switches.programs_per_sm
-    if programs is not None and (not isinstance(programs, int) or isinstance(programs, bool) or programs < 1):
-        raise ValueError(f"programs_per_sm = {programs!r}: expected an int, at least 1 (or None: chosen per call)")
-    return switches
-
-
-def _resolve_switches(switches, default: DecodeSwitches) -> DecodeSwitches:
-    """``switches`` (None, or a DecodeSwitches whose None fields are left to us), completed from ``default``."""
-    switches = _check_switches(switches)
+def resolve_switches(switches: DecodeSwitches | None, default: DecodeSwitches) -> DecodeSwitches:
+    """``switches`` (None, or a checked DecodeSwitches whose None fields are left to us), completed from
+    ``default``."""
     if switches is None:
         return default
     return DecodeSwitches(*(chosen if mine is None else mine for mine, chosen in zip(switches, default, strict=True)))
 
 
-def _is_keys_adjacent(v_cache: torch.Tensor) -> bool:
+def is_keys_adjacent(v_cache: torch.Tensor) -> bool:
     """Whether V is stored with each head's keys adjacent (stride 1 along the keys, not along D)."""
     return v_cache.stride(2) == 1 and v_cache.stride(3) != 1
 
@@ -299,375 +273,31 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
              o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
-def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
-                 k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
-                 block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 switches: DecodeSwitches | None = None, causal: bool = True):
-    """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
-    length.
-
-    Each program reads one piece ("split") of the cache and keeps a partial output and its log-sum-exp; a
-    second small kernel merges the partials (the (m, l) merge of ``reference.merge_partials``). So a single
-    token still spreads over every SM, where a FlashAttention forward would give it one program per
-    (batch, head). A call that needs one split (a short cache, or many sequences and heads) writes its output
-    directly: one launch. Several new tokens (speculative decoding's drafts to verify, a chunk of a long prompt)
-    are extra rows of the same programs: every K/V tile is read once for all of a sequence's new tokens and the
-    query heads that share its K/V head.
-
-    Args:
-        q: (B, H_q, D), one new token per sequence, or (B, H_q, n_new, D), n_new new tokens per sequence whose
-            keys and values are already written at the end of the cache (positions seqlen - n_new .. seqlen - 1,
-            as flash-attn's ``flash_attn_with_kvcache`` has them after appending); float16, bfloat16 (compute
-            capability 8.0+) or float32;
-            D any head dim from 8 to 256 (tiled at the next power of two >= 16, the rest masked: no copy of
-            the cache; outside the range a ValueError, where flash-attn raises a RuntimeError).
-        k_cache, v_cache: q's dtype, or both float8_e4m3fn (with ``k_scale`` and ``v_scale``; compute
-            capability 8.9+ or the CPU interpreter), on q's device. Contiguous cache: (B, H_kv, N_max, D). Paged cache:
-            (num_blocks, H_kv, page_size, D), pages shared by all sequences, with ``block_table``. H_q must
-            be a multiple of H_kv (grouped-query attention: query head h reads K/V head h // (H_q // H_kv)).
-        cache_seqlens: None (default: every sequence uses all N_max keys, or max_blocks * page_size), or the
-            keys in use per sequence, the new tokens' own keys included (flash-attn's convention): a (B,) int32
-            tensor on q's device, an int for every sequence, or a list or tuple of B ints (copied to q's device
-            on each call). A sequence of length 0 gives o = 0. Each length must lie in 0 .. N_max
-            (max_blocks * page_size for a paged cache) and, with n_new new tokens, be 0 or at least n_new, else a
-            ValueError. Lengths given as a list
-            are checked on every call; a tensor's values are read once, when a call first meets its shapes and
-            options (reading a GPU tensor waits for the GPU, so not on every call), and on every call the
-            kernel clamps each length to 0 .. N_max: a length changed in place past the cache reads the whole
-            cache, never another sequence's rows.
-        block_table: None (default: contiguous cache) or (B, max_blocks) int32, each sequence's pages in
-            order. ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows); the table is
-            read once per page, by tiles that never straddle a page edge.
-        scale: the factor on q.k; None (default) means 1/sqrt(D); inf and NaN are refused.
-        num_splits: pieces of the cache length; None (default) gives about one program per SM.
-        k_scale, v_scale: None (default, a 16-bit cache) or, for a float8_e4m3fn cache, (B, H_kv) float32: the
-            true K of sequence b, KV head h is ``k_cache * k_scale[b, h]`` (for a paged cache, on every page of
-            b's block-table row), V likewise; :func:`quantize_kv_cache` makes the cache and its scales. The
-            kernel reads one byte per element and widens it to q's dtype in registers (exact); k_scale joins
-            the score scale, v_scale multiplies the output.
-        window: None (default) or (left, right), -1 = unbounded: a new token at position p (``seqlen - 1`` for
-            the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
-            token); only the windows' keys are read, the splits share out the windows, not the cache.
-        softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
-        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (p - j) for the token at
-            position p.
-        block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
-            None (default) takes ``configs.decode_config``'s.
-        switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
-            a :class:`DecodeSwitches`, the split kernel's options beyond its tiles, for tuning; its None fields
-            are chosen as by default.
-        causal: True (default): bottom-right causal among the new tokens, new token t (0-based) of a sequence
-            of length L sees keys 0 .. L - n_new + t, the last one the whole sequence (flash-attn's
-            ``causal=True``, aligned to the bottom right); False: every new token sees all L keys (flash-attn's
-            default). With one new token the two are the same.
-
-    ``cache_leftpad`` (flash-attn's first real key of each sequence) is not taken: every sequence's keys start at
-    row 0 of its cache row or first page. Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
-
-    Returns:
-        o: q's shape, (B, H_q, D) or (B, H_q, n_new, D), and q's dtype.
-
-    Example::
-
-        k_cache, v_cache = (torch.randn(4, 2, 8192, 128, device="cuda", dtype=torch.float16) for _ in range(2))
-        q = torch.randn(4, 16, 128, device="cuda", dtype=torch.float16)  # 8 query heads per K/V head
-        lengths = torch.tensor([8192, 100, 5000, 1], device="cuda", dtype=torch.int32)
-        o = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths)  # (4, 16, 128)
-        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)  # half the bytes to read (sm_89+)
-        o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
-        drafts = torch.randn(4, 16, 5, 128, device="cuda", dtype=torch.float16)  # 5 tokens, keys already cached
-        o5 = flash_decode(drafts, k_cache, v_cache, cache_seqlens=[8192, 105, 5005, 5])  # (4, 16, 5, 128)
-    """
-    lengths = None
-    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
-        # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.
-        lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
-        cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
-    options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
-    if torch.compiler.is_compiling():  # one op in the graph: tracing our Python (and the interpreter's) fails
-        window_left, window_right = _window_pair(window)
-        return torch.ops.flashcourse.decode(*tensors, scale, num_splits, window_left, window_right, softcap,
-                                            block_n, num_warps, num_stages, causal, *_switch_fields(switches))
-    return _decode(tensors, options, lengths)
-
-
-def _capturing(q: torch.Tensor) -> bool:
-    """Whether a CUDA graph is being captured on q's device: its calls run later, so no value can be read now."""
-    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _window_pair(window) -> tuple[int, int]:
-    """A checked window as the op's two ints, (-1, -1) for none."""
-    window = check_window(window)
-    return window if window is not None else (-1, -1)
-
-
-def _decode(tensors: tuple, options: tuple, lengths: list[int] | None = None) -> torch.Tensor:
-    """The eager call: look up the plan for this call's description (its key: kept on a GPU, in the one plan
-    cache ``plan.PLANS``), else check everything and make one; then launch it. The key holds everything the
-    checks read but the values of the lengths and the pages: lengths given on the host are checked on every call
-    (no GPU wait), a table's pages whenever the table is read (:func:`_first_call`)."""
-    q = tensors[0]
-    key = _launch_key(*tensors, options)
-    try:
-        plan = PLANS.plans.get(key) if key is not None else None
-    except TypeError:  # an unhashable option (a window given as a list): no plan kept for this call
-        key, plan = None, None
-    one_token = isinstance(q, torch.Tensor) and q.dim() == 3
-    if plan is None:
-        if not one_token:
-            return _first_call(key, tensors, options, lengths)
-        # One new token: planned as the call with q (B, H_q, 1, D), a view. Its plan is also kept under the 3-D
-        # call's key, so a repeat call launches it on q and an o of q's shape, with no view made either way (each
-        # costs microseconds of host time a call): the kernels index row 0 of the new-token axis only.
-        view = (q.unsqueeze(2), *tensors[1:])
-        o = _decode(view, options, lengths).squeeze(2)
-        planned = PLANS.plans.get(_launch_key(*view, options)) if key is not None else None
-        if planned is not None:
-            PLANS.put(key, planned)
-        return o
-    if lengths is not None:
-        check_lengths(lengths, plan.n_max, plan.paged)
-        check_new_tokens(lengths, 1 if one_token else q.shape[2])
-    return plan.run(tensors)
-
-
-def check_new_tokens(lengths: list[int], n_new: int) -> None:
-    """Each length counts the new tokens, whose keys are already in the cache (flash-attn's ``cache_seqlens``):
-    a sequence with keys holds at least ``n_new`` of them. A length of 0 (no keys at all) gives o = 0."""
-    for b, n in enumerate(lengths):
-        if 0 < n < n_new:
-            raise ValueError(f"cache_seqlens[{b}] = {n} but q has n_new = {n_new} new tokens: a length counts the new "
-                             "tokens too (their keys are written into the cache before the call, as in flash-attn's "
-                             f"flash_attn_with_kvcache), so it must be at least {n_new} (or 0 for an empty sequence)")
-
-
-def _check_options(num_splits, block_n) -> None:
-    """The launch options a caller may force: whole numbers, in range."""
-    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise ValueError(f"{name} is {value!r}: expected an int >= {least} or None (chosen per call)")
-    if block_n is not None and block_n & (block_n - 1):
-        raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
-
-
-def _first_call(key, tensors: tuple, options: tuple, lengths: list[int] | None) -> torch.Tensor:
-    """Check a call's inputs, choose its launch and splits, launch it, and keep the plan under ``key``."""
-    q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
-    scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
-    window = check_window(window)
-    softcap = check_softcap(softcap)
-    check_alibi_slopes(alibi_slopes, q)
-    _check_options(num_splits, block_n)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal is {causal!r}: expected True (each new token sees the cache up to its own "
-                        "position, bottom-right aligned) or False (every new token sees the whole cache)")
-    n_new, head_dim = q.shape[2], q.shape[3]
-    scale = default_scale(head_dim, check_scale(scale))
-    paged = block_table is not None
-    n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-    if lengths is None and cache_seqlens is not None and not _capturing(q):
-        lengths = cache_seqlens.tolist()  # read once here; the kernel clamps on every call
-    if lengths is not None:
-        check_lengths(lengths, n_max, paged)
-    check_new_tokens(lengths if lengths is not None else [n_max] * q.shape[0], n_new)
-    if paged and not _capturing(q):  # read once per plan, as the lengths
-        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
-    block_d = padded_head_dim(head_dim)
-    props = configs.device_props(q.device)
-    fp8_cache = k_cache.dtype == FP8
-    switches = _resolve_switches(switches, default_switches(props, block_d, q.element_size(), fp8_cache=fp8_cache,
-                                                            v_keys_adjacent=_is_keys_adjacent(v_cache)))
-    candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=fp8_cache)
-    if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
-        first = candidates[0]
-        candidates = (configs.KernelConfig(first.block_m, block_n or first.block_n, num_warps or first.num_warps,
-                                           num_stages or first.num_stages),)
-    window_left = window[0] if window is not None and window[0] >= 0 else None
-
-    def make_and_run(cfg):
-        plan = _Plan(cfg, tensors, n_max, scale, num_splits, window_left, softcap, props, key, causal, switches)
-        return plan, plan.run(tensors)
-
-    plan, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype, switches), candidates, make_and_run,
-                             f"flash_decode at head dim {head_dim}")
-    if key is not None:
-        PLANS.put(key, plan)
-    return o
-
-
-class _Plan:
-    """What a decode call's layouts and options decide, worked out once: the launch, the splits, the grids and
-    every kernel argument that is not one of the call's tensors. ``run`` then allocates the outputs and
-    launches: the split kernel alone when there is one split (it writes o), else the split kernel and the
-    combine kernel."""
-
-    __slots__ = ("key", "n_max", "paged", "empty", "num_splits", "part_shape", "split_grid", "split_args",
-                 "combine_grid", "combine_args", "launches")
-
-    def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
-                 window_left, softcap, props: configs.DeviceProps, key, causal: bool, switches: DecodeSwitches):
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
-        batch, h_q, n_new, head_dim = q.shape
-        h_kv = k_cache.shape[1]
-        block_d = padded_head_dim(head_dim)
-        block_n = cfg.block_n
-        self.key, self.n_max, self.paged = key, n_max, block_table is not None
-        self.empty = batch * h_q * n_new == 0
-        span = n_max  # keys the splits cover at most
-        if window_left is not None:  # the windows' keys; paged tiles start on a BLOCK_N boundary, up to
-            span = min(n_max, window_left + n_new - 1 + (block_n if self.paged else 1))  # block_n - 1 keys before
-        if num_splits is None:  # about programs_per_sm programs an SM (decode_num_splits aims at one)
-            num_splits = configs.decode_num_splits(replace(props, num_sms=props.num_sms * switches.programs_per_sm),
-                                                   batch * h_kv, span, block_n)
-        num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
-        split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
-        self.num_splits = num_splits
-        self.part_shape = (batch, h_q, n_new, num_splits, block_d)  # O_PART; LSE_PART is its first four dims
-        o = torch.empty_like(q)  # as run() allocates it: its strides are q's layout's
-        rows = h_q // h_kv * n_new  # a program's query rows: the group's heads times the new tokens, in tiles of
-        block_rows = max(16, min(triton.next_power_of_2(rows), max(64, triton.next_power_of_2(h_q // h_kv))))
-        self.split_grid = (num_splits, batch * h_kv, triton.cdiv(rows, block_rows))  # at most 64 (or one group)
-        self.split_args = dict(
-            qk_scale=scale * LOG2E,
-            **strides(q, "q"), **strides(o, "o"), **strides(k_cache, "k"),
-            **strides(v_cache, "v"),
-            stride_bt_b=block_table.stride(0) if self.paged else 0,
-            stride_bt_p=block_table.stride(1) if self.paged else 0,
-            H_KV=h_kv, N_MAX=n_max, N_NEW=n_new, SPLIT_LEN=split_len, NUM_SPLITS=num_splits,
-            WINDOW_LEFT=window_left or 0, softcap2=(softcap or 1.0) * LOG2E,
-            GROUP=h_q // h_kv, BLOCK_G=block_rows, HEAD_DIM=head_dim,
-            BLOCK_D=block_d, BLOCK_N=block_n, PAGED=self.paged, PAGE_SIZE=k_cache.shape[2] if self.paged else 1,
-            HAS_SEQLENS=cache_seqlens is not None, HAS_WINDOW=window_left is not None,
-            HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
-            DOT_PRECISION=dot_precision(q.dtype), KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
-            MASK_TAIL_ONLY=switches.mask_tail_only, ROW_MASKS=n_new > 1, CAUSAL=causal and n_new > 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        self.combine_grid = (batch * h_q * n_new,)
-        self.combine_args = dict(**strides(o, "o"), H_Q=h_q, N_NEW=n_new, NUM_SPLITS=num_splits,
-                                 HEAD_DIM=head_dim, BLOCK_D=block_d,
-                                 BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
-        self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
-
-    def run(self, tensors: tuple) -> torch.Tensor:
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
-        o = torch.empty_like(q)
-        if self.empty:
-            return o
-        direct = self.num_splits == 1
-        o_part = lse_part = o  # one split writes o itself: the partials' pointers are never read
-        if not direct:
-            o_part = q.new_empty(self.part_shape, dtype=torch.float32)
-            lse_part = q.new_empty(self.part_shape[:4], dtype=torch.float32)
-        if k_scale is not None:  # indexed b * H_kv + h in the kernel
-            k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
-        # In _NAMES' order; q stands in for an absent tensor (a pointer the kernel never reads).
-        launch = (q, k_cache, v_cache, q if block_table is None else block_table,
-                  q if cache_seqlens is None else cache_seqlens,
-                  q if alibi_slopes is None else alibi_slopes.contiguous(),
-                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
-        if self.launches is not None:  # a repeat call: no key to hash again, no argument to bind
-            for prepared in self.launches:
-                prepared(launch)
-            return o
-        self._launch(_decode_split_kernel, self.split_grid, self.split_args, _NAMES, launch, self.key)
-        if not direct:
-            self._launch(_decode_combine_kernel, self.combine_grid, self.combine_args, _COMBINE_NAMES, launch,
-                         (self.key, "combine"))
-        prepared = (_LAUNCHES.get(self.key),) + (() if direct else (_LAUNCHES.get((self.key, "combine")),))
-        if None not in prepared:  # remembered (a GPU whose Triton shows the convention, the cache on)
-            self.launches = prepared
-        return o
-
-    @staticmethod
-    def _launch(kernel, grid, args: dict, names: tuple, launch: tuple, key) -> None:
-        """A full launch (Triton binds every argument), remembered for the next call when ``key`` is set."""
-        kwargs = dict(args, **{name: launch[_NAMES.index(name)] for name in names})
-        compiled = kernel[grid](**kwargs)
-        _LAUNCHES.remember(key, kernel, compiled, grid, kwargs, _NAMES)
-
-
-# Plans live in the one plan cache, plan.PLANS, under keys that start with "decode"; their launches are cached
-# apart (launch.py says why). _NAMES are the per-call tensors' argument names, in the order _Plan.run passes them:
+# Decode's plans live in the one plan cache, plan.PLANS (plan.DecodePlan); their launches are cached apart
+# (launch.py says why). NAMES are the per-call tensors' argument names, in the order DecodePlan.run passes them:
 # the split kernel's first parameters, so that a prepared launch picks them in one step (launch._Launch).
 _LAUNCHES = LaunchCache()
-_NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART",
-          "OUT")
+NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART", "OUT")
 _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
-def keyable_options(options: tuple) -> bool:
-    """Whether a call's options can stand in its plan's key: True == 1 == 1.0 as keys, so a bool where a number goes
-    (refused by the checks) or a window of floats would find the plan of a valid call and skip the check that
-    refuses it. Such calls keep no plan and are checked in full."""
-    scale, num_splits, window, softcap = options[:4]
-    if scale.__class__ is bool or num_splits.__class__ is bool or softcap.__class__ is bool:
-        return False
-    return window is None or (window.__class__ is tuple and len(window) == 2 and window[0].__class__ is int
-                              and window[1].__class__ is int)
+def launch(split: tuple, combine: tuple | None, tensors: tuple, key) -> tuple:
+    """A decode call's full launches (Triton binds every argument) on ``tensors`` (in NAMES' order): the split
+    kernel, then the combine kernel unless ``combine`` is None (one split writes o itself); ``split`` and
+    ``combine`` are each (grid, the arguments that are not tensors). Each launch is remembered under ``key`` (the
+    combine kernel's under (key, "combine")) when ``key`` is set. Returns the prepared launches, None in place of
+    one not remembered (the interpreter, a Triton without the convention, the cache off)."""
+    _launch(_decode_split_kernel, *split, NAMES, tensors, key)
+    if combine is None:
+        return (_LAUNCHES.get(key),)
+    _launch(_decode_combine_kernel, *combine, _COMBINE_NAMES, tensors, (key, "combine"))
+    return _LAUNCHES.get(key), _LAUNCHES.get((key, "combine"))
 
 
-def _launch_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
-    """The plan's key (None on the interpreter, whose calls are not kept): every tensor's layout (shape, strides,
-    dtype, device, 16-byte alignment: what Triton specialises on), None for an absent one, and every option. An
-    argument that is not a tensor gives None too: the checks then say what was expected. Written out flat, as
-    ``plan.layout_key``: it is built on every call (the device as ``get_device()``, an int: only CUDA calls are
-    kept, so no other device can share one)."""
-    if not isinstance(q, torch.Tensor) or q.device.type != "cuda" or not keyable_options(options):
-        return None
-    try:
-        key = ("decode", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
-               k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
-               q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, options)
-        if (cache_seqlens is None and block_table is None and k_scale is None and v_scale is None
-                and alibi_slopes is None):
-            return key
-        return key + tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
-                           for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes))
-    except AttributeError:
-        return None
-
-
-# ------------------------------------------------------------------------------------------ torch.compile
-# ruff: noqa: UP045 (the op's schema is read from its annotations; typing.Optional is the spelling every torch
-# version's schema inference knows)
-@torch.library.custom_op("flashcourse::decode", mutates_args=())
-def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
-               block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
-               alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int],
-               window_left: int, window_right: int, softcap: Optional[float], block_n: Optional[int],
-               num_warps: Optional[int], num_stages: Optional[int], causal: bool = True,
-               programs_per_sm: Optional[int] = None, mask_tail_only: Optional[bool] = None) -> torch.Tensor:
-    """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
-    their two fields (None: chosen per call)."""
-    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
-    switches = (None if (programs_per_sm, mask_tail_only) == (None, None)
-                else DecodeSwitches(programs_per_sm, mask_tail_only))
-    return _decode(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal))
-
-
-def _switch_fields(switches) -> tuple:
-    """The op's two switch arguments for ``switches``: (None, None) for None."""
-    switches = _check_switches(switches)
-    return tuple(switches) if switches is not None else (None, None)
-
-
-@_decode_op.register_fake
-def _decode_op_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale,
-                    num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages,
-                    causal=True, programs_per_sm=None, mask_tail_only=None):
-    # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
-    # exist here; the kernel clamps them).
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
-    check_softcap(softcap)
-    check_alibi_slopes(alibi_slopes, q)
-    check_scale(scale)
-    _check_options(num_splits, block_n)
-    return torch.empty_like(q)
+def _launch(kernel, grid, args: dict, names: tuple, tensors: tuple, key) -> None:
+    kwargs = dict(args, **{name: tensors[NAMES.index(name)] for name in names})
+    compiled = kernel[grid](**kwargs)
+    _LAUNCHES.remember(key, kernel, compiled, grid, kwargs, NAMES)
 
 
 # ------------------------------------------------------------------------------------------ FP8 cache

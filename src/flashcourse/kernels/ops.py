@@ -31,11 +31,14 @@ from typing import Optional
 
 import torch
 
+from ..validation import check_window
 from . import configs
-from ._checks import check_qkv
+from ._checks import check_decode_dtypes, check_decode_inputs, check_decode_options, check_qkv, check_scale
+from .decode import DecodeSwitches
 from .dropout import Dropout
 from .plan import plan_for
-from .rules import Rules
+from .rules import Rules, check_alibi_slopes, check_softcap
+
 
 class _OpCall:
     """The ``call.Described`` an op's body makes of its flat arguments (the front door checked them while the
@@ -284,3 +287,50 @@ def _in_graph(q, k, v, described, lse_grad: bool = False):
     return attention_forward(q, k, v, *flat_rules(rules), scale, described.enable_gqa, described.forward_version,
                              described.backward_version, lse_grad, rules.dropout_p or 0.0,
                              None if dropout is None else dropout.seed)
+
+
+# ------------------------------------------------------------------------------------------ decode
+@torch.library.custom_op("flashcourse::decode", mutates_args=())
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+           block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
+           alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int], window_left: int,
+           window_right: int, softcap: Optional[float], block_n: Optional[int], num_warps: Optional[int],
+           num_stages: Optional[int], causal: bool = True, programs_per_sm: Optional[int] = None,
+           mask_tail_only: Optional[bool] = None) -> torch.Tensor:
+    """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
+    their two fields (None: chosen per call). Its body is the eager call's (``call.decode_eager``)."""
+    from .call import decode_eager  # call.py imports this module: the front door hands its calls here
+
+    window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    switches = (None if (programs_per_sm, mask_tail_only) == (None, None)
+                else DecodeSwitches(programs_per_sm, mask_tail_only))
+    return decode_eager(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches,
+                                  causal))
+
+
+@decode.register_fake
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale, num_splits,
+                 window_left, window_right, softcap, block_n, num_warps, num_stages, causal=True,
+                 programs_per_sm=None, mask_tail_only=None):
+    # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
+    # exist here; the kernel clamps them).
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    check_decode_dtypes(q, k_cache)
+    check_softcap(softcap)
+    check_alibi_slopes(alibi_slopes, q)
+    check_scale(scale)
+    check_decode_options(num_splits, block_n, None, causal)
+    return torch.empty_like(q)
+
+
+def decode_in_graph(tensors: tuple, options: tuple) -> torch.Tensor:
+    """``flash_decode`` as the compiler sees it: the ``flashcourse::decode`` op, its options checked here (the
+    tensors in the op's fake implementation)."""
+    scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
+    check_decode_options(num_splits, block_n, switches, causal)
+    window = check_window(window)
+    window_left, window_right = window if window is not None else (-1, -1)
+    programs_per_sm, mask_tail_only = switches if switches is not None else (None, None)
+    return decode(*tensors, scale, num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages,
+                  causal, programs_per_sm, mask_tail_only)

@@ -27,13 +27,14 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from . import configs, launch
+from . import configs, decode, launch
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
-from .common import tma_scratch
+from .common import LOG2E, default_scale, strides, tma_scratch
 from .dropout import Dropout
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
 from .rules import Rules
+from .stepdown import launch_fitting
 
 # The forward that serves a call on Hopper, per (head dim, causal), in bands of N_q: the first band whose limit the
 # call's N_q does not pass names it, v7 or a Gluon stage (the same in float16 and bfloat16). From N_q = 2048 on, each
@@ -362,8 +363,123 @@ def without_tensors(rules: Rules) -> Rules:
     return replace(rules, alibi_slopes=None, document_ids=None)
 
 
-def with_tensors(rules: Rules, alibi_slopes, document_ids) -> Rules:
-    """The rules with their saved tensors put back."""
-    if alibi_slopes is None and document_ids is None:
-        return rules
-    return replace(rules, alibi_slopes=alibi_slopes, document_ids=document_ids)
+def _one_token_view(tensors: tuple) -> tuple:
+    """A decode call of one new token, q (B, H_q, D), as the call with q (B, H_q, 1, D), a view: one plan serves
+    both (the kernels index row 0 of the new-token axis only)."""
+    return (tensors[0].unsqueeze(2), *tensors[1:])
+
+
+def decode_plan_for(keys: tuple, tensors: tuple, options: tuple, checked) -> torch.Tensor:
+    """The first call of a checked decode call (``checked``: ``_checks.DecodeChecked``): its launch (the first
+    candidate that fits, ``stepdown.launch_fitting``), splits and switches chosen, launched once, and its plan kept
+    under each of ``keys`` (none on the interpreter; a one-token call's plan also under its 4-D view's key, so that
+    either finds it). Returns o."""
+    one_token = tensors[0].dim() == 3
+    planned = _one_token_view(tensors) if one_token else tensors
+    q, k_cache, v_cache = planned[:3]
+    scale, num_splits, _, _, block_n, num_warps, num_stages, switches, causal = options
+    head_dim, block_d, props = q.shape[3], checked.block_d, checked.props
+    scale = default_scale(head_dim, checked.scale)
+    fp8_cache = k_cache.dtype == decode.FP8
+    switches = decode.resolve_switches(switches, decode.default_switches(
+        props, block_d, q.element_size(), fp8_cache=fp8_cache, v_keys_adjacent=decode.is_keys_adjacent(v_cache)))
+    candidates = configs.decode_candidates(props, block_d, q.element_size(), fp8_cache=fp8_cache)
+    if block_n or num_warps or num_stages:  # an explicit launch (tuning): no other candidate
+        first = candidates[0]
+        candidates = (configs.KernelConfig(first.block_m, block_n or first.block_n, num_warps or first.num_warps,
+                                           num_stages or first.num_stages),)
+    key = keys[-1] if keys else None
+
+    def make_and_run(cfg):  # kept once it ran: a launch that does not fit raises before
+        plan = DecodePlan(cfg, planned, checked.n_max, scale, num_splits, checked.window_left, checked.softcap, props,
+                          key, causal, switches, block_d, checked.dot_precision)
+        o = plan.run(planned)
+        for kept in keys:
+            PLANS.put(kept, plan)
+        return plan, o
+
+    _, o = launch_fitting(("decode", props, block_d, q.dtype, k_cache.dtype, switches), candidates, make_and_run,
+                          f"flash_decode at head dim {head_dim}")
+    return o.squeeze(2) if one_token else o
+
+
+class DecodePlan:
+    """What a decode call's layouts and options decide, worked out once: the launch, the splits, the grids and
+    every kernel argument that is not one of the call's tensors. ``run`` then allocates the outputs and
+    launches: the split kernel alone when there is one split (it writes o), else the split kernel and the
+    combine kernel."""
+
+    __slots__ = ("key", "n_max", "paged", "empty", "num_splits", "part_shape", "split_grid", "split_args",
+                 "combine_grid", "combine_args", "launches")
+
+    def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
+                 window_left, softcap, props: configs.DeviceProps, key, causal: bool, switches: decode.DecodeSwitches,
+                 block_d: int, dot_precision: str):
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
+        batch, h_q, n_new, head_dim = q.shape
+        h_kv = k_cache.shape[1]
+        block_n = cfg.block_n
+        self.key, self.n_max, self.paged = key, n_max, block_table is not None
+        self.empty = batch * h_q * n_new == 0
+        span = n_max  # keys the splits cover at most
+        if window_left is not None:  # the windows' keys; paged tiles start on a BLOCK_N boundary, up to
+            span = min(n_max, window_left + n_new - 1 + (block_n if self.paged else 1))  # block_n - 1 keys before
+        if num_splits is None:  # about programs_per_sm programs an SM (decode_num_splits aims at one)
+            num_splits = configs.decode_num_splits(replace(props, num_sms=props.num_sms * switches.programs_per_sm),
+                                                   batch * h_kv, span, block_n)
+        num_splits = max(1, min(int(num_splits), max(1, triton.cdiv(span, block_n))))
+        split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n
+        self.num_splits = num_splits
+        self.part_shape = (batch, h_q, n_new, num_splits, block_d)  # O_PART; LSE_PART is its first four dims
+        o = torch.empty_like(q)  # as run() allocates it: its strides are q's layout's
+        rows = h_q // h_kv * n_new  # a program's query rows: the group's heads times the new tokens, in tiles of
+        block_rows = max(16, min(triton.next_power_of_2(rows), max(64, triton.next_power_of_2(h_q // h_kv))))
+        self.split_grid = (num_splits, batch * h_kv, triton.cdiv(rows, block_rows))  # at most 64 (or one group)
+        self.split_args = dict(
+            qk_scale=scale * LOG2E,
+            **strides(q, "q"), **strides(o, "o"), **strides(k_cache, "k"),
+            **strides(v_cache, "v"),
+            stride_bt_b=block_table.stride(0) if self.paged else 0,
+            stride_bt_p=block_table.stride(1) if self.paged else 0,
+            H_KV=h_kv, N_MAX=n_max, N_NEW=n_new, SPLIT_LEN=split_len, NUM_SPLITS=num_splits,
+            WINDOW_LEFT=window_left or 0, softcap2=(softcap or 1.0) * LOG2E,
+            GROUP=h_q // h_kv, BLOCK_G=block_rows, HEAD_DIM=head_dim,
+            BLOCK_D=block_d, BLOCK_N=block_n, PAGED=self.paged, PAGE_SIZE=k_cache.shape[2] if self.paged else 1,
+            HAS_SEQLENS=cache_seqlens is not None, HAS_WINDOW=window_left is not None,
+            HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
+            DOT_PRECISION=dot_precision, KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
+            MASK_TAIL_ONLY=switches.mask_tail_only, ROW_MASKS=n_new > 1, CAUSAL=causal and n_new > 1,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        self.combine_grid = (batch * h_q * n_new,)
+        self.combine_args = dict(**strides(o, "o"), H_Q=h_q, N_NEW=n_new, NUM_SPLITS=num_splits,
+                                 HEAD_DIM=head_dim, BLOCK_D=block_d,
+                                 BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+        self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
+
+    def run(self, tensors: tuple) -> torch.Tensor:
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+        o = torch.empty_like(q)
+        if self.empty:
+            return o
+        direct = self.num_splits == 1
+        o_part = lse_part = o  # one split writes o itself: the partials' pointers are never read
+        if not direct:
+            o_part = q.new_empty(self.part_shape, dtype=torch.float32)
+            lse_part = q.new_empty(self.part_shape[:4], dtype=torch.float32)
+        if k_scale is not None:  # indexed b * H_kv + h in the kernel
+            k_scale, v_scale = k_scale.contiguous(), v_scale.contiguous()
+        # In decode.NAMES' order; q stands in for an absent tensor (a pointer the kernel never reads).
+        launch = (q, k_cache, v_cache, q if block_table is None else block_table,
+                  q if cache_seqlens is None else cache_seqlens,
+                  q if alibi_slopes is None else alibi_slopes.contiguous(),
+                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
+        if self.launches is not None:  # a repeat call: no key to hash again, no argument to bind
+            for prepared in self.launches:
+                prepared(launch)
+            return o
+        combine = None if direct else (self.combine_grid, self.combine_args)
+        prepared = decode.launch((self.split_grid, self.split_args), combine, launch, self.key)
+        if None not in prepared:  # remembered (a GPU whose Triton shows the convention, the cache on)
+            self.launches = prepared
+        return o
