@@ -33,6 +33,7 @@ from .plan import PLANS, decode_plan_for, plan_for
 from .rules import parse_options, with_call_tensors
 
 _is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
+_new_tuple = tuple.__new__
 
 
 class Call(NamedTuple):
@@ -84,8 +85,8 @@ class Described(NamedTuple):
     dropout: Dropout | None
 
 
-def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
-             enable_gqa, is_causal, forward_version, backward_version, varlen, dropout_p, seed, saved=None,
+def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask, enable_gqa,
+             is_causal, forward_version, backward_version, varlen, dropout_p, seed, saved=None,
              tracing=False) -> Described:
     """Check and describe one attention call (the steps of this module's docstring). ``varlen``: (cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k); ``seed``: how the call's dropout gets its seed, a pair (how,
@@ -98,7 +99,7 @@ def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_
     if block_mask is not None:
         causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
                                                                      mask_mod)
-    options = parse_options(causal=causal, window=window, softcap=softcap, dropout_p=dropout_p)
+    options = parse_options(causal, window, softcap, dropout_p)
     call = plan = None
     if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
             and varlen[0] is None and varlen[1] is None and not tracing
@@ -131,8 +132,9 @@ def describe(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_
         dropout = Dropout(rules.dropout_p, draw_seed(q.device) if value is None else seed_tensor(value, q.device))
     if call is not None and plan is None:
         call = Call._make(call)
-    return Described(call, plan, rules, lacks, props, block_mask, scale, enable_gqa, forward_version, backward_version,
-                     dropout)
+    # tuple.__new__ builds the NamedTuple without its Python-level __new__ (a third of the time, on every call)
+    return _new_tuple(Described, (call, plan, rules, lacks, props, block_mask, scale, enable_gqa, forward_version,
+                                  backward_version, dropout))
 
 
 def _sdpa_causal(causal, is_causal):
@@ -165,26 +167,19 @@ def _outside_graph(entry, *tensors, **options):
     return torch.compiler.disable(entry)(*tensors, **options)
 
 
-def attention_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
-              enable_gqa, is_causal, return_lse, forward_version, backward_version, cu_seqlens_q, cu_seqlens_k,
-              max_seqlen_q, max_seqlen_k, dropout_p):
-    """``kernels.flash_attention``: described here, then dispatched by ``ops.dispatch_attention``."""
+def attention_call(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+                   enable_gqa, is_causal, return_lse, forward_version, backward_version, varlen, dropout_p):
+    """``kernels.flash_attention`` (``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)): described
+    here, then dispatched by ``ops.dispatch_attention``. Arguments come positionally: this is on every call."""
     tracing = _is_compiling()
     if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
-        return _outside_graph(attention_call, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                              alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                              block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
-                              return_lse=return_lse, forward_version=forward_version,
-                              backward_version=backward_version, cu_seqlens_q=cu_seqlens_q,
-                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                              dropout_p=dropout_p)
-    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
-                         forward_version=forward_version, backward_version=backward_version,
-                         varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
-                         seed=_DRAW, tracing=tracing)
-    return ops.dispatch_attention(q, k, v, described, return_lse=return_lse, tracing=tracing)
+        return _outside_graph(attention_call, q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids,
+                              mask_mod, block_mask, enable_gqa, is_causal, return_lse, forward_version,
+                              backward_version, varlen, dropout_p)
+    described = describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
+                         enable_gqa, is_causal, forward_version, backward_version, varlen, dropout_p, _DRAW, None,
+                         tracing)
+    return ops.dispatch_attention(q, k, v, described, return_lse, tracing)
 
 
 _DRAW = ("draw", None)  # a fresh seed for each call with dropout
@@ -263,10 +258,10 @@ def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
     return plan_for(described, q, k, v, described.props, described.lacks).route
 
 
-def decode_call(q, k_cache, v_cache, *, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale, window,
+def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale, window,
                 softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal):
     """``kernels.flash_decode``: lengths given on the host made a tensor, then the op while ``torch.compile``
-    traces, else :func:`decode_eager`."""
+    traces, else :func:`decode_eager`. Arguments come positionally: this is on every call."""
     lengths = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.

@@ -298,7 +298,7 @@ def parse_rules(q: torch.Tensor, k: torch.Tensor, *, causal=False, window=None, 
                              mask_mod=mask_mod)
 
 
-def parse_options(*, causal=False, window=None, softcap=None, dropout_p=0.0) -> Rules:
+def parse_options(causal=False, window=None, softcap=None, dropout_p=0.0) -> Rules:
     """The options of a call that are plain values, checked (no tensor is read: the front door asks this first,
     on every call, to describe the call). The plain call returns a shared constant after a few tests."""
     if window is None and softcap is None and type(dropout_p) is float and dropout_p == 0.0:
