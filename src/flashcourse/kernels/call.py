@@ -187,47 +187,48 @@ _NO_SEED = ("none", None)  # explain: dropout is part of the route, but nothing 
 
 
 def forward_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
-                      enable_gqa, is_causal, version, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q,
-                      cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
-    """``kernels.flash_attention_forward``: FP8 inputs to ``fp8.py``'s own kernel and checks, the rest described
-    here and dispatched by ``ops.dispatch_forward``."""
-    if getattr(q, "dtype", None) is fp8.FP8:
-        for name, value in (("block_mask", block_mask), ("cu_seqlens_q", cu_seqlens_q),
-                            ("cu_seqlens_k", cu_seqlens_k)):
-            if value is not None:
-                raise ValueError(f"{name} is given, but the FP8 forward runs plain and causal attention only: drop "
-                                 "it, or pass 16-bit inputs")
-        if dropout_p != 0.0:
-            raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
-                             "16-bit inputs")
-        return fp8.flash_attention_forward_fp8(
-            q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
-            causal=causal if is_causal is None else _sdpa_causal(causal, is_causal), scale=scale, window=window,
-            softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-            version=version)
-    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
-        raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
-                         f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
-    tracing = _is_compiling()
-    if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
-        return _outside_graph(forward_call, q, k, v, causal=causal, scale=scale, window=window,
-                              softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
-                              mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
-                              version=version, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                              out_dtype=out_dtype, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_p=dropout_p,
-                              dropout_seed=dropout_seed)
-    described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
-                         alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
-                         block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal, forward_version=version,
-                         backward_version=None, varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                         dropout_p=dropout_p, seed=("given", dropout_seed), tracing=tracing)
-    return ops.dispatch_forward(q, k, v, described, tracing=tracing)
+                 enable_gqa, is_causal, version, q_descale, k_descale, v_descale, out_dtype, cu_seqlens_q,
+                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
+    """``kernels.flash_attention_forward``: 16- and 32-bit inputs described here and dispatched by
+    ``ops.dispatch_forward``; FP8 inputs (last) to ``fp8.py``, which parses, checks and launches its own calls."""
+    if is_causal is not None:  # SDPA's spelling, for both paths
+        causal, is_causal = _sdpa_causal(causal, is_causal), None
+    if getattr(q, "dtype", None) is not fp8.FP8:
+        if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
+            raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
+                             f"{getattr(q, 'dtype', type(q).__name__)}, whose output comes in q's dtype: drop them")
+        tracing = _is_compiling()
+        if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
+            return _outside_graph(forward_call, q, k, v, causal=causal, scale=scale, window=window,
+                                  softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+                                  mask_mod=mask_mod, block_mask=block_mask, enable_gqa=enable_gqa,
+                                  is_causal=is_causal, version=version, q_descale=q_descale, k_descale=k_descale,
+                                  v_descale=v_descale, out_dtype=out_dtype, cu_seqlens_q=cu_seqlens_q,
+                                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                  dropout_p=dropout_p, dropout_seed=dropout_seed)
+        described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
+                             alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
+                             block_mask=block_mask, enable_gqa=enable_gqa, is_causal=is_causal,
+                             forward_version=version, backward_version=None,
+                             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), dropout_p=dropout_p,
+                             seed=("given", dropout_seed), tracing=tracing)
+        return ops.dispatch_forward(q, k, v, described, tracing=tracing)
+    for name, value in (("block_mask", block_mask), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if value is not None:
+            raise ValueError(f"{name} is given, but the FP8 forward runs plain and causal attention only: drop it, "
+                             "or pass 16-bit inputs")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
+                         "16-bit inputs")
+    return fp8.flash_attention_forward_fp8(
+        q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype, causal=causal,
+        scale=scale, window=window, softcap=softcap, alibi_slopes=alibi_slopes, document_ids=document_ids,
+        mask_mod=mask_mod, version=version)
 
 
 def backward_call(q, k, v, o, lse, do, *, causal, scale, window, softcap, alibi_slopes, document_ids,
-                       mask_mod, block_mask, enable_gqa, is_causal, version, cu_seqlens_q, cu_seqlens_k,
-                       max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
+                  mask_mod, block_mask, enable_gqa, is_causal, version, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, dropout_p, dropout_seed):
     """``kernels.flash_attention_backward``."""
     tracing = _is_compiling()
     if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
@@ -246,8 +247,8 @@ def backward_call(q, k, v, o, lse, do, *, causal, scale, window, softcap, alibi_
 
 
 def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, document_ids, mask_mod, block_mask,
-            enable_gqa, is_causal, forward_version, backward_version, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-            max_seqlen_k, dropout_p):
+                 enable_gqa, is_causal, forward_version, backward_version, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                 max_seqlen_k, dropout_p):
     """``kernels.explain``: the route of the call's plan, nothing launched."""
     described = describe(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap,
                          alibi_slopes=alibi_slopes, document_ids=document_ids, mask_mod=mask_mod,
@@ -349,5 +350,3 @@ def host_lengths(lengths, batch: int) -> list[int]:
         if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
             raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
     return values
-
-
