@@ -109,10 +109,11 @@ def dispatch_attention(q, k, v, described, return_lse: bool, tracing: bool):
         rules, dropout = described.rules, described.dropout
         if (described.block_mask is None and not return_lse and rules.alibi_slopes is None
                 and rules.document_ids is None and dropout is None):
-            return FlashAttentionFunction.apply(q, k, v, described, None)  # the usual call: five arguments
+            return FlashAttentionFunction.apply(q, k, v, _Opaque(described), None)  # the usual call: five arguments
         kept = described._replace(rules=replace(rules, alibi_slopes=None, document_ids=None), dropout=None)
-        return FlashAttentionFunction.apply(q, k, v, kept, (rules.alibi_slopes, rules.document_ids,
-                                                            None if dropout is None else dropout.seed, return_lse))
+        return FlashAttentionFunction.apply(q, k, v, _Opaque(kept), (rules.alibi_slopes, rules.document_ids,
+                                                                     None if dropout is None else dropout.seed,
+                                                                     return_lse))
     _, o, lse = attention_forward_impl(q, k, v, described)
     return (o, lse) if return_lse else o
 
@@ -136,11 +137,22 @@ def dispatch_backward(q, k, v, o, lse, do, described, *, tracing: bool):
     return attention_backward_impl(q, k, v, o, lse, do, described)
 
 
+class _Opaque:
+    """The described call as one opaque argument of ``FlashAttentionFunction.apply``, which maps over its arguments'
+    pytrees on every call (to unwrap functorch's tensors): a NamedTuple is a pytree node, and walking it and its
+    description cost the training step about 1.5 us of host time (``benchmarks/host_profile.py``)."""
+
+    __slots__ = ("described",)
+
+    def __init__(self, described):
+        self.described = described
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """Saves (q, k, v, o, lse) and the rules' tensors in the forward; the backward recomputes P from them (no N x N
     matrix) through the forward's plan, which prepares its launches on first use.
 
-    ``apply(q, k, v, described, tensors)``: ``tensors`` is None for the usual call (no tensor in its rules, no
+    ``apply(q, k, v, _Opaque(described), tensors)``: ``tensors`` is None for the usual call (no tensor in its rules, no
     block mask, no dropout, o alone returned), else (alibi_slopes, document_ids, dropout seed, return_lse), with
     ``described`` holding the rules without those tensors. Autograd's own work grows with the number of
     arguments, so the usual call passes five. The tensors are saved with ``save_for_backward``, never kept on ctx.
@@ -151,7 +163,8 @@ class FlashAttentionFunction(torch.autograd.Function):
     for a double backward too), instead of gradients whose own gradients would be wrong or silently zero."""
 
     @staticmethod
-    def forward(ctx, q, k, v, described, tensors):
+    def forward(ctx, q, k, v, opaque: _Opaque, tensors):
+        described = opaque.described
         if tensors is None:
             plan, o, lse = attention_forward_impl(q, k, v, described)
             ctx.save_for_backward(q, k, v, o, lse)
