@@ -83,6 +83,8 @@ RAW = csv_lines([IDENTITY + [name for name, _, _ in RAW_METRICS], [""] * len(IDE
 GAP_NAMES = ("fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn", "fwd-d128-n4096-causal-ours", "fwd-d128-n4096-causal-cudnn",
              "fwd-d64-n4096-causal-ours", "fwd-d64-n4096-causal-cudnn", "fp8-fwd-v8c", "fp8-fwd-triton-keys-adjacent",
              "fp8-fwd-cudnn-fp16", "bwd-d256-causal-ours", "bwd-d256-causal-cudnn")
+H100_NAMES = ("fwd-d64-n1024-causal-ours", "fwd-d64-n1024-causal-cudnn", "fwd-d64-n1024-causal-v8a",
+              "fa4-d64-n4096-v8f", "fa4-d64-n4096-v9a")
 
 
 def test_list_prints_every_case_in_order(limits, capsys):
@@ -94,7 +96,7 @@ def test_list_prints_every_case_in_order(limits, capsys):
             "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
             "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
             "head-dim-256-fwd-sdpa-cudnn", "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex",
-            *GAP_NAMES} == set(shown)
+            *GAP_NAMES, *H100_NAMES} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -363,7 +365,7 @@ def test_variant_gap_cases_take_their_shape_from_bench_variants(limits):
 
 def test_gap_cases_are_listed_last_by_group(limits, capsys):
     assert limits.main(["--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[:-len(H100_NAMES)]  # the H100's gaps come after them
     assert [line.split()[0] for line in lines[-len(GAP_NAMES):]] == list(GAP_NAMES)
     assert [c.name for c in limits.GAP_CASES] == list(GAP_NAMES)
     assert [c.name for c in limits.CASES if c.group in limits.GAP_GROUPS] == list(GAP_NAMES)
@@ -461,7 +463,7 @@ def test_the_script_imports_no_gluon_module(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[] 31", proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == f"[] {31 + len(H100_NAMES)}", proc.stdout
 
 
 STUB_PYTHON = '''#!{python}
@@ -505,3 +507,15 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     left = sorted(p.name for p in out.iterdir())
     assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
 
+
+
+def test_h100_cases_profile_the_two_gaps_each_beside_its_reference(limits):
+    cases = {c.name: c for c in limits.H100_CASES}
+    assert tuple(cases) == H100_NAMES
+    assert {c.group for c in cases.values()} == set(limits.H100_GROUPS)
+    short = [c for c in cases.values() if c.group == "short causal gap"]
+    assert {c.shape["n"] for c in short} == {1024}
+    assert all(c.shape["causal"] and c.shape["head_dim"] == 64 for c in short)
+    assert {c.provider for c in short} == {"flashcourse", "sdpa_cudnn", "fa3-v8a"}
+    fa4 = [c for c in cases.values() if c.group == "fa4 gap"]
+    assert [c.provider for c in fa4] == ["fa3-v8f", "fa3-v9a"] and fa4[0].shape == fa4[1].shape
