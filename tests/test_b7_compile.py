@@ -133,7 +133,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    assert fa3_backward_tma.TESTED_TRITON == ()  # nothing has run on a GPU yet: benchmarks/gpu_b7.py is first
+    assert fa3_backward_tma.TESTED_TRITON == ()  # not yet timed on a GPU (benchmarks/gpu_b7.py): not dispatched
 
 
 # ------------------------------------------------------------------------------------------ the handoffs
