@@ -62,7 +62,8 @@ def _run(jobs, tmp_path, *, parallel=2, item_timeout=60.0, budget=120.0):
     pids = tmp_path / "pids"
     proc = subprocess.run([sys.executable, "-c", _RUN, str(SCRIPT), json.dumps(jobs), str(parallel),
                            str(item_timeout), str(budget), _STUB_CHILD, str(pids)],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     return rows, [int(line) for line in pids.read_text().split()], proc.stdout
