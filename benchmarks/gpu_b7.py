@@ -245,7 +245,6 @@ class _Child:
     the job) finished, ``began`` is when the current item began."""
 
     def __init__(self, command, items: list[dict], done: int, env):
-        self.items = items
         self.done = done
         fd, name = tempfile.mkstemp(suffix=".jsonl")
         os.close(fd)
@@ -256,12 +255,12 @@ class _Child:
         self.proc = subprocess.Popen(command(items[done:], self.path), env=env, start_new_session=True)
 
     def new_lines(self) -> list[dict]:
-        with self.path.open() as file:
+        with self.path.open("rb") as file:
             file.seek(self.offset)
-            text = file.read()
-        complete = text[:text.rfind("\n") + 1]  # a line still being written waits for the next poll
-        self.offset += len(complete.encode())
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+            data = file.read()
+        complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
 
     def kill(self) -> None:
         try:
