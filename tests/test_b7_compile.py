@@ -133,7 +133,37 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    assert fa3_backward_tma.TESTED_TRITON == ()  # nothing has run on a GPU yet: benchmarks/gpu_b7.py is first
+    assert fa3_backward_tma.TESTED_TRITON == ()  # not yet timed on a GPU (benchmarks/gpu_b7.py): not dispatched
+
+
+def test_one_compile_serves_every_shape():
+    """benchmarks/gpu_b7.py compiles b7 once per (D, dtype, causal) and times other shapes with it: the kernel's
+    integers are not specialized and its tensor descriptors are keyed by dtype, block and layout, never by the
+    tensor's shape (a new key would mean a compile inside a timed shape, as in the first GPU run's checks)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    try:
+        from flashcourse.kernels.hopper import fa3_backward_tma
+        from flashcourse.kernels.hopper.fa3 import _smem_layout
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_backward_tma.py does not import under this Triton: {error}")
+    # How the JIT keys an argument (Triton's own function, not a public API: skipped where it moved).
+    native_specialize_impl = getattr(pytest.importorskip("triton._C.libtriton"), "native_specialize_impl", None)
+    if native_specialize_impl is None:
+        pytest.skip("this Triton keys arguments elsewhere (no triton._C.libtriton.native_specialize_impl)")
+    kernel = fa3_backward_tma.STAGES["b7"].kernel
+    ints = [p.name for p in kernel.params if p.name.startswith("N_")]
+    assert ints and all(p.do_not_specialize for p in kernel.params if p.name in ints), ints
+    keys = set()
+    for batch, heads, n in [(1, 2, 4096), (4, 32, 4096), (4, 16, 8192), (2, 2, 17)]:
+        rows = torch.zeros(batch * heads * n, 128, dtype=torch.bfloat16)
+        desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [32, 128],
+                                _smem_layout(32, 128, torch.bfloat16))
+        keys.add(native_specialize_impl(BaseBackend, desc, False, True, True))
+    assert len(keys) == 1, keys
 
 
 # ------------------------------------------------------------------------------------------ the handoffs

@@ -48,8 +48,10 @@ D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes i
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
 (P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows).
 
-Not dispatched: nothing here has run on a GPU yet (``TESTED_TRITON``). ``flashcourse.kernels`` does not import
-this module; ``benchmarks/gpu_b7.py`` is its first GPU run.
+Not dispatched, not yet timed (``TESTED_TRITON`` stays empty until it is): its first GPU run (an H100, Triton 3.9,
+2026-12-06) passed 35 of its 40 gradient checks against float64 and was cut before the rest and any timing by the
+run's budget (docs/KERNELS.md, "The runs of 2026-12-06 on an H100 80GB"). ``flashcourse.kernels`` does not
+import this module; ``benchmarks/gpu_b7.py`` checks and times it.
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
@@ -71,7 +73,7 @@ from .fa3 import _LOG2E, _mma_layout, _smem_layout, aggregate, tensor_descriptor
 from .fa3_backward import BLOCK_M, ROWS, _b6_producer, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
-TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); run on a GPU: none yet
+TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); on a GPU: checked, not yet timed
 # Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
