@@ -6,7 +6,8 @@ groups :data:`GAP_GROUPS`): the default forward at N = 4096, the FP8 forward at 
 D = 256, each beside its reference; then the two gaps of the 2026-12-06 H100 runs (:data:`H100_CASES`: the short
 causal forward at D = 64, and FlashAttention-4's conditional rescaling against the stage it builds on). A GPU
 call (under 9 minutes) runs the cases in order until ``--budget`` is spent; the first ten cases took 3 minutes, the
-nine of a variant-gap run 3 more, so every case no longer fits in one call and a call names its cases with ``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
+nine of a variant-gap run 3 more, so every case no longer fits in one call and a call names its cases with
+``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
 
     PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --out /tmp/ncu       # the cases in order, until the budget
     PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --only fp8-fwd-v8c --only fp8-fwd-cudnn-fp16 --out /tmp/ncu
