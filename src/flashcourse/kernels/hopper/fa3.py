@@ -206,38 +206,56 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows[:, None])
         s = gl.where(ok, s, float("-inf"))
-    if RESCALE_THRESHOLD > 0:
-        grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
-        # the threshold. A row's first tile always moves it (m_i starts at -1e30). P below uses this m_new, the
-        # max kept: computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
-        m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
-    else:
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
-    if EMULATED_COLUMNS > 0:
-        x = s * qk_scale - m_new[:, None]
-        # In a wgmma accumulator a thread holds the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6``
-        # = 8k + b is the same number in every thread, so this choice is a constant per register and the
-        # compiler keeps only one of the two exponentials for each (EMULATED_COLUMNS a multiple of 8).
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        on_fma = (cols & ~6) < EMULATED_COLUMNS
-        p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
-    else:
-        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+    m_new = _next_max(m_i, gl.max(s, axis=1) * qk_scale, RESCALE_THRESHOLD)  # max commutes with the positive scale
+    # P with m_new, the max kept or moved: computing P with the tile's own max after keeping m_i would mix two
+    # scales in one row (trap 1). One FMA + one exponential per score.
+    p = _exp2_columns(s * qk_scale - m_new[:, None], EMULATED_COLUMNS, S_LAYOUT)
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
 
 
 @gluon.jit
+def _next_max(m_i, tile_max, RESCALE_THRESHOLD: gl.constexpr):
+    """The running max of each row after a tile whose (scaled) max is ``tile_max``. RESCALE_THRESHOLD = 0: the
+    larger of the two. RESCALE_THRESHOLD > 0 (v9a, v9a_fp8), FA4's test (flash_attn/cute/softmax.py,
+    rescale_threshold): the max moves only when the tile raised it by more than the threshold, else the old one is
+    kept. A row's first tile always moves it (m_i starts at -1e30)."""
+    m_new = gl.maximum(m_i, tile_max)
+    if RESCALE_THRESHOLD > 0:
+        m_new = gl.where(m_new - m_i > RESCALE_THRESHOLD, m_new, m_i)
+    return m_new
+
+
+@gluon.jit
+def _exp2_columns(x, EMULATED_COLUMNS: gl.constexpr, S_LAYOUT: gl.constexpr):
+    """2^x of a score tile in the wgmma accumulator layout: every element on MUFU.EX2, or (EMULATED_COLUMNS > 0,
+    v9b) the tile's first EMULATED_COLUMNS columns through ``_exp2_on_fma``. In a wgmma accumulator a thread holds
+    the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6`` = 8k + b is the same number in every
+    thread, so the choice is a constant per register and the compiler keeps only one of the two exponentials for
+    each (EMULATED_COLUMNS a multiple of 8). The layout is the accumulator's whatever the inputs' width, so the
+    FP8 stages share it."""
+    if EMULATED_COLUMNS > 0:
+        cols = gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, S_LAYOUT))
+        on_fma = (cols & ~6) < EMULATED_COLUMNS
+        p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
+    else:
+        p = gl.exp2(x)
+    return p
+
+
+@gluon.jit
 def _exp2_on_fma(x):
-    """2^x for x <= 0 in float32 on the FMA and integer units, no MUFU.EX2 (FlashAttention-4's software exp2,
+    """2^x in float32 on the FMA and integer units, no MUFU.EX2 (FlashAttention-4's software exp2,
     ``ex2_emulation`` in flash_attn/cute/utils.py; lesson 14): x = n + f with n = round(x) and f in [-0.5, 0.5],
     2^f by a degree-3 polynomial (Horner: three FMAs), and n added into the float's exponent field.
     Adding 1.5 * 2^23 rounds x to an integer n (the float's last place there is 1) and leaves n in the low
     mantissa bits: shifted left by 23 they are n's exponent increment (the sum's other bits shift out).
     x is first clamped to -126: a masked score (-inf) then gives 2^-126 or less, never a negative or NaN
-    bit pattern; beside the row's max term (1) it is nothing, as fa4.exp2_emulated's flush to 0 is."""
+    bit pattern; beside the row's max term (1) it is nothing, as fa4.exp2_emulated's flush to 0 is. The 16-bit
+    stages pass x <= 0; the FP8 stages (fa3_fp8.py) x <= P_SHIFT + RESCALE_THRESHOLD = 8: a positive n lands in
+    the exponent field as a negative one does (the low 9 bits of 1.5 * 2^23 are 0, so only n survives the
+    shift)."""
     x = gl.maximum(x, -126.0)
     rounded = x + 12582912.0  # 1.5 * 2^23
     frac = x - (rounded - 12582912.0)
@@ -250,8 +268,8 @@ def _exp2_on_fma(x):
 def _rescale_when_moved(acc, alpha, O_LAYOUT: gl.constexpr):
     """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max; when none did,
     every alpha is 2^0 = 1 and the 64 x D multiplications are skipped. A row that moved its max moved it by more
-    than the threshold (8), so its alpha is below 2^-8: testing against 0.5 separates the two whatever the last
-    bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
+    than the threshold (8 in 16 bits, 2 in FP8, at least 1), so its alpha is below 2^-1: testing against 0.5
+    separates the two whatever the last bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
     shared memory), so the branch is uniform: FA4 decides per warp."""
     if gl.min(alpha, axis=0) < 0.5:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
