@@ -71,6 +71,20 @@ def test_saturation_check_refuses_fp8_with_a_threshold():
         fa4.check_rescale_threshold(8.0, "int8")
 
 
+def test_a_group_rescales_when_any_of_its_rows_moved():
+    x = np.zeros((4, 6))
+    x[1, 3] = 5.0  # block 1 (columns 2-3): row 1 grows by 5
+    assert fa4.group_rescale_share(x, block=2, threshold=8.0, group=2) == 0.0
+    assert fa4.group_rescale_share(x, block=2, threshold=2.0, group=2) == pytest.approx(1 / 4)  # 1 of 2 x 2 pairs
+    assert fa4.group_rescale_share(x, block=2, threshold=2.0, group=4) == pytest.approx(1 / 2)
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((128, 1024)) * 2
+    shares = [fa4.group_rescale_share(scores, block=128, threshold=t) for t in (0.0, 2.0, 8.0)]
+    assert shares[0] >= shares[1] >= shares[2]
+    with pytest.raises(ValueError, match="multiple of group=64"):
+        fa4.group_rescale_share(scores[:100], block=128, threshold=2.0)
+
+
 def test_round_e4m3_is_torchs_float8_e4m3fn_and_saturates():
     torch = pytest.importorskip("torch")
     x = np.concatenate([np.linspace(0.0, 448.0, 20001), np.exp2(np.linspace(-12.0, 8.8, 4001)), [2.0**-10, 3 * 2.0**-11]])

@@ -129,6 +129,26 @@ def round_e4m3(x) -> np.ndarray:
     return np.minimum(np.round(x / step) * step, FP8_E4M3_MAX)  # np.round: ties to even
 
 
+def group_rescale_share(x, *, block: int, threshold: float, group: int = 64) -> float:
+    """The share of (row group, block) pairs, after each group's first block, in which some row of the group
+    moved its max: how often a kernel that decides for ``group`` rows at once (the Gluon v9a stages decide for a
+    warpgroup's 64) still rescales its output. x (R, C): scores in log2 units, R a multiple of ``group``."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] % group or x.shape[1] <= block:
+        raise ValueError(f"x has shape {x.shape}: expected (rows, columns), rows a multiple of group={group} and "
+                         f"more than one block of {block} columns")
+    m = np.full(x.shape[0], -np.inf)
+    moved_groups = []
+    for start in range(0, x.shape[1], block):
+        grown = np.maximum(m, x[:, start:start + block].max(axis=1))
+        first = np.isneginf(m)
+        move = first | (grown - m > threshold)
+        if start:
+            moved_groups.append((move & ~first).reshape(-1, group).any(axis=1))
+        m = np.where(move, grown, m)
+    return float(np.mean(moved_groups))
+
+
 def forward_conditional(q, k, v, *, threshold: float, block_k: int = 64, causal: bool = False,
                         scale: float | None = None,
                         p_shift: float | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
