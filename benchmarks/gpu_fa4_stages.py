@@ -333,7 +333,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_fa4_stages.py needs a CUDA GPU (Hopper)")
         return 2
-    from flashcourse.kernels.hopper import fa3, fa3_fp8
+    from flashcourse.kernels.hopper import fa3
 
     run = plan(args.fp8)
     bases = run["bases"]
@@ -341,6 +341,8 @@ def main(argv=None) -> int:
     meta.update(capability=list(torch.cuda.get_device_capability()), lengths=list(args.lengths),
                 builds_on={str(d): s for d, s in bases.items()}, reference=run["reference"])
     if args.fp8:
+        from flashcourse.kernels.hopper import fa3_fp8
+
         meta.update(tested_triton=list(fa3_fp8.TESTED_TRITON), out_dtype=gpu_fa3_fp8.OUT_DTYPE,
                     inputs=f"q, k, v ~ N(0, 1) float16, {gpu_fa3_fp8.OUTLIER_CHANNELS} outlier channels "
                            f"x{gpu_fa3_fp8.OUTLIER_FACTOR:g} in q and k, quantised by fp8.quantize_fp8 "

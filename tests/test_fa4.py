@@ -87,7 +87,8 @@ def test_a_group_rescales_when_any_of_its_rows_moved():
 
 def test_round_e4m3_is_torchs_float8_e4m3fn_and_saturates():
     torch = pytest.importorskip("torch")
-    x = np.concatenate([np.linspace(0.0, 448.0, 20001), np.exp2(np.linspace(-12.0, 8.8, 4001)), [2.0**-10, 3 * 2.0**-11]])
+    x = np.concatenate([np.linspace(0.0, 448.0, 20001), np.exp2(np.linspace(-12.0, 8.8, 4001)),
+                        [2.0**-10, 3 * 2.0**-11]])
     expected = torch.from_numpy(x).to(torch.float8_e4m3fn).to(torch.float64).numpy()
     np.testing.assert_array_equal(fa4.round_e4m3(x), expected)
     assert list(fa4.round_e4m3([463.0, 465.0, 65536.0])) == [448.0, 448.0, 448.0]  # saturation, not NaN

@@ -269,8 +269,8 @@ def _rescale_when_moved(acc, alpha, O_LAYOUT: gl.constexpr):
     """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max; when none did,
     every alpha is 2^0 = 1 and the 64 x D multiplications are skipped. A row that moved its max moved it by more
     than the threshold (8 in 16 bits, 2 in FP8, at least 1), so its alpha is below 2^-1: testing against 0.5
-    separates the two whatever the last bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
-    shared memory), so the branch is uniform: FA4 decides per warp."""
+    separates the two whatever the last bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a
+    reduction over its 64 rows, through shared memory), so the branch is uniform: FA4 decides per warp."""
     if gl.min(alpha, axis=0) < 0.5:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
     return acc
