@@ -194,54 +194,46 @@ def _key_tiles(first_row, N_KV, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                   BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr = 0.0,
-                  EMULATED_COLUMNS: gl.constexpr = 0):
+                  EMULATED_COLUMNS: gl.constexpr = 0, P_SHIFT: gl.constexpr = 0.0):
     """The online softmax of one score tile ``s`` (unscaled, fp32, in registers), base 2: returns P (fp32), the
     factor alpha that rescales the old output rows, and the new running max and sum.
     RESCALE_THRESHOLD > 0 (v9a): a row keeps its max while the tile raises it by at most that much (log2 units),
     and P is computed with the max kept (alpha is then exactly 1). EMULATED_COLUMNS > 0 (v9b): the tile's first
-    EMULATED_COLUMNS columns take their exponentials from ``_exp2_on_fma``, the others from MUFU.EX2."""
+    EMULATED_COLUMNS columns take their exponentials from ``_exp2_on_fma``, the others from MUFU.EX2.
+    P_SHIFT > 0 (the FP8 stages of fa3_fp8.py, which call this function): P is returned as p * 2^P_SHIFT, the
+    kept row max landing on 2^P_SHIFT, and the sum l carries the same factor (the shift is taken off the max in
+    the exponent: exact). The 16-bit stages pass 0, and the branch below leaves their code as it was."""
     if MASKED:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         ok = cols[None, :] < N_KV
         if CAUSAL:
             ok = ok & (cols[None, :] <= rows[:, None])
         s = gl.where(ok, s, float("-inf"))
-    m_new = _next_max(m_i, gl.max(s, axis=1) * qk_scale, RESCALE_THRESHOLD)  # max commutes with the positive scale
-    # P with m_new, the max kept or moved: computing P with the tile's own max after keeping m_i would mix two
-    # scales in one row (trap 1). One FMA + one exponential per score.
-    p = _exp2_columns(s * qk_scale - m_new[:, None], EMULATED_COLUMNS, S_LAYOUT)
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
-def _next_max(m_i, tile_max, RESCALE_THRESHOLD: gl.constexpr):
-    """The running max of each row after a tile whose (scaled) max is ``tile_max``. RESCALE_THRESHOLD = 0: the
-    larger of the two. RESCALE_THRESHOLD > 0 (v9a, v9a_fp8), FA4's test (flash_attn/cute/softmax.py,
-    rescale_threshold): the max moves only when the tile raised it by more than the threshold, else the old one is
-    kept. A row's first tile always moves it (m_i starts at -1e30)."""
-    m_new = gl.maximum(m_i, tile_max)
     if RESCALE_THRESHOLD > 0:
-        m_new = gl.where(m_new - m_i > RESCALE_THRESHOLD, m_new, m_i)
-    return m_new
-
-
-@gluon.jit
-def _exp2_columns(x, EMULATED_COLUMNS: gl.constexpr, S_LAYOUT: gl.constexpr):
-    """2^x of a score tile in the wgmma accumulator layout: every element on MUFU.EX2, or (EMULATED_COLUMNS > 0,
-    v9b) the tile's first EMULATED_COLUMNS columns through ``_exp2_on_fma``. In a wgmma accumulator a thread holds
-    the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6`` = 8k + b is the same number in every
-    thread, so the choice is a constant per register and the compiler keeps only one of the two exponentials for
-    each (EMULATED_COLUMNS a multiple of 8). The layout is the accumulator's whatever the inputs' width, so the
-    FP8 stages share it."""
+        grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
+        # the threshold. A row's first tile always moves it (m_i starts at -1e30). P below uses this m_new, the
+        # max kept: computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
+        m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
+    if P_SHIFT > 0:
+        m_exp = m_new - P_SHIFT  # the max P's exponent is taken from
+    else:
+        m_exp = m_new
     if EMULATED_COLUMNS > 0:
-        cols = gl.arange(0, x.shape[1], layout=gl.SliceLayout(0, S_LAYOUT))
+        x = s * qk_scale - m_exp[:, None]
+        # In a wgmma accumulator a thread holds the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6``
+        # = 8k + b is the same number in every thread, so this choice is a constant per register and the
+        # compiler keeps only one of the two exponentials for each (EMULATED_COLUMNS a multiple of 8).
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         on_fma = (cols & ~6) < EMULATED_COLUMNS
         p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
     else:
-        p = gl.exp2(x)
-    return p
+        p = gl.exp2(s * qk_scale - m_exp[:, None])  # one FMA + one EX2 per score
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
 
 
 @gluon.jit

@@ -47,8 +47,9 @@ tiles would halve the per-tile overhead: at D = 64
 they compile without spills in v8e_fp8 (106,888 B shared), at D = 128 they spill (320 B a thread).
 
 FlashAttention-4's two softmax ideas in FP8 (``FA4_STAGES``, lesson 14; fa3.py's v9a and v9b in 16 bits), each on
-v8c_fp8 (``Stage.builds_on``: the FP8 stage measured on a GPU), through fa3.py's helpers (``_next_max``,
-``_exp2_columns``, ``_exp2_on_fma``, ``_rescale_when_moved``):
+v8c_fp8 (``Stage.builds_on``: the FP8 stage measured on a GPU), through fa3.py's own softmax (``_softmax_tile``
+with its P_SHIFT: the rescale test, P from the max kept, the emulated columns through ``_exp2_on_fma``) and its
+``_rescale_when_moved``:
 
 - v9b_1of16_fp8, v9b_1of4_fp8 (EMULATED_COLUMNS = 8 / 32): the first columns of each 128-key tile take 2^x from
   the polynomial on the FMA units, the rest from MUFU.EX2. Here x = s - m + P_SHIFT reaches 8, not 0 as in 16 bits;
@@ -99,11 +100,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .fa3 import (
     _LN2,
     _MASKED_FILL,
-    _exp2_columns,
     _key_tiles,
-    _next_max,
     _rescale_when_moved,
     _Ring,
+    _softmax_tile,
     _tma_load,
     _v8f_mask,
     triton_cdiv,
@@ -185,27 +185,6 @@ def _producer(q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q
 
 # ------------------------------------------------------------------------------------------ consumers
 @gluon.jit
-def _fp8_softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                      BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, P_SHIFT: gl.constexpr = 8.0,
-                      RESCALE_THRESHOLD: gl.constexpr = 0.0, EMULATED_COLUMNS: gl.constexpr = 0):
-    """fa3._softmax_tile with fp8.py's P: returns p * 2^P_SHIFT (fp32; the kept row max lands on 2^P_SHIFT),
-    alpha, the new running max (without the shift) and the running sum of the shifted p. RESCALE_THRESHOLD and
-    EMULATED_COLUMNS as fa3._softmax_tile's (v9a_fp8, v9b_*_fp8), through the same helpers: a kept max lets p
-    reach 2^(P_SHIFT + RESCALE_THRESHOLD), which ``Stage`` holds within e4m3's 448."""
-    if MASKED:
-        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        ok = cols[None, :] < N_KV
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= rows[:, None])
-        s = gl.where(ok, s, float("-inf"))
-    m_new = _next_max(m_i, gl.max(s, axis=1) * qk_scale, RESCALE_THRESHOLD)
-    p = _exp2_columns(s * qk_scale - (m_new - P_SHIFT)[:, None], EMULATED_COLUMNS, S_LAYOUT)
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
 def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr,
                CAUSAL: gl.constexpr, RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
                P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
@@ -222,10 +201,10 @@ def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MA
         s = warpgroup_mma(q_tile, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(slot))
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
-                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT,
-                                               RESCALE_THRESHOLD=RESCALE_THRESHOLD,
-                                               EMULATED_COLUMNS=EMULATED_COLUMNS)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT,
+                                           RESCALE_THRESHOLD=RESCALE_THRESHOLD,
+                                           EMULATED_COLUMNS=EMULATED_COLUMNS)
         if RESCALE_THRESHOLD > 0:
             acc = _rescale_when_moved(acc, alpha, O_LAYOUT=O_LAYOUT)
         else:
@@ -280,8 +259,8 @@ def _fp8_tiles_overlapped(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.con
         mbarrier.arrive(ring.k_empty.index(slot))
         if MASKED:
             s = _v8f_mask(s, rows, j * BLOCK_N, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
-                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
         nxt = j + 1  # a block boundary before the wait for P V (see above); the next iteration finds K ready
         mbarrier.wait(ring.k_ready.index(nxt % RING), (nxt // RING) & 1, pred=nxt < n_tiles)
         # P(j-1) is no dependency here: the wait cannot take 8-bit registers (Triton's lowering refuses them);
@@ -341,8 +320,8 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars,
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(0))
         s = _v8f_mask(s, rows, 0, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
-                                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
+                                           BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
         acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
