@@ -482,7 +482,7 @@ def reference_forward(q, k, v, *, causal=False, scale: float | None = None, p_sh
 
 
 def error_bound(o_ref: torch.Tensor, p_abs_v: torch.Tensor, v_abs_max: float, n_kv: int,
-                out_dtype=torch.bfloat16) -> torch.Tensor:
+                out_dtype=torch.bfloat16, p_shift: int = P_SHIFT) -> torch.Tensor:
     """Per element, how far the FP8 kernel's o may be from the float64 attention of its dequantised inputs, with P
     exact or rounded as the kernel rounds it (:func:`reference_forward`'s ``p_shift``):
 
@@ -498,11 +498,13 @@ def error_bound(o_ref: torch.Tensor, p_abs_v: torch.Tensor, v_abs_max: float, n_
       accumulation in the tensor core, which on Hopper keeps fewer than fp32's bits (DeepSeek-V3 technical
       report, section 3.3.2);
     - weights below e4m3's normal range (p < 2^-(P_SHIFT+6)) round with an absolute error <= 2^-(P_SHIFT+10),
-      twice as above: n_kv of them at most, times max|v|, and l >= 1;
+      twice as above: n_kv of them at most, times max|v|, and l >= 1. ``p_shift``: the kernel's shift where it
+      is not P_SHIFT (the Gluon v9a_fp8 quantises p * 2^6, its kept max lagging by up to 2: the smallest shift
+      a weight sees is the kernel's);
     - the output's own rounding: half an ulp of ``out_dtype`` (2^-8 for bf16, 2^-11 for fp16), taken as a whole
       ulp, plus 1e-3 for float32's sums and the hardware exp2.
     """
     ulp = 2.0**-7 if out_dtype == torch.bfloat16 else 2.0**-10
     roundings = 2  # the kernel's P and the reference's (or the exact P: then one would do)
-    return ((roundings * 2.0**-4 + 2.0**-7) * p_abs_v + roundings * n_kv * 2.0 ** -(P_SHIFT + 10) * v_abs_max
+    return ((roundings * 2.0**-4 + 2.0**-7) * p_abs_v + roundings * n_kv * 2.0 ** -(p_shift + 10) * v_abs_max
             + ulp * o_ref.abs() + 1e-3)
