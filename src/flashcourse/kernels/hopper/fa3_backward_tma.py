@@ -43,15 +43,53 @@ rendezvous of the two warpgroups (FA3 has it too), the 32-row query tiles at D =
 runs at half its rate on the S^T, dP^T products), register pressure (dK, dV: 128 registers a thread at D = 128).
 FA4's 1.06-1.34x cuDNN (measured on an H100 80GB, 2026-12-06) is the goal, not the prediction.
 
+Variants b7b and b7c (the next design step at D = 128; prediction written before any GPU run of them).
+b7's first timed run (docs/KERNELS.md, "Backward b7") gave 380-425 TFLOP/s at both head dims: the same rate at
+D = 64 and 128, where cuDNN gains at D = 128 (525-545 against 454-461), so the gap is at D = 128. What a step of
+b7 costs there (one program of 128 keys, one tile of M = 32 query rows, both warpgroups; H100 SXM):
+
+- **Products**: 5 x 2 x 128 x 32 x 128 = 5.24 MFLOP, 0.70 us at the tensor rate (989 TFLOP/s over 132 SMs).
+  Three of the five have N = 32 (S^T = K Q^T and dP^T = V dO^T: 64 keys x 32 queries; dQ^T: 64 columns x 32
+  queries), two have N = 128 (dV, dK). Counting an N = 32 wgmma at half rate (as above), 1.12 us: a ceiling of
+  62% of the tensor rate, about 620 TFLOP/s. Measured: 14.5 ms for 32 waves of 256 steps (fp16, non-causal,
+  (B, H, N) = (4, 16, 8192)), 1.77 us a step, so 0.65 us a step is spent off the tensor cores.
+- **Bytes in**: Q and dO, 2 x 32 x 128 x 2 = 16 KB by TMA (L2 hits: a head's programs share them); lse and Delta,
+  2 x 32 x 4 = 256 B, but loaded by the math warps, 8 + 8 values a thread (the S^T layout's columns) in both
+  warpgroups, at the start of each step and needed after S^T: an L2 round trip (a few hundred cycles, more under
+  the reduce-add traffic) that only the S^T and dP^T products (about 500-1,000 cycles for the four of the two
+  warpgroups at N = 32) can hide. Exposed: 0-250 cycles of a step's 3,100 (1.755 GHz), 0-8%.
+- **Bytes out**: dQ's reduce-add, 32 x 128 x 4 = 16 KB a step, B*H*N*D x 4 = 268 MB a key-tile pass, 64 passes:
+  17.2 GB in 14.5 ms, 1.2 TB/s into L2, and the same again of Q and dO read: about 2.4 TB/s, under half of L2's
+  estimated 5.5 TB/s. The reduce-adds land in L2 (two heads' float32 dQ, 8 MB, are what 132 programs touch at
+  once) and reach HBM about once. Not the limit; cuDNN's backward moves the same float32 dQ.
+- **Shared memory**: K, V 64 KB, the (Q, dO) ring 2 x 16 KB, dS 4 x 4 KB, the dQ tiles 4 x 8 KB: 147,936 B, one
+  program an SM. A third ring slot adds 16 KB (b7c: 165,136 B; a fourth would still fit in 227 KB).
+- **Registers**: 168 a thread at launch, 240 for the consumers after ``setmaxnreg`` (24 for the loader and the
+  writer: 2 x 128 x 240 + 128 x 24 = 64,512 of 65,536, so 240 is the most two consumer warpgroups can take).
+  dK and dV hold 128 of the 240 at D = 128. With 64-row query tiles (N = 64 for S^T, dP^T and dQ: no product
+  left at N = 32, so the 62% ceiling above no longer applies) b7b spills 120 B a thread under Triton 3.9 at
+  240 (compiled here, 230,896 B of shared memory): not built, by the rule of no spills.
+- **dQ handoff**: b7 already adds dQ from a warp of its own with double-buffered tiles, so a consumer waits on
+  ``dq_empty`` only when the writer is two steps behind; a third buffer would cost 16 KB more for a wait not
+  yet seen. The profile (``benchmarks/ncu_limits.py``, case ``bwd-b7-d128``) will show whether it happens.
+
+Built: **b7b** brings each tile's lse and Delta by the loader's TMA into shared memory with Q and dO (one
+transaction, the slot's ``ready`` barrier counting their bytes: FA3's LSE and dPsum copies), so a consumer reads
+them from shared memory (16 loads of about 30 cycles) and issues no global load; **b7c** is b7b with a three-slot
+ring. Expected: b7b 1.02-1.08x b7 at D = 128 (0.74-0.90x cuDNN), D = 64 as b7 within 3%; b7c b7b within 3% (the
+ring waits only when L2 is slow). b7b is the change expected to pay most of those that compile without spills;
+neither reaches cuDNN by this count, which points at the N = 32 products and the off-tensor 0.65 us a step (the
+two warpgroups meet every step to exchange dS, so their exp2 and dS arithmetic run at the same time and the
+tensor cores wait): the profile of b7 and b7b beside cuDNN's decides the next step.
+
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
 (P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows).
 
-Not dispatched, not yet timed (``TESTED_TRITON`` stays empty until it is): its first GPU run (an H100, Triton 3.9,
-2026-12-06) passed 35 of its 40 gradient checks against float64 and was cut before the rest and any timing by the
-run's budget (docs/KERNELS.md, "The runs of 2026-12-06 on an H100 80GB"). ``flashcourse.kernels`` does not
-import this module; ``benchmarks/gpu_b7.py`` checks and times it.
+Not dispatched (``TESTED_TRITON`` stays empty until a variant wins where it would be dispatched): b7's runs are in
+docs/KERNELS.md ("Backward b7"). ``flashcourse.kernels`` does not import this module; ``benchmarks/gpu_b7.py``
+checks and times each variant (``--variants``).
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
@@ -411,7 +449,8 @@ class Stage:
         return {"num_warps": 4}
 
     def constexprs(self, causal: bool) -> dict:
-        return {"CAUSAL": causal, "STAGES": self.stages, "STATS_BY_TMA": self.stats_by_tma, "PRODUCER_REGS": self.producer_regs,
+        return {"CAUSAL": causal, "STAGES": self.stages, "STATS_BY_TMA": self.stats_by_tma,
+                "PRODUCER_REGS": self.producer_regs,
                 "CONSUMER_REGS": self.consumer_regs}
 
 
