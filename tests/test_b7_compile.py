@@ -51,8 +51,8 @@ def _sibling(name: str):
     return module
 
 
-# What the subprocess below prints: b7 compiled for sm_90 at D 64 and 128 (fp16 not causal, bf16 causal), the
-# cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
+# What the subprocess below prints: each variant (b7, b7b, b7c) compiled for sm_90 at D 64 and 128 (fp16 not causal,
+# bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
 _COMPILE = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -64,27 +64,29 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import fa3_compile
 from flashcourse.kernels.hopper import fa3_backward_tma as b7
-stage = b7.STAGES["b7"]
 records = []
-for head_dim in b7.HEAD_DIMS:
-    for dtype, causal in ((torch.float16, False), (torch.bfloat16, True)):
-        signature, constexprs = b7.kernel_signature(stage, head_dim, dtype, causal)
-        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options=stage.options())
-        usage = fa3_compile.resource_usage(compiled.asm["cubin"])
-        ptx = compiled.asm["ptx"]
-        records.append({"head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
-                        "shared": compiled.metadata.shared,
-                        "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
-                        "atom": ptx.count("atom.global") + ptx.count("red.global"),
-                        "wgmma": ptx.count("wgmma.mma_async"),
-                        "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
+cases = ((name, head_dim, dtype, causal) for name in b7.STAGES for head_dim in b7.HEAD_DIMS
+         for dtype, causal in ((torch.float16, False), (torch.bfloat16, True)))
+for name, head_dim, dtype, causal in cases:
+    stage = b7.STAGES[name]
+    signature, constexprs = b7.kernel_signature(stage, head_dim, dtype, causal)
+    compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options=stage.options())
+    usage = fa3_compile.resource_usage(compiled.asm["cubin"])
+    ptx = compiled.asm["ptx"]
+    records.append({"variant": name, "head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
+                    "shared": compiled.metadata.shared,
+                    "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+                    "atom": ptx.count("atom.global") + ptx.count("red.global"),
+                    "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
+                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
 print(json.dumps(records))
 """
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # one to two minutes on two shared cores: four compiles to cubin
+@pytest.mark.slow  # one to three minutes on two shared cores: twelve compiles to cubin
 def test_b7_compiles_for_sm90(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -92,9 +94,9 @@ def test_b7_compiles_for_sm90(tmp_path):
                           env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(records) == 4
+    assert len(records) == 4 * 3
     for r in records:
-        where = f"b7 D={r['head_dim']} {r['dtype']} causal={r['causal']}"
+        where = f"{r['variant']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
         assert r["local"] == 0, f"{where} spills {r['local']} bytes a thread"
         assert r["wgmma"] > 0, f"{where} has no wgmma"
@@ -105,6 +107,17 @@ def test_b7_compiles_for_sm90(tmp_path):
         budgets = " ".join(r["setmaxnreg"])
         assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"  # loader and writer
         assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # the consumers
+        if r["variant"] == "b7":  # the consumers load lse and Delta from global memory
+            assert r["ld_global"] > 0 and r["tma_1d"] == 0, f"{where}: {r['ld_global']} global loads"
+        else:  # b7b, b7c: the loader brings them by two 1-D TMA copies a tile; no thread loads global memory
+            assert r["ld_global"] == 0, f"{where}: {r['ld_global']} global loads in the PTX"
+            assert r["tma_1d"] == 2, f"{where}: {r['tma_1d']} 1-D TMA copies in the PTX"
+    shared = {(r["variant"], r["head_dim"]): r["shared"] for r in records}
+    assert shared["b7", 128] == 147936  # b7 as measured on 2026-12-06 (meta of its compile rows)
+    for d in (64, 128):  # lse and Delta slots: 2 x STAGES x BLOCK_M x 4 bytes beside b7's; b7c's third slot
+        block_m = 32 if d > 64 else 64
+        assert shared["b7b", d] - shared["b7", d] >= 2 * 2 * block_m * 4, shared
+        assert shared["b7c", d] - shared["b7b", d] >= 2 * block_m * d * 2, shared
 
 
 def test_kernels_package_does_not_import_b7():
