@@ -146,6 +146,8 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
+    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c \(got 'b8'\)"):
+        fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
     assert fa3_backward_tma.TESTED_TRITON == ()  # not yet timed on a GPU (benchmarks/gpu_b7.py): not dispatched
 
 
@@ -170,13 +172,17 @@ def test_one_compile_serves_every_shape():
     kernel = fa3_backward_tma.STAGES["b7"].kernel
     ints = [p.name for p in kernel.params if p.name.startswith("N_")]
     assert ints and all(p.do_not_specialize for p in kernel.params if p.name in ints), ints
-    keys = set()
+    keys, stat_keys = set(), set()
     for batch, heads, n in [(1, 2, 4096), (4, 32, 4096), (4, 16, 8192), (2, 2, 17)]:
         rows = torch.zeros(batch * heads * n, 128, dtype=torch.bfloat16)
         desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [32, 128],
                                 _smem_layout(32, 128, torch.bfloat16))
         keys.add(native_specialize_impl(BaseBackend, desc, False, True, True))
+        stats = torch.zeros(batch * heads * n)  # b7b's lse and Delta, 1-D over every head
+        stats_desc = TensorDescriptor(stats, [stats.numel()], [1], [32], fa3_backward_tma._stats_layout(32))
+        stat_keys.add(native_specialize_impl(BaseBackend, stats_desc, False, True, True))
     assert len(keys) == 1, keys
+    assert len(stat_keys) == 1, stat_keys
 
 
 # ------------------------------------------------------------------------------------------ the handoffs
