@@ -280,11 +280,12 @@ def test_the_model_catches_a_single_ds_buffer():
 
 
 # ------------------------------------------------------------------------------------------ the arithmetic
-def _emulate_b7(q, k, v, o, lse, do, causal):
+def _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma=False):
     """b7's arithmetic in float64 NumPy: 128-key programs of two 64-key warpgroups, query tiles of BLOCK_M rows
     read as TMA reads them (a tile past a head's end takes the next head's rows, past the last zeros), the masked
     and unmasked loops of ``_query_tiles``; warpgroup w's dQ columns [w D/2, (w+1) D/2) from both halves of dS,
-    added to a padded float32 buffer."""
+    added to a padded float32 buffer. ``stats_by_tma`` (b7b, b7c): lse and Delta read as the loader's 1-D TMA
+    reads them, past N_q the next head's values (zeros past the last), where b7 loads zeros."""
     import numpy as np
 
     b6_test = _sibling("test_fa3_backward_compile")
@@ -316,8 +317,14 @@ def _emulate_b7(q, k, v, o, lse, do, causal):
                 qt, dot = tma("q", bh * n_q + m * block_m, block_m), tma("do", bh * n_q + m * block_m, block_m)
                 cols = m * block_m + np.arange(block_m)
                 ok_rows = cols < n_q
-                lse_m = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
-                delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                if stats_by_tma:
+                    at = bh * n_q + cols
+                    inside = at < lse_flat.size
+                    lse_m = np.where(inside, lse_flat[np.minimum(at, lse_flat.size - 1)], 0.0)
+                    delta = np.where(inside, delta_flat[np.minimum(at, delta_flat.size - 1)], 0.0)
+                else:
+                    lse_m = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                    delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
                 ds_t = []
                 for w in range(2):
                     with np.errstate(over="ignore"):
@@ -342,7 +349,8 @@ def _emulate_b7(q, k, v, o, lse, do, causal):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
+@pytest.mark.parametrize("stats_by_tma", [False, True])
+def test_the_kernels_arithmetic_gives_the_gradients(d, causal, stats_by_tma):
     """The emulation equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and more
     keys than queries, one row, and two heads (a tile past the first head's end reads the second's rows)."""
     import numpy as np
@@ -359,7 +367,7 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
         o = p @ v
         ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
         expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b7(q, k, v, o, lse, do, causal)
+        got = _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
 
