@@ -1,6 +1,6 @@
-"""Backward b7 (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA reduce-add) timed
-beside b1, cuDNN and, where importable, FlashAttention-4, and checked against float64, on an H100 / H200 under
-Triton >= 3.9.
+"""Backward b7 and its variants (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA
+reduce-add; ``STAGES`` names them) timed beside b1, cuDNN and, where importable, FlashAttention-4, and checked
+against float64, on an H100 / H200 under Triton >= 3.9.
 
 The GPU machines carry Triton 3.6; 3.9 travels in parts (``scripts/wheel_parts.py``, which prints the calls)
 and is first on the path. The times are estimates from the first run's H100 (the install adds about 20 s), and
@@ -9,6 +9,11 @@ every run stops within ``--budget`` (200 s) with its JSON written:
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT               # about 2 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --no-checks --out $OUT   # about 1.5 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --out $OUT                       # about 3 minutes
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7,b7b,b7c --out $OUT  # 2.5 minutes
+
+``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
+b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
+its checks, 10 s without).
 
 ``--quick`` times one shape, (B, H, N) = (4, 16, 8192), for each head dim and dtype, causal and not (8 rows of
 each provider); the default adds (4, 32, 4096) (16 rows). ``--no-checks`` skips the gradient checks (a
@@ -19,18 +24,20 @@ v7's forward and the small kernels anew for each (D, dtype, causal), about 14 s 
 10 s into the eighth (bf16, D = 128, causal), before any timing. So the phases are now, in order:
 
 1. **compile**: one child per (D, dtype, causal), up to half the CPU cores at once, each making the first calls
-   of v7's forward, b7 and b1 at that variant's timing shapes; the kernels compile there (``kind`` "compile"
-   rows give each first call's seconds, and b7's registers, spills and shared memory) and land in Triton's
-   cache on disk, which the later children and the parent read instead of compiling;
-2. **time**: b7 at every timing shape, one child taking the shapes in turn (nothing else runs on the GPU);
+   of v7's forward, each variant and b1 at that (D, dtype, causal)'s timing shapes; the kernels compile there
+   (``kind`` "compile" rows give each first call's seconds, ``kernel_s`` the variant's, and the variant's
+   registers, spills and shared memory) and land in Triton's cache on disk, which the later children and the
+   parent read instead of compiling;
+2. **time**: each variant at every timing shape, one child taking them in turn (nothing else runs on the GPU);
 3. **references**, in this process: SDPA's cuDNN backward, our b1 and FlashAttention-4's backward (the
    ``flash_attn.cute`` interface of ``flash-attn-4``, if it imports; else one row saying why) on the same shapes;
-4. **checks** (unless ``--no-checks``): b7's gradients against float64 autograd, as ``gpu_fa3_backward.py``
+4. **checks** (unless ``--no-checks``): each variant's gradients against float64 autograd, as ``gpu_fa3_backward.py``
    checks b6: causal and not, N in {1, 17, 130, 1000, 4096} (a tile cut short, one row, a length that is no
    multiple of the 32- or 64-row query tile nor of the 128-key tile), D 64 and 128, float16 and bfloat16; o and
    lse from the v7 forward; each gradient divided by max(1, max |reference|) must lie within
    ``flashcourse.tolerance``'s (rtol, atol). One child per (D, dtype, causal), in parallel like the compiles.
-   Afterwards each b7 timing row gets ``checks_passed`` for its dtype and head dim (None where none ran).
+   Afterwards each variant's timing row gets ``checks_passed`` for its variant, dtype and head dim (None where
+   none ran).
 
 Every child writes a "begin" line before each item (a compile, a shape, a check) and its row after it, and
 prints both with the seconds since the run began. An item that runs past its limit (``--compile-timeout``,
@@ -38,8 +45,9 @@ prints both with the seconds since the run began. An item that runs past its lim
 a new child takes the job's remaining items, so a deadlock costs one row. An item cut by the run's budget says
 so instead, and items never started say "not run". Every timing is ``flashcourse.bench.time_repeats`` (median
 of 3, with the range), FLOPs ``attention_flops(..., mode="bwd")``, ratios (``ratio_vs_sdpa_cudnn``,
-``ratio_vs_b1``, ``ratio_vs_fa4``) from ``bench.providers.add_ratios``. The JSON is
-``<out>/<date>-<device>-b7.json`` (``meta.kind = "b7"``).
+``ratio_vs_b1``, ``ratio_vs_fa4``, and for the other variants ``ratio_vs_b7``) from ``bench.providers.add_ratios``.
+The JSON is ``<out>/<date>-<device>-b7.json`` (``meta.kind = "b7"``; ``meta.variants``, and each variant's
+description and expectation under ``meta.<variant>``).
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.pop("TRITON_INTERPRET", None)
 
-PROVIDER = "b7"
+BASE = "b7"  # the variant the others are compared with (``ratio_vs_b7``)
 CHECK_NS = (1, 17, 130, 1000, 4096)
 TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192))  # (B, H, N): B*H*N constant
 QUICK_TIME_SHAPES = ((4, 16, 8192),)
@@ -95,30 +103,34 @@ def _item(batch, heads, n, head_dim, dtype, causal) -> dict:
 
 
 def label(item: dict) -> str:
-    return (f"{item['dtype']} D={item['head_dim']} N={item['n']} causal={item['causal']} "
+    variant = f"{item['provider']} " if "provider" in item else ""
+    return (f"{variant}{item['dtype']} D={item['head_dim']} N={item['n']} causal={item['causal']} "
             f"B={item['batch']} H={item['heads']}")
 
 
-def variant(item: dict) -> tuple:
-    """What b7's compiled kernel depends on: N, B and H are run-time arguments (``do_not_specialize``, and its
-    tensor descriptors are keyed by dtype, block and layout only), so one compile serves every shape."""
+def compile_key(item: dict) -> tuple:
+    """What a variant's compiled kernels depend on besides the variant: N, B and H are run-time arguments
+    (``do_not_specialize``, and the tensor descriptors are keyed by dtype, block and layout only), so one
+    compile serves every shape. The forward and b1 compiled for one variant serve the others in the child."""
     return item["dtype"], item["head_dim"], item["causal"]
 
 
-def by_variant(items: list[dict]) -> list[list[dict]]:
+def by_compile_key(items: list[dict]) -> list[list[dict]]:
     jobs: dict = {}
     for item in items:
-        jobs.setdefault(variant(item), []).append(item)
+        jobs.setdefault(compile_key(item), []).append(item)
     return list(jobs.values())
 
 
-def plan(quick: bool, checks: bool) -> dict:
-    """The items of each phase: ``compile`` and ``check`` as jobs (lists of items, one job a child, run side by
-    side), ``time`` as one job (shapes timed one after another, nothing else on the GPU)."""
-    timed = [_item(*case) for case in time_shapes(quick)]
-    check_items = [_item(*((1, 2) if n >= 4096 else (2, 2)), n, d, dt, c)
-                   for dt in DTYPES for d in HEAD_DIMS for c in (False, True) for n in CHECK_NS]
-    return {"compile": by_variant(timed), "time": [timed], "check": by_variant(check_items) if checks else []}
+def plan(quick: bool, checks: bool, variants=(BASE,)) -> dict:
+    """The items of each phase, each item naming its variant (``provider``): ``compile`` and ``check`` as jobs
+    (lists of items, one job a child, run side by side), ``time`` as one job (shapes timed one after another,
+    nothing else on the GPU; each shape's variants side by side in time)."""
+    timed = [{"provider": name, **_item(*case)} for case in time_shapes(quick) for name in variants]
+    check_items = [{"provider": name, **_item(*((1, 2) if n >= 4096 else (2, 2)), n, d, dt, c)}
+                   for dt in DTYPES for d in HEAD_DIMS for c in (False, True) for name in variants for n in CHECK_NS]
+    return {"compile": by_compile_key(timed), "time": [timed],
+            "check": by_compile_key(check_items) if checks else []}
 
 
 # ------------------------------------------------------------------------------------------ a child's items
@@ -136,39 +148,42 @@ def child_loop(items: list[dict], out: Path, work) -> None:
 
 
 def _row(kind: str, item: dict, **fields) -> dict:
-    return {"kind": kind, "provider": PROVIDER, **item, **fields}
+    return {"kind": kind, "provider": BASE, **item, **fields}  # an item names its variant (provider)
 
 
 def compile_item(item: dict) -> dict:
-    """The first calls of v7's forward, b7 and b1 at a timed shape: each compiles, or loads from the disk cache
-    what an earlier child compiled. Their seconds, and b7's registers, spills and shared memory."""
+    """The first calls of v7's forward, the item's variant and b1 at a timed shape: each compiles, or loads from
+    the disk cache what an earlier child compiled. Their seconds, and the variant's registers, spills and shared
+    memory."""
     import torch
 
     from flashcourse import kernels
     from flashcourse.kernels.hopper import fa3_backward_tma
 
     row = _row("compile", item)
-    batch, heads, n, head_dim, dtype, causal = (item[k] for k in ("batch", "heads", "n", "head_dim", "dtype",
-                                                                   "causal"))
+    batch, heads, n, head_dim, dtype, causal, stage = (item[k] for k in ("batch", "heads", "n", "head_dim", "dtype",
+                                                                          "causal", "provider"))
     try:
         q, k, v = _inputs(batch, heads, n, head_dim, dtype)
         do = torch.randn_like(q)
         o, lse = None, None
-        for name in ("forward_v7", "b7", "b1"):
-            log(f"compile {name} at {label(item)}")
+        for name in ("forward_v7", "kernel", "b1"):
+            log(f"compile {stage if name == 'kernel' else name} at {label(item)}")
             began = time.time()
             if name == "forward_v7":
                 o, lse = _forward(q, k, v, causal)
-            elif name == "b7":
-                fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal)
+            elif name == "kernel":
+                fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
             else:
                 kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, version="b1")
             torch.cuda.synchronize()
             row[f"{name}_s"] = round(time.time() - began, 2)
-            log(f"compiled {name} at {label(item)}: first call {row[f'{name}_s']:.1f} s")
+            log(f"compiled {stage if name == 'kernel' else name} at {label(item)}: first call "
+                f"{row[f'{name}_s']:.1f} s")
         row["status"] = "ok"
-        for compiled in compiled_rows(fa3_backward_tma.STAGES[PROVIDER].kernel, PROVIDER)[-1:]:
-            row.update({f"b7_{key}": compiled.get(key) for key in ("n_regs", "n_spills", "shared")})
+        # The variants share one kernel function: its newest compiled specialization is this variant's.
+        for compiled in compiled_rows(fa3_backward_tma.STAGES[stage].kernel, stage)[-1:]:
+            row.update({key: compiled.get(key) for key in ("n_regs", "n_spills", "shared")})
     except Exception as error:  # noqa: BLE001 - recorded; the parent skips this variant's timings
         row["status"] = _error_text(error)
         traceback.print_exc()
@@ -176,18 +191,21 @@ def compile_item(item: dict) -> dict:
     return row
 
 
-def b7(q, k, v, do, causal):
-    from flashcourse.kernels.hopper import fa3_backward_tma
+def variant_call(stage: str):
+    """The maker ``time_case`` takes: the forward once, then the variant's backward as the timed call."""
+    def make(q, k, v, do, causal):
+        from flashcourse.kernels.hopper import fa3_backward_tma
 
-    o, lse = _forward(q, k, v, causal)
-    return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal)
+        o, lse = _forward(q, k, v, causal)
+        return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+    return make
 
 
 def time_item(item: dict) -> dict:
-    log(f"time b7 at {label(item)}")
-    row = time_case(PROVIDER, b7, item["batch"], item["heads"], item["n"], item["head_dim"], item["dtype"],
-                    item["causal"])
-    log(f"timed b7 at {label(item)}: "
+    log(f"time {label(item)}")
+    row = time_case(item["provider"], variant_call(item["provider"]), item["batch"], item["heads"], item["n"],
+                    item["head_dim"], item["dtype"], item["causal"])
+    log(f"timed {label(item)}: "
         + (f"{row['tflops']:.0f} TFLOP/s ({row['tflops_min']:.0f}-{row['tflops_max']:.0f})"
            if row["status"] == "ok" else row["status"]))
     return row
@@ -197,7 +215,7 @@ _TRACEBACKS_SHOWN = []
 
 
 def check_item(item: dict) -> dict:
-    """b7's gradients against float64 autograd at one shape."""
+    """A variant's gradients against float64 autograd at one shape."""
     import torch
 
     from flashcourse.kernels.hopper import fa3_backward_tma
@@ -206,12 +224,12 @@ def check_item(item: dict) -> dict:
     batch, heads, n, head_dim, dtype, causal = (item[k] for k in ("batch", "heads", "n", "head_dim", "dtype",
                                                                    "causal"))
     row = _row("check", item)
-    log(f"check b7 at {label(item)}")
+    log(f"check {label(item)}")
     try:
         q, k, v = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)
         (do,) = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim + 1)[:1]
         o, lse = _forward(q, k, v, causal)
-        grads = fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal)
+        grads = fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=item["provider"])
         torch.cuda.synchronize()
         expected = reference_grads(q, k, v, do, causal)
         rtol, atol = TOLERANCES[dtype]
@@ -230,7 +248,7 @@ def check_item(item: dict) -> dict:
         if not _TRACEBACKS_SHOWN:
             _TRACEBACKS_SHOWN.append(True)
             traceback.print_exc()
-    log(f"checked b7 at {label(item)}: {row['status']}"
+    log(f"checked {label(item)}: {row['status']}"
         + (f" (max err dq {row['max_err_dq']:.1e} dk {row['max_err_dk']:.1e} dv {row['max_err_dv']:.1e})"
            if "max_err_dq" in row else ""))
     return row
@@ -387,15 +405,16 @@ def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
     return rows
 
 
-def mark_checks(rows: list[dict]) -> None:
-    """Each b7 timing row's ``checks_passed``: every check of its dtype and head dim ok (None where none ran)."""
+def mark_checks(rows: list[dict], variants=(BASE,)) -> None:
+    """Each variant's timing rows' ``checks_passed``: every check of its variant, dtype and head dim ok (None
+    where none ran)."""
     checks: dict = {}
     for r in rows:
         if r["kind"] == "check":
-            checks.setdefault((r["dtype"], r["head_dim"]), []).append(r["status"] == "ok")
+            checks.setdefault((r["provider"], r["dtype"], r["head_dim"]), []).append(r["status"] == "ok")
     for r in rows:
-        if r["kind"] == "time" and r["provider"] == PROVIDER:
-            got = checks.get((r["dtype"], r["head_dim"]))
+        if r["kind"] == "time" and r["provider"] in variants:
+            got = checks.get((r["provider"], r["dtype"], r["head_dim"]))
             r["checks_passed"] = all(got) if got else None
 
 
@@ -405,6 +424,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
     parser.add_argument("--quick", action="store_true", help="N = 8192 only (one shape per head dim and dtype)")
     parser.add_argument("--no-checks", action="store_true", help="skip the gradient checks (a timing-only rerun)")
+    parser.add_argument("--variants", default=BASE,
+                        help="comma-separated variants of fa3_backward_tma.STAGES to time and check (default: b7)")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run, the JSON written")
     parser.add_argument("--compile-timeout", type=float, default=120.0,
                         help="seconds for one variant's first calls (its child's start included)")
@@ -435,16 +456,23 @@ def main(argv=None) -> int:
         print("gpu_b7.py needs a CUDA GPU (Hopper)")
         return 2
     meta = environment_info()
+    variants = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick, checks=not args.no_checks,
-                triton_path=triton.__file__, budget_s=args.budget)
+                triton_path=triton.__file__, budget_s=args.budget, variants=list(variants))
     try:
         from flashcourse.kernels.hopper import fa3_backward_tma
 
-        spec = fa3_backward_tma.STAGES[PROVIDER]
+        unknown = [v for v in variants if v not in fa3_backward_tma.STAGES]
+        if unknown or not variants:
+            print(f"--variants takes names from {', '.join(fa3_backward_tma.STAGES)} (got {args.variants!r})")
+            return 2
         meta.update(tested_triton=list(fa3_backward_tma.TESTED_TRITON), has_tma_reduce=fa3_backward_tma.HAS_TMA_REDUCE,
-                    b7={"adds": spec.adds, "expected": spec.expected, "keys": spec.keys(), "ring_stages": spec.stages,
-                        "producer_regs": spec.producer_regs, "consumer_regs": spec.consumer_regs,
-                        "block_m": {str(d): m for d, m in fa3_backward_tma.BLOCK_M.items()}})
+                    block_m={str(d): m for d, m in fa3_backward_tma.BLOCK_M.items()})
+        for name in variants:
+            spec = fa3_backward_tma.STAGES[name]
+            meta[name] = {"adds": spec.adds, "expected": spec.expected, "keys": spec.keys(),
+                          "ring_stages": spec.stages, "stats_by_tma": spec.stats_by_tma,
+                          "producer_regs": spec.producer_regs, "consumer_regs": spec.consumer_regs}
         import_error = None if fa3_backward_tma.HAS_TMA_REDUCE else (
             f"Triton {triton.__version__} has no tma.async_atomic_add: run with PYTHONPATH=/tmp/t39:src "
             "(scripts/wheel_parts.py)")
@@ -468,16 +496,18 @@ def main(argv=None) -> int:
         return lambda items, path: [sys.executable, script, "--child", kind, "--items", json.dumps(items),
                                     "--rows", str(path), "--since", repr(start)]
 
-    work = plan(args.quick, checks=not args.no_checks)
+    work = plan(args.quick, checks=not args.no_checks, variants=variants)
     parallel = max(1, (os.cpu_count() or 2) // 2)
-    n_timed = len(work["time"][0])
+    n_timed = len(work["time"][0])  # every variant's shapes
+    n_shapes = len(time_shapes(args.quick))
     if import_error:
         log(f"b7 cannot run: {import_error}")
         phases["b7"] = f"not run: {import_error}"
     else:
-        log(f"compile: {len(work['compile'])} variants of b7 (with v7's forward and b1), {parallel} at a time")
+        log(f"compile: {', '.join(variants)} at {len(work['compile'])} (D, dtype, causal) (with v7's forward and b1), "
+            f"{parallel} at a time")
         began = time.time()
-        after = CHILD_START_S + 3 * SHAPE_S * n_timed  # b7's timings, then cuDNN's and b1's
+        after = CHILD_START_S + SHAPE_S * (n_timed + 2 * n_shapes)  # the variants' timings, then cuDNN's and b1's
         compiled = run_jobs("compile", work["compile"], command("compile"), parallel=parallel,
                             item_timeout=args.compile_timeout, deadline=deadline - after, env=env)
         rows.extend(compiled)
@@ -485,17 +515,20 @@ def main(argv=None) -> int:
                              "ok": sum(r["status"] == "ok" for r in compiled), "of": len(compiled)}
         save()
 
-        ready = {variant(r) for r in compiled if r["status"] == "ok"}
-        failed = {variant(r): r["status"] for r in compiled if r["status"] != "ok"}
-        to_time = [item for item in work["time"][0] if variant(item) in ready]
+        def compiled_key(item):
+            return item["provider"], *compile_key(item)
+
+        ready = {compiled_key(r) for r in compiled if r["status"] == "ok"}
+        failed = {compiled_key(r): r["status"] for r in compiled if r["status"] != "ok"}
+        to_time = [item for item in work["time"][0] if compiled_key(item) in ready]
         for item in work["time"][0]:
-            if variant(item) not in ready:
-                why = failed.get(variant(item), "no first call")
+            if compiled_key(item) not in ready:
+                why = failed.get(compiled_key(item), "no first call")
                 rows.append({**_row("time", item), "mode": "bwd", "status": f"not run: its compile: {why}"})
-        log(f"time: {len(to_time)} shapes of b7, one after another")
+        log(f"time: {len(to_time)} shapes of {', '.join(variants)}, one after another")
         began = time.time()
         timed = run_jobs("time", [to_time], command("time"), parallel=1, item_timeout=args.shape_timeout,
-                         deadline=deadline - 2 * SHAPE_S * n_timed, env=env)  # the references' time kept
+                         deadline=deadline - 2 * SHAPE_S * n_shapes, env=env)  # the references' time kept
         rows.extend({"mode": "bwd", **r} for r in timed)
         phases["time"] = {"seconds": round(time.time() - began, 1),
                           "ok": sum(r["status"] == "ok" for r in timed), "of": len(timed)}
@@ -512,38 +545,43 @@ def main(argv=None) -> int:
     save()
 
     if work["check"] and not import_error:
-        log(f"checks: {sum(map(len, work['check']))} gradient checks, {parallel} children at a time")
+        log(f"checks: {sum(map(len, work['check']))} gradient checks of {', '.join(variants)}, {parallel} children "
+            "at a time")
         began = time.time()
         checked = run_jobs("check", work["check"], command("check"), parallel=parallel,
                            item_timeout=args.check_timeout, deadline=deadline, env=env)
         rows.extend(checked)
         phases["checks"] = {"seconds": round(time.time() - began, 1),
                             "ok": sum(r["status"] == "ok" for r in checked), "of": len(checked)}
-    mark_checks(rows)
+    mark_checks(rows, variants)
 
     timed_rows = [r for r in rows if r["kind"] == "time"]
-    add_ratios(timed_rows, key=_shape, rate="tflops", ours=[PROVIDER, "b1"])  # each over cuDNN and FA4
-    add_ratios([r for r in timed_rows if r["provider"] in (PROVIDER, "b1")], key=_shape, rate="tflops",
-               ours=[PROVIDER])  # b7 over b1
+    add_ratios(timed_rows, key=_shape, rate="tflops", ours=[*variants, "b1"])  # each over cuDNN and FA4
+    add_ratios([r for r in timed_rows if r["provider"] in (*variants, "b1")], key=_shape, rate="tflops",
+               ours=variants)  # each variant over b1
+    others = [v for v in variants if v != BASE]
+    if others and BASE in variants:  # each later variant over b7, in the same run
+        add_ratios([r for r in timed_rows if r["provider"] in variants], key=_shape, rate="tflops", ours=others)
     path = save(done=True)
     log(f"wrote {path} ({meta['seconds']} s)")
 
-    print("\nfirst calls (s): v7 forward, b7, b1")
+    print("\nfirst calls (s): v7 forward, the variant, b1; the variant's registers, spills, shared memory")
     for r in rows:
         if r["kind"] == "compile":
-            seconds = " ".join(f"{r.get(f'{name}_s', float('nan')):5.1f}" for name in ("forward_v7", "b7", "b1"))
-            print(f"{label(r)}  {seconds}  {r['status']}")
-    print("\nbackward TFLOP/s, median (range); x cuDNN; x b1; x FA4")
+            seconds = " ".join(f"{r.get(f'{name}_s', float('nan')):5.1f}" for name in ("forward_v7", "kernel", "b1"))
+            print(f"{label(r)}  {seconds}  {r.get('n_regs')} {r.get('n_spills')} {r.get('shared')}  {r['status']}")
+    print("\nbackward TFLOP/s, median (range); x cuDNN; x b1; x FA4; x b7")
     for r in timed_rows:
-        if r["provider"] in (PROVIDER, "b1"):
-            ratios = "".join(f"  {r[f'ratio_vs_{p}']:.2f}x {p}" for p in ("sdpa_cudnn", "b1", "fa4")
+        if r["provider"] in (*variants, "b1"):
+            ratios = "".join(f"  {r[f'ratio_vs_{p}']:.2f}x {p}" for p in ("sdpa_cudnn", "b1", "fa4", BASE)
                              if r.get(f"ratio_vs_{p}"))
             text = (f"{r['tflops']:.0f} ({r['tflops_min']:.0f}-{r['tflops_max']:.0f}){ratios}"
                     if r["status"] == "ok" else r["status"])
             print(f"{r['provider']:4} {r['dtype']:8} D={r['head_dim']:<3} N={r['n']:<5} causal={r['causal']!s:5} "
                   f"{text}")
-    checks = [r for r in rows if r["kind"] == "check"]
-    print(f"\nb7 checks: {sum(r['status'] == 'ok' for r in checks)}/{len(checks)} passed")
+    for name in variants:
+        checks = [r for r in rows if r["kind"] == "check" and r["provider"] == name]
+        print(f"{name} checks: {sum(r['status'] == 'ok' for r in checks)}/{len(checks)} passed")
     return 0
 
 

@@ -4,7 +4,8 @@ compiled FlexAttention, the rows of ``bench variants`` that missed their target 
 were compared with (:data:`VARIANT_GAPS`), and the other gaps of the 2026-12-02 H200 runs (:data:`GAP_CASES`,
 groups :data:`GAP_GROUPS`): the default forward at N = 4096, the FP8 forward at D = 128 and the backward at
 D = 256, each beside its reference; then the two gaps of the 2026-12-06 H100 runs (:data:`H100_CASES`: the short
-causal forward at D = 64, and FlashAttention-4's conditional rescaling against the stage it builds on). A GPU
+causal forward at D = 64, and FlashAttention-4's conditional rescaling against the stage it builds on); last the
+Gluon backward b7 and its variants at D = 128 (:data:`B7_CASES`, beside ``bwd-cudnn`` at the same shape). A GPU
 call (under 9 minutes) runs the cases in order until ``--budget`` is spent; the first ten cases took 3 minutes, the
 nine of a variant-gap run 3 more, so every case no longer fits in one call and a call names its cases with
 ``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
@@ -14,6 +15,12 @@ nine of a variant-gap run 3 more, so every case no longer fits in one call and a
     PYTHONPATH=src python benchmarks/ncu_limits.py --list                          # the cases
     PYTHONPATH=src python benchmarks/ncu_limits.py --dry                           # each case once, no ncu: kernels
     PYTHONPATH=src python benchmarks/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
+
+:data:`B7_CASES` need Triton >= 3.9 first on the path (``scripts/wheel_parts.py`` brings it to /tmp/t39; every case
+process inherits the path); with cuDNN's backward beside them, about 2 minutes:
+
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --budget 200 --out $OUT --only bwd-b7-d128
+        --only bwd-b7b-d128 --only bwd-b7c-d128 --only bwd-cudnn                   # (one command line)
 
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
@@ -480,6 +487,35 @@ H100_CASES = (
 )
 
 
+# The Gluon backward b7 (hopper/fa3_backward_tma.py) and its variants at BWD's shape (D = 128, where b7 ran at
+# 0.72-0.84x cuDNN on the H100 of 2026-12-06: ratio_vs_sdpa_cudnn of the D = 128 rows of
+# 2026-12-06-nvidia-h100-80gb-hbm3-b7-quick.json); cuDNN's backward at the same shape is the case ``bwd-cudnn``.
+# Triton >= 3.9 must come first on the path (its Gluon has the TMA reduce-add); under an older one the case fails
+# with b7's message saying so.
+B7_GROUP = "b7 at D = 128"
+
+
+def _backward_b7(stage: str):
+    def build():
+        from flashcourse import kernels
+        from flashcourse.kernels.hopper import fa3_backward_tma  # Triton >= 3.9: imported on the GPU machine only
+
+        q, k, v, do = _inputs(BWD, 4)
+        o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
+        return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=False, stage=stage)
+    return build
+
+
+B7_CASES = (
+    Case("bwd-b7-d128", B7_GROUP, "b7", "Gluon b7: FA3's design, lse and Delta loaded by the math warps", BWD,
+         _backward_b7("b7")),
+    Case("bwd-b7b-d128", B7_GROUP, "b7b", "Gluon b7b: lse and Delta brought by the loader's TMA with Q and dO", BWD,
+         _backward_b7("b7b")),
+    Case("bwd-b7c-d128", B7_GROUP, "b7c", "Gluon b7c: b7b with a three-slot (Q, dO) ring", BWD,
+         _backward_b7("b7c")),
+)
+
+
 CASES = (
     Case("bwd-b1", "backward", "b1", "b1's dK/dV and dQ kernels (Triton) and their preprocess", BWD, _backward_b1),
     Case("bwd-cudnn", "backward", "sdpa_cudnn", "cuDNN's backward through SDPA (autograd.grad)", BWD,
@@ -504,7 +540,7 @@ CASES = (
     Case(f"{_slug(name)}-{mode}-{'ours' if provider == 'flashcourse' else _slug(provider)}", "variant gap", provider,
          f"bench variants' {name!r} {mode}, {provider}", _variant_shape(name, mode),
          _variant_case(name, provider, mode))
-    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES + H100_CASES
+    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES + H100_CASES + B7_CASES
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 

@@ -104,36 +104,43 @@ def test_the_budget_cuts_the_running_item_and_skips_the_rest(tmp_path):
 
 def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_head_dim_and_dtype(tmp_path):
     code = _LOAD + textwrap.dedent("""
-        plans = {f"{quick} {checks}": script.plan(quick, checks) for quick in (True, False) for checks in (True, False)}
-        rows = [{"kind": "check", "dtype": "float16", "head_dim": 64, "status": "ok"},
-                {"kind": "check", "dtype": "float16", "head_dim": 128, "status": "wrong"},
-                *({"kind": "time", "provider": p, "dtype": "float16", "head_dim": d} for p in ("b7", "b1")
+        plans = {f"{quick} {checks} {','.join(variants)}": script.plan(quick, checks, variants)
+                 for quick in (True, False) for checks in (True, False) for variants in (("b7",), ("b7", "b7b"))}
+        rows = [{"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 64, "status": "ok"},
+                {"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 128, "status": "wrong"},
+                {"kind": "check", "provider": "b7b", "dtype": "float16", "head_dim": 128, "status": "ok"},
+                *({"kind": "time", "provider": p, "dtype": "float16", "head_dim": d} for p in ("b7", "b1", "b7b")
                   for d in (64, 128)),
                 {"kind": "time", "provider": "b7", "dtype": "bfloat16", "head_dim": 64}]
-        script.mark_checks(rows)
-        print(json.dumps({"plans": plans, "marked": [r.get("checks_passed", "absent") for r in rows[2:]]}))
+        script.mark_checks(rows, ("b7", "b7b"))
+        print(json.dumps({"plans": plans, "marked": [r.get("checks_passed", "absent") for r in rows[3:]]}))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for key, plan in out["plans"].items():
-        quick, checks = (word == "True" for word in key.split())
+        quick, checks, names = key.split()
+        quick, checks, names = quick == "True", checks == "True", names.split(",")
         timed = plan["time"][0]
         variants = {(i["dtype"], i["head_dim"], i["causal"]) for i in timed}
         assert variants == {(dt, d, c) for dt in ("float16", "bfloat16") for d in (64, 128) for c in (False, True)}
-        # One compile job a variant, holding exactly its timed shapes: the timings then compile nothing.
+        assert {i["provider"] for i in timed} == set(names)
+        # One compile job a (dtype, D, causal), holding exactly its timed shapes of every named variant: the
+        # timings then compile nothing.
         assert len(plan["compile"]) == len(variants)
         assert sorted(json.dumps(i, sort_keys=True) for job in plan["compile"] for i in job) == sorted(
             json.dumps(i, sort_keys=True) for i in timed)
         assert all(len({(i["dtype"], i["head_dim"], i["causal"]) for i in job}) == 1 for job in plan["compile"])
         shapes = {(i["batch"], i["heads"], i["n"]) for i in timed}
         assert shapes == ({(4, 16, 8192)} if quick else {(4, 16, 8192), (4, 32, 4096)}), key
-        assert len(timed) == len(variants) * len(shapes)
+        assert len(timed) == len(variants) * len(shapes) * len(names)
         checked = [i for job in plan["check"] for i in job]
         if checks:
-            assert len(checked) == 40 and {i["n"] for i in checked} == {1, 17, 130, 1000, 4096}
+            assert len(checked) == 40 * len(names) and {i["n"] for i in checked} == {1, 17, 130, 1000, 4096}
+            assert {i["provider"] for i in checked} == set(names)
         else:
             assert checked == []
-    # b7's rows: D 64 checked and passed, D 128 checked and failed, bfloat16 not checked; b1's rows untouched.
-    assert out["marked"] == [True, False, "absent", "absent", None]
+    # b7's rows: D 64 checked and passed, D 128 checked and failed; b1's rows untouched; b7b's D 64 not checked,
+    # its D 128 passed (b7's failure at D 128 is not b7b's); b7's bfloat16 not checked.
+    assert out["marked"] == [True, False, "absent", "absent", None, True, None]
