@@ -150,3 +150,97 @@ def test_fp8_forward_takes_far_negative_scores_for_keys(rng):
                                  out_dtype=torch.float16)
     assert_close(o, v.double().mean(2, keepdim=True).expand(o.shape), what="FP8 forward, scores near -8e35")
     assert torch.isfinite(lse).all(), "a row with keys has a finite lse"
+
+
+def test_every_teaching_version_gives_zero_and_minus_inf_without_keys(rng):
+    """N_kv = 0 (a row that sees no key) in every forward version: o = 0 and lse = -inf, never NaN."""
+    q, k = randn(rng, 1, 2, 5, 16), randn(rng, 1, 2, 0, 16)
+    for name, version in forward.FORWARD_VERSIONS.items():
+        o, lse = forward.run_forward(version, q, k, k, causal=False, scale=None)
+        assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all(), name
+
+
+# ------------------------------------------------------------------------------------------ Hopper (GPU only)
+def on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_hopper = pytest.mark.skipif(not on_hopper(), reason="needs a Hopper GPU (sm_90: H100, H200)")
+
+
+def bf16_far_below_minus_1e30(rng, n_q, n_kv, d):
+    """bf16 q of entries 1e15 against k of -1e15: every score about -d * 1e30 / sqrt(d), finite and equal."""
+    q = torch.full((1, 2, n_q, d), 1e15, dtype=torch.bfloat16, device="cuda")
+    k = torch.full((1, 2, n_kv, d), -1e15, dtype=torch.bfloat16, device="cuda")
+    v = torch.tensor(rng.standard_normal((1, 2, n_kv, d)), dtype=torch.bfloat16, device="cuda")
+    return q, k, v
+
+
+def float64_forward(q, k, v, causal):
+    """(o, lse) in float64 with torch, differentiable; causal top-left."""
+    q, k, v = (t.double() for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def hopper_stages():
+    if not on_hopper():
+        return []
+    from flashcourse.kernels.hopper import fa3
+
+    return [(name, d) for name, stage in {**fa3.STAGES, **fa3.FA4_STAGES}.items() for d in stage.head_dims]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_hopper_stages_take_far_negative_scores_for_keys(rng, causal):
+    """Every v8 / v9 stage at each head dim it takes: scores near -1e31 (bf16 q of 1e15 against k of -1e15) give
+    the float64 answer, the mean of v (from a -1e30 starting max they gave o = 0 and lse = -inf)."""
+    from flashcourse.kernels.hopper import fa3
+
+    for name, d in hopper_stages():
+        q, k, v = bf16_far_below_minus_1e30(rng, 200, 256, d)
+        o, lse = fa3.fa3_forward(q, k, v, causal=causal, stage=name)
+        want_o, want_lse = float64_forward(q, k, v, causal)
+        assert_close(o, want_o, what=f"{name} at D = {d} (causal={causal}), scores near -1e31")
+        assert_close(lse, want_lse, dtype="float32", what=f"{name} lse at D = {d}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_b6_backward_after_far_negative_scores(rng, causal, d):
+    """b6's gradients from v8's (o, lse) at scores near -1e31: finite and the float64 ones (an lse of -inf from
+    the forward would make every P infinite)."""
+    from flashcourse.kernels.hopper import fa3, fa3_backward
+
+    q, k, v = bf16_far_below_minus_1e30(rng, 200, 256, d)
+    o, lse = fa3.fa3_forward(q, k, v, causal=causal)
+    do = torch.tensor(rng.standard_normal(o.shape), dtype=torch.bfloat16, device="cuda")
+    for stage in fa3_backward.STAGES:
+        grads = fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        want, _ = float64_forward(*leaves, causal)
+        expected = torch.autograd.grad(want, leaves, do.double())
+        for name, got, spec in zip("qkv", grads, expected, strict=True):
+            assert_close(got, spec, what=f"{stage} d{name} at D = {d} (causal={causal}), scores near -1e31")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v5", "v6", "v7"])
+def test_gpu_forward_versions_at_far_negative_scores(rng, version):
+    """The compiled Triton versions (bf16 tl.dot is wrong in the interpreter): v2-v7 give the mean of v, v1 its
+    documented o = 0 (lesson 07)."""
+    q, k, v = bf16_far_below_minus_1e30(rng, 100, 130, 64)
+    o, lse = forward.run_forward(forward.FORWARD_VERSIONS[version], q, k, v, causal=False, scale=None)
+    if version == "v1":
+        assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+    else:
+        want_o, want_lse = float64_forward(q, k, v, False)
+        assert_close(o, want_o, what=f"{version}, scores near -1e31")
+        assert_close(lse, want_lse, dtype="float32", what=f"{version} lse")
