@@ -105,6 +105,21 @@ def test_a_length_past_the_table_reads_no_slot_past_it(rng, monkeypatch):
     assert_close(o, decode_over_cache_pages(q, k, v, table, [48, 48]), what="decode with lengths past the table")
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_a_negative_fp8_k_scale_is_a_scale(rng, num_splits):
+    """True K = k8 * k_scale for any finite scale: a negative one flips every score of its (sequence, KV head). The
+    running max took max(qk) * qk_scale for the largest score, the smallest under a negative scale (the answer was
+    NaN); the sign now goes to q."""
+    q, k, v = randn(rng, 2, 4, 16) * 3, randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    k8, v8, k_scale, v_scale = decode.quantize_kv_cache(k, v)
+    k_scale = k_scale * torch.tensor([[1.0, -1.0], [-1.0, 1.0]], device=DEVICE)
+    o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, num_splits=num_splits)
+    true_k = (k8.double() * k_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    true_v = (v8.double() * v_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    want = torch.softmax((true_k @ q.double()[..., None]).squeeze(-1) / 4.0, -1)[:, :, None, :] @ true_v
+    assert_close(o, want.squeeze(2), what="decode with negative k_scale")
+
+
 # ------------------------------------------------------------------------------------------ the starting max
 def far_below_minus_1e30(rng, n_q=5, n_kv=37, d=16):
     """q . k * scale about -4e30 for every pair, finite: the softmax is uniform, o is the mean of v, and the lse is
@@ -214,20 +229,21 @@ def test_gpu_hopper_stages_take_far_negative_scores_for_keys(rng, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_b6_backward_after_far_negative_scores(rng, causal, d):
-    """b6's gradients from v8's (o, lse) at scores near -1e31: finite and the float64 ones (an lse of -inf from
-    the forward would make every P infinite)."""
+    """b6's gradients from v8's (o, lse) at scores near -1e31: dV = P^T dO is the float64 one, and dQ, dK are
+    finite (an lse of -inf from the forward made every P infinite). dQ and dK are not compared: with every key
+    equal, dQ is a sum of terms near 1e14 that cancel to 0, below what bf16 resolves."""
     from flashcourse.kernels.hopper import fa3, fa3_backward
 
     q, k, v = bf16_far_below_minus_1e30(rng, 200, 256, d)
     o, lse = fa3.fa3_forward(q, k, v, causal=causal)
     do = torch.tensor(rng.standard_normal(o.shape), dtype=torch.bfloat16, device="cuda")
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want, _ = float64_forward(*leaves, causal)
+    want_dv = torch.autograd.grad(want, leaves[2], do.double())[0]
     for stage in fa3_backward.STAGES:
-        grads = fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
-        leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        want, _ = float64_forward(*leaves, causal)
-        expected = torch.autograd.grad(want, leaves, do.double())
-        for name, got, spec in zip("qkv", grads, expected, strict=True):
-            assert_close(got, spec, what=f"{stage} d{name} at D = {d} (causal={causal}), scores near -1e31")
+        dq, dk, dv = fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        assert torch.isfinite(dq).all() and torch.isfinite(dk).all(), f"{stage}: dq, dk finite"
+        assert_close(dv, want_dv, what=f"{stage} dv at D = {d} (causal={causal}), scores near -1e31")
 
 
 @pytest.mark.gpu

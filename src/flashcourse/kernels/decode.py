@@ -168,8 +168,12 @@ def _decode_split_kernel(
     pid_rows = tl.program_id(2)  # over tiles of BLOCK_G of the GROUP * N_NEW query rows of this KV head
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
-    if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once
-        qk_scale = qk_scale * tl.load(K_SCALE + pid_bh)
+    if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once.
+        # The running max takes max(qk) * qk_scale for the largest scaled score, true only for qk_scale > 0, so
+        # the scale's magnitude goes here and a negative scale's sign to q below (a sign flip is exact)
+        k_scale = tl.load(K_SCALE + pid_bh)
+        qk_scale = qk_scale * tl.abs(k_scale)
+        q_sign = tl.where(k_scale < 0, -1.0, 1.0)
     seqlen = N_MAX
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
@@ -194,6 +198,8 @@ def _decode_split_kernel(
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + token[:, None] * stride_qn
                 + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
+    if KV_FP8:
+        q = (q * q_sign).to(Q.dtype.element_ty)
     position = seqlen - N_NEW + token  # each row's own key position (bottom-right: the last token is seqlen - 1)
     row_end = tl.zeros_like(token) + seqlen  # keys a row sees end here: its own position + 1 when causal
     if CAUSAL:
