@@ -130,23 +130,30 @@ def v_keys_adjacent(v_cache: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, NUM_PAGES, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The pages (int64) holding keys start_n .. start_n + BLOCK_N - 1, a tile that starts on a BLOCK_N boundary,
-    and whether each is a page of the cache: one scalar each for a tile inside one page (PAGE_SIZE >= BLOCK_N),
-    else one per row of a tile that covers BLOCK_N // PAGE_SIZE whole pages. ``TABLE_ROW`` points at the sequence's
-    block-table row, read once per page; pages from ``end`` on are not read (they may lie past the table's last
-    column). A page outside 0 .. NUM_PAGES - 1 (a table the host did not check: a serving loop rewrites it every
-    step) comes back as page 0, so its address stays inside the cache, and flagged, so its keys are masked out."""
+    """The pages (int64) holding keys start_n .. start_n + BLOCK_N - 1, a tile that starts on a BLOCK_N boundary:
+    one scalar for a tile inside one page (PAGE_SIZE >= BLOCK_N), else the page of each row of a tile that covers
+    BLOCK_N // PAGE_SIZE whole pages. ``TABLE_ROW`` points at the sequence's block-table row, read once per page;
+    pages from ``end`` on are not read (they may lie past the table's last column) and come back as 0.
+    A page outside 0 .. NUM_PAGES - 1 (a table the host did not check: a serving loop rewrites it every step) comes
+    back as page 0, so that its address stays inside the cache, with bit i of the second result (an int32) set for
+    the tile's i-th page: the kernel masks those keys. Each page read is checked once, on the scalar (one unsigned
+    compare: a negative page is a huge uint32), never per key."""
     if PAGE_SIZE >= BLOCK_N:
-        page = tl.load(TABLE_ROW + (start_n // PAGE_SIZE) * stride_bt_p, mask=start_n < end, other=0).to(tl.int64)
+        page = tl.load(TABLE_ROW + (start_n // PAGE_SIZE) * stride_bt_p, mask=start_n < end, other=0)
+        in_cache = page.to(tl.uint32, bitcast=True) < NUM_PAGES
+        page = tl.where(in_cache, page, 0).to(tl.int64)
+        bad_pages = tl.where(in_cache, 0, 1)
     else:
         slot = tl.arange(0, BLOCK_N) // PAGE_SIZE  # which of the tile's pages a row is in
         page = tl.zeros([BLOCK_N], dtype=tl.int64)
+        bad_pages = 0
         for i in tl.static_range(BLOCK_N // PAGE_SIZE):
             page_i = tl.load(TABLE_ROW + (start_n // PAGE_SIZE + i) * stride_bt_p,
                              mask=start_n + i * PAGE_SIZE < end, other=0)
-            page = tl.where(slot == i, page_i.to(tl.int64), page)
-    in_cache = (page >= 0) & (page < NUM_PAGES)  # one compare pair per page read
-    return tl.where(in_cache, page, 0), in_cache
+            in_cache = page_i.to(tl.uint32, bitcast=True) < NUM_PAGES
+            page = tl.where(slot == i, tl.where(in_cache, page_i, 0).to(tl.int64), page)
+            bad_pages = bad_pages | tl.where(in_cache, 0, 1 << i)
+    return page, bad_pages
 
 
 @triton.jit
@@ -225,7 +232,7 @@ def _decode_split_kernel(
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     if PAGED:  # the first tile's pages; each step then reads the next tile's (see _tile_pages)
         table_row = BLOCK_TABLE + b * stride_bt_b
-        page, page_ok = _tile_pages(table_row, stride_bt_p, start, end, NUM_PAGES, PAGE_SIZE, BLOCK_N)
+        page, bad_pages = _tile_pages(table_row, stride_bt_p, start, end, NUM_PAGES, PAGE_SIZE, BLOCK_N)
     for phase in tl.static_range(2 if TAIL_APART else 1):  # the whole tiles, then (TAIL_APART) the last one
         lo = start if phase == 0 else full_end
         hi = full_end if phase == 0 and TAIL_APART else end
@@ -242,17 +249,14 @@ def _decode_split_kernel(
                     in_page = tl.arange(0, BLOCK_N) % PAGE_SIZE
                 k_off = page * stride_kb + in_page * stride_kn
                 v_off = page * stride_vb + in_page * stride_vn
-                # A page outside the cache was read as page 0: its keys are masked out. One flag per key, spread
-                # through an integer (Triton's interpreter turns a scalar flag combined with a tile into integers)
-                key_in_cache = (tl.zeros([BLOCK_N], dtype=tl.int32) + page_ok.to(tl.int32)) != 0
+                tile_bad_pages = bad_pages  # this tile's, before the line below reads the next tile's
                 if HAS_WINDOW:  # the first tile may begin before the window
                     col_ok = col_ok & (cols >= first)
-                col_ok = col_ok & key_in_cache
                 # Read the next tile's pages now, one step ahead: the K/V addresses then come from the previous
                 # step, not from a load in this one, which the software pipeliner would count as a level of
                 # indirection (and prefetch K/V one stage less far ahead).
-                page, page_ok = _tile_pages(table_row, stride_bt_p, start_n + BLOCK_N, end, NUM_PAGES, PAGE_SIZE,
-                                            BLOCK_N)
+                page, bad_pages = _tile_pages(table_row, stride_bt_p, start_n + BLOCK_N, end, NUM_PAGES, PAGE_SIZE,
+                                              BLOCK_N)
             else:
                 k_off = b * stride_kb + cols * stride_kn
                 v_off = b * stride_vb + cols * stride_vn
@@ -276,10 +280,12 @@ def _decode_split_kernel(
                 qk = tl.where(seen, qk, float("-inf"))
             elif phase == 1 or not TAIL_APART:
                 qk = tl.where(col_ok[None, :], qk, float("-inf"))
-            elif PAGED:  # a whole tile, loaded without masks: its pages may still lie outside the cache. Their
-                # rows came from page 0 and weigh exactly 0 (a NaN or inf stored there would still reach P V: a mask
-                # on these loads would narrow a keys-adjacent V's copies, the one reason this phase runs unmasked)
-                qk = tl.where(key_in_cache[None, :], qk, float("-inf"))
+            if PAGED:
+                if tile_bad_pages != 0:  # a page outside the cache, read as page 0: its keys weigh nothing. A branch
+                    # that only a bad table takes, the same for the whole program: a valid table pays one compare.
+                    # (Its V rows still reach P V times 0: a NaN stored in page 0 would come through.)
+                    bad_key = (tile_bad_pages >> (tl.arange(0, BLOCK_N) // PAGE_SIZE)) & 1
+                    qk = tl.where(bad_key[None, :] == 0, qk, float("-inf"))
             acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.
