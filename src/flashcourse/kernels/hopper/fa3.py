@@ -138,9 +138,11 @@ TESTED_TRITON = ("3.6",)  # run on the H200 with these (benchmarks/gpu_fa3.py, 2
 
 _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
-# Initial running max: -inf, so no finite score is taken for "no key" (a finite -1e30 took rows whose scores all lay
-# below it for rows with no key); _softmax_tile subtracts 0 while a row's max is still -inf, never -inf - (-inf).
-_NO_KEY_YET = gl.constexpr(float("-inf"))
+# Initial running max: the most negative finite float32. No finite score lies below it, so none is taken for "no
+# key" (a start of -1e30 took rows whose scores all lay below it for rows with no key: o = 0), and, finite, it never
+# makes exp2(m_old - m_new) compute -inf - (-inf) = NaN on a row whose tiles so far were all masked. (v7's -inf
+# with a guarded subtraction is the same rule; here the guard's select would cost v9b a spill.)
+_NO_KEY_YET = gl.constexpr(-3.4028234663852886e38)
 # The finite start the FP8 stages (fa3_fp8.py) still take.
 _MASKED_FILL = gl.constexpr(-1.0e30)
 # p(g) ~ 2^g on [0, 1], lowest coefficient first: ``fa4.EXP2_POLY3`` (fitted there, lesson 14), written out because
@@ -212,16 +214,14 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
     if RESCALE_THRESHOLD > 0:
         grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
-        # the threshold. A row's first visible key always moves it (from m_i = -inf the growth is +inf; while both
-        # are -inf it is NaN, the test false, and the max stays -inf). P below uses this m_new, the max kept:
-        # computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
+        # the threshold. A row's first visible key moves it off the start, the lowest float32 (a score within the
+        # threshold of that start may keep it, which is as right). P below uses this m_new, the max kept: computing
+        # P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
         m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
     else:
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
-    # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     if EMULATED_COLUMNS > 0:
-        x = s * qk_scale - m_use[:, None]
+        x = s * qk_scale - m_new[:, None]
         # In a wgmma accumulator a thread holds the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6``
         # = 8k + b is the same number in every thread, so this choice is a constant per register and the
         # compiler keeps only one of the two exponentials for each (EMULATED_COLUMNS a multiple of 8).
@@ -229,8 +229,8 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
         on_fma = (cols & ~6) < EMULATED_COLUMNS
         p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
     else:
-        p = gl.exp2(s * qk_scale - m_use[:, None])  # one FMA + one EX2 per score
-    alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+    alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
 
