@@ -4,7 +4,8 @@ scores far below -1e30 are keys in every kernel that starts its running max at -
 test_edges.py holds the same cases through the public entry points, where the host refuses a bad block table; here
 that check is bypassed (a serving loop rewrites its table every step, after the plan was made), so the kernel alone
 stands between a bad page and memory that is not the cache. Each CPU test failed on the kernels before these fixes
-(the commit that adds a test says how); the tests marked ``gpu`` run the Hopper kernels, which cannot run here."""
+(the commit that adds a test says how), but those that call themselves guards; the tests marked ``gpu`` run the
+Hopper kernels and the compiled versions, which cannot run here."""
 
 from __future__ import annotations
 
@@ -169,7 +170,8 @@ def test_fp8_forward_takes_far_negative_scores_for_keys(rng):
 
 
 def test_every_teaching_version_gives_zero_and_minus_inf_without_keys(rng):
-    """N_kv = 0 (a row that sees no key) in every forward version: o = 0 and lse = -inf, never NaN."""
+    """N_kv = 0 (a row that sees no key) in every forward version: o = 0 and lse = -inf, never NaN. A guard: it
+    held before the starting max changed, and must hold after."""
     q, k = randn(rng, 1, 2, 5, 16), randn(rng, 1, 2, 0, 16)
     for name, version in forward.FORWARD_VERSIONS.items():
         o, lse = forward.run_forward(version, q, k, k, causal=False, scale=None)
