@@ -45,7 +45,7 @@ from . import configs
 from ._checks import check_device, padded_head_dim
 from .common import (
     LOG2E,
-    MASKED_FILL,
+    NO_KEY_YET,
     default_scale,
     key_tile_range,
     load_tile,
@@ -120,8 +120,10 @@ def _fp8_attend_tile(acc, l_i, m_i, q, k_src, v_src, start_n, offs_m, stride_kn,
             ok = ok & (cols[None, :] <= offs_m[:, None] + UPPER)
         qk = tl.where(ok, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: descales are positive
-    p = tl.exp2(qk * qk_scale - (m_new - P_SHIFT)[:, None])  # p * 2^P_SHIFT: the row max lands on 2^P_SHIFT
-    alpha = tl.exp2(m_i - m_new)
+    # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk * qk_scale - (m_use - P_SHIFT)[:, None])  # p * 2^P_SHIFT: the row max lands on 2^P_SHIFT
+    alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new
@@ -170,7 +172,7 @@ def _fwd_fp8_kernel(
         k_src = K + b * stride_kb + h_kv * stride_kh
         v_src = V + b * stride_vb + h_kv * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)  # -inf: no finite score is taken for "no key"
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Key tiles from the causal bound alone (v7's rule without a window): [0, full_hi) whole and visible to every

@@ -138,7 +138,12 @@ TESTED_TRITON = ("3.6",)  # run on the H200 with these (benchmarks/gpu_fa3.py, 2
 
 _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
-# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
+# Initial running max: the most negative finite float32. No finite score lies below it, so none is taken for "no
+# key" (a start of -1e30 took rows whose scores all lay below it for rows with no key: o = 0), and, finite, it never
+# makes exp2(m_old - m_new) compute -inf - (-inf) = NaN on a row whose tiles so far were all masked. (v7's -inf
+# with a guarded subtraction is the same rule; here the guard's select would cost v9b a spill.)
+_NO_KEY_YET = gl.constexpr(-3.4028234663852886e38)
+# The finite start the FP8 stages (fa3_fp8.py) still take.
 _MASKED_FILL = gl.constexpr(-1.0e30)
 # p(g) ~ 2^g on [0, 1], lowest coefficient first: ``fa4.EXP2_POLY3`` (fitted there, lesson 14), written out because
 # the kernels import no NumPy teaching module (tests/test_architecture.py); tests/test_v9_compile.py holds them equal.
@@ -212,8 +217,9 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
     if RESCALE_THRESHOLD > 0:
         grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
-        # the threshold. A row's first tile always moves it (m_i starts at -1e30). P below uses this m_new, the
-        # max kept: computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
+        # the threshold. A row's first visible key moves it off the start, the lowest float32 (a score within the
+        # threshold of that start may keep it, which is as right). P below uses this m_new, the max kept: computing
+        # P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
         m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
     else:
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
@@ -356,7 +362,7 @@ def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL:
     _tma_load(v_desc, [kv_row, 0], v_bars.index(0), v_smem.index(0), pred=first)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_i = gl.full([BLOCK_M], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([BLOCK_M], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)
     mbarrier.wait(q_bar, 0)
@@ -525,7 +531,7 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
     O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
     q_tile = q_smem.index(wg)
     rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([ROWS], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
     mbarrier.wait(q_bars.index(wg), 0)
@@ -828,7 +834,7 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
             m0 = _v8f_query_tile(tile, half, n_m, CAUSAL=CAUSAL) * BLOCK_M
             full, n_tiles = _key_tiles(m0, N_KV, CAUSAL=CAUSAL, ROWS=BLOCK_M, BLOCK_N=BLOCK_N)
             rows = m0 + wg * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
-            m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            m_i = gl.full([ROWS], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             mbarrier.wait(q_bars.index(wg), item & 1)
             # Key tile 0 alone: QK^T and softmax; its PV goes out with tile 1's QK^T (n_tiles >= 1: N_KV > 0).
