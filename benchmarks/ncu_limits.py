@@ -3,15 +3,24 @@ decoding from an FP8 KV cache against an fp16 one, a prefix-LM ``mask_mod`` forw
 compiled FlexAttention, the rows of ``bench variants`` that missed their target on 2026-12-02 beside what they
 were compared with (:data:`VARIANT_GAPS`), and the other gaps of the 2026-12-02 H200 runs (:data:`GAP_CASES`,
 groups :data:`GAP_GROUPS`): the default forward at N = 4096, the FP8 forward at D = 128 and the backward at
-D = 256, each beside its reference. A GPU call (under 9 minutes) runs the cases in order until ``--budget`` is
-spent; the first ten cases took 3 minutes, the nine of a variant-gap run 3 more, so every case no longer fits in one
-call and a call names its cases with ``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
+D = 256, each beside its reference; then the two gaps of the 2026-12-06 H100 runs (:data:`H100_CASES`: the short
+causal forward at D = 64, and FlashAttention-4's conditional rescaling against the stage it builds on); last the
+Gluon backward b7 and its variants at D = 128 (:data:`B7_CASES`, beside ``bwd-cudnn`` at the same shape). A GPU
+call (under 9 minutes) runs the cases in order until ``--budget`` is spent; the first ten cases took 3 minutes, the
+nine of a variant-gap run 3 more, so every case no longer fits in one call and a call names its cases with
+``--only`` (scripts/gpu_run.sh's stage ``gaps`` runs :data:`GAP_CASES`):
 
     PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --out /tmp/ncu       # the cases in order, until the budget
     PYTHONPATH=src python benchmarks/ncu_limits.py --run-ncu --only fp8-fwd-v8c --only fp8-fwd-cudnn-fp16 --out /tmp/ncu
     PYTHONPATH=src python benchmarks/ncu_limits.py --list                          # the cases
     PYTHONPATH=src python benchmarks/ncu_limits.py --dry                           # each case once, no ncu: kernels
     PYTHONPATH=src python benchmarks/ncu_limits.py --case bwd-b1                   # one case, as ncu runs it
+
+:data:`B7_CASES` need Triton >= 3.9 first on the path (``scripts/wheel_parts.py`` brings it to /tmp/t39; every case
+process inherits the path); with cuDNN's backward beside them, about 2 minutes:
+
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --budget 200 --out $OUT --only bwd-b7-d128
+        --only bwd-b7b-d128 --only bwd-b7c-d128 --only bwd-cudnn                   # (one command line)
 
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
@@ -419,6 +428,94 @@ GAP_CASES = tuple(
     for provider in ("flashcourse", "sdpa_cudnn"))
 
 
+# The two gaps of the 2026-12-06 H100 runs, each beside what it is compared with:
+# 1. The short causal forward at D = 64: on the H100 our default (v7 by H100_FORWARD_BANDS at N_q <= 1024) ran at
+#    0.73x cuDNN at N = 1024 (2026-12-06-nvidia-h100-80gb-hbm3-attention-fp16-d64.json), where the H200 measured
+#    1.01x; bench attention's shape at D = 64 (B = 4, H = 32), float16. The Gluon stage v8a is profiled beside them.
+# 2. FlashAttention-4's conditional rescaling (stage v9a) lost 5-7% to the stage it builds on, v8f, at D = 64 on the
+#    H100 at every length (ratio_vs_v8f of 2026-12-06-nvidia-h100-80gb-hbm3-fa4-stages.json), where lesson 14's model
+#    predicted a gain: both at gpu_fa4_stages.py's N = 4096 shape (B = 4, H = 32), float16, not causal.
+SHORT_CAUSAL = {"batch": 4, "heads": 32, "n": 1024, "head_dim": 64, "dtype": "float16", "causal": True, "mode": "fwd"}
+FA4_GAP = {"batch": 4, "heads": 32, "n": 4096, "head_dim": 64, "dtype": "float16", "causal": False, "mode": "fwd"}
+H100_GROUPS = ("short causal gap", "fa4 gap")
+
+
+def _stage_case(shape: dict, stage: str):
+    """One Gluon stage (v8 or v9) through the ForwardPlan the dispatch makes once a shape."""
+    def build():
+        from flashcourse.kernels.hopper import fa3  # Gluon: imported on the GPU machine only
+
+        q, k, v = _inputs(shape, 3)
+        plan = fa3.ForwardPlan(stage, q, k, causal=shape["causal"], scale=None)
+        return lambda: plan(q, k, v)
+    return build
+
+
+def _forward_case(shape: dict, provider: str):
+    """The forward under no_grad as ``bench attention`` times it (ours prints its route into the case's log)."""
+    def build():
+        import torch
+
+        from flashcourse.bench.attention import provider_fn
+
+        q, k, v = _inputs(shape, 3)
+        attend = provider_fn(provider)
+        if provider == "flashcourse":
+            from flashcourse import kernels
+
+            print(f"route: {kernels.explain(q, k, v, causal=shape['causal'])}", flush=True)
+
+        def forward():
+            with torch.no_grad():
+                return attend(q, k, v, shape["causal"])
+        return forward
+    return build
+
+
+H100_CASES = (
+    Case("fwd-d64-n1024-causal-ours", "short causal gap", "flashcourse",
+         "the default forward at N = 1024, causal, D = 64 (v7 by the H100's bands)", SHORT_CAUSAL,
+         _forward_case(SHORT_CAUSAL, "flashcourse")),
+    Case("fwd-d64-n1024-causal-cudnn", "short causal gap", "sdpa_cudnn", "cuDNN's forward through SDPA, no_grad",
+         SHORT_CAUSAL, _forward_case(SHORT_CAUSAL, "sdpa_cudnn")),
+    Case("fwd-d64-n1024-causal-v8a", "short causal gap", "fa3-v8a", "Gluon stage v8a at the same shape",
+         SHORT_CAUSAL, _stage_case(SHORT_CAUSAL, "v8a")),
+    Case("fa4-d64-n4096-v8f", "fa4 gap", "fa3-v8f", "Gluon stage v8f, the stage v9a builds on", FA4_GAP,
+         _stage_case(FA4_GAP, "v8f")),
+    Case("fa4-d64-n4096-v9a", "fa4 gap", "fa3-v9a", "Gluon stage v9a: v8f with conditional rescaling", FA4_GAP,
+         _stage_case(FA4_GAP, "v9a")),
+)
+
+
+# The Gluon backward b7 (hopper/fa3_backward_tma.py) and its variants at BWD's shape (D = 128, where b7 ran at
+# 0.72-0.84x cuDNN on the H100 of 2026-12-06: ratio_vs_sdpa_cudnn of the D = 128 rows of
+# 2026-12-06-nvidia-h100-80gb-hbm3-b7-quick.json); cuDNN's backward at the same shape is the case ``bwd-cudnn``.
+# Triton >= 3.9 must come first on the path (its Gluon has the TMA reduce-add); under an older one the case fails
+# with b7's message saying so.
+B7_GROUP = "b7 at D = 128"
+
+
+def _backward_b7(stage: str):
+    def build():
+        from flashcourse import kernels
+        from flashcourse.kernels.hopper import fa3_backward_tma  # Triton >= 3.9: imported on the GPU machine only
+
+        q, k, v, do = _inputs(BWD, 4)
+        o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
+        return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=False, stage=stage)
+    return build
+
+
+B7_CASES = (
+    Case("bwd-b7-d128", B7_GROUP, "b7", "Gluon b7: FA3's design, lse and Delta loaded by the math warps", BWD,
+         _backward_b7("b7")),
+    Case("bwd-b7b-d128", B7_GROUP, "b7b", "Gluon b7b: lse and Delta brought by the loader's TMA with Q and dO", BWD,
+         _backward_b7("b7b")),
+    Case("bwd-b7c-d128", B7_GROUP, "b7c", "Gluon b7c: b7b with a three-slot (Q, dO) ring", BWD,
+         _backward_b7("b7c")),
+)
+
+
 CASES = (
     Case("bwd-b1", "backward", "b1", "b1's dK/dV and dQ kernels (Triton) and their preprocess", BWD, _backward_b1),
     Case("bwd-cudnn", "backward", "sdpa_cudnn", "cuDNN's backward through SDPA (autograd.grad)", BWD,
@@ -443,7 +540,7 @@ CASES = (
     Case(f"{_slug(name)}-{mode}-{'ours' if provider == 'flashcourse' else _slug(provider)}", "variant gap", provider,
          f"bench variants' {name!r} {mode}, {provider}", _variant_shape(name, mode),
          _variant_case(name, provider, mode))
-    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES
+    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES + H100_CASES + B7_CASES
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 

@@ -124,8 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--requirement", default=DEFAULT_REQUIREMENT)
     parser.add_argument("--part-mib", type=float, default=46.0,
                         help="largest part in MiB (64 MiB a call, less the working tree)")
-    parser.add_argument("--run", default="PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --out $OUT",
-                        help="what the last call runs once Triton is installed")
+    parser.add_argument("--run", default="PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT",
+                        help="what the last call runs once Triton is installed (default: b7's quick run, about "
+                             "2.5 minutes with the install)")
     args = parser.parse_args(argv)
     if args.action == "download":
         wheel = download(args.dir, args.requirement)

@@ -51,8 +51,8 @@ def _sibling(name: str):
     return module
 
 
-# What the subprocess below prints: b7 compiled for sm_90 at D 64 and 128 (fp16 not causal, bf16 causal), the
-# cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
+# What the subprocess below prints: each variant (b7, b7b, b7c) compiled for sm_90 at D 64 and 128 (fp16 not causal,
+# bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
 _COMPILE = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -64,27 +64,29 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import fa3_compile
 from flashcourse.kernels.hopper import fa3_backward_tma as b7
-stage = b7.STAGES["b7"]
 records = []
-for head_dim in b7.HEAD_DIMS:
-    for dtype, causal in ((torch.float16, False), (torch.bfloat16, True)):
-        signature, constexprs = b7.kernel_signature(stage, head_dim, dtype, causal)
-        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options=stage.options())
-        usage = fa3_compile.resource_usage(compiled.asm["cubin"])
-        ptx = compiled.asm["ptx"]
-        records.append({"head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
-                        "shared": compiled.metadata.shared,
-                        "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
-                        "atom": ptx.count("atom.global") + ptx.count("red.global"),
-                        "wgmma": ptx.count("wgmma.mma_async"),
-                        "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
+cases = ((name, head_dim, dtype, causal) for name in b7.STAGES for head_dim in b7.HEAD_DIMS
+         for dtype, causal in ((torch.float16, False), (torch.bfloat16, True)))
+for name, head_dim, dtype, causal in cases:
+    stage = b7.STAGES[name]
+    signature, constexprs = b7.kernel_signature(stage, head_dim, dtype, causal)
+    compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options=stage.options())
+    usage = fa3_compile.resource_usage(compiled.asm["cubin"])
+    ptx = compiled.asm["ptx"]
+    records.append({"variant": name, "head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
+                    "shared": compiled.metadata.shared,
+                    "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+                    "atom": ptx.count("atom.global") + ptx.count("red.global"),
+                    "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
+                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
 print(json.dumps(records))
 """
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # one to two minutes on two shared cores: four compiles to cubin
+@pytest.mark.slow  # one to three minutes on two shared cores: twelve compiles to cubin
 def test_b7_compiles_for_sm90(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -92,9 +94,9 @@ def test_b7_compiles_for_sm90(tmp_path):
                           env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(records) == 4
+    assert len(records) == 4 * 3
     for r in records:
-        where = f"b7 D={r['head_dim']} {r['dtype']} causal={r['causal']}"
+        where = f"{r['variant']} D={r['head_dim']} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
         assert r["local"] == 0, f"{where} spills {r['local']} bytes a thread"
         assert r["wgmma"] > 0, f"{where} has no wgmma"
@@ -105,6 +107,17 @@ def test_b7_compiles_for_sm90(tmp_path):
         budgets = " ".join(r["setmaxnreg"])
         assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"  # loader and writer
         assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # the consumers
+        if r["variant"] == "b7":  # the consumers load lse and Delta from global memory
+            assert r["ld_global"] > 0 and r["tma_1d"] == 0, f"{where}: {r['ld_global']} global loads"
+        else:  # b7b, b7c: the loader brings them by two 1-D TMA copies a tile; no thread loads global memory
+            assert r["ld_global"] == 0, f"{where}: {r['ld_global']} global loads in the PTX"
+            assert r["tma_1d"] == 2, f"{where}: {r['tma_1d']} 1-D TMA copies in the PTX"
+    shared = {(r["variant"], r["head_dim"]): r["shared"] for r in records}
+    assert shared["b7", 128] == 147936  # b7 as measured on 2026-12-06 (meta of its compile rows)
+    for d in (64, 128):  # lse and Delta slots: 2 x STAGES x BLOCK_M x 4 bytes beside b7's; b7c's third slot
+        block_m = 32 if d > 64 else 64
+        assert shared["b7b", d] - shared["b7", d] >= 2 * 2 * block_m * 4, shared
+        assert shared["b7c", d] - shared["b7b", d] >= 2 * block_m * d * 2, shared
 
 
 def test_kernels_package_does_not_import_b7():
@@ -133,7 +146,43 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    assert fa3_backward_tma.TESTED_TRITON == ()  # nothing has run on a GPU yet: benchmarks/gpu_b7.py is first
+    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c \(got 'b8'\)"):
+        fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
+    assert fa3_backward_tma.TESTED_TRITON == ()  # not yet timed on a GPU (benchmarks/gpu_b7.py): not dispatched
+
+
+def test_one_compile_serves_every_shape():
+    """benchmarks/gpu_b7.py compiles b7 once per (D, dtype, causal) and times other shapes with it: the kernel's
+    integers are not specialized and its tensor descriptors are keyed by dtype, block and layout, never by the
+    tensor's shape (a new key would mean a compile inside a timed shape, as in the first GPU run's checks)."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    import torch
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    try:
+        from flashcourse.kernels.hopper import fa3_backward_tma
+        from flashcourse.kernels.hopper.fa3 import _smem_layout
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_backward_tma.py does not import under this Triton: {error}")
+    # How the JIT keys an argument (Triton's own function, not a public API: skipped where it moved).
+    native_specialize_impl = getattr(pytest.importorskip("triton._C.libtriton"), "native_specialize_impl", None)
+    if native_specialize_impl is None:
+        pytest.skip("this Triton keys arguments elsewhere (no triton._C.libtriton.native_specialize_impl)")
+    kernel = fa3_backward_tma.STAGES["b7"].kernel
+    ints = [p.name for p in kernel.params if p.name.startswith("N_")]
+    assert ints and all(p.do_not_specialize for p in kernel.params if p.name in ints), ints
+    keys, stat_keys = set(), set()
+    for batch, heads, n in [(1, 2, 4096), (4, 32, 4096), (4, 16, 8192), (2, 2, 17)]:
+        rows = torch.zeros(batch * heads * n, 128, dtype=torch.bfloat16)
+        desc = TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [32, 128],
+                                _smem_layout(32, 128, torch.bfloat16))
+        keys.add(native_specialize_impl(BaseBackend, desc, False, True, True))
+        stats = torch.zeros(batch * heads * n)  # b7b's lse and Delta, 1-D over every head
+        stats_desc = TensorDescriptor(stats, [stats.numel()], [1], [32], fa3_backward_tma._stats_layout(32))
+        stat_keys.add(native_specialize_impl(BaseBackend, stats_desc, False, True, True))
+    assert len(keys) == 1, keys
+    assert len(stat_keys) == 1, stat_keys
 
 
 # ------------------------------------------------------------------------------------------ the handoffs
@@ -231,11 +280,12 @@ def test_the_model_catches_a_single_ds_buffer():
 
 
 # ------------------------------------------------------------------------------------------ the arithmetic
-def _emulate_b7(q, k, v, o, lse, do, causal):
+def _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma=False):
     """b7's arithmetic in float64 NumPy: 128-key programs of two 64-key warpgroups, query tiles of BLOCK_M rows
     read as TMA reads them (a tile past a head's end takes the next head's rows, past the last zeros), the masked
     and unmasked loops of ``_query_tiles``; warpgroup w's dQ columns [w D/2, (w+1) D/2) from both halves of dS,
-    added to a padded float32 buffer."""
+    added to a padded float32 buffer. ``stats_by_tma`` (b7b, b7c): lse and Delta read as the loader's 1-D TMA
+    reads them, past N_q the next head's values (zeros past the last), where b7 loads zeros."""
     import numpy as np
 
     b6_test = _sibling("test_fa3_backward_compile")
@@ -267,8 +317,14 @@ def _emulate_b7(q, k, v, o, lse, do, causal):
                 qt, dot = tma("q", bh * n_q + m * block_m, block_m), tma("do", bh * n_q + m * block_m, block_m)
                 cols = m * block_m + np.arange(block_m)
                 ok_rows = cols < n_q
-                lse_m = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
-                delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                if stats_by_tma:
+                    at = bh * n_q + cols
+                    inside = at < lse_flat.size
+                    lse_m = np.where(inside, lse_flat[np.minimum(at, lse_flat.size - 1)], 0.0)
+                    delta = np.where(inside, delta_flat[np.minimum(at, delta_flat.size - 1)], 0.0)
+                else:
+                    lse_m = np.where(ok_rows, lse_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
+                    delta = np.where(ok_rows, delta_flat[bh * n_q + np.minimum(cols, n_q - 1)], 0.0)
                 ds_t = []
                 for w in range(2):
                     with np.errstate(over="ignore"):
@@ -293,7 +349,8 @@ def _emulate_b7(q, k, v, o, lse, do, causal):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
+@pytest.mark.parametrize("stats_by_tma", [False, True])
+def test_the_kernels_arithmetic_gives_the_gradients(d, causal, stats_by_tma):
     """The emulation equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and more
     keys than queries, one row, and two heads (a tile past the first head's end reads the second's rows)."""
     import numpy as np
@@ -310,7 +367,7 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal):
         o = p @ v
         ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
         expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b7(q, k, v, o, lse, do, causal)
+        got = _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
 

@@ -71,6 +71,99 @@ def test_saturation_check_refuses_fp8_with_a_threshold():
         fa4.check_rescale_threshold(8.0, "int8")
 
 
+def test_a_group_rescales_when_any_of_its_rows_moved():
+    x = np.zeros((4, 6))
+    x[1, 3] = 5.0  # block 1 (columns 2-3): row 1 grows by 5
+    assert fa4.group_rescale_share(x, block=2, threshold=8.0, group=2) == 0.0
+    assert fa4.group_rescale_share(x, block=2, threshold=2.0, group=2) == pytest.approx(1 / 4)  # 1 of 2 x 2 pairs
+    assert fa4.group_rescale_share(x, block=2, threshold=2.0, group=4) == pytest.approx(1 / 2)
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((128, 1024)) * 2
+    shares = [fa4.group_rescale_share(scores, block=128, threshold=t) for t in (0.0, 2.0, 8.0)]
+    assert shares[0] >= shares[1] >= shares[2]
+    with pytest.raises(ValueError, match="multiple of group=64"):
+        fa4.group_rescale_share(scores[:100], block=128, threshold=2.0)
+
+
+def test_round_e4m3_is_torchs_float8_e4m3fn_and_saturates():
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.linspace(0.0, 448.0, 20001), np.exp2(np.linspace(-12.0, 8.8, 4001)),
+                        [2.0**-10, 3 * 2.0**-11]])
+    expected = torch.from_numpy(x).to(torch.float8_e4m3fn).to(torch.float64).numpy()
+    np.testing.assert_array_equal(fa4.round_e4m3(x), expected)
+    assert list(fa4.round_e4m3([463.0, 465.0, 65536.0])) == [448.0, 448.0, 448.0]  # saturation, not NaN
+    with pytest.raises(ValueError, match="non-negative"):
+        fa4.round_e4m3([-1.0])
+
+
+def lagging_scores(threshold: float, *, blocks: int = 8, block: int = 64, seed: int = 0):
+    """One head, D = 1, scale ln 2 (so the scores in log2 units are k itself): block 0 sets the row max at 0, and
+    every later block holds one key just under ``threshold`` above it, so the kept max never moves and those keys'
+    P is 2^(threshold - 0.01): the largest P a threshold allows. Returns (q, k, v, scale)."""
+    rng = np.random.default_rng(seed)
+    k = rng.uniform(-6.0, -1.0, size=(blocks * block, 1))
+    k[0] = 0.0
+    k[block::block] = threshold - 0.01
+    q = np.ones((3, 1))
+    v = rng.standard_normal((blocks * block, 5))
+    v[block::block] = 1.0  # the keys that carry the weight: a saturated P shows as a shrunken output
+    return q, k, v, float(np.log(2.0))
+
+
+def fp8_error(q, k, v, scale, *, threshold, p_shift, block=64):
+    """(error, bound): the e4m3 replay of the online softmax (``fa4.forward_conditional`` with ``p_shift``) against
+    float64 attention, and what rounding P to e4m3 once may cost: 2^-4 of P |V| for P's 3 bits, plus 2^-(p_shift
+    + 10) max|v| a key for weights below e4m3's normal range (l >= 1, so no more after the division)."""
+    o, _, _, _ = fa4.forward_conditional(q, k, v, threshold=threshold, block_k=block, scale=scale, p_shift=p_shift)
+    s = q @ k.T * scale
+    weights = np.exp(s - s.max(axis=1, keepdims=True))
+    weights /= weights.sum(axis=1, keepdims=True)
+    bound = 2.0**-4 * (weights @ np.abs(v)) + k.shape[0] * 2.0 ** -(p_shift + 10) * np.abs(v).max() + 1e-12
+    return np.abs(o - weights @ v), bound
+
+
+def test_fp8_p_saturates_when_threshold_plus_shift_passes_448():
+    """Trap 2 in numbers: FA4's 16-bit threshold (8) with the FP8 kernels' P scaling (2^8) lets P reach 2^16; e4m3
+    saturates it at 448 while l counts it whole, and the output leaves the FP8 error bound by far. A threshold of
+    2 with P scaled by 2^6 keeps P within 2^8 and the output within the bound, on the same kind of scores."""
+    for threshold, p_shift in ((0.0, 8), (2.0, 6), (1.0, 7)):
+        fa4.check_rescale_threshold(threshold, "float8_e4m3fn", p_offset_log2=p_shift)
+        error, bound = fp8_error(*lagging_scores(threshold), threshold=threshold, p_shift=p_shift)
+        assert np.all(error <= bound), (threshold, p_shift, float((error / bound).max()))
+    with pytest.raises(ValueError, match="saturate"):
+        fa4.check_rescale_threshold(8.0, "float8_e4m3fn", p_offset_log2=8)
+    q, k, v, scale = lagging_scores(8.0)
+    error, bound = fp8_error(q, k, v, scale, threshold=8.0, p_shift=8)
+    assert (error / bound).min() > 10, float((error / bound).min())
+    o, _, _, _ = fa4.forward_conditional(q, k, v, threshold=8.0, block_k=64, scale=scale, p_shift=8)
+    assert np.all(o < 0.1)  # about 1 in float64: the weights clipped from 2^16 to 448, l counting them whole
+    # Not the threshold alone: the same scores rescaled every time (threshold 0) stay within the bound.
+    error, bound = fp8_error(*lagging_scores(8.0), threshold=0.0, p_shift=8)
+    assert np.all(error <= bound)
+
+
+def test_the_fp8_kernels_threshold_keeps_p_within_e4m3():
+    """The Gluon FP8 stages' own settings (``fa3_fp8.FA4_STAGES``), through the same replay: set v9a_fp8 to FA4's
+    16-bit threshold (8) on the kernels' P scaling (2^8) and this fails."""
+    pytest.importorskip("torch")
+    fa3_fp8 = pytest.importorskip("flashcourse.kernels.hopper.fa3_fp8", reason="this Triton has no Gluon Hopper API")
+    thresholds = {name: s.rescale_threshold for name, s in fa3_fp8.FA4_STAGES.items()}
+    assert thresholds["v9a_fp8"] > 0  # the FP8 stage that keeps a max
+    for name, stage in fa3_fp8.FA4_STAGES.items():
+        fa4.check_rescale_threshold(stage.rescale_threshold, "float8_e4m3fn", p_offset_log2=stage.p_shift)
+        error, bound = fp8_error(*lagging_scores(max(stage.rescale_threshold, 0.01)),
+                                 threshold=stage.rescale_threshold, p_shift=stage.p_shift)
+        assert np.all(error <= bound), (name, float((error / bound).max()))
+
+
+def test_stage_ratios_keep_the_fp8_rows_ratio_to_cudnn_fp16():
+    row = _timing("v9a_fp8", "v8c_fp8", 1.01, dtype="float8_e4m3fn")
+    row["ratio_vs_cudnn_fp16"] = row.pop("ratio_vs_sdpa_cudnn")
+    (ratio,) = fa4.stage_ratios([row])
+    assert ratio["ratio"] == 1.01 and ratio["ratio_vs_cudnn_fp16"] == pytest.approx(0.909)
+    assert ratio["ratio_vs_sdpa_cudnn"] is None and ratio["dtype"] == "float8_e4m3fn"
+
+
 def _timing(stage, base, ratio, *, n=1024, dtype="float16", causal=False, status="ok"):
     row = {"kind": "time", "provider": stage, "stage": stage, "builds_on": base, "dtype": dtype, "head_dim": 64,
            "causal": causal, "n": n, "status": status, "ratio_vs_sdpa_cudnn": ratio * 0.9}

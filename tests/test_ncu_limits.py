@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,9 @@ RAW = csv_lines([IDENTITY + [name for name, _, _ in RAW_METRICS], [""] * len(IDE
 GAP_NAMES = ("fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn", "fwd-d128-n4096-causal-ours", "fwd-d128-n4096-causal-cudnn",
              "fwd-d64-n4096-causal-ours", "fwd-d64-n4096-causal-cudnn", "fp8-fwd-v8c", "fp8-fwd-triton-keys-adjacent",
              "fp8-fwd-cudnn-fp16", "bwd-d256-causal-ours", "bwd-d256-causal-cudnn")
+H100_NAMES = ("fwd-d64-n1024-causal-ours", "fwd-d64-n1024-causal-cudnn", "fwd-d64-n1024-causal-v8a",
+              "fa4-d64-n4096-v8f", "fa4-d64-n4096-v9a")
+B7_NAMES = ("bwd-b7-d128", "bwd-b7b-d128", "bwd-b7c-d128")
 
 
 def test_list_prints_every_case_in_order(limits, capsys):
@@ -94,7 +98,7 @@ def test_list_prints_every_case_in_order(limits, capsys):
             "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
             "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
             "head-dim-256-fwd-sdpa-cudnn", "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex",
-            *GAP_NAMES} == set(shown)
+            *GAP_NAMES, *H100_NAMES, *B7_NAMES} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -363,7 +367,7 @@ def test_variant_gap_cases_take_their_shape_from_bench_variants(limits):
 
 def test_gap_cases_are_listed_last_by_group(limits, capsys):
     assert limits.main(["--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[:-len(H100_NAMES) - len(B7_NAMES)]  # the H100 and b7 cases follow
     assert [line.split()[0] for line in lines[-len(GAP_NAMES):]] == list(GAP_NAMES)
     assert [c.name for c in limits.GAP_CASES] == list(GAP_NAMES)
     assert [c.name for c in limits.CASES if c.group in limits.GAP_GROUPS] == list(GAP_NAMES)
@@ -461,7 +465,7 @@ def test_the_script_imports_no_gluon_module(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "[] 31", proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == f"[] {31 + len(H100_NAMES) + len(B7_NAMES)}", proc.stdout
 
 
 STUB_PYTHON = '''#!{python}
@@ -505,3 +509,41 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     left = sorted(p.name for p in out.iterdir())
     assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
 
+
+
+def test_h100_cases_profile_the_two_gaps_each_beside_its_reference(limits):
+    cases = {c.name: c for c in limits.H100_CASES}
+    assert tuple(cases) == H100_NAMES
+    assert {c.group for c in cases.values()} == set(limits.H100_GROUPS)
+    short = [c for c in cases.values() if c.group == "short causal gap"]
+    assert {c.shape["n"] for c in short} == {1024}
+    assert all(c.shape["causal"] and c.shape["head_dim"] == 64 for c in short)
+    assert {c.provider for c in short} == {"flashcourse", "sdpa_cudnn", "fa3-v8a"}
+    fa4 = [c for c in cases.values() if c.group == "fa4 gap"]
+    assert [c.provider for c in fa4] == ["fa3-v8f", "fa3-v9a"] and fa4[0].shape == fa4[1].shape
+
+
+def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
+    """The b7 cases, read in a child process (the script is never executed in this one for them): one a variant
+    of fa3_backward_tma.STAGES, each at the shape of ``bwd-cudnn`` (D = 128), and each builds b7_backward with
+    its own stage name (the one its builder closes over), so ncu profiles the variant the case names."""
+    code = textwrap.dedent("""
+        import importlib.util, json, sys
+        spec = importlib.util.spec_from_file_location("ncu_limits", sys.argv[1])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        cudnn = module.CASES_BY_NAME["bwd-cudnn"]
+        print(json.dumps({"cases": [[c.name, c.provider, c.group, c.shape == cudnn.shape,
+                                     c.build.__closure__[0].cell_contents] for c in module.B7_CASES],
+                          "shape": cudnn.shape, "listed": [c.name for c in module.CASES][-len(module.B7_CASES):]}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [c[0] for c in out["cases"]] == list(B7_NAMES) == out["listed"]
+    for name, provider, group, same_shape, stage in out["cases"]:
+        assert name == f"bwd-{provider}-d128" and stage == provider, (name, provider, stage)
+        assert same_shape and group == "b7 at D = 128"
+    assert out["shape"]["head_dim"] == 128 and not out["shape"]["causal"]

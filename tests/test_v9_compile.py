@@ -185,3 +185,136 @@ def test_gpu_script_checks_awkward_lengths_and_times_each_stage_beside_its_base(
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa4_stages.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------ the FP8 stages
+FP8_V9 = ("v9a_fp8", "v9b_1of16_fp8", "v9b_1of4_fp8")
+
+
+def _fa3_fp8():
+    torch = pytest.importorskip("torch")
+    try:
+        from flashcourse.kernels.hopper import fa3_fp8
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_fp8.py does not import under this Triton: {error}")
+    return torch, fa3_fp8
+
+
+def test_fp8_v9_stages_build_on_v8c_fp8_and_refuse_a_saturating_threshold():
+    torch, fa3_fp8 = _fa3_fp8()
+    assert set(fa3_fp8.FA4_STAGES) == set(FP8_V9) and not set(fa3_fp8.FA4_STAGES) & set(fa3_fp8.STAGES)
+    base = fa3_fp8.STAGES["v8c_fp8"]
+    for name, stage in fa3_fp8.FA4_STAGES.items():
+        assert stage.builds_on == "v8c_fp8" and (stage.overlap, stage.pingpong) == (base.overlap, base.pingpong)
+        assert fa3_fp8._stage(name) is stage
+        signature, constexprs = fa3_fp8.kernel_signature(128, torch.bfloat16, True, name)
+        assert constexprs["P_SHIFT"] == stage.p_shift and constexprs["EMULATED_COLUMNS"] == stage.emulated_columns
+        assert constexprs["RESCALE_THRESHOLD"] == stage.rescale_threshold
+        assert signature == fa3_fp8.kernel_signature(128, torch.bfloat16, True, "v8c_fp8")[0]
+    assert {n: (s.rescale_threshold, s.p_shift, s.emulated_columns) for n, s in fa3_fp8.FA4_STAGES.items()} == {
+        "v9a_fp8": (2.0, 6, 0), "v9b_1of16_fp8": (0.0, 8, 8), "v9b_1of4_fp8": (0.0, 8, 32)}
+    for stage in fa3_fp8.STAGES.values():  # the v8 FP8 stages compile as before: P * 2^8, no FA4 switch
+        assert stage.constexprs(True)["P_SHIFT"] == fa3_fp8.P_SHIFT == 8
+        assert (stage.rescale_threshold, stage.emulated_columns) == (0.0, 0)
+    with pytest.raises(ValueError, match=r"lets P reach 2\^16, above e4m3's largest value 448"):
+        fa3_fp8.Stage("x", "", "", rescale_threshold=8.0)  # FA4's 16-bit threshold on the default shift
+    with pytest.raises(ValueError, match=r"2\^9"):
+        fa3_fp8.Stage("x", "", "", rescale_threshold=3.0, p_shift=6)
+    fa3_fp8.Stage("x", "", "", rescale_threshold=3.0, p_shift=5)  # 2^8: fits
+    with pytest.raises(ValueError, match="wired into v8c_fp8's loop"):
+        fa3_fp8.Stage("x", "", "", overlap=True, pingpong=True, emulated_columns=8)
+    with pytest.raises(ValueError, match="emulated_columns=12 must be a multiple of 8"):
+        fa3_fp8.Stage("x", "", "", emulated_columns=12)
+    with pytest.raises(ValueError, match="p_shift=9"):
+        fa3_fp8.Stage("x", "", "", p_shift=9)
+    with pytest.raises(ValueError, match=r"stage 'v9a'.*v9a_fp8"):
+        fa3_fp8._stage("v9a")
+
+
+@pytest.mark.slow  # four compiles to cubin at D = 128, causal: about 20 s on two shared cores
+@pytest.mark.parametrize("head_dims,flags", [
+    pytest.param((128,), (), id="D128-causal"),
+    pytest.param((64, 128), ("--all",), id="every-variant", marks=pytest.mark.full)])
+def test_fp8_v9_compiles_like_v8c_fp8_with_fewer_exponentials_or_a_reduction(head_dims, flags, tmp_path):
+    """scripts/fa3_fp8_compile.py (as tests/test_fa3_fp8_compile.py runs it): each FP8 v9 stage compiles for sm_90
+    with v8c_fp8's budgets, no spills; v9b moves MUFU exponentials in proportion to its columns (32 columns, 4
+    times 8's); v9a keeps them all and adds the warpgroup-wide test of alpha (shuffles, a shared-memory pass)."""
+    _fa3_fp8()
+    out = tmp_path / "fp8.json"
+    env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fa3_fp8_compile.py"),
+                           *(a for s in ("v8c_fp8",) + FP8_V9 for a in ("--stage", s)),
+                           *(a for d in head_dims for a in ("--head-dim", str(d))), *flags, "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    if proc.stdout.startswith("skipped:"):
+        pytest.skip(proc.stdout.strip())
+    assert out.exists(), proc.stdout + proc.stderr[-3000:]
+    by = {(r["stage"], r["head_dim"], r["causal"]): r for r in json.loads(out.read_text())["records"]}
+    for (stage, head_dim, causal), r in by.items():
+        where = f"{stage} D={head_dim} causal={causal}"
+        assert r["ok"], f"{where}: {r['error']}"
+        assert r["spill_bytes"] == 0 and r["shared"] <= 232448, where
+        base = by[("v8c_fp8", head_dim, causal)]
+        assert r["setmaxnreg"] == base["setmaxnreg"] and r["wgmma_fp8"] == base["wgmma_fp8"], where
+    for head_dim, causal in {(d, c) for (_, d, c) in by}:
+        mufu = {s: by[(s, head_dim, causal)]["opcodes"]["MUFU"] for s in ("v8c_fp8",) + FP8_V9}
+        moved = {s: mufu["v8c_fp8"] - mufu[s] for s in FP8_V9}
+        assert moved["v9a_fp8"] == 0 and moved["v9b_1of4_fp8"] == 4 * moved["v9b_1of16_fp8"] > 0, mufu
+        shuffles = {s: by[(s, head_dim, causal)]["opcodes"]["SHFL"] for s in ("v8c_fp8", "v9a_fp8")}
+        assert shuffles["v9a_fp8"] > shuffles["v8c_fp8"], shuffles
+
+
+def test_gpu_script_fp8_plan_times_each_stage_beside_v8c_fp8_and_cudnn_fp16(tmp_path):
+    """benchmarks/gpu_fa4_stages.py --fp8: the FP8 stages beside v8c_fp8 and cuDNN's fp16 forward at the 16-bit
+    run's shapes; its rows get ratio_vs_cudnn_fp16 and ratio_vs_v8c_fp8 (with ranges) and checks_passed only where
+    every check of their head dim passed; without a GPU it says so and exits 2. (In a child process: the script
+    drops TRITON_INTERPRET, which this process's kernels need.)"""
+    _fa3_fp8()
+    env = {"PYTHONPATH": str(ROOT / "src"), "TRITON_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    code = r"""
+import json, sys
+sys.path.insert(0, 'benchmarks')
+import gpu_fa4_stages as g
+run = g.plan(True)
+def t(provider, tflops, head_dim=128, status="ok"):
+    row = dict(kind="time", provider=provider, dtype=g.FP8, n=4096, head_dim=head_dim, causal=False, batch=4,
+               heads=32, status=status, tflops=tflops, tflops_min=tflops - 10, tflops_max=tflops + 10)
+    if provider in run["stages"]:
+        row.update(stage=provider, builds_on="v8c_fp8")
+    return row
+timed = [t("v8c_fp8", 700), t("v9a_fp8", 735), t("v9b_1of16_fp8", 630), t("v9b_1of4_fp8", 0, status="boom"),
+         t("sdpa_cudnn_fp16", 600), t("v9a_fp8", 400, head_dim=64), t("v8c_fp8", 380, head_dim=64),
+         t("sdpa_cudnn_fp16", 400, head_dim=64)]
+def check(stage, head_dim, status):
+    return dict(kind="check", stage=stage, dtype=g.FP8, head_dim=head_dim, status=status)
+checks = [check("v9a_fp8", 128, "ok"), check("v9b_1of16_fp8", 128, "ok"), check("v9b_1of16_fp8", 128, "wrong")]
+g.rate_rows(timed, checks, run)
+print(json.dumps({"run": {k: v for k, v in run.items()}, "shapes": g.time_shapes(g.LENGTHS, run["dtypes"]),
+                  "timed": timed, "check_ns": g.gpu_fa3_fp8.CHECK_NS}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    run, timed = result["run"], result["timed"]
+    assert run["stages"] == list(FP8_V9) and run["bases"] == {"64": "v8c_fp8", "128": "v8c_fp8"}
+    assert run["reference"] == "sdpa_cudnn_fp16" and run["name"] == "fa4-stages-fp8" and run["dtypes"] == [
+        "float8_e4m3fn"]
+    assert sorted(run["jobs"]) == sorted(list(FP8_V9) + ["v8c_fp8:64", "v8c_fp8:128"])
+    assert {(b, h, n) for b, h, n, _, _, _ in result["shapes"]} == {(4, 32, 1024), (4, 32, 4096), (4, 8, 16384)}
+    assert len(result["shapes"]) == 3 * 2 * 2 and {s[4] for s in result["shapes"]} == {"float8_e4m3fn"}
+    v9a, v9b, broken = timed[1], timed[2], timed[3]
+    assert v9a["ratio_vs_cudnn_fp16"] == pytest.approx(735 / 600)
+    assert v9a["ratio_vs_cudnn_fp16_min"] == pytest.approx(725 / 610)
+    assert v9a["ratio_vs_v8c_fp8"] == pytest.approx(1.05) and v9b["ratio_vs_v8c_fp8"] == pytest.approx(0.9)
+    assert timed[5]["ratio_vs_v8c_fp8"] == pytest.approx(400 / 380)  # each head dim against its own base row
+    assert v9a["checks_passed"] and not v9b["checks_passed"]  # one of v9b's checks failed
+    assert not timed[5]["checks_passed"]  # no check at D = 64 recorded: not passed
+    assert not any(key.startswith("ratio") for key in broken) and not broken["checks_passed"]
+    # Awkward lengths: one key, 17, not a multiple of the 128-key tile, N_q != N_kv both ways.
+    assert {(1, 1), (17, 17), (200, 1000), (1000, 200)} <= {tuple(s) for s in result["check_ns"]}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_fa4_stages.py"), "--fp8", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

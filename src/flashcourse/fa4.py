@@ -116,12 +116,51 @@ def row_stats_conditional(x, *, block: int, threshold: float) -> tuple[np.ndarra
     return m, l, rescales
 
 
+def round_e4m3(x) -> np.ndarray:
+    """x (non-negative, as P is) rounded to the nearest float8_e4m3fn, ties to even, saturating at 448 as Hopper's
+    conversion does (``cvt.rn.satfinite.e4m3x2.f32``), in float64. e4m3 keeps 3 mantissa bits: a normal number
+    (>= 2^-6) is a multiple of 2^(e - 3) for its exponent e; below, the subnormals are multiples of 2^-9."""
+    x = np.asarray(x, dtype=np.float64)
+    if np.any(x < 0) or np.any(np.isnan(x)):
+        raise ValueError("round_e4m3 takes non-negative numbers (P): got a negative or NaN value")
+    with np.errstate(divide="ignore"):
+        exponent = np.maximum(np.floor(np.log2(np.where(x > 0, x, 1.0))), -6.0)
+    step = np.exp2(exponent - 3.0)
+    return np.minimum(np.round(x / step) * step, FP8_E4M3_MAX)  # np.round: ties to even
+
+
+def group_rescale_share(x, *, block: int, threshold: float, group: int = 64) -> float:
+    """The share of (row group, block) pairs, after each group's first block, in which some row of the group
+    moved its max: how often a kernel that decides for ``group`` rows at once (the Gluon v9a stages decide for a
+    warpgroup's 64) still rescales its output. x (R, C): scores in log2 units, R a multiple of ``group``."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] % group or x.shape[1] <= block:
+        raise ValueError(f"x has shape {x.shape}: expected (rows, columns), rows a multiple of group={group} and "
+                         f"more than one block of {block} columns")
+    m = np.full(x.shape[0], -np.inf)
+    moved_groups = []
+    for start in range(0, x.shape[1], block):
+        grown = np.maximum(m, x[:, start:start + block].max(axis=1))
+        first = np.isneginf(m)
+        move = first | (grown - m > threshold)
+        if start:
+            moved_groups.append((move & ~first).reshape(-1, group).any(axis=1))
+        m = np.where(move, grown, m)
+    return float(np.mean(moved_groups))
+
+
 def forward_conditional(q, k, v, *, threshold: float, block_k: int = 64, causal: bool = False,
-                        scale: float | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
+                        scale: float | None = None,
+                        p_shift: float | None = None) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Attention of one head, q (N_q, D), k and v (N_k, D), by the online softmax over key blocks with FA4's
     conditional rescaling, in float64. Returns (o, lse, rescales, blocks): lse in natural log; rescales counts
     the (row, block) pairs that rescaled O, blocks the (row, block) pairs visited after a row's first. The output
-    equals softmax(q k^T) v whatever the threshold: the final division by l undoes the max that was kept."""
+    equals softmax(q k^T) v whatever the threshold: the final division by l undoes the max that was kept.
+
+    ``p_shift`` (an FP8 kernel's P): the P that multiplies V is p * 2^p_shift rounded to float8_e4m3fn
+    (:func:`round_e4m3`, saturating at 448), as fa3_fp8.py's kernels quantise it, while l sums the unrounded p.
+    With a kept max, p reaches 2^threshold; when threshold + p_shift passes log2(448) the largest weights
+    saturate and the output shrinks (trap 2), which float64 attention of the same inputs shows."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     n_q, d = q.shape
     scale = 1.0 / np.sqrt(d) if scale is None else scale
@@ -145,7 +184,8 @@ def forward_conditional(q, k, v, *, threshold: float, block_k: int = 64, causal:
         m = new_m
         p = np.exp2(tile - np.where(np.isneginf(m), 0.0, m)[:, None])  # with the max kept, new or old
         l = l * factor + p.sum(axis=1)
-        o = o * factor[:, None] + p @ v[start:start + block_k]
+        p_used = p if p_shift is None else round_e4m3(p * 2.0**p_shift) / 2.0**p_shift
+        o = o * factor[:, None] + p_used @ v[start:start + block_k]
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(l[:, None] > 0, o / np.where(l > 0, l, 1.0)[:, None], 0.0)
         lse = np.where(l > 0, (m + np.log2(np.where(l > 0, l, 1.0))) / np.log2(np.e), -np.inf)
@@ -176,8 +216,10 @@ def check_rescale_threshold(threshold: float, dtype: str, *, p_offset_log2: floa
 def stage_ratios(rows) -> list[dict]:
     """The FA4 stages' timings of a recorded ``benchmarks/results/*-fa4-stages.json`` (its "rows"), each as its
     speed against the stage it builds on: one dict per stage, dtype, head dim, causality and length with keys
-    stage, base, dtype, head_dim, causal, n, ratio (``ratio_vs_<base>``: above 1 the FA4 stage is faster) and
-    ratio_vs_sdpa_cudnn. Rows that are not successful timings of a stage built on another are left out."""
+    stage, base, dtype, head_dim, causal, n, ratio (``ratio_vs_<base>``: above 1 the FA4 stage is faster),
+    ratio_vs_sdpa_cudnn (16-bit rows) and ratio_vs_cudnn_fp16 (FP8 rows, ``*-fa4-stages-fp8.json``: cuDNN's fp16
+    forward on the inputs before quantisation), None where a row has no such ratio. Rows that are not
+    successful timings of a stage built on another are left out."""
     ratios = []
     for row in rows:
         base = row.get("builds_on")
@@ -189,7 +231,8 @@ def stage_ratios(rows) -> list[dict]:
                              "must time the base stage beside it (bench fa4-stages does)")
         ratios.append({"stage": row["stage"], "base": base, "dtype": row["dtype"], "head_dim": row["head_dim"],
                        "causal": row["causal"], "n": row["n"], "ratio": row[key],
-                       "ratio_vs_sdpa_cudnn": row.get("ratio_vs_sdpa_cudnn")})
+                       "ratio_vs_sdpa_cudnn": row.get("ratio_vs_sdpa_cudnn"),
+                       "ratio_vs_cudnn_fp16": row.get("ratio_vs_cudnn_fp16")})
     return sorted(ratios, key=lambda r: (r["stage"], r["head_dim"], r["dtype"], r["causal"], r["n"]))
 
 

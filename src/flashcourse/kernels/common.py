@@ -20,11 +20,11 @@ LN2 = 0.6931471805599453  # ln(2): log(x) == log2(x) * LN2
 # @triton.jit code may read only constexpr globals: the same two numbers, for use inside kernels.
 LOG2E_IN_KERNEL = tl.constexpr(LOG2E)
 LN2_IN_KERNEL = tl.constexpr(LN2)
-# The teaching versions' initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a
-# masked row. It doubles as "no key yet", so a finite score below it (about -7e29 in base e) is taken for no key.
+# v1's initial running max (lesson 07 explains it): finite, so exp(m_old - m_new) never sees (-inf) - (-inf) = NaN
+# on a masked row. It doubles as "no key yet", so a row whose finite scores all lie below it is taken for no key.
 MASKED_FILL = tl.constexpr(-1.0e30)
-# The library kernels' initial running max (v7, decode): -inf, no finite score mistaken for it. Their update
-# (online_softmax_update) is -inf-safe: a row whose max is still -inf subtracts 0 instead.
+# Every other kernel's initial running max (v2-v7, decode, FP8): -inf, no finite score mistaken for it. Their update
+# (online_softmax_weights) is -inf-safe: a row whose max is still -inf subtracts 0 instead.
 NO_KEY_YET = tl.constexpr(float("-inf"))
 
 

@@ -103,21 +103,31 @@ def v_keys_adjacent(v_cache: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, NUM_PAGES, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
     """The pages (int64) holding keys start_n .. start_n + BLOCK_N - 1, a tile that starts on a BLOCK_N boundary:
     one scalar for a tile inside one page (PAGE_SIZE >= BLOCK_N), else the page of each row of a tile that covers
     BLOCK_N // PAGE_SIZE whole pages. ``TABLE_ROW`` points at the sequence's block-table row, read once per page;
-    pages from ``end`` on are not read (they may lie past the table's last column) and come back as 0."""
+    pages from ``end`` on are not read (they may lie past the table's last column) and come back as 0.
+    A page outside 0 .. NUM_PAGES - 1 (a table the host did not check: a serving loop rewrites it every step) comes
+    back as page 0, so that its address stays inside the cache, with bit i of the second result (an int32) set for
+    the tile's i-th page: the kernel masks those keys. Each page read is checked once, on the scalar (one unsigned
+    compare: a negative page is a huge uint32), never per key."""
     if PAGE_SIZE >= BLOCK_N:
-        page = tl.load(TABLE_ROW + (start_n // PAGE_SIZE) * stride_bt_p, mask=start_n < end, other=0).to(tl.int64)
+        page = tl.load(TABLE_ROW + (start_n // PAGE_SIZE) * stride_bt_p, mask=start_n < end, other=0)
+        in_cache = page.to(tl.uint32, bitcast=True) < NUM_PAGES
+        page = tl.where(in_cache, page, 0).to(tl.int64)
+        bad_pages = tl.where(in_cache, 0, 1)
     else:
         slot = tl.arange(0, BLOCK_N) // PAGE_SIZE  # which of the tile's pages a row is in
         page = tl.zeros([BLOCK_N], dtype=tl.int64)
+        bad_pages = 0
         for i in tl.static_range(BLOCK_N // PAGE_SIZE):
             page_i = tl.load(TABLE_ROW + (start_n // PAGE_SIZE + i) * stride_bt_p,
                              mask=start_n + i * PAGE_SIZE < end, other=0)
-            page = tl.where(slot == i, page_i.to(tl.int64), page)
-    return page
+            in_cache = page_i.to(tl.uint32, bitcast=True) < NUM_PAGES
+            page = tl.where(slot == i, tl.where(in_cache, page_i, 0).to(tl.int64), page)
+            bad_pages = bad_pages | tl.where(in_cache, 0, 1 << i)
+    return page, bad_pages
 
 
 @triton.jit
@@ -127,7 +137,7 @@ def _decode_split_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_bt_b, stride_bt_p,
-    H_KV, N_MAX, N_NEW, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2,
+    H_KV, N_MAX, NUM_PAGES, N_NEW, SPLIT_LEN, NUM_SPLITS, WINDOW_LEFT, softcap2,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -139,8 +149,12 @@ def _decode_split_kernel(
     pid_rows = tl.program_id(2)  # over tiles of BLOCK_G of the GROUP * N_NEW query rows of this KV head
     b = (pid_bh // H_KV).to(tl.int64)
     h_kv = (pid_bh % H_KV).to(tl.int64)
-    if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once
-        qk_scale = qk_scale * tl.load(K_SCALE + pid_bh)
+    if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once.
+        # The running max takes max(qk) * qk_scale for the largest scaled score, true only for qk_scale > 0, so
+        # the scale's magnitude goes here and a negative scale's sign to q below (a sign flip is exact)
+        k_scale = tl.load(K_SCALE + pid_bh)
+        qk_scale = qk_scale * tl.abs(k_scale)
+        q_sign = tl.where(k_scale < 0, -1.0, 1.0)
     seqlen = N_MAX
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
@@ -165,6 +179,8 @@ def _decode_split_kernel(
     q_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + token[:, None] * stride_qn
                 + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
+    if KV_FP8:
+        q = (q * q_sign).to(Q.dtype.element_ty)
     position = seqlen - N_NEW + token  # each row's own key position (bottom-right: the last token is seqlen - 1)
     row_end = tl.zeros_like(token) + seqlen  # keys a row sees end here: its own position + 1 when causal
     if CAUSAL:
@@ -190,7 +206,7 @@ def _decode_split_kernel(
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     if PAGED:  # the first tile's pages; each step then reads the next tile's (see _tile_pages)
         table_row = BLOCK_TABLE + b * stride_bt_b
-        page = _tile_pages(table_row, stride_bt_p, start, end, PAGE_SIZE, BLOCK_N)
+        page, bad_pages = _tile_pages(table_row, stride_bt_p, start, end, NUM_PAGES, PAGE_SIZE, BLOCK_N)
     for phase in tl.static_range(2 if TAIL_APART else 1):  # the whole tiles, then (TAIL_APART) the last one
         lo = start if phase == 0 else full_end
         hi = full_end if phase == 0 and TAIL_APART else end
@@ -207,12 +223,14 @@ def _decode_split_kernel(
                     in_page = tl.arange(0, BLOCK_N) % PAGE_SIZE
                 k_off = page * stride_kb + in_page * stride_kn
                 v_off = page * stride_vb + in_page * stride_vn
+                tile_bad_pages = bad_pages  # this tile's, before the line below reads the next tile's
                 if HAS_WINDOW:  # the first tile may begin before the window
                     col_ok = col_ok & (cols >= first)
                 # Read the next tile's pages now, one step ahead: the K/V addresses then come from the previous
                 # step, not from a load in this one, which the software pipeliner would count as a level of
                 # indirection (and prefetch K/V one stage less far ahead).
-                page = _tile_pages(table_row, stride_bt_p, start_n + BLOCK_N, end, PAGE_SIZE, BLOCK_N)
+                page, bad_pages = _tile_pages(table_row, stride_bt_p, start_n + BLOCK_N, end, NUM_PAGES, PAGE_SIZE,
+                                              BLOCK_N)
             else:
                 k_off = b * stride_kb + cols * stride_kn
                 v_off = b * stride_vb + cols * stride_vn
@@ -236,6 +254,12 @@ def _decode_split_kernel(
                 qk = tl.where(seen, qk, float("-inf"))
             elif phase == 1 or not TAIL_APART:
                 qk = tl.where(col_ok[None, :], qk, float("-inf"))
+            if PAGED:
+                if tile_bad_pages != 0:  # a page outside the cache, read as page 0: its keys weigh nothing. A branch
+                    # that only a bad table takes, the same for the whole program: a valid table pays one compare.
+                    # (Its V rows still reach P V times 0: a NaN stored in page 0 would come through.)
+                    bad_key = (tile_bad_pages >> (tl.arange(0, BLOCK_N) // PAGE_SIZE)) & 1
+                    qk = tl.where(bad_key[None, :] == 0, qk, float("-inf"))
             acc, l_i, m_i = online_softmax_update(acc, l_i, m_i, qk, v, step_scale, DOT_PRECISION)
 
     # Partial output normalised over this split's keys; an empty split gives o = 0, lse = -inf.

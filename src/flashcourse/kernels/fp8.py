@@ -45,7 +45,7 @@ from . import configs
 from ._checks import check_device, padded_head_dim
 from .common import (
     LOG2E,
-    MASKED_FILL,
+    NO_KEY_YET,
     default_scale,
     key_tile_range,
     load_tile,
@@ -120,8 +120,10 @@ def _fp8_attend_tile(acc, l_i, m_i, q, k_src, v_src, start_n, offs_m, stride_kn,
             ok = ok & (cols[None, :] <= offs_m[:, None] + UPPER)
         qk = tl.where(ok, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: descales are positive
-    p = tl.exp2(qk * qk_scale - (m_new - P_SHIFT)[:, None])  # p * 2^P_SHIFT: the row max lands on 2^P_SHIFT
-    alpha = tl.exp2(m_i - m_new)
+    # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk * qk_scale - (m_use - P_SHIFT)[:, None])  # p * 2^P_SHIFT: the row max lands on 2^P_SHIFT
+    alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new
@@ -170,7 +172,7 @@ def _fwd_fp8_kernel(
         k_src = K + b * stride_kb + h_kv * stride_kh
         v_src = V + b * stride_vb + h_kv * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)  # -inf: no finite score is taken for "no key"
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Key tiles from the causal bound alone (v7's rule without a window): [0, full_hi) whole and visible to every
@@ -482,7 +484,7 @@ def reference_forward(q, k, v, *, causal=False, scale: float | None = None, p_sh
 
 
 def error_bound(o_ref: torch.Tensor, p_abs_v: torch.Tensor, v_abs_max: float, n_kv: int,
-                out_dtype=torch.bfloat16) -> torch.Tensor:
+                out_dtype=torch.bfloat16, p_shift: int = P_SHIFT) -> torch.Tensor:
     """Per element, how far the FP8 kernel's o may be from the float64 attention of its dequantised inputs, with P
     exact or rounded as the kernel rounds it (:func:`reference_forward`'s ``p_shift``):
 
@@ -498,11 +500,13 @@ def error_bound(o_ref: torch.Tensor, p_abs_v: torch.Tensor, v_abs_max: float, n_
       accumulation in the tensor core, which on Hopper keeps fewer than fp32's bits (DeepSeek-V3 technical
       report, section 3.3.2);
     - weights below e4m3's normal range (p < 2^-(P_SHIFT+6)) round with an absolute error <= 2^-(P_SHIFT+10),
-      twice as above: n_kv of them at most, times max|v|, and l >= 1;
+      twice as above: n_kv of them at most, times max|v|, and l >= 1. ``p_shift``: the kernel's shift where it
+      is not P_SHIFT (the Gluon v9a_fp8 quantises p * 2^6, its kept max lagging by up to 2: the smallest shift
+      a weight sees is the kernel's);
     - the output's own rounding: half an ulp of ``out_dtype`` (2^-8 for bf16, 2^-11 for fp16), taken as a whole
       ulp, plus 1e-3 for float32's sums and the hardware exp2.
     """
     ulp = 2.0**-7 if out_dtype == torch.bfloat16 else 2.0**-10
     roundings = 2  # the kernel's P and the reference's (or the exact P: then one would do)
-    return ((roundings * 2.0**-4 + 2.0**-7) * p_abs_v + roundings * n_kv * 2.0 ** -(P_SHIFT + 10) * v_abs_max
+    return ((roundings * 2.0**-4 + 2.0**-7) * p_abs_v + roundings * n_kv * 2.0 ** -(p_shift + 10) * v_abs_max
             + ulp * o_ref.abs() + 1e-3)

@@ -44,7 +44,8 @@ from .rules import Rules, check_alibi_slopes, check_softcap
 class _OpCall:
     """The ``call.Described`` an op's body makes of its flat arguments (the front door checked them while the
     compiler traced): the description is the op's own key in ``plan.PLANS``, so a compiled call's plan is made once
-    too, and the device's properties are read by ``plan.plan_for`` (tracing could not read them)."""
+    too; the device's properties and what the numbered versions lack are asked by :func:`_plan_of` at run time
+    (tracing could not read the device)."""
 
     __slots__ = ("call", "plan", "rules", "lacks", "props", "block_mask", "scale", "enable_gqa",
                  "forward_version", "backward_version", "dropout")

@@ -138,7 +138,12 @@ TESTED_TRITON = ("3.6",)  # run on the H200 with these (benchmarks/gpu_fa3.py, 2
 
 _LOG2E = 1.4426950408889634
 _LN2 = gl.constexpr(0.6931471805599453)
-# Initial running max: finite, so exp2(m_old - m_new) never sees (-inf) - (-inf) = NaN on a masked row.
+# Initial running max: the most negative finite float32. No finite score lies below it, so none is taken for "no
+# key" (a start of -1e30 took rows whose scores all lay below it for rows with no key: o = 0), and, finite, it never
+# makes exp2(m_old - m_new) compute -inf - (-inf) = NaN on a row whose tiles so far were all masked. (v7's -inf
+# with a guarded subtraction is the same rule; here the guard's select would cost v9b a spill.)
+_NO_KEY_YET = gl.constexpr(-3.4028234663852886e38)
+# The finite start the FP8 stages (fa3_fp8.py) still take.
 _MASKED_FILL = gl.constexpr(-1.0e30)
 # p(g) ~ 2^g on [0, 1], lowest coefficient first: ``fa4.EXP2_POLY3`` (fitted there, lesson 14), written out because
 # the kernels import no NumPy teaching module (tests/test_architecture.py); tests/test_v9_compile.py holds them equal.
@@ -194,12 +199,15 @@ def _key_tiles(first_row, N_KV, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                   BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr = 0.0,
-                  EMULATED_COLUMNS: gl.constexpr = 0):
+                  EMULATED_COLUMNS: gl.constexpr = 0, P_SHIFT: gl.constexpr = 0.0):
     """The online softmax of one score tile ``s`` (unscaled, fp32, in registers), base 2: returns P (fp32), the
     factor alpha that rescales the old output rows, and the new running max and sum.
     RESCALE_THRESHOLD > 0 (v9a): a row keeps its max while the tile raises it by at most that much (log2 units),
     and P is computed with the max kept (alpha is then exactly 1). EMULATED_COLUMNS > 0 (v9b): the tile's first
-    EMULATED_COLUMNS columns take their exponentials from ``_exp2_on_fma``, the others from MUFU.EX2."""
+    EMULATED_COLUMNS columns take their exponentials from ``_exp2_on_fma``, the others from MUFU.EX2.
+    P_SHIFT > 0 (the FP8 stages of fa3_fp8.py, which call this function): P is returned as p * 2^P_SHIFT, the
+    kept row max landing on 2^P_SHIFT, and the sum l carries the same factor (the shift is taken off the max in
+    the exponent: exact). The 16-bit stages pass 0, and the branch below leaves their code as it was."""
     if MASKED:
         cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         ok = cols[None, :] < N_KV
@@ -209,13 +217,18 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
     if RESCALE_THRESHOLD > 0:
         grown = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         # FA4's test (flash_attn/cute/softmax.py, rescale_threshold): move the max only when it grew by more than
-        # the threshold. A row's first tile always moves it (m_i starts at -1e30). P below uses this m_new, the
-        # max kept: computing P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
+        # the threshold. A row's first visible key moves it off the start, the lowest float32 (a score within the
+        # threshold of that start may keep it, which is as right). P below uses this m_new, the max kept: computing
+        # P with ``grown`` after keeping m_i would mix two scales in one row (trap 1).
         m_new = gl.where(grown - m_i > RESCALE_THRESHOLD, grown, m_i)
     else:
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # max commutes with the positive scale
+    if P_SHIFT > 0:
+        m_exp = m_new - P_SHIFT  # the max P's exponent is taken from
+    else:
+        m_exp = m_new
     if EMULATED_COLUMNS > 0:
-        x = s * qk_scale - m_new[:, None]
+        x = s * qk_scale - m_exp[:, None]
         # In a wgmma accumulator a thread holds the columns 8k + 2 (lane % 4) + b (see _v8f_mask): ``cols & ~6``
         # = 8k + b is the same number in every thread, so this choice is a constant per register and the
         # compiler keeps only one of the two exponentials for each (EMULATED_COLUMNS a multiple of 8).
@@ -223,7 +236,7 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
         on_fma = (cols & ~6) < EMULATED_COLUMNS
         p = gl.where(on_fma[None, :], _exp2_on_fma(x), gl.exp2(x))
     else:
-        p = gl.exp2(s * qk_scale - m_new[:, None])  # one FMA + one EX2 per score
+        p = gl.exp2(s * qk_scale - m_exp[:, None])  # one FMA + one EX2 per score
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_i
@@ -231,13 +244,16 @@ def _softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constex
 
 @gluon.jit
 def _exp2_on_fma(x):
-    """2^x for x <= 0 in float32 on the FMA and integer units, no MUFU.EX2 (FlashAttention-4's software exp2,
+    """2^x in float32 on the FMA and integer units, no MUFU.EX2 (FlashAttention-4's software exp2,
     ``ex2_emulation`` in flash_attn/cute/utils.py; lesson 14): x = n + f with n = round(x) and f in [-0.5, 0.5],
     2^f by a degree-3 polynomial (Horner: three FMAs), and n added into the float's exponent field.
     Adding 1.5 * 2^23 rounds x to an integer n (the float's last place there is 1) and leaves n in the low
     mantissa bits: shifted left by 23 they are n's exponent increment (the sum's other bits shift out).
     x is first clamped to -126: a masked score (-inf) then gives 2^-126 or less, never a negative or NaN
-    bit pattern; beside the row's max term (1) it is nothing, as fa4.exp2_emulated's flush to 0 is."""
+    bit pattern; beside the row's max term (1) it is nothing, as fa4.exp2_emulated's flush to 0 is. The 16-bit
+    stages pass x <= 0; the FP8 stages (fa3_fp8.py) x <= P_SHIFT + RESCALE_THRESHOLD = 8: a positive n lands in
+    the exponent field as a negative one does (the low 9 bits of 1.5 * 2^23 are 0, so only n survives the
+    shift)."""
     x = gl.maximum(x, -126.0)
     rounded = x + 12582912.0  # 1.5 * 2^23
     frac = x - (rounded - 12582912.0)
@@ -250,9 +266,9 @@ def _exp2_on_fma(x):
 def _rescale_when_moved(acc, alpha, O_LAYOUT: gl.constexpr):
     """v9a: acc * alpha (one row factor each) only if some row of the warpgroup moved its max; when none did,
     every alpha is 2^0 = 1 and the 64 x D multiplications are skipped. A row that moved its max moved it by more
-    than the threshold (8), so its alpha is below 2^-8: testing against 0.5 separates the two whatever the last
-    bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a reduction over its 64 rows, through
-    shared memory), so the branch is uniform: FA4 decides per warp."""
+    than the threshold (8 in 16 bits, 2 in FP8, at least 1), so its alpha is below 2^-1: testing against 0.5
+    separates the two whatever the last bits of MUFU.EX2's 2^0. The test is one value for the whole warpgroup (a
+    reduction over its 64 rows, through shared memory), so the branch is uniform: FA4 decides per warp."""
     if gl.min(alpha, axis=0) < 0.5:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
     return acc
@@ -346,7 +362,7 @@ def _fa3_v8a_kernel(q_desc, k_desc, v_desc, O, LSE, qk_scale, N_Q, N_KV, CAUSAL:
     _tma_load(v_desc, [kv_row, 0], v_bars.index(0), v_smem.index(0), pred=first)
 
     rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_i = gl.full([BLOCK_M], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([BLOCK_M], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=O_LAYOUT)
     mbarrier.wait(q_bar, 0)
@@ -515,7 +531,7 @@ def _ws_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, ring, turns
     O_LAYOUT: gl.constexpr = _mma_layout(HEAD_DIM)
     q_tile = q_smem.index(wg)
     rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
-    m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+    m_i = gl.full([ROWS], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
     mbarrier.wait(q_bars.index(wg), 0)
@@ -818,7 +834,7 @@ def _v8f_consumer(wg: gl.constexpr, O, LSE, qk_scale, q_smem, q_bars, q_empty, r
             m0 = _v8f_query_tile(tile, half, n_m, CAUSAL=CAUSAL) * BLOCK_M
             full, n_tiles = _key_tiles(m0, N_KV, CAUSAL=CAUSAL, ROWS=BLOCK_M, BLOCK_N=BLOCK_N)
             rows = m0 + wg * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
-            m_i = gl.full([ROWS], _MASKED_FILL, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            m_i = gl.full([ROWS], _NO_KEY_YET, gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             mbarrier.wait(q_bars.index(wg), item & 1)
             # Key tile 0 alone: QK^T and softmax; its PV goes out with tile 1's QK^T (n_tiles >= 1: N_KV > 0).

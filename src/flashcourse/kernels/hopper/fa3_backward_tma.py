@@ -43,13 +43,53 @@ rendezvous of the two warpgroups (FA3 has it too), the 32-row query tiles at D =
 runs at half its rate on the S^T, dP^T products), register pressure (dK, dV: 128 registers a thread at D = 128).
 FA4's 1.06-1.34x cuDNN (measured on an H100 80GB, 2026-12-06) is the goal, not the prediction.
 
+Variants b7b and b7c (the next design step at D = 128; prediction written before any GPU run of them).
+b7's first timed run (docs/KERNELS.md, "Backward b7") gave 380-425 TFLOP/s at both head dims: the same rate at
+D = 64 and 128, where cuDNN gains at D = 128 (525-545 against 454-461), so the gap is at D = 128. What a step of
+b7 costs there (one program of 128 keys, one tile of M = 32 query rows, both warpgroups; H100 SXM):
+
+- **Products**: 5 x 2 x 128 x 32 x 128 = 5.24 MFLOP, 0.70 us at the tensor rate (989 TFLOP/s over 132 SMs).
+  Three of the five have N = 32 (S^T = K Q^T and dP^T = V dO^T: 64 keys x 32 queries; dQ^T: 64 columns x 32
+  queries), two have N = 128 (dV, dK). Counting an N = 32 wgmma at half rate (as above), 1.12 us: a ceiling of
+  62% of the tensor rate, about 620 TFLOP/s. Measured: 14.5 ms for 32 waves of 256 steps (fp16, non-causal,
+  (B, H, N) = (4, 16, 8192)), 1.77 us a step, so 0.65 us a step is spent off the tensor cores.
+- **Bytes in**: Q and dO, 2 x 32 x 128 x 2 = 16 KB by TMA (L2 hits: a head's programs share them); lse and Delta,
+  2 x 32 x 4 = 256 B, but loaded by the math warps, 8 + 8 values a thread (the S^T layout's columns) in both
+  warpgroups, at the start of each step and needed after S^T: an L2 round trip (a few hundred cycles, more under
+  the reduce-add traffic) that only the S^T and dP^T products (about 500-1,000 cycles for the four of the two
+  warpgroups at N = 32) can hide. Exposed: 0-250 cycles of a step's 3,100 (1.755 GHz), 0-8%.
+- **Bytes out**: dQ's reduce-add, 32 x 128 x 4 = 16 KB a step, B*H*N*D x 4 = 268 MB a key-tile pass, 64 passes:
+  17.2 GB in 14.5 ms, 1.2 TB/s into L2, and the same again of Q and dO read: about 2.4 TB/s, under half of L2's
+  estimated 5.5 TB/s. The reduce-adds land in L2 (two heads' float32 dQ, 8 MB, are what 132 programs touch at
+  once) and reach HBM about once. Not the limit; cuDNN's backward moves the same float32 dQ.
+- **Shared memory**: K, V 64 KB, the (Q, dO) ring 2 x 16 KB, dS 4 x 4 KB, the dQ tiles 4 x 8 KB: 147,936 B, one
+  program an SM. A third ring slot adds 16 KB (b7c: 165,136 B; a fourth would still fit in 227 KB).
+- **Registers**: 168 a thread at launch, 240 for the consumers after ``setmaxnreg`` (24 for the loader and the
+  writer: 2 x 128 x 240 + 128 x 24 = 64,512 of 65,536, so 240 is the most two consumer warpgroups can take).
+  dK and dV hold 128 of the 240 at D = 128. With 64-row query tiles (N = 64 for S^T, dP^T and dQ: no product
+  left at N = 32, so the 62% ceiling above no longer applies) b7b spills 120 B a thread under Triton 3.9 at
+  240 (compiled here, 230,896 B of shared memory): not built, by the rule of no spills.
+- **dQ handoff**: b7 already adds dQ from a warp of its own with double-buffered tiles, so a consumer waits on
+  ``dq_empty`` only when the writer is two steps behind; a third buffer would cost 16 KB more for a wait not
+  yet seen. The profile (``benchmarks/ncu_limits.py``, case ``bwd-b7-d128``) will show whether it happens.
+
+Built: **b7b** brings each tile's lse and Delta by the loader's TMA into shared memory with Q and dO (one
+transaction, the slot's ``ready`` barrier counting their bytes: FA3's LSE and dPsum copies), so a consumer reads
+them from shared memory (16 loads of about 30 cycles) and issues no global load; **b7c** is b7b with a three-slot
+ring. Expected: b7b 1.02-1.08x b7 at D = 128 (0.74-0.90x cuDNN), D = 64 as b7 within 3%; b7c b7b within 3% (the
+ring waits only when L2 is slow). b7b is the change expected to pay most of those that compile without spills;
+neither reaches cuDNN by this count, which points at the N = 32 products and the off-tensor 0.65 us a step (the
+two warpgroups meet every step to exchange dS, so their exp2 and dS arithmetic run at the same time and the
+tensor cores wait): the profile of b7 and b7b beside cuDNN's decides the next step.
+
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
 (P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows).
 
-Not dispatched: nothing here has run on a GPU yet (``TESTED_TRITON``). ``flashcourse.kernels`` does not import
-this module; ``benchmarks/gpu_b7.py`` is its first GPU run.
+Not dispatched (``TESTED_TRITON`` stays empty until a variant wins where it would be dispatched): b7's runs are in
+docs/KERNELS.md ("Backward b7"). ``flashcourse.kernels`` does not import this module; ``benchmarks/gpu_b7.py``
+checks and times each variant (``--variants``).
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
@@ -67,11 +107,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LOG2E, _mma_layout, _smem_layout, aggregate, tensor_descriptor_signature, triton_cdiv
-from .fa3_backward import BLOCK_M, ROWS, _b6_producer, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
+from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
+from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
-TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); run on a GPU: none yet
+TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); on a GPU: checked, not yet timed
 # Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
@@ -106,6 +146,21 @@ class _Rows:
 
 
 @aggregate
+class _Stats:
+    """b7b's lse and Delta slices in shared memory, one per ring slot: ``lse_smem.index(i)`` and
+    ``delta_smem.index(i)`` hold the BLOCK_M values of the (Q, dO) tile in slot i, brought by the same TMA
+    transaction (the slot's ``ready`` barrier counts their bytes too)."""
+
+    lse_smem: gl.shared_memory_descriptor
+    delta_smem: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
+    def __init__(self, lse_smem, delta_smem):
+        self.lse_smem = lse_smem
+        self.delta_smem = delta_smem
+
+
+@aggregate
 class _DqHandoff:
     """dS and the dQ tiles between the warpgroups and the writer. Step i uses buffer b = i % DQ_BUFFERS:
     ``ds_smem.index(b * 2 + w)`` holds warpgroup w's dS^T (64 keys x M), ``ds_ready.index(b)`` completes once
@@ -128,10 +183,13 @@ class _DqHandoff:
 
 
 @gluon.jit
-def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, handoff, rows, m0, keys,
-             MASKED: gl.constexpr, CAUSAL: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
-    """Step i of warpgroup ``wg`` (query tile starting at row m0; the caller waited for q_tile, do_tile): the
-    five products, dS^T handed to the other warpgroup, this warpgroup's dQ columns handed to the writer."""
+def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats, slot, handoff, rows, m0, keys,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, STATS_BY_TMA: gl.constexpr, S_LAYOUT: gl.constexpr,
+             KV_LAYOUT: gl.constexpr):
+    """Step i of warpgroup ``wg`` (query tile starting at row m0, in ring slot ``slot``; the caller waited for
+    q_tile, do_tile): the five products, dS^T handed to the other warpgroup, this warpgroup's dQ columns handed
+    to the writer. With ``STATS_BY_TMA`` lse and Delta came with the tiles (``stats``, a ``_Stats``: b7b);
+    without, they are loaded here from global memory (b7)."""
     BLOCK_M: gl.constexpr = q_tile.shape[0]
     HEAD_DIM: gl.constexpr = q_tile.shape[1]
     KEYS: gl.constexpr = _ROWS_C
@@ -144,7 +202,10 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, hando
     ds_tile = handoff.ds_smem.index(buf * 2 + wg)
     cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, S_LAYOUT))  # query indices (S^T's columns)
     zero = gl.zeros([KEYS, BLOCK_M], gl.float32, S_LAYOUT)
-    if MASKED:
+    if STATS_BY_TMA:  # b7b: from shared memory; past N_Q they are the next head's (or TMA's zeros): masked
+        lse2 = stats.lse_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT)) * _LOG2E_C
+        delta = stats.delta_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT))
+    elif MASKED:
         lse2 = gl.load(rows.LSE + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0) * _LOG2E_C
         delta = gl.load(rows.DELTA + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0)
     else:
@@ -195,24 +256,25 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, hando
 
 
 @gluon.jit
-def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, i_lo, i_hi, m_lo,
-              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, S_LAYOUT: gl.constexpr,
-              KV_LAYOUT: gl.constexpr):
+def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, i_lo, i_hi, m_lo,
+              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
+              S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Steps [i_lo, i_hi) of warpgroup ``wg``: wait for the (Q, dO) slot, compute, free the slot."""
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
     for i in range(i_lo, i_hi):
         slot = i % STAGES
         mbarrier.wait(ring.ready.index(slot), (i // STAGES) & 1)
         dk, dv = _b7_step(wg, i, dk, dv, k_smem, v_smem, ring.q_smem.index(slot), ring.do_smem.index(slot),
-                          handoff, rows, (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL,
-                          S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                          stats, slot, handoff, rows, (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL,
+                          STATS_BY_TMA=STATS_BY_TMA, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
         mbarrier.arrive(ring.empty.index(slot))  # every product of the step has landed: Q, dO no longer read
     return dk, dv
 
 
 @gluon.jit
-def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
-                 full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0,
+                 m_lo, full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                 STATS_BY_TMA: gl.constexpr):
     """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program."""
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
@@ -223,29 +285,62 @@ def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, handoff, rows, 
     dk = gl.zeros([_ROWS_C, HEAD_DIM], gl.float32, KV_LAYOUT)
     dv = gl.zeros([_ROWS_C, HEAD_DIM], gl.float32, KV_LAYOUT)
     mbarrier.wait(kv_bar, 0)
-    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, 0, full_lo - m_lo, m_lo,
-                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, full_lo - m_lo, full_hi - m_lo, m_lo,
-                       MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
-    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, handoff, rows, keys, full_hi - m_lo, n_m - m_lo, m_lo,
-                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, 0, full_lo - m_lo, m_lo,
+                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
+                       STATS_BY_TMA=STATS_BY_TMA, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_lo - m_lo,
+                       full_hi - m_lo, m_lo, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES,
+                       STATS_BY_TMA=STATS_BY_TMA, S_LAYOUT=S_LAYOUT,
+                       KV_LAYOUT=KV_LAYOUT)
+    dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_hi - m_lo, n_m - m_lo, m_lo,
+                       MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
+                       STATS_BY_TMA=STATS_BY_TMA, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     _store_dkdv(dk, dv, DK, DV, kv_row, first, rows.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=_ROWS_C, KV_LAYOUT=KV_LAYOUT)
 
 
 @gluon.jit
-def _b7_consumer0(k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
-                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _b7_consumer0(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                  full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
-    _b7_consumer(0, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
-                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
+    _b7_consumer(0, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA)
 
 
 @gluon.jit
-def _b7_consumer1(k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
-                  n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr):
+def _b7_consumer1(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                  full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the program's next 64 keys."""
-    _b7_consumer(1, k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo, full_hi,
-                 n_m, CAUSAL=CAUSAL, STAGES=STAGES)
+    _b7_consumer(1, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA)
+
+
+@gluon.jit
+def _b7_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats, q_row,
+                 kv_row, n0, m_lo, n_tiles, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr):
+    """The loader warp (b6's producer, and for b7b the tile's lse and Delta): every consumer's K and V once, then
+    (Q, dO) tile by tile into the ring. With ``STATS_BY_TMA`` (``stats`` a ``_Stats``) the BLOCK_M values of lse and
+    Delta join the slot's transaction, so a consumer finds them in shared memory when its wait ends, as FA3's
+    producer brings them (``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``, its LSE and dPsum copies)."""
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    tile_bytes: gl.constexpr = q_desc.block_type.nbytes + do_desc.block_type.nbytes
+    mbarrier.expect(kv_bar, _CONSUMERS_C * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+    for w in gl.static_range(_CONSUMERS_C):
+        _tma_load(k_desc, [kv_row + n0 + w * KEYS, 0], kv_bar, k_smem.index(w))
+        _tma_load(v_desc, [kv_row + n0 + w * KEYS, 0], kv_bar, v_smem.index(w))
+    for i in range(n_tiles):
+        slot = i % STAGES
+        row = q_row + (m_lo + i) * BLOCK_M
+        mbarrier.wait(ring.empty.index(slot), ((i // STAGES) & 1) ^ 1)  # a fresh barrier's phase 1 counts as done
+        if STATS_BY_TMA:
+            mbarrier.expect(ring.ready.index(slot),
+                            tile_bytes + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            _tma_load(lse_desc, [row], ring.ready.index(slot), stats.lse_smem.index(slot))
+            _tma_load(delta_desc, [row], ring.ready.index(slot), stats.delta_smem.index(slot))
+        else:
+            mbarrier.expect(ring.ready.index(slot), tile_bytes)
+        _tma_load(q_desc, [row, 0], ring.ready.index(slot), ring.q_smem.index(slot))
+        _tma_load(do_desc, [row, 0], ring.ready.index(slot), ring.do_smem.index(slot))
 
 
 @gluon.jit
@@ -268,11 +363,13 @@ def _b7_dq_writer(dq_desc, handoff, dq_row, m_lo, n_tiles):
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
-def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA, qk_scale, scale, N_Q, N_KV, N_QPAD,
-               CAUSAL: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-               CONSUMER_REGS: gl.constexpr):
-    """b7: two consumer warpgroups (launch with num_warps=4: the default partition is consumer 0), a loader
-    warp, a dQ-writer warp; one program per 128 keys of one (batch, head)."""
+def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, LSE, DELTA, qk_scale, scale,
+               N_Q, N_KV, N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
+               PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """b7 and its variants: two consumer warpgroups (launch with num_warps=4: the default partition is consumer
+    0), a loader warp, a dQ-writer warp; one program per 128 keys of one (batch, head). With ``STATS_BY_TMA``
+    (b7b, b7c) the loader brings each tile's lse and Delta through ``lse_desc`` and ``delta_desc`` (1-D, BLOCK_M
+    values); without (b7) the consumers load them from ``LSE`` and ``DELTA`` and the descriptors are unused."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
@@ -295,6 +392,11 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA, qk_
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [_DQ_BUFFERS_C * _CONSUMERS_C, KEYS, BLOCK_M], DS_LAYOUT)
     dq_smem = gl.allocate_shared_memory(gl.float32, [_DQ_BUFFERS_C * _CONSUMERS_C, BLOCK_M, HEAD_DIM // 2],
                                         dq_desc.layout)
+    if STATS_BY_TMA:
+        stats = _Stats(gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout),
+                       gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout))
+    else:
+        stats = STATS_BY_TMA  # nothing to hand on (warp_specialize's argument tuples take no None)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -316,12 +418,12 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, DK, DV, LSE, DELTA, qk_
     rows = _Rows(LSE, DELTA, stat_row, N_Q, N_KV, qk_scale)
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     gl.warp_specialize([
-        (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                         full_hi, n_m, CAUSAL, STAGES)),
-        (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                         full_hi, n_m, CAUSAL, STAGES)),
-        (_b6_producer, (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, kv_bar, ring, q_row, kv_row, n0, m_lo,
-                        n_m - m_lo, _CONSUMERS_C, STAGES)),
+        (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA)),
+        (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA)),
+        (_b7_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats,
+                        q_row, kv_row, n0, m_lo, n_m - m_lo, STAGES, STATS_BY_TMA)),
         (_b7_dq_writer, (dq_desc, handoff, dq_row, m_lo, n_m - m_lo)),
     ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
 
@@ -338,6 +440,7 @@ class Stage:
     stages: int = 2  # (Q, dO) ring depth
     producer_regs: int = 24  # the loader's and the writer's warpgroup
     consumer_regs: int = 240
+    stats_by_tma: bool = False  # lse and Delta brought by the loader with the tiles (b7b), else loaded by the consumers
 
     def keys(self) -> int:
         return ROWS * CONSUMERS
@@ -346,7 +449,8 @@ class Stage:
         return {"num_warps": 4}
 
     def constexprs(self, causal: bool) -> dict:
-        return {"CAUSAL": causal, "STAGES": self.stages, "PRODUCER_REGS": self.producer_regs,
+        return {"CAUSAL": causal, "STAGES": self.stages, "STATS_BY_TMA": self.stats_by_tma,
+                "PRODUCER_REGS": self.producer_regs,
                 "CONSUMER_REGS": self.consumer_regs}
 
 
@@ -355,12 +459,23 @@ STAGES = {
                 "writer warp; dQ columns split between the warpgroups from both halves of dS, added to float32 "
                 "by one TMA reduce-add a warpgroup a step (tma.async_atomic_add), off the math warps",
                 "0.85-1.0x cuDNN at N >= 4096 (1.1-1.3x b1)", _b7_kernel),
+    "b7b": Stage("b7b", "b7 with each tile's lse and Delta brought by the loader's TMA into shared memory with Q and "
+                 "dO (FA3's LSE and dPsum copies), no global loads on the math warps",
+                 "D = 128: 0.80-0.90x cuDNN (1.05-1.15x b7); D = 64: as b7 within 3%", _b7_kernel, stats_by_tma=True),
+    "b7c": Stage("b7c", "b7b with a three-slot (Q, dO, lse, Delta) ring (+16 KB of shared memory at D = 128)",
+                 "D = 128: b7b within 3% (the ring is not what waits)", _b7_kernel, stages=3, stats_by_tma=True),
 }
+VARIANTS = tuple(STAGES)
 HEAD_DIMS = (64, 128)
 
 
 def _dq_layout(block_m: int, head_dim: int):
     return gl.NVMMASharedLayout.get_default_for([block_m, head_dim // 2], gl.float32)
+
+
+def _stats_layout(block_m: int):
+    """A tile's BLOCK_M float32 values of lse or Delta in shared memory (1-D: no swizzle)."""
+    return gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)
 
 
 def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
@@ -372,6 +487,8 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
                  "v_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
                  "do_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
                  "dq_desc": f"tensordesc<fp32[{block_m},{head_dim // 2}],{_dq_layout(block_m, head_dim)!r}>",
+                 "lse_desc": f"tensordesc<fp32[{block_m}],{_stats_layout(block_m)!r}>",
+                 "delta_desc": f"tensordesc<fp32[{block_m}],{_stats_layout(block_m)!r}>",
                  "DK": f"*{name}", "DV": f"*{name}", "LSE": "*fp32", "DELTA": "*fp32",
                  "qk_scale": "fp32", "scale": "fp32", "N_Q": "i32", "N_KV": "i32", "N_QPAD": "i32"}
     constexprs = stage.constexprs(causal)
@@ -392,17 +509,20 @@ def check_inputs(q, k, v, o, lse, do) -> None:
 
 
 def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                do: torch.Tensor, *, causal: bool = False,
-                scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of attention by b7 (see the module docstring) from the forward's o and natural-log lse.
-    ``causal=True`` is top-left aligned. Hopper and Triton >= 3.9 only; ``check_inputs`` says what it takes."""
+                do: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+                stage: str = "b7") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of attention by b7 or one of its variants (``stage``, a key of ``STAGES``; see the module
+    docstring) from the forward's o and natural-log lse. ``causal=True`` is top-left aligned. Hopper and
+    Triton >= 3.9 only; ``check_inputs`` says what it takes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from ..backward import _bwd_preprocess
     from ..common import strides
 
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {', '.join(STAGES)} (got {stage!r})")
     check_inputs(q, k, v, o, lse, do)
-    spec = STAGES["b7"]
+    spec = STAGES[stage]
     batch, heads, n_q, head_dim = q.shape
     block_m = BLOCK_M[head_dim]
     n_kv = k.shape[2]
@@ -426,10 +546,13 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
     dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
                                _dq_layout(block_m, head_dim))
+    # 1-D over all heads: a tile's coordinate is its first row, as for Q and dO (b7 passes them unused).
+    lse_desc, delta_desc = (TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], _stats_layout(block_m))
+                            for t in (lse, delta))
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
     spec.kernel[grid](describe(q, n_q, block_m), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
-                      describe(do, n_q, block_m), dq_desc, dk, dv, lse, delta, scale * _LOG2E, scale, n_q, n_kv,
-                      n_qpad, **spec.constexprs(bool(causal)), **spec.options())
+                      describe(do, n_q, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse, delta, scale * _LOG2E,
+                      scale, n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
     dq = torch.empty_like(q)
     _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, n_qpad, HEAD_DIM=head_dim,
                                                               BLOCK=64, num_warps=4)

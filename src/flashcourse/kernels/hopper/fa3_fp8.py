@@ -1,6 +1,7 @@
 """Forward v8 in FP8: the Gluon FlashAttention-3 forward on e4m3 q, k, v, with V transposed inside the kernel, in
 two stages (``STAGES``): v8c_fp8 (v8c's design; checked and timed on the H200 on 2026-12-01 by
-``benchmarks/gpu_fa3_fp8.py``) and v8e_fp8 (v8e's schedule; compiled for sm_90 on a CPU, not yet run).
+``benchmarks/gpu_fa3_fp8.py``) and v8e_fp8 (v8e's schedule; compiled for sm_90 on a CPU, not yet run); and
+FlashAttention-4's softmax ideas on v8c_fp8 (``FA4_STAGES``, v9, below).
 
 Why a transpose. Hopper's FP8 ``wgmma`` reads both operands K-major: the reduction dim contiguous in shared memory.
 In S = Q K^T the reduction runs over D, and q and k as the user passes them, (B, H, N, D) with D contiguous,
@@ -45,6 +46,29 @@ every tile's 66 exponentials between the two waits (``scripts/fa3_fp8_compile.py
 tiles would halve the per-tile overhead: at D = 64
 they compile without spills in v8e_fp8 (106,888 B shared), at D = 128 they spill (320 B a thread).
 
+FlashAttention-4's two softmax ideas in FP8 (``FA4_STAGES``, lesson 14; fa3.py's v9a and v9b in 16 bits), each on
+v8c_fp8 (``Stage.builds_on``: the FP8 stage measured on a GPU), through fa3.py's own softmax (``_softmax_tile``
+with its P_SHIFT: the rescale test, P from the max kept, the emulated columns through ``_exp2_on_fma``) and its
+``_rescale_when_moved``:
+
+- v9b_1of16_fp8, v9b_1of4_fp8 (EMULATED_COLUMNS = 8 / 32): the first columns of each 128-key tile take 2^x from
+  the polynomial on the FMA units, the rest from MUFU.EX2. Here x = s - m + P_SHIFT reaches 8, not 0 as in 16 bits;
+  ``_exp2_on_fma`` takes it (its integer add puts a positive n in the exponent as it puts a negative one).
+- v9a_fp8 (RESCALE_THRESHOLD): conditional rescaling meets the trap FlashAttention-4 avoids by taking no threshold
+  in FP8 (``rescale_threshold`` 0 for 8-bit inputs, flash_attn/cute; Note [Low Precision Scaling] in
+  ``flash_fwd_sm100.py``). The arithmetic: the kernel quantises P = 2^(s - m + P_SHIFT), m the max it kept. A
+  kept max lags the row's largest score so far by at most the threshold t, so P <= 2^(t + P_SHIFT). e4m3's
+  largest value is 448 = 1.75 x 2^8, about 2^8.81; anything larger saturates to 448 (or becomes NaN without
+  saturation) while the float32 sum l counts the weight whole, and the output shrinks. So t + P_SHIFT <= 8.81.
+  FA4's 16-bit threshold 8 with this module's P_SHIFT = 8 gives 2^16 = 65,536, 146 times too large: ``Stage``
+  refuses it. v9a_fp8 takes t = 2 and P_SHIFT = 6: P <= 2^8 = 256, v8c_fp8's own peak, with the exponential's
+  error (MUFU's 2^-22, the polynomial's 1e-4 relative) far from the 464 where 448's rounding ends. The price of the
+  smaller shift: e4m3 keeps 3 bits of a weight down to 2^-12 of the kept max rather than 2^-14, and a weight
+  below e4m3's normal range rounds with an error of up to 2^-16 rather than 2^-18 (``fp8.error_bound``'s
+  ``p_shift``; the GPU checks use it). The test is tests/test_fa4.py's e4m3 replay of the online softmax
+  (``fa4.forward_conditional`` with ``p_shift``): at t = 2, P_SHIFT = 6 the output stays within the FP8 bound on
+  scores built to lag the max by just under the threshold; at t = 8, P_SHIFT = 8 it does not.
+
 Register budgets: the producer warpgroup now holds a V tile in registers (BLOCK_N * D / 128 bytes a thread, 32
 registers at D = 128), so it gets more than v8c's 24: producer 56, consumers 224 (2 * 128 * 224 + 128 * 56 =
 64,512 of the SM's 65,536), 12 warps at launch as v8c. Tiles: 128 query rows (two consumer warpgroups) by 128
@@ -73,12 +97,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LN2, _MASKED_FILL, _key_tiles, _Ring, _tma_load, _v8f_mask, triton_cdiv
+from .fa3 import (
+    _LN2,
+    _MASKED_FILL,
+    _key_tiles,
+    _rescale_when_moved,
+    _Ring,
+    _softmax_tile,
+    _tma_load,
+    _v8f_mask,
+    triton_cdiv,
+)
 
 TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile.py); v8c_fp8 ran under 3.6
 
 FP8 = torch.float8_e4m3fn
-P_SHIFT = 8  # as fp8.P_SHIFT: P is quantised as p * 2^8, the row max 1 -> 256 < 448
+P_SHIFT = 8  # as fp8.P_SHIFT: P is quantised as p * 2^8, the row max 1 -> 256 < 448 (v9a_fp8 takes 6)
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn (OCP FP8 formats, 2022)
 HEAD_DIMS = (64, 128)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 ROWS = 64  # query rows of one consumer warpgroup
@@ -150,28 +185,12 @@ def _producer(q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q
 
 # ------------------------------------------------------------------------------------------ consumers
 @gluon.jit
-def _fp8_softmax_tile(s, m_i, l_i, rows, start_n, N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                      BLOCK_N: gl.constexpr, S_LAYOUT: gl.constexpr):
-    """fa3._softmax_tile with fp8.py's P: returns p * 2^P_SHIFT (fp32; the row max lands on 2^P_SHIFT), alpha,
-    the new running max (without the shift) and the running sum of the shifted p."""
-    if MASKED:
-        cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        ok = cols[None, :] < N_KV
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= rows[:, None])
-        s = gl.where(ok, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - (m_new - 8.0)[:, None])  # P_SHIFT = 8
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_i
-
-
-@gluon.jit
 def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MASKED: gl.constexpr,
-               CAUSAL: gl.constexpr, RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
-    """Key tiles [j_lo, j_hi) of one consumer warpgroup without overlap (v8c_fp8): QK^T, softmax, P to e4m3,
-    P V from the transposed ring."""
+               CAUSAL: gl.constexpr, RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
+               P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
+    """Key tiles [j_lo, j_hi) of one consumer warpgroup without overlap (v8c_fp8 and the v9 stages on it): QK^T,
+    softmax, P to e4m3, P V from the transposed ring. RESCALE_THRESHOLD > 0 (v9a_fp8): the output rows are
+    rescaled only when some row of the warpgroup moved its max (fa3._rescale_when_moved)."""
     BLOCK_N: gl.constexpr = ring.k_smem.shape[1]
     zero = gl.zeros([rows.shape[0], BLOCK_N], gl.float32, S_LAYOUT)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=4)  # 8-bit A operand
@@ -182,9 +201,14 @@ def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MA
         s = warpgroup_mma(q_tile, ring.k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(slot))
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
-                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=MASKED,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT,
+                                           RESCALE_THRESHOLD=RESCALE_THRESHOLD,
+                                           EMULATED_COLUMNS=EMULATED_COLUMNS)
+        if RESCALE_THRESHOLD > 0:
+            acc = _rescale_when_moved(acc, alpha, O_LAYOUT=O_LAYOUT)
+        else:
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         p8 = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
         mbarrier.wait(ring.v_ready.index(slot), phase)
         # The V^T slot: (D, BLOCK_N) with the keys contiguous; its (BLOCK_N, D) view is K-major for P V.
@@ -197,7 +221,8 @@ def _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, j_lo, j_hi, N_KV, qk_scale, MA
 @gluon.jit
 def _fp8_tiles_overlapped(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.constexpr, rows, j_lo, j_hi, n_tiles,
                           N_KV, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, PINGPONG: gl.constexpr,
-                          RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr):
+                          RING: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
+                          P_SHIFT: gl.constexpr):
     """Key tiles [j_lo, j_hi), j_lo >= 1, of v8e_fp8: fa3's intra-warpgroup overlap (v8d) in FP8. QK^T(j) and
     P(j-1) V(j-1) are issued together (P(j-1) waiting in registers as e4m3, in the A-operand layout); softmax(j)
     runs while that product is on the tensor cores; the output is rescaled by alpha(j) once it has landed.
@@ -234,8 +259,8 @@ def _fp8_tiles_overlapped(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.con
         mbarrier.arrive(ring.k_empty.index(slot))
         if MASKED:
             s = _v8f_mask(s, rows, j * BLOCK_N, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
-                                               CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, j * BLOCK_N, N_KV, qk_scale, MASKED=False,
+                                           CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
         nxt = j + 1  # a block boundary before the wait for P V (see above); the next iteration finds K ready
         mbarrier.wait(ring.k_ready.index(nxt % RING), (nxt // RING) & 1, pred=nxt < n_tiles)
         # P(j-1) is no dependency here: the wait cannot take 8-bit registers (Triton's lowering refuses them);
@@ -249,7 +274,7 @@ def _fp8_tiles_overlapped(acc, p_prev, m_i, l_i, q_tile, ring, turns, wg: gl.con
 
 @gluon.jit
 def _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT: gl.constexpr,
-                    O_LAYOUT: gl.constexpr):
+                    O_LAYOUT: gl.constexpr, P_SHIFT: gl.constexpr):
     """o = acc * v_descale / l (in O's dtype) and the natural lse of rows [m0, m0 + ROWS): fa3._store_rows with
     v's descale and the shift taken back off the lse."""
     ROWS: gl.constexpr = acc.shape[0]
@@ -257,7 +282,7 @@ def _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT: gl.
     # l carries 2^P_SHIFT as acc does (o = acc / l is right); the lse takes it off: m - P_SHIFT + log2(l).
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("-inf"), (m_i - 8.0 + gl.log2(l_safe)) * _LN2)
+    lse = gl.where(empty, float("-inf"), (m_i - P_SHIFT + gl.log2(l_safe)) * _LN2)
     o = acc * (v_descale / gl.convert_layout(l_safe, gl.SliceLayout(1, O_LAYOUT)))[:, None]
     base = bh.to(gl.int64) * N_Q
     out_rows = m0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
@@ -271,7 +296,8 @@ def _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT: gl.
 @gluon.jit
 def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles,
                   N_Q, N_KV, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                  RING: gl.constexpr):
+                  RING: gl.constexpr, P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr,
+                  EMULATED_COLUMNS: gl.constexpr):
     """Consumer warpgroup ``wg``: query rows [m0, m0 + 64) against every key tile of the program, then the store
     of o * v_descale and of the lse without the shift."""
     ROWS: gl.constexpr = q_smem.shape[1]
@@ -294,16 +320,18 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars,
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(ring.k_empty.index(0))
         s = _v8f_mask(s, rows, 0, N_KV, CAUSAL=CAUSAL, S_LAYOUT=S_LAYOUT)
-        p, alpha, m_i, l_i = _fp8_softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
-                                               BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT)
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, rows, 0, N_KV, qk_scale, MASKED=False, CAUSAL=CAUSAL,
+                                           BLOCK_N=BLOCK_N, S_LAYOUT=S_LAYOUT, P_SHIFT=P_SHIFT)
         p_prev = gl.convert_layout(p.to(ring.v_smem.dtype), p_layout)
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
         acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
             acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, 1, gl.maximum(full, 1), n_tiles, N_KV, qk_scale,
-            MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            MASKED=False, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+            P_SHIFT=P_SHIFT)
         acc, p_prev, m_i, l_i = _fp8_tiles_overlapped(
             acc, p_prev, m_i, l_i, q_tile, ring, turns, wg, rows, gl.maximum(full, 1), n_tiles, n_tiles, N_KV,
-            qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+            qk_scale, MASKED=True, CAUSAL=CAUSAL, PINGPONG=PINGPONG, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+            P_SHIFT=P_SHIFT)
         # The last tile's P V, alone.
         last = n_tiles - 1
         mbarrier.wait(ring.v_ready.index(last % RING), (last // RING) & 1)
@@ -313,35 +341,44 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars,
     else:
         acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=O_LAYOUT)
         acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, 0, full, N_KV, qk_scale, MASKED=False,
-                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT, P_SHIFT=P_SHIFT,
+                                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
         acc, m_i, l_i = _fp8_tiles(acc, m_i, l_i, q_tile, ring, rows, full, n_tiles, N_KV, qk_scale, MASKED=True,
-                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
-    _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT)
+                                   CAUSAL=CAUSAL, RING=RING, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT, P_SHIFT=P_SHIFT,
+                                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
+    _fp8_store_rows(acc, m_i, l_i, O, LSE, v_descale, bh, m0, N_Q, S_LAYOUT=S_LAYOUT, O_LAYOUT=O_LAYOUT,
+                    P_SHIFT=P_SHIFT)
 
 
 @gluon.jit
 def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr):
+                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr,
+                   P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _fp8_consumer(0, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                  CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING)
+                  CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING, P_SHIFT=P_SHIFT,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit
 def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
-                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr):
+                   CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr,
+                   P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 query rows."""
     ROWS: gl.constexpr = q_smem.shape[1]
     _fp8_consumer(1, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q,
-                  N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING)
+                  N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING, P_SHIFT=P_SHIFT,
+                  RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, N_Q, N_KV,
                     CAUSAL: gl.constexpr, RING: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """v8c_fp8 (OVERLAP and PINGPONG off) and v8e_fp8 (both on): two consumer warpgroups (the default partition
-    and a worker, 4 warps each) and a producer warpgroup that loads and transposes V; launch with num_warps=4.
+                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, P_SHIFT: gl.constexpr,
+                    RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
+    """v8c_fp8 (OVERLAP and PINGPONG off) and v8e_fp8 (both on), and the v9 stages on v8c_fp8 (P_SHIFT,
+    RESCALE_THRESHOLD, EMULATED_COLUMNS): two consumer warpgroups (the default partition and a worker, 4 warps
+    each) and a producer warpgroup that loads and transposes V; launch with num_warps=4.
     A program takes 128 query rows of one (batch, head) ``bh``; descales are read at ``bh`` (q, k, v share the
     head: no grouped-query attention)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -387,9 +424,9 @@ def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESC
     kv_row = bh * N_KV
     gl.warp_specialize([
         (_fp8_consumer0, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
-                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING)),
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, P_SHIFT, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
         (_fp8_consumer1, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
-                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING)),
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, P_SHIFT, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q_row, kv_row, n_tiles, 2,
                      RING)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -406,6 +443,40 @@ class Stage:
     expected: str
     overlap: bool = False
     pingpong: bool = False
+    # FlashAttention-4's softmax (v9a_fp8, v9b_*_fp8): off in v8c_fp8 and v8e_fp8, whose compiled code they leave
+    p_shift: int = P_SHIFT  # P is quantised as p * 2^p_shift (the kept row max lands on 2^p_shift)
+    rescale_threshold: float = 0.0  # keep a row's max while a tile raises it by at most this (log2 units)
+    emulated_columns: int = 0  # columns of each key tile whose exponentials are computed on the FMA units
+    builds_on: str = ""  # the FP8 stage this one changes: its timing baseline
+
+    def __post_init__(self):
+        block_n = min(BLOCK_N.values())
+        if self.emulated_columns % 8 or not 0 <= self.emulated_columns <= block_n:
+            raise ValueError(f"stage {self.name}: emulated_columns={self.emulated_columns} must be a multiple of 8 "
+                             f"(a thread's columns of a wgmma tile come in groups of 8) from 0 to the key tile, "
+                             f"{block_n}")
+        if self.rescale_threshold and self.rescale_threshold < 1:
+            raise ValueError(f"stage {self.name}: rescale_threshold={self.rescale_threshold} must be 0 (off) or at "
+                             "least 1 (log2 units): fa3._rescale_when_moved tells a moved row by its alpha < 0.5")
+        if (self.rescale_threshold or self.emulated_columns) and self.overlap:
+            raise ValueError(f"stage {self.name}: FlashAttention-4's switches are wired into v8c_fp8's loop "
+                             "(overlap=False), the FP8 stage measured on a GPU; build on it")
+        if not (isinstance(self.p_shift, int) and 0 <= self.p_shift <= 8):
+            raise ValueError(f"stage {self.name}: p_shift={self.p_shift!r} must be a whole number from 0 to 8: "
+                             "P's row max, 2^p_shift, must be exact and below e4m3's largest value, 448")
+        peak = self.rescale_threshold + self.p_shift  # log2 of the largest P the kernel can quantise
+        if peak >= math.log2(FP8_MAX):
+            raise ValueError(f"stage {self.name}: rescale_threshold={self.rescale_threshold:g} with p_shift="
+                             f"{self.p_shift} lets P reach 2^{peak:g}, above e4m3's largest value {FP8_MAX:g} "
+                             f"(2^{math.log2(FP8_MAX):.2f}): the largest weights would saturate while l counts "
+                             "them whole. Keep rescale_threshold + p_shift <= 8 (FlashAttention-4 takes no "
+                             "threshold in FP8)")
+
+    def constexprs(self, causal: bool) -> dict:
+        """The kernel's compile-time arguments."""
+        return {"CAUSAL": bool(causal), "RING": RING, "OVERLAP": self.overlap, "PINGPONG": self.pingpong,
+                "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS, "P_SHIFT": float(self.p_shift),
+                "RESCALE_THRESHOLD": float(self.rescale_threshold), "EMULATED_COLUMNS": self.emulated_columns}
 
 
 STAGES = {
@@ -426,6 +497,32 @@ STAGES = {
 }
 DEFAULT_STAGE = "v8c_fp8"  # fa3_fp8_forward's: the stage measured so far
 
+# FlashAttention-4's stages in FP8 (v9), kept apart from STAGES (gpu_fa3_fp8.py's default run) as fa3.py keeps
+# its v9 stages: benchmarks/gpu_fa4_stages.py --fp8-only measures them. Each builds on v8c_fp8 (the module
+# docstring gives the threshold's arithmetic).
+FA4_STAGES = {
+    s.name: s
+    for s in (
+        Stage("v9a_fp8", "FlashAttention-4's conditional rescaling in FP8: a row keeps its max while a tile raises "
+              "it by at most 2 (log2 units), P quantised as p * 2^6 so that it stays within 2^8 = 256 < 448; the "
+              "output rescaled only when some row of the warpgroup moved its max",
+              "+0-1% over v8c_fp8: at the largest threshold FP8 leaves room for (2, not 16-bit's 8) a warpgroup "
+              "still rescales most tiles (lesson 14 counts them), and what it skips is one multiply an output "
+              "element a tile",
+              p_shift=6, rescale_threshold=2.0, builds_on="v8c_fp8"),
+        Stage("v9b_1of16_fp8", "FlashAttention-4's software exp2 in FP8 on 1/16 of the scores: the first 8 columns "
+              "of each 128-key tile through fa3's degree-3 polynomial on the FMA units, the rest on MUFU.EX2",
+              "+0-3% over v8c_fp8: in FP8 the exponentials take MUFU about as long as a tile's two products take "
+              "the tensor cores (D = 128), and v8c_fp8 runs them one after the other; the 16-bit v9b_1of16 ran "
+              "0.90-1.06x its base on an H100 (docs/KERNELS.md, v9)",
+              emulated_columns=8, builds_on="v8c_fp8"),
+        Stage("v9b_1of4_fp8", "v9b_1of16_fp8 on 1/4 of the scores (the first 32 columns of each key tile)",
+              "-5% to +5% against v8c_fp8: more exponentials off MUFU, but the FMA units carry the rest of the "
+              "softmax; the 16-bit v9b_1of4 ran 0.79-0.98x its base on an H100 (docs/KERNELS.md, v9)",
+              emulated_columns=32, builds_on="v8c_fp8"),
+    )
+}
+
 
 def _smem_layout(rows: int, head_dim: int):
     return gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float8e4nv)
@@ -437,10 +534,8 @@ def tensor_descriptor_signature(rows: int, head_dim: int) -> str:
 
 
 def constexprs(causal: bool, stage: str = DEFAULT_STAGE) -> dict:
-    """The kernel's compile-time arguments for ``stage`` (a name in ``STAGES``)."""
-    spec = _stage(stage)
-    return {"CAUSAL": bool(causal), "RING": RING, "OVERLAP": spec.overlap, "PINGPONG": spec.pingpong,
-            "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}
+    """The kernel's compile-time arguments for ``stage`` (a name in ``STAGES`` or ``FA4_STAGES``)."""
+    return _stage(stage).constexprs(causal)
 
 
 def options() -> dict:
@@ -516,7 +611,7 @@ def fa3_fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_desc
                     stage: str = DEFAULT_STAGE) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 forward on the v8 design: q8, k8, v8 float8_e4m3fn (B, H, N, D) as passed (V is transposed inside the
     kernel, no copy), descales (B, H) float32 (None = 1). Returns (o in ``out_dtype``, lse float32, natural log).
-    ``stage``: a name in ``STAGES``. Hopper only; see ``check_inputs`` and ``require_hopper``."""
+    ``stage``: a name in ``STAGES`` or ``FA4_STAGES``. Hopper only; see ``check_inputs`` and ``require_hopper``."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _stage(stage)
@@ -548,6 +643,8 @@ def fa3_fp8_forward(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, q_desc
 
 
 def _stage(name: str) -> Stage:
-    if name not in STAGES:
-        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES)}")
-    return STAGES[name]
+    """An FP8 stage of v8 (STAGES) or v9 (FA4_STAGES) by name."""
+    stage = STAGES.get(name) or FA4_STAGES.get(name)
+    if stage is None:
+        raise ValueError(f"stage {name!r}: expected one of {sorted(STAGES) + sorted(FA4_STAGES)}")
+    return stage

@@ -32,7 +32,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import MASKED_FILL, load_tile, normalise_rows, online_softmax_update, store_output
+from ..common import MASKED_FILL, NO_KEY_YET, load_tile, normalise_rows, online_softmax_update, store_output
 from ..versions import ForwardVersion
 
 
@@ -62,7 +62,9 @@ def _fwd_v1_kernel(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)  # running row max of the scores
+    # Running row max of the scores, from -1e30 and not -inf: exp(m_old - m_new) is then never -inf - (-inf) = NaN.
+    # The price: a row whose scores all lie below -1e30 is taken for a row with no key (lesson 07 shows it).
+    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running row sum of exp(score - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running unnormalised output
 
@@ -122,7 +124,9 @@ def _fwd_v2_kernel(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)  # running row max, in base 2
+    # Running row max, in base 2, from -inf: the shared update subtracts 0 while a row has seen no key, so no finite
+    # score is taken for "no key" (v1's -1e30 is: lesson 07 shows where)
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
@@ -210,7 +214,7 @@ def _fwd_v3_program(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)  # running row max, in base 2
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)  # running row max, in base 2, from -inf as v2
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, masked_end = _causal_split(pid_m, N_KV, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
@@ -331,7 +335,7 @@ def _fwd_v6_kernel(
                                        strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
     q = q_desc.load([pid_m * BLOCK_M, 0])
 
-    m_i = tl.full([BLOCK_M], MASKED_FILL, dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     full_end, masked_end = _causal_split(pid_m, N_KV, CAUSAL=CAUSAL, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)

@@ -1,0 +1,146 @@
+"""benchmarks/gpu_b7.py's plan of rows and its runner of child processes, on the CPU with the GPU work stubbed.
+
+The script runs on a GPU; what can be checked without one is checked here: which items each phase plans, that a
+child's hang costs one row ("hang at <item> after X s") and the job goes on in a new child, that a crash and the
+run's budget are recorded as such, and that a killed child is gone. The script is loaded only in child processes
+(it turns Triton's interpreter off for its own process), never executed in this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_b7.py"
+
+_LOAD = textwrap.dedent("""
+    import importlib.util, json, os, sys, time
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("gpu_b7", sys.argv[1])
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+""")
+
+# A stub child: the script's own loop over items, with work that is quick, hangs or crashes as the item says.
+_STUB_CHILD = _LOAD + textwrap.dedent("""
+    items, rows, pids = json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    with pids.open("a") as file:
+        file.write(f"{os.getpid()}\\n")
+
+    def work(item):
+        if item["does"] == "hang":
+            time.sleep(600)
+        if item["does"] == "crash":
+            os._exit(3)
+        time.sleep(0.05)
+        return {"kind": "time", "provider": "b7", **item, "status": "ok"}
+
+    script.child_loop(items, rows, work)
+""")
+
+# The parent side: the script's runner over jobs read from argv, the rows printed as JSON.
+_RUN = _LOAD + textwrap.dedent("""
+    jobs, parallel, item_timeout, budget, stub, pids = json.loads(sys.argv[2]), *map(float, sys.argv[3:6]), \\
+        sys.argv[6], sys.argv[7]
+    command = lambda items, path: [sys.executable, "-c", stub, sys.argv[1], json.dumps(items), str(path), pids]
+    rows = script.run_jobs("time", jobs, command, parallel=int(parallel), item_timeout=item_timeout,
+                           deadline=time.time() + budget, poll=0.05)
+    print(json.dumps(rows))
+""")
+
+
+def _item(does: str, n: int) -> dict:
+    return {"dtype": "float16", "head_dim": 64, "n": n, "causal": False, "batch": 1, "heads": 1, "does": does}
+
+
+def _run(jobs, tmp_path, *, parallel=2, item_timeout=60.0, budget=120.0):
+    pids = tmp_path / "pids"
+    proc = subprocess.run([sys.executable, "-c", _RUN, str(SCRIPT), json.dumps(jobs), str(parallel),
+                           str(item_timeout), str(budget), _STUB_CHILD, str(pids)],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    return rows, [int(line) for line in pids.read_text().split()], proc.stdout
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_hang_costs_one_row_and_a_crash_is_recorded(tmp_path):
+    jobs = [[_item("ok", 1), _item("hang", 2), _item("ok", 3)], [_item("ok", 4), _item("crash", 5), _item("ok", 6)],
+            [_item("ok", 7)]]
+    rows, pids, log = _run(jobs, tmp_path, item_timeout=3.0)
+    assert [r["n"] for r in rows] == [1, 2, 3, 4, 5, 6, 7]  # job by job, each item's row in its place
+    status = {r["n"]: r["status"] for r in rows}
+    assert all(status[n] == "ok" for n in (1, 3, 4, 6, 7)), status
+    assert status[2].startswith("hang at float16 D=64 N=2 causal=False B=1 H=1 after "), status[2]
+    assert status[2].endswith("(limit 3 s)"), status[2]
+    assert status[5].startswith("child exited 3 during float16 D=64 N=5"), status[5]
+    assert len(pids) == 5  # three jobs' children and one more for each job's remaining item
+    assert all(_gone(pid) for pid in pids)  # the hung child was killed
+    assert "hang at float16 D=64 N=2" in log  # and said so as it happened
+
+
+def test_the_budget_cuts_the_running_item_and_skips_the_rest(tmp_path):
+    jobs = [[_item("ok", 1), _item("hang", 2), _item("ok", 3)], [_item("ok", 4)]]
+    rows, pids, _ = _run(jobs, tmp_path, parallel=1, item_timeout=120.0, budget=4.0)
+    status = {r["n"]: r["status"] for r in rows}
+    assert status[1] == "ok"
+    assert status[2].startswith("cut at float16 D=64 N=2") and status[2].endswith("the run's budget ended"), status
+    assert status[3] == status[4] == "not run: the run's budget is spent", status
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_head_dim_and_dtype(tmp_path):
+    code = _LOAD + textwrap.dedent("""
+        plans = {f"{quick} {checks} {','.join(variants)}": script.plan(quick, checks, variants)
+                 for quick in (True, False) for checks in (True, False) for variants in (("b7",), ("b7", "b7b"))}
+        rows = [{"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 64, "status": "ok"},
+                {"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 128, "status": "wrong"},
+                {"kind": "check", "provider": "b7b", "dtype": "float16", "head_dim": 128, "status": "ok"},
+                *({"kind": "time", "provider": p, "dtype": "float16", "head_dim": d} for p in ("b7", "b1", "b7b")
+                  for d in (64, 128)),
+                {"kind": "time", "provider": "b7", "dtype": "bfloat16", "head_dim": 64}]
+        script.mark_checks(rows, ("b7", "b7b"))
+        print(json.dumps({"plans": plans, "marked": [r.get("checks_passed", "absent") for r in rows[3:]]}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key, plan in out["plans"].items():
+        quick, checks, names = key.split()
+        quick, checks, names = quick == "True", checks == "True", names.split(",")
+        timed = plan["time"][0]
+        variants = {(i["dtype"], i["head_dim"], i["causal"]) for i in timed}
+        assert variants == {(dt, d, c) for dt in ("float16", "bfloat16") for d in (64, 128) for c in (False, True)}
+        assert {i["provider"] for i in timed} == set(names)
+        # One compile job a (dtype, D, causal), holding exactly its timed shapes of every named variant: the
+        # timings then compile nothing.
+        assert len(plan["compile"]) == len(variants)
+        assert sorted(json.dumps(i, sort_keys=True) for job in plan["compile"] for i in job) == sorted(
+            json.dumps(i, sort_keys=True) for i in timed)
+        assert all(len({(i["dtype"], i["head_dim"], i["causal"]) for i in job}) == 1 for job in plan["compile"])
+        shapes = {(i["batch"], i["heads"], i["n"]) for i in timed}
+        assert shapes == ({(4, 16, 8192)} if quick else {(4, 16, 8192), (4, 32, 4096)}), key
+        assert len(timed) == len(variants) * len(shapes) * len(names)
+        checked = [i for job in plan["check"] for i in job]
+        if checks:
+            assert len(checked) == 40 * len(names) and {i["n"] for i in checked} == {1, 17, 130, 1000, 4096}
+            assert {i["provider"] for i in checked} == set(names)
+        else:
+            assert checked == []
+    # b7's rows: D 64 checked and passed, D 128 checked and failed; b1's rows untouched; b7b's D 64 not checked,
+    # its D 128 passed (b7's failure at D 128 is not b7b's); b7's bfloat16 not checked.
+    assert out["marked"] == [True, False, "absent", "absent", None, True, None]
