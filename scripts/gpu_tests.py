@@ -16,7 +16,7 @@ Runs on a CUDA machine whose Python already has torch and triton (nothing is ins
   this Triton must place every chosen launch within each GPU's shared memory too (``make test`` checks sm_75 and
   sm_90 only; tests/test_launch_fit.py's ``full`` cases are these runs, so pytest leaves that file to them);
 - writes ``benchmarks/results/<date>-<device>-gpu-tests.json``: ``{"meta": {date, device, torch, triton},
-  "summary": {passed, failed, skipped, seconds}, "launch_fit": {...}}``.
+  "summary": {passed, failed, skipped, seconds, failed_tests}, "launch_fit": {...}}``.
 
 The lessons and solved exercises run on the GPU with ``scripts/gpu_notebooks.py`` (a separate step: Jupyter's
 packages must be carried to that machine).
@@ -99,6 +99,16 @@ def finish_launch_fit(runs) -> dict:
     return summary
 
 
+def failed_tests(suite: ET.Element) -> list[str]:
+    """The ids (file::name[params]) of a JUnit suite's failed or erroring tests: a count alone names none to rerun."""
+    ids = []
+    for case in suite.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            path = case.get("classname", "").replace(".", "/")
+            ids.append(f"{path}.py::{case.get('name')}")
+    return ids
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=8,
@@ -128,7 +138,7 @@ def main(argv=None) -> int:
         free_gib = torch.cuda.mem_get_info()[0] / 2**30
         phases = [(f"({MARKERS}) and not {BIG}", workers_for(free_gib, WORKER_GIB, args.workers)),
                   (f"gpu and {BIG} and not sweep", workers_for(free_gib, BIG_WORKER_GIB, args.workers))]
-        code, counts = 0, [0, 0, 0, 0]  # tests, failures, errors, skipped
+        code, counts, failed = 0, [0, 0, 0, 0], []  # tests, failures, errors, skipped; the failing tests' ids
         for i, (markers, n_workers) in enumerate(phases):
             print(f"pytest -m '{markers}' on {n_workers} worker(s) ({free_gib:.0f} GiB free)", flush=True)
             junit = tmp / f"junit-{i}.xml"
@@ -140,12 +150,13 @@ def main(argv=None) -> int:
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = [n + int(suite.get(k, 0)) for n, k in zip(counts, ("tests", "failures", "errors", "skipped"),
                                                                  strict=True)]
+            failed += failed_tests(suite)
         total, failures, errors, skipped = counts
         fit = finish_launch_fit(fits) if fits else None
     seconds = round(time.time() - start, 1)
     device = torch.cuda.get_device_name()
     summary = {"passed": total - failures - errors - skipped, "failed": failures + errors, "skipped": skipped,
-               "seconds": seconds, "workers": [n for _, n in phases]}
+               "seconds": seconds, "workers": [n for _, n in phases], "failed_tests": failed}
     meta = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
             "triton": triton.__version__, "gpus": torch.cuda.device_count()}
     result = {"meta": meta, "summary": summary}

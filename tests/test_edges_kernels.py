@@ -212,6 +212,11 @@ def hopper_stages() -> list[tuple[str, int]]:
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.xfail(strict=True, reason=(
+    "measured on an H100 (2026-12-06): every v8/v9 stage gave o = 0 or NaN here. Each takes exp2(s * c - m) as one "
+    "FMA, whose result for the row's own max is the rounding error of s * c, up to half an ulp of 1e31 (about "
+    "5e23), not 0: 2^(+-5e23) is inf or 0 whatever the starting max. Scores this large need the scaled score "
+    "rounded before the subtraction (no FMA), at a cost not yet measured"))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("stage", "d"), hopper_stages())
 def test_gpu_hopper_stages_take_far_negative_scores_for_keys(rng, stage, d, causal):

@@ -38,3 +38,14 @@ def test_a_file_that_holds_no_gpu_test_is_refused_before_anything_runs(gpu_tests
         gpu_tests.main(["--files", "tests/test_kernels_forward.py", "tests/test_reference.py"])
     with pytest.raises(SystemExit, match="not GPU test files"):
         gpu_tests.main(["--exclude", "tests/no_such_file.py"])
+
+
+def test_the_results_name_each_failed_test(gpu_tests):
+    """A count alone names nothing to rerun: the JSON lists the failing tests' ids, errors included, passes not."""
+    import xml.etree.ElementTree as ET
+
+    suite = ET.fromstring('<testsuite tests="3" failures="1" errors="1">'
+                          '<testcase classname="tests.test_a" name="test_x[1]"><failure/></testcase>'
+                          '<testcase classname="tests.test_a" name="test_y"/>'
+                          '<testcase classname="tests.test_b" name="test_z"><error/></testcase></testsuite>')
+    assert gpu_tests.failed_tests(suite) == ["tests/test_a.py::test_x[1]", "tests/test_b.py::test_z"]

@@ -208,19 +208,22 @@ def test_fp8_v9_stages_build_on_v8c_fp8_and_refuse_a_saturating_threshold():
         assert stage.builds_on == "v8c_fp8" and (stage.overlap, stage.pingpong) == (base.overlap, base.pingpong)
         assert fa3_fp8._stage(name) is stage
         signature, constexprs = fa3_fp8.kernel_signature(128, torch.bfloat16, True, name)
-        assert constexprs["P_SHIFT"] == stage.p_shift and constexprs["EMULATED_COLUMNS"] == stage.emulated_columns
+        assert constexprs["EMULATED_COLUMNS"] == stage.emulated_columns
+        assert "P_SHIFT" not in constexprs and stage.p_shift == fa3_fp8.P_SHIFT - stage.rescale_threshold  # derived
         assert constexprs["RESCALE_THRESHOLD"] == stage.rescale_threshold
         assert signature == fa3_fp8.kernel_signature(128, torch.bfloat16, True, "v8c_fp8")[0]
     assert {n: (s.rescale_threshold, s.p_shift, s.emulated_columns) for n, s in fa3_fp8.FA4_STAGES.items()} == {
         "v9a_fp8": (2.0, 6, 0), "v9b_1of16_fp8": (0.0, 8, 8), "v9b_1of4_fp8": (0.0, 8, 32)}
     for stage in fa3_fp8.STAGES.values():  # the v8 FP8 stages compile as before: P * 2^8, no FA4 switch
-        assert stage.constexprs(True)["P_SHIFT"] == fa3_fp8.P_SHIFT == 8
+        assert stage.p_shift == fa3_fp8.P_SHIFT == 8 and "P_SHIFT" not in stage.constexprs(True)
         assert (stage.rescale_threshold, stage.emulated_columns) == (0.0, 0)
     with pytest.raises(ValueError, match=r"lets P reach 2\^16, above e4m3's largest value 448"):
         fa3_fp8.Stage("x", "", "", rescale_threshold=8.0)  # FA4's 16-bit threshold on the default shift
     with pytest.raises(ValueError, match=r"2\^9"):
         fa3_fp8.Stage("x", "", "", rescale_threshold=3.0, p_shift=6)
     fa3_fp8.Stage("x", "", "", rescale_threshold=3.0, p_shift=5)  # 2^8: fits
+    with pytest.raises(ValueError, match="the kernel derives its shift"):
+        fa3_fp8.Stage("x", "", "", rescale_threshold=2.0, p_shift=5)  # fits, but the kernel would take 6
     with pytest.raises(ValueError, match="wired into v8c_fp8's loop"):
         fa3_fp8.Stage("x", "", "", overlap=True, pingpong=True, emulated_columns=8)
     with pytest.raises(ValueError, match="emulated_columns=12 must be a multiple of 8"):

@@ -113,6 +113,9 @@ TESTED_TRITON = ("3.6", "3.9")  # compiled for sm_90 (tests/test_fa3_fp8_compile
 
 FP8 = torch.float8_e4m3fn
 P_SHIFT = 8  # as fp8.P_SHIFT: P is quantised as p * 2^8, the row max 1 -> 256 < 448 (v9a_fp8 takes 6)
+# The consumers' shift is this peak less the stage's rescale threshold, so that P's largest value, 2^(t + shift),
+# is always 2^8: the kernel derives it (one argument fewer per partition) and Stage holds p_shift to it.
+_PEAK_SHIFT = gl.constexpr(8.0)
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn (OCP FP8 formats, 2022)
 HEAD_DIMS = (64, 128)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -353,8 +356,9 @@ def _fp8_consumer(wg: gl.constexpr, O, LSE, qk_scale, v_descale, q_smem, q_bars,
 @gluon.jit
 def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr,
-                   P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
+    P_SHIFT: gl.constexpr = _PEAK_SHIFT - RESCALE_THRESHOLD
     _fp8_consumer(0, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                   CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING, P_SHIFT=P_SHIFT,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
@@ -363,9 +367,10 @@ def _fp8_consumer0(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh,
 @gluon.jit
 def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q, N_KV,
                    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, RING: gl.constexpr,
-                   P_SHIFT: gl.constexpr, RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
+                   RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the next 64 query rows."""
     ROWS: gl.constexpr = q_smem.shape[1]
+    P_SHIFT: gl.constexpr = _PEAK_SHIFT - RESCALE_THRESHOLD
     _fp8_consumer(1, O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0 + ROWS, full, n_tiles, N_Q,
                   N_KV, CAUSAL=CAUSAL, OVERLAP=OVERLAP, PINGPONG=PINGPONG, RING=RING, P_SHIFT=P_SHIFT,
                   RESCALE_THRESHOLD=RESCALE_THRESHOLD, EMULATED_COLUMNS=EMULATED_COLUMNS)
@@ -374,7 +379,7 @@ def _fp8_consumer1(O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh,
 @gluon.jit(do_not_specialize=["N_Q", "N_KV"])
 def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESCALE, qk_scale, N_Q, N_KV,
                     CAUSAL: gl.constexpr, RING: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, P_SHIFT: gl.constexpr,
+                    PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     RESCALE_THRESHOLD: gl.constexpr, EMULATED_COLUMNS: gl.constexpr):
     """v8c_fp8 (OVERLAP and PINGPONG off) and v8e_fp8 (both on), and the v9 stages on v8c_fp8 (P_SHIFT,
     RESCALE_THRESHOLD, EMULATED_COLUMNS): two consumer warpgroups (the default partition and a worker, 4 warps
@@ -424,9 +429,9 @@ def _fa3_fp8_kernel(q_desc, k_desc, v_desc, O, LSE, Q_DESCALE, K_DESCALE, V_DESC
     kv_row = bh * N_KV
     gl.warp_specialize([
         (_fp8_consumer0, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
-                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, P_SHIFT, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
         (_fp8_consumer1, (O, LSE, qk_scale, v_descale, q_smem, q_bars, ring, turns, bh, m0, full, n_tiles, N_Q,
-                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, P_SHIFT, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
+                          N_KV, CAUSAL, OVERLAP, PINGPONG, RING, RESCALE_THRESHOLD, EMULATED_COLUMNS)),
         (_producer, (q_desc, k_desc, v_desc, q_smem, q_bars, ring, v_stage, v_landed, q_row, kv_row, n_tiles, 2,
                      RING)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -471,11 +476,15 @@ class Stage:
                              f"(2^{math.log2(FP8_MAX):.2f}): the largest weights would saturate while l counts "
                              "them whole. Keep rescale_threshold + p_shift <= 8 (FlashAttention-4 takes no "
                              "threshold in FP8)")
+        if self.p_shift != P_SHIFT - self.rescale_threshold:
+            raise ValueError(f"stage {self.name}: p_shift={self.p_shift} must be {P_SHIFT} - rescale_threshold = "
+                             f"{P_SHIFT - self.rescale_threshold:g}: the kernel derives its shift that way, so that "
+                             "P's largest value stays 2^8")
 
     def constexprs(self, causal: bool) -> dict:
         """The kernel's compile-time arguments."""
         return {"CAUSAL": bool(causal), "RING": RING, "OVERLAP": self.overlap, "PINGPONG": self.pingpong,
-                "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS, "P_SHIFT": float(self.p_shift),
+                "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS,
                 "RESCALE_THRESHOLD": float(self.rescale_threshold), "EMULATED_COLUMNS": self.emulated_columns}
 
 
