@@ -23,6 +23,7 @@ from flashcourse import device, fa4  # noqa: E402
 if not device.triton_available():
     pytest.skip("Triton is not installed here", allow_module_level=True)
 fa3 = pytest.importorskip("flashcourse.kernels.hopper.fa3", reason="this Triton has no Gluon Hopper API")
+import triton  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 V9 = ("v9a", "v9b_1of16", "v9b_1of4")
@@ -114,11 +115,18 @@ def test_a_stage_with_switches_its_kernel_cannot_honour_says_why():
         fa3.Stage("x", "", "", base.kernel, consumers=2, block_n={128: 128}, overlap=True, rescale_threshold=0.5)
 
 
-# (stage, head dim, causal) -> the local memory a thread may take. v9b_1of4 at D = 64 is v8f's kernel, whose three
-# consumer warpgroups have 160 registers a thread: with a quarter of the exponentials on the polynomial, its
-# non-causal loop keeps 32 bytes a thread in local memory under Triton 3.9 (both dtypes; the causal one none, nor
-# v9b_1of16). A finding, not a defect: the GPU run's "compiled" rows say what Triton 3.6 does there.
-SPILLS = {("v9b_1of4", 64, False): 32}
+# (stage, head dim, causal) -> the local memory a thread may take, by Triton release. At D = 64 the v9 stages are
+# v8f's kernel, whose three consumer warpgroups have 160 registers a thread. Under Triton 3.9, v9b_1of4's non-causal
+# loop keeps 32 bytes a thread in local memory (both dtypes; the causal one none, nor v9b_1of16). Triton 3.6, the
+# GPU machines', spills more at D = 64 (scripts/fa3_compile.py --all under Triton 3.6 on a CPU, 2026-12-06): v9a 8
+# bytes causal, v9b_1of16 40, v9b_1of4 64 and 80 causal; none at D = 128 under either. Findings, not defects: the
+# stages are measured, not dispatched.
+SPILLS_BY_TRITON = {
+    "3.6": {("v9a", 64, True): 8, ("v9b_1of16", 64, False): 40, ("v9b_1of16", 64, True): 40,
+            ("v9b_1of4", 64, False): 64, ("v9b_1of4", 64, True): 80},
+    "3.9": {("v9b_1of4", 64, False): 32},
+}
+SPILLS = SPILLS_BY_TRITON.get(".".join(triton.__version__.split(".")[:2]), SPILLS_BY_TRITON["3.9"])
 
 
 def _compile(stages, flags, tmp_path):
