@@ -233,6 +233,8 @@ def test_gpu_hopper_stages_take_far_negative_scores_for_keys(rng, stage, d, caus
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.xfail(strict=True, reason="its (o, lse) come from v8's forward, which fails at these scores (the test "
+                   "above: the exponent's FMA residual)")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_b6_backward_after_far_negative_scores(rng, causal, d):
