@@ -206,15 +206,23 @@ def _backward_b1():
     return lambda: kernels.flash_attention_backward(q, k, v, o, lse, do, causal=False, version="b1")
 
 
-def _backward_b6(stage: str):
+def _gluon_backward(module: str, entry: str, stage: str):
+    """A Gluon backward stage, ``hopper.<module>.<entry>``, from v7's (o, lse) at BWD's shape; the module is
+    imported on the GPU machine only (b6 needs Gluon's Hopper API, b7 Triton >= 3.9)."""
     def build():
-        from flashcourse import kernels
-        from flashcourse.kernels.hopper import fa3_backward
+        import importlib
 
+        from flashcourse import kernels
+
+        backward = getattr(importlib.import_module(f"flashcourse.kernels.hopper.{module}"), entry)
         q, k, v, do = _inputs(BWD, 4)
         o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
-        return lambda: fa3_backward.fa3_backward(q, k, v, o, lse, do, causal=False, stage=stage)
+        return lambda: backward(q, k, v, o, lse, do, causal=False, stage=stage)
     return build
+
+
+def _backward_b6(stage: str):
+    return _gluon_backward("fa3_backward", "fa3_backward", stage)
 
 
 def _autograd_backward(forward, q, k, v, do):
@@ -354,27 +362,30 @@ def _forward_gap_shape(head_dim: int, causal: bool) -> dict:
     return {**FWD_GAP, "heads": FWD_GAP_HEADS[head_dim], "head_dim": head_dim, "causal": causal}
 
 
-def _forward_gap_case(head_dim: int, causal: bool, provider: str):
-    """The forward under no_grad as ``bench attention`` times it: ours through ``kernels.flash_attention`` (the
-    route it takes is printed into the case's log), or SDPA pinned to cuDNN."""
+def _forward_case(shape: dict, provider: str):
+    """The forward under no_grad as ``bench attention`` times it (ours prints its route into the case's log)."""
     def build():
         import torch
 
         from flashcourse.bench.attention import provider_fn
 
-        q, k, v = _inputs(_forward_gap_shape(head_dim, causal), 3)
+        q, k, v = _inputs(shape, 3)
         attend = provider_fn(provider)
         if provider == "flashcourse":
             from flashcourse import kernels
 
-            route = kernels.explain(q, k, v, causal=causal)
-            print(f"route: forward {route.forward}: {route.forward_why}", flush=True)
+            print(f"route: {kernels.explain(q, k, v, causal=shape['causal'])}", flush=True)
 
         def forward():
             with torch.no_grad():
-                return attend(q, k, v, causal)
+                return attend(q, k, v, shape["causal"])
         return forward
     return build
+
+
+def _forward_gap_case(head_dim: int, causal: bool, provider: str):
+    """The forward under no_grad as ``bench attention`` times it, at the gap's shape (:func:`_forward_case`)."""
+    return _forward_case(_forward_gap_shape(head_dim, causal), provider)
 
 
 def _fp8_gap_case(provider: str):
@@ -451,27 +462,6 @@ def _stage_case(shape: dict, stage: str):
     return build
 
 
-def _forward_case(shape: dict, provider: str):
-    """The forward under no_grad as ``bench attention`` times it (ours prints its route into the case's log)."""
-    def build():
-        import torch
-
-        from flashcourse.bench.attention import provider_fn
-
-        q, k, v = _inputs(shape, 3)
-        attend = provider_fn(provider)
-        if provider == "flashcourse":
-            from flashcourse import kernels
-
-            print(f"route: {kernels.explain(q, k, v, causal=shape['causal'])}", flush=True)
-
-        def forward():
-            with torch.no_grad():
-                return attend(q, k, v, shape["causal"])
-        return forward
-    return build
-
-
 H100_CASES = (
     Case("fwd-d64-n1024-causal-ours", "short causal gap", "flashcourse",
          "the default forward at N = 1024, causal, D = 64 (v7 by the H100's bands)", SHORT_CAUSAL,
@@ -496,14 +486,7 @@ B7_GROUP = "b7 at D = 128"
 
 
 def _backward_b7(stage: str):
-    def build():
-        from flashcourse import kernels
-        from flashcourse.kernels.hopper import fa3_backward_tma  # Triton >= 3.9: imported on the GPU machine only
-
-        q, k, v, do = _inputs(BWD, 4)
-        o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
-        return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=False, stage=stage)
-    return build
+    return _gluon_backward("fa3_backward_tma", "b7_backward", stage)
 
 
 B7_CASES = (

@@ -535,7 +535,9 @@ def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
         spec.loader.exec_module(module)
         cudnn = module.CASES_BY_NAME["bwd-cudnn"]
         print(json.dumps({"cases": [[c.name, c.provider, c.group, c.shape == cudnn.shape,
-                                     c.build.__closure__[0].cell_contents] for c in module.B7_CASES],
+                                     dict(zip(c.build.__code__.co_freevars,
+                                              (cell.cell_contents for cell in c.build.__closure__)))["stage"]]
+                                    for c in module.B7_CASES],
                           "shape": cudnn.shape, "listed": [c.name for c in module.CASES][-len(module.B7_CASES):]}))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
