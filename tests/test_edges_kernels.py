@@ -203,6 +203,14 @@ def float64_forward(q, k, v, causal):
     return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
 
 
+# Why compiled kernels fail where the interpreter passes (it rounds s * c before subtracting): the residual is the
+# same for every key of a row, so it cancels in o = acc / l until 2^r overflows, at |s * c| near 2^31.
+FMA_RESIDUAL = ("Each takes exp2(s * c - m) as one FMA, whose result for the row's own max is the rounding error of "
+                "s * c, up to half an ulp of 1e31 (about 5e23), not 0: 2^(+-5e23) is inf or 0 whatever the starting "
+                "max. Scores this large need the scaled score rounded before the subtraction (no FMA), at a cost not "
+                "yet measured")
+
+
 def hopper_stages() -> list[tuple[str, int]]:
     """(stage, head dim) for every v8 / v9 stage and head dim it takes (the module compiles nothing on import)."""
     from flashcourse.kernels.hopper import fa3
@@ -212,11 +220,8 @@ def hopper_stages() -> list[tuple[str, int]]:
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.xfail(strict=True, reason=(
-    "measured on an H100 (2026-12-06): every v8/v9 stage gave o = 0 or NaN here. Each takes exp2(s * c - m) as one "
-    "FMA, whose result for the row's own max is the rounding error of s * c, up to half an ulp of 1e31 (about "
-    "5e23), not 0: 2^(+-5e23) is inf or 0 whatever the starting max. Scores this large need the scaled score "
-    "rounded before the subtraction (no FMA), at a cost not yet measured"))
+@pytest.mark.xfail(strict=True, reason="measured on an H100 (2026-12-06): every v8/v9 stage gave o = 0 or NaN here. "
+                   + FMA_RESIDUAL)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("stage", "d"), hopper_stages())
 def test_gpu_hopper_stages_take_far_negative_scores_for_keys(rng, stage, d, causal):
@@ -257,10 +262,12 @@ def test_gpu_b6_backward_after_far_negative_scores(rng, causal, d):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v5", "v6", "v7"])
+@pytest.mark.parametrize("version", ["v1", *(pytest.param(name, marks=pytest.mark.xfail(
+    strict=True, reason="measured on an H100 (2026-12-06): o = 0 or NaN, as the v8/v9 stages. " + FMA_RESIDUAL))
+    for name in ("v2", "v3", "v5", "v6", "v7"))])
 def test_gpu_forward_versions_at_far_negative_scores(rng, version):
-    """The compiled Triton versions (bf16 tl.dot is wrong in the interpreter): v2-v7 give the mean of v, v1 its
-    documented o = 0 (lesson 07)."""
+    """The compiled Triton versions (bf16 tl.dot is wrong in the interpreter): v2-v7 should give the mean of v
+    (they do in the interpreter, the test above), v1 its documented o = 0 (lesson 07)."""
     q, k, v = bf16_far_below_minus_1e30(rng, 100, 130, 64)
     o, lse = forward.run_forward(forward.FORWARD_VERSIONS[version], q, k, v, causal=False, scale=None)
     if version == "v1":

@@ -351,6 +351,44 @@ def test_gluon_descriptor_templates_keep_no_tensor_and_take_each_calls():
     assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == ([768, 64], [64, 1], [64, 64])
 
 
+
+def _tensors_kept(obj, seen=None) -> list:
+    """Every tensor reachable from ``obj`` through attributes (``__dict__`` and ``__slots__``), lists, tuples and
+    dicts."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (str, int, float, type)) or obj is None:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    children = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
+    children += list(getattr(obj, "__dict__", {}).values())
+    for cls in type(obj).__mro__:
+        children += [getattr(obj, slot) for slot in getattr(cls, "__slots__", ()) if hasattr(obj, slot)]
+    return [t for child in children for t in _tensors_kept(child, seen)]
+
+
+def test_a_plan_made_inside_a_compiled_graph_keeps_no_tensor(monkeypatch):
+    """Under torch.compile(mode="reduce-overhead") the op's first calls run in the CUDA graphs' memory pool, and
+    the graphs refuse to record while a tensor of that pool lives that no output owns: the plan an op's body makes
+    (kept for the next calls) must hold none. The eager plan keeps its lse template (half the host time of an
+    allocation), which this walk must find, or it could not see the other one."""
+    from flashcourse.kernels import ops
+
+    monkeypatch.setattr(plan, "repeatable", lambda q: True)  # keep the launches too, as on a GPU
+    plan.PLANS.clear()
+    q, k, v = (torch.randn(1, 2, 24, 16) for _ in range(3))
+    rules = parse_rules(q, k, causal=True)
+    described = ops._op_call(q, k, v, *ops.flat_rules(rules), None, False, None, None, 0.0, None)
+    in_graph, o, _ = ops.attention_forward_impl(q, k, v, described)
+    assert in_graph.in_graph and _tensors_kept(in_graph) == []
+    eager = kernels.flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(eager, o)
+    (kept,) = [p for p in plan.PLANS.plans.values() if p is not in_graph]
+    assert not kept.in_graph and [t.shape for t in _tensors_kept(kept)] == [(1, 2, 24)]
+    plan.PLANS.clear()
+
+
 # ------------------------------------------------------------------------------------------ on a GPU
 def _reference(q, k, v, causal, do):
     """float64 o and gradients (autograd through the reference attention in PyTorch)."""

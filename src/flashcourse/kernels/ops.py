@@ -79,7 +79,7 @@ def _plan_of(described, q, k, v):
     if props is None:
         props = configs.device_props(q.device)
         lacks = described.rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
-    return plan_for(described, q, k, v, props, lacks)
+    return plan_for(described, q, k, v, props, lacks, in_graph=isinstance(described, _OpCall))
 
 
 def attention_forward_impl(q, k, v, described) -> tuple:

@@ -240,16 +240,15 @@ class Plan:
     ``rules`` are the plan's own, without tensors: a call whose rules hold none may pass these.
     """
 
-    def __init__(self, route: Route, q, k, v, rules: Rules, *, scale: float | None, cacheable: bool):
+    def __init__(self, route: Route, q, k, v, rules: Rules, *, scale: float | None, cacheable: bool,
+                 in_graph: bool):
         self.route = route
         self.rules = without_tensors(rules)
         self.scale = scale  # as given: run_forward and fa3 resolve None to 1/sqrt(D) the same way
         self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
         self._backward_version = BACKWARD_VERSIONS[route.backward]
-        # lse and the backward's delta, (B, H_q, N_q) float32, are allocated as empty_like(this): a 4-byte tensor
-        # seen with zero strides, whose empty_like is contiguous. Half the host time of q.new_empty(shape, dtype=...),
-        # which parses a shape and a dtype on every call (0.9 us against 1.6-1.8 us on the CPU).
-        self._lse_like = torch.empty((), dtype=torch.float32, device=q.device).expand(q.shape[:3])
+        self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (RowStatsAllocator)
+        self._row_stats = launch.RowStatsAllocator(q.shape[:3], q.device, in_graph=in_graph)  # lse, delta
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
         # Dropout's seed changes every call, so its launches are never prepared.
         self._repeat = (cacheable and repeatable(q) and launch.LaunchCache().enabled and rules.dropout_p is None)
@@ -269,7 +268,7 @@ class Plan:
             triton.set_allocator(self._allocator)
         if self._forward_launch is not None:
             o = torch.empty_like(q)
-            lse = torch.empty_like(self._lse_like)
+            lse = self._row_stats.empty(q)
             self._forward_launch((q, k, v, o, lse))
             return o, lse
         if self.route.gluon:
@@ -277,7 +276,7 @@ class Plan:
                 from .hopper import fa3  # only on Hopper, with a tested Triton (choose_route said so)
 
                 self._gluon = fa3.ForwardPlan(self.route.forward, q, k, causal=rules.causal is not None,
-                                              scale=self.scale)
+                                              scale=self.scale, in_graph=self.in_graph)
             return self._gluon(q, k, v)
         record = [] if self._repeat else None
         o, lse = run_forward(self._forward_version, q, k, v, rules=rules, scale=self.scale, block_mask=block_mask,
@@ -297,7 +296,7 @@ class Plan:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                delta = torch.empty_like(self._lse_like)
+                delta = self._row_stats.empty(q)
                 tensors = (q, k, v, o, do, lse, delta, dk, dv, dq)
                 for prepared in launches:
                     prepared(tensors)
@@ -332,12 +331,12 @@ class PlanCache:
 PLANS = PlanCache()
 
 
-def plan_for(described, q, k, v, props: configs.DeviceProps, lacks: str | None) -> Plan:
+def plan_for(described, q, k, v, props: configs.DeviceProps, lacks: str | None, *, in_graph: bool = False) -> Plan:
     """The plan of a checked, described call (``call.Described``, from the front door): the one its description
     found in :data:`PLANS`, or, the first time, its route (:func:`choose_route`) and launches, kept under its
     description when it has one (its rules hold no tensor). ``props`` and ``lacks``: the device's properties and
     what of the call the numbered versions lack, which the front door asked (under ``torch.compile``, the op's
-    body)."""
+    body, which says ``in_graph``)."""
     if described.plan is not None:
         return described.plan
     call = described.call
@@ -349,7 +348,7 @@ def plan_for(described, q, k, v, props: configs.DeviceProps, lacks: str | None) 
                          block_mask=described.block_mask, forward_version=described.forward_version,
                          backward_version=described.backward_version)
     scale = None if described.scale is None else float(described.scale)  # checked by the front door
-    plan = Plan(route, q, k, v, described.rules, scale=scale, cacheable=call is not None)
+    plan = Plan(route, q, k, v, described.rules, scale=scale, cacheable=call is not None, in_graph=in_graph)
     if call is not None:
         PLANS.put(call, plan)
     # Last, the one thing another module is asked: v7 builds TMA descriptors in a global scratch on Hopper, and

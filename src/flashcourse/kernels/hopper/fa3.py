@@ -123,7 +123,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import prepare_launch  # the library's repeatable launch: one argument list, tensors swapped per call
+from ..launch import RowStatsAllocator, prepare_launch  # the library's repeatable launches and lse allocation
 
 try:
     from triton.experimental.gluon import aggregate
@@ -1203,15 +1203,14 @@ class ForwardPlan:
 
     The tensors are seen as 2-D (B*H*N, D) arrays: a tile is addressed by its first row, bh * N + offset."""
 
-    def __init__(self, stage: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float | None):
+    def __init__(self, stage: str, q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float | None,
+                 in_graph: bool = False):
         check_inputs(q, k, k, _stage(stage))
         batch, heads, n_q, head_dim = q.shape
         self.spec = _stage(stage).at(head_dim)
         n_kv = k.shape[2]
         self.n_q, self.n_kv = n_q, n_kv
-        # lse, (B, H, N_q) float32, is allocated as empty_like(this): a 4-byte tensor seen with zero strides, whose
-        # empty_like is contiguous, at about half the host time of new_empty(shape, dtype=...) (plan.Plan does the same)
-        self._lse_like = torch.empty((), dtype=torch.float32, device=q.device).expand(batch, heads, n_q)
+        self._lse = RowStatsAllocator((batch, heads, n_q), q.device, in_graph=in_graph)
         self.empty = n_q == 0 or batch * heads == 0 or n_kv == 0
         scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.arguments = dict(qk_scale=scale * _LOG2E, N_Q=n_q, N_KV=n_kv, **self.spec.constexprs(bool(causal)))
@@ -1228,7 +1227,7 @@ class ForwardPlan:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = torch.empty_like(q)
-        lse = torch.empty_like(self._lse_like)
+        lse = self._lse.empty(q)
         if self.empty:
             if self.n_kv == 0:  # no key: every row sees nothing
                 o.zero_()
