@@ -3,6 +3,7 @@ held to the committed H200 results, plans made once per layout, and the routes c
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -353,8 +354,8 @@ def test_gluon_descriptor_templates_keep_no_tensor_and_take_each_calls():
 
 
 def _tensors_kept(obj, seen=None) -> list:
-    """Every tensor reachable from ``obj`` through attributes (``__dict__`` and ``__slots__``), lists, tuples and
-    dicts."""
+    """Every tensor reachable from ``obj`` through attributes (``__dict__`` and ``__slots__``), lists, tuples,
+    dicts and the arguments bound by ``functools.partial``."""
     seen = set() if seen is None else seen
     if id(obj) in seen or isinstance(obj, (str, int, float, type)) or obj is None:
         return []
@@ -363,6 +364,8 @@ def _tensors_kept(obj, seen=None) -> list:
         return [obj]
     children = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else []
     children += list(getattr(obj, "__dict__", {}).values())
+    if isinstance(obj, functools.partial):
+        children += [obj.args, obj.keywords]
     for cls in type(obj).__mro__:
         children += [getattr(obj, slot) for slot in getattr(cls, "__slots__", ()) if hasattr(obj, slot)]
     return [t for child in children for t in _tensors_kept(child, seen)]

@@ -247,8 +247,8 @@ class Plan:
         self.scale = scale  # as given: run_forward and fa3 resolve None to 1/sqrt(D) the same way
         self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
         self._backward_version = BACKWARD_VERSIONS[route.backward]
-        self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (RowStatsAllocator)
-        self._row_stats = launch.RowStatsAllocator(q.shape[:3], q.device, in_graph=in_graph)  # lse, delta
+        self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (row_stats_allocator)
+        self._new_row_stats = launch.row_stats_allocator(q.shape[:3], q.device, in_graph=in_graph)  # lse, delta
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
         # Dropout's seed changes every call, so its launches are never prepared.
         self._repeat = (cacheable and repeatable(q) and launch.LaunchCache().enabled and rules.dropout_p is None)
@@ -268,7 +268,7 @@ class Plan:
             triton.set_allocator(self._allocator)
         if self._forward_launch is not None:
             o = torch.empty_like(q)
-            lse = self._row_stats.empty(q)
+            lse = self._new_row_stats()
             self._forward_launch((q, k, v, o, lse))
             return o, lse
         if self.route.gluon:
@@ -296,7 +296,7 @@ class Plan:
             launches = self._backward_launches.get((do.stride(), do.data_ptr() % 16 == 0))
             if launches is not None:
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                delta = self._row_stats.empty(q)
+                delta = self._new_row_stats()
                 tensors = (q, k, v, o, do, lse, delta, dk, dv, dq)
                 for prepared in launches:
                     prepared(tensors)

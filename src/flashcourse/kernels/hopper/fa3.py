@@ -123,7 +123,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import RowStatsAllocator, prepare_launch  # the library's repeatable launches and lse allocation
+from ..launch import prepare_launch, row_stats_allocator  # the library's repeatable launches and lse allocation
 
 try:
     from triton.experimental.gluon import aggregate
@@ -1210,7 +1210,7 @@ class ForwardPlan:
         self.spec = _stage(stage).at(head_dim)
         n_kv = k.shape[2]
         self.n_q, self.n_kv = n_q, n_kv
-        self._lse = RowStatsAllocator((batch, heads, n_q), q.device, in_graph=in_graph)
+        self._new_lse = row_stats_allocator((batch, heads, n_q), q.device, in_graph=in_graph)
         self.empty = n_q == 0 or batch * heads == 0 or n_kv == 0
         scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
         self.arguments = dict(qk_scale=scale * _LOG2E, N_Q=n_q, N_KV=n_kv, **self.spec.constexprs(bool(causal)))
@@ -1227,7 +1227,7 @@ class ForwardPlan:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = torch.empty_like(q)
-        lse = self._lse.empty(q)
+        lse = self._new_lse()
         if self.empty:
             if self.n_kv == 0:  # no key: every row sees nothing
                 o.zero_()
