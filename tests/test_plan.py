@@ -424,6 +424,10 @@ GPU_CASES = [  # (name, expected forward (not causal, causal), n_q, n_kv, head_d
     ("v7: (B, N, H, D) view", ("v7", "v7"), 256, 256, 128, torch.bfloat16, 2, "transposed"),
 ]
 
+# Where the H100's own bands (plan.H100_FORWARD_BANDS) differ for a case above: causal D = 64 up to N_q = 4096 runs
+# v8a there (Nsight Compute timed v7 slower at N = 1024 on the H100), where the H200 runs v7 up to 1024.
+H100_CAUSAL_ROUTES = {"v8f": "v8a", "v8f: query tiles in turn": "v8a"}
+
 
 @pytest.mark.gpu
 @pytest.mark.big_gpu_memory  # its float64 reference at N = 8320 allocates 2 GiB at a time
@@ -444,6 +448,8 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
     options = dict(causal=causal, enable_gqa=heads_kv != 2)
     chosen = kernels.explain(q, k, v, **options)
     expect_forward = forward[causal]
+    if causal and torch.cuda.get_device_name() == "NVIDIA H100 80GB HBM3":
+        expect_forward = H100_CAUSAL_ROUTES.get(name, expect_forward)
     if torch.cuda.get_device_capability() != plan.HOPPER or "tested with Triton" in chosen.forward_why:
         expect_forward = "v7"
     assert chosen.forward == expect_forward, str(chosen)
