@@ -113,6 +113,15 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
             plan = PLANS.plans.get(call)
         except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say which
             call = None
+        else:
+            # A repeat call without dropout or saved tensors is described exactly as the last one: its description
+            # is kept on the plan (building the tuple again cost 0.3 us of a 9 us call)
+            if plan is not None and saved is None and options.dropout_p is None:
+                if plan.repeat_description is not None:
+                    return plan.repeat_description
+                plan.repeat_description = _new_tuple(Described, (call, plan, options, None, None, None, scale,
+                                                                 enable_gqa, forward_version, backward_version, None))
+                return plan.repeat_description
     props = None
     if saved is not None or plan is None:
         props = _checks.check_call(q, k, v, enable_gqa=enable_gqa, scale=scale, block_mask=block_mask, saved=saved,

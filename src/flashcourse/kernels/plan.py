@@ -256,6 +256,7 @@ class Plan:
         self._forward_launch = None
         self._gluon = None  # hopper/fa3.py's ForwardPlan
         self._backward_launches: dict = {}  # (do's strides, do aligned) -> (preprocess, dK/dV, dQ) launches
+        self.repeat_description = None  # the front door's description of a repeat call (call.describe)
 
     @property
     def needs_descriptors(self) -> bool:
