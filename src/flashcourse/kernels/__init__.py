@@ -445,7 +445,7 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 switches: DecodeSwitches | None = None, causal: bool = True):
+                 switches: DecodeSwitches | None = None, causal: bool = True, cache_leftpad=None):
     """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
     length.
 
@@ -523,4 +523,5 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     """
     # Positional, in call.decode_call's order: on every call, and keywords cost about a microsecond more here.
     return call.decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale,
-                            window, softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal)
+                            window, softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal,
+                            cache_leftpad)

@@ -132,7 +132,7 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, NUM_PAGES, PAGE_SIZE: tl.c
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, qk_scale,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, LEFTPAD, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd, stride_ob, stride_oh, stride_on, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -142,7 +142,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr, ROW_MASKS: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
@@ -159,11 +159,16 @@ def _decode_split_kernel(
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     # The new tokens sit at positions seqlen - N_NEW .. seqlen - 1 (the cache holds their keys too); a window
-    # reaches back WINDOW_LEFT keys from each, so the first one's window starts the keys any row reads.
-    first = 0
+    # reaches back WINDOW_LEFT keys from each, so the first one's window starts the keys any row reads. Keys before
+    # the sequence's left padding (flash-attn's cache_leftpad: its first real key) are never read either; clamped
+    # to 0 .. seqlen, so a value changed in place after the plan checked it never reads outside the sequence.
+    leftpad = 0
+    if HAS_LEFTPAD:
+        leftpad = tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), seqlen)
+    first = leftpad
     if HAS_WINDOW:
-        first = tl.maximum(seqlen - N_NEW - WINDOW_LEFT, 0)
-    start = first + pid_split * SPLIT_LEN  # the splits share out the window only: keys before it are never read
+        first = tl.maximum(seqlen - N_NEW - WINDOW_LEFT, first)
+    start = first + pid_split * SPLIT_LEN  # the splits share out keys first .. seqlen - 1: none is all padding
     if PAGED:  # tiles start on BLOCK_N boundaries, so none straddles a page edge; keys before `first` are masked
         start = first // BLOCK_N * BLOCK_N + pid_split * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, seqlen)
@@ -197,10 +202,11 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
     # keys and the last one runs apart with them: a mask that varies along the keys narrows the copies of a V
-    # stored keys-adjacent to one element, and costs selects on every tile. A paged window's first tile may start
-    # before the window, so there every tile keeps its masks; so do several new tokens, each row with its own
-    # bounds (ROW_MASKS).
-    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not (PAGED and HAS_WINDOW) and not ROW_MASKS
+    # stored keys-adjacent to one element, and costs selects on every tile. A paged window's (or left padding's)
+    # first tile may start before the window (the padding's end), so there every tile keeps its masks; so do
+    # several new tokens, each row with its own bounds (ROW_MASKS).
+    STARTS_INSIDE_A_TILE: tl.constexpr = PAGED and (HAS_WINDOW or HAS_LEFTPAD)
+    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not STARTS_INSIDE_A_TILE and not ROW_MASKS
     full_end = end
     if TAIL_APART:
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
@@ -224,7 +230,7 @@ def _decode_split_kernel(
                 k_off = page * stride_kb + in_page * stride_kn
                 v_off = page * stride_vb + in_page * stride_vn
                 tile_bad_pages = bad_pages  # this tile's, before the line below reads the next tile's
-                if HAS_WINDOW:  # the first tile may begin before the window
+                if STARTS_INSIDE_A_TILE:  # the first tile may begin before the window or inside the padding
                     col_ok = col_ok & (cols >= first)
                 # Read the next tile's pages now, one step ahead: the K/V addresses then come from the previous
                 # step, not from a load in this one, which the software pipeliner would count as a level of
@@ -301,7 +307,8 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
 # (launch.py says why). NAMES are the per-call tensors' argument names, in the order DecodePlan.run passes them:
 # the split kernel's first parameters, so that a prepared launch picks them in one step (launch._Launch).
 _LAUNCHES = LaunchCache()
-NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART", "OUT")
+NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART", "OUT",
+         "LEFTPAD")
 _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
