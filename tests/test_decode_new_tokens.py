@@ -202,6 +202,25 @@ def test_left_padding_is_never_attended(rng, n_new, num_splits, page_size):
                  what=f"cache_leftpad {leftpads}, {n_new} new tokens, {num_splits} splits, pages {page_size}")
 
 
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_pages_wholly_inside_the_padding_need_no_page(rng, page_size):
+    """A serving engine need not give a left-padded prompt pages for its padding: block-table entries of pages
+    wholly before the first real key may hold -1, never read (the first tile's rows before it are masked)."""
+    q, k, v = make(rng, 2, 4, 2, 2, 96, 16)
+    lengths, leftpads = [90, 96], [70, 33]
+    k, v = left_padded(k, v, lengths, leftpads)
+    k_cache, v_cache, table = paged(k, v, page_size, rng)
+    for b, pad in enumerate(leftpads):
+        table[b, :pad // page_size] = -1
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), block_table=table,
+                             cache_leftpad=leftpad_tensor(leftpads), num_splits=2)
+    assert_close(o, expected(q, k, v, lengths, leftpads=leftpads), what=f"padding pages -1, pages of {page_size}")
+    with pytest.raises(ValueError, match=r"block_table\[1, 2\] = -1"):  # a page the padding only begins in
+        table[1, 2] = -1
+        kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), block_table=table,
+                             cache_leftpad=leftpad_tensor(leftpads))
+
+
 def test_a_zero_left_padding_is_the_call_without_one(rng):
     q, k, v = make(rng, 2, 4, 2, 3, 50, 40)
     lengths = lengths_tensor([50, 33])

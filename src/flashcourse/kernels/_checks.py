@@ -324,14 +324,17 @@ def check_leftpad(paddings: list[int], lengths: list[int], n_new: int) -> None:
                              f"pass a padding of at most {n - n_new} (or {n}: no key at all)")
 
 
-def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size: int, num_pages: int) -> None:
+def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size: int, num_pages: int,
+                leftpads: list[int] | None = None) -> None:
     """Every page a sequence reads (those its length reaches; all of its row without lengths) names a page of the
     cache, 0 .. num_pages - 1: a page past the cache or a negative one would read outside it. Entries past a
-    sequence's length are never read and may hold anything (a padding -1, say)."""
+    sequence's length are never read and may hold anything (a padding -1, say); so may those of pages wholly
+    inside its left padding (``leftpads``, flash-attn's cache_leftpad), whose keys are never read either."""
     table = block_table.tolist()
     for b, row in enumerate(table):
         used = len(row) if lengths is None else -(-lengths[b] // page_size)
-        for slot, page in enumerate(row[:used]):
+        first = 0 if leftpads is None else leftpads[b] // page_size  # checked: 0 <= leftpad <= length
+        for slot, page in enumerate(row[first:used], start=first):
             if not 0 <= page < num_pages:
                 raise ValueError(f"block_table[{b}, {slot}] = {page}: expected a page from 0 to {num_pages - 1} "
                                  f"(k_cache.shape[0] = {num_pages} pages); sequence {b} reads this slot (its "
@@ -411,10 +414,12 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
     if lengths is not None:
         check_lengths(lengths, n_max, paged)
     check_new_tokens(lengths if lengths is not None else [n_max] * q.shape[0], n_new)
+    leftpads = None
     if cache_leftpad is not None and not capturing:  # read once per plan, as the lengths; the kernel clamps it
-        check_leftpad(cache_leftpad.tolist(), lengths if lengths is not None else [n_max] * q.shape[0], n_new)
+        leftpads = cache_leftpad.tolist()
+        check_leftpad(leftpads, lengths if lengths is not None else [n_max] * q.shape[0], n_new)
     if paged and not capturing:  # read once per plan, as the lengths
-        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
+        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0], leftpads)
     window_left = window[0] if window is not None and window[0] >= 0 else None
     scale, softcap = check_scale(scale), check_softcap(softcap)
     block_d, precision = padded_head_dim(q.shape[-1]), dot_precision(q.dtype)
