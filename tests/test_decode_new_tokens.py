@@ -221,6 +221,41 @@ def test_pages_wholly_inside_the_padding_need_no_page(rng, page_size):
                              cache_leftpad=leftpad_tensor(leftpads))
 
 
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_fp8_cache_with_left_padding(rng, page_size):
+    """quantize_kv_cache takes cache_leftpad too: the NaN padding sets no scale (one rule for both layouts, the same
+    scales), and decoding the FP8 cache is float64 on its dequantised values without the padding."""
+    q, k, v = make(rng, 3, 4, 2, 2, 70, 16, torch.float16)
+    lengths, leftpads = [70, 41, 33], [20, 0, 31]
+    k, v = left_padded(k, v, lengths, leftpads)
+    lengths_t, leftpads_t = lengths_tensor(lengths), leftpad_tensor(leftpads)
+    k8, v8, k_scale, v_scale = kernels.quantize_kv_cache(k, v, cache_seqlens=lengths_t, cache_leftpad=leftpads_t)
+    assert torch.isfinite(k_scale).all() and torch.isfinite(v_scale).all(), "the padding set a scale"
+    cache = {"k_cache": k8, "v_cache": v8}
+    if page_size is not None:
+        kp, vp, table = paged(k, v, page_size, rng)
+        table[0, 0] = -1  # sequence 0's first page is all padding: never looked up
+        k8p, v8p, k_scale_p, v_scale_p = kernels.quantize_kv_cache(kp, vp, block_table=table, cache_seqlens=lengths_t,
+                                                                   cache_leftpad=leftpads_t)
+        assert torch.equal(k_scale_p, k_scale) and torch.equal(v_scale_p, v_scale)
+        cache = {"k_cache": k8p, "v_cache": v8p, "block_table": table}
+    o = kernels.flash_decode(q, **cache, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lengths_t,
+                             cache_leftpad=leftpads_t, num_splits=3)
+    k_true, v_true = (x8.float() * scale[:, :, None, None] for x8, scale in ((k8, k_scale), (v8, v_scale)))
+    assert_close(o, expected(q, k_true, v_true, lengths, leftpads=leftpads),
+                 what=f"FP8 cache with cache_leftpad, pages {page_size}")
+
+
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_quantize_refuses_a_left_padding_of_another_batch(rng, page_size):
+    _, k, v = make(rng, 2, 2, 2, 1, 32, 16)
+    options = {"cache_leftpad": leftpad_tensor([3])}
+    if page_size is not None:
+        k, v, options["block_table"] = paged(k, v, page_size, rng)
+    with pytest.raises(ValueError, match=r"cache_leftpad has shape \(1,\): expected \(2,\), one"):
+        kernels.quantize_kv_cache(k, v, **options)
+
+
 def test_a_zero_left_padding_is_the_call_without_one(rng):
     q, k, v = make(rng, 2, 4, 2, 3, 50, 40)
     lengths = lengths_tensor([50, 33])

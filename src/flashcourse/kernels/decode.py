@@ -352,22 +352,26 @@ def _to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
-def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens,
+                   cache_leftpad) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest |x| per (sequence, KV head) over the rows in use on the pages its block-table row lists (B, H_kv),
     and per page (num_pages, H_kv), made equal wherever a page is shared: a page has one scale, so every sequence
-    that reads it (a shared prompt prefix) must use the same one. Rows past a sequence's length count for no
-    one, on its last page as on a contiguous cache; a page no sequence lists keeps the amax of all its rows."""
+    that reads it (a shared prompt prefix) must use the same one. Rows past a sequence's length or before its
+    left padding's end count for no one, on its pages as on a contiguous cache (pages wholly inside the padding
+    are not looked up: their entries may be -1); a page no sequence lists keeps the amax of all its rows."""
     page_size = x.shape[2]
     row_amax = x.float().abs().amax(dim=3)  # (num_pages, H_kv, page_size)
     batch, max_blocks = block_table.shape
     lengths = torch.full((batch,), max_blocks * page_size, device=x.device)
     if cache_seqlens is not None:
         lengths = cache_seqlens.to(x.device).long().clamp(0, max_blocks * page_size)
+    pads = torch.zeros_like(lengths) if cache_leftpad is None else cache_leftpad.to(x.device).long()
     used = (lengths + page_size - 1) // page_size
-    rows, cols = (torch.arange(max_blocks, device=x.device)[None, :] < used[:, None]).nonzero(as_tuple=True)
+    slots = torch.arange(max_blocks, device=x.device)[None, :]
+    rows, cols = ((slots < used[:, None]) & (slots >= (pads // page_size)[:, None])).nonzero(as_tuple=True)
     pages = block_table[rows, cols].long()
-    rows_in_use = (lengths[rows] - cols * page_size).clamp(max=page_size)  # < page_size on a last page only
-    in_use = torch.arange(page_size, device=x.device)[None, None, :] < rows_in_use[:, None, None]
+    position = cols[:, None] * page_size + torch.arange(page_size, device=x.device)[None, :]  # (listed pages, rows)
+    in_use = ((position < lengths[rows, None]) & (position >= pads[rows, None]))[:, None, :]
     pair_amax = torch.where(in_use, row_amax[pages], 0.0).amax(dim=2)  # (listed pages, H_kv)
 
     def amax_into(dest, index, src):  # dest[index[i]] = max(dest[index[i]], src[i]) over every (i, KV head)
@@ -388,7 +392,7 @@ def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) ->
     return seq, page
 
 
-def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None) -> Fp8KVCache:
+def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None, cache_leftpad=None) -> Fp8KVCache:
     """Quantise a KV cache to float8_e4m3fn with one scale per (sequence, KV head), for :func:`flash_decode`.
 
     Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
@@ -414,6 +418,10 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
             count towards its scale, whether they lie in a contiguous cache or on a paged sequence's last
             page; they are quantised with the others, clamped to e4m3's range (never NaN), and the kernel
             never reads them.
+        cache_leftpad: None (no left padding) or (B,) int32, as :func:`flash_decode` takes it: rows before a
+            sequence's first real key do not count towards its scale either (padding may hold anything, NaN
+            included; it stays what it was, quantised, and is never read); block-table entries of pages wholly
+            inside the padding are not looked up.
 
     Returns:
         :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
@@ -432,24 +440,30 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape")
     if block_table is None:
         in_use = torch.ones(k_cache.shape[0], 1, k_cache.shape[2], 1, dtype=torch.bool, device=k_cache.device)
+        rows = torch.arange(k_cache.shape[2], device=k_cache.device)
         if cache_seqlens is not None:  # stale rows past a sequence's length must not set its scale
             if tuple(cache_seqlens.shape) != (k_cache.shape[0],):
                 raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
                                  f"({k_cache.shape[0]},), one length per sequence")
-            rows = torch.arange(k_cache.shape[2], device=k_cache.device)
             in_use = (rows[None, :] < cache_seqlens.to(k_cache.device)[:, None])[:, None, :, None]
+        if cache_leftpad is not None:  # nor may the padding before its first real key
+            if tuple(cache_leftpad.shape) != (k_cache.shape[0],):
+                raise ValueError(f"cache_leftpad has shape {tuple(cache_leftpad.shape)}: expected "
+                                 f"({k_cache.shape[0]},), one first real key per sequence")
+            in_use = in_use & (rows[None, :] >= cache_leftpad.to(k_cache.device)[:, None])[:, None, :, None]
         quantised = [(_to_e4m3(x, s), s) for x in (k_cache, v_cache)
                      for s in [_amax_scale(torch.where(in_use, x.float().abs(), 0.0).amax(dim=(2, 3)))]]
     else:
         if block_table.dim() != 2 or block_table.dtype != torch.int32:
             raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
                              "expected (B, max_blocks) int32")
-        if cache_seqlens is not None and tuple(cache_seqlens.shape) != (block_table.shape[0],):
-            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
-                             f"({block_table.shape[0]},), one length per block-table row")
+        for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)):
+            if t is not None and tuple(t.shape) != (block_table.shape[0],):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}: expected ({block_table.shape[0]},), one per "
+                                 "block-table row")
         quantised = []
         for x in (k_cache, v_cache):
-            seq, page = _sequence_amax(x, block_table, cache_seqlens)
+            seq, page = _sequence_amax(x, block_table, cache_seqlens, cache_leftpad)
             quantised.append((_to_e4m3(x, _amax_scale(page)), _amax_scale(seq)))
     (k8, k_scale), (v8, v_scale) = quantised
     return Fp8KVCache(k8, v8, k_scale, v_scale)
