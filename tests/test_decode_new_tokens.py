@@ -256,6 +256,24 @@ def test_quantize_refuses_a_left_padding_of_another_batch(rng, page_size):
         kernels.quantize_kv_cache(k, v, **options)
 
 
+@pytest.mark.parametrize("page_size", [None, 16])
+def test_left_padding_with_whole_tiles_unmasked(rng, page_size):
+    """mask_tail_only (the keys-adjacent V's switch): a contiguous split's whole tiles start at the padding's end
+    and need no mask; a paged one's first tile may start inside the padding, so there every tile keeps its masks."""
+    from flashcourse.kernels.decode import DecodeSwitches
+
+    q, k, v = make(rng, 3, 4, 2, 1, 90, 16)
+    lengths, leftpads = [90, 61, 40], [7, 33, 0]
+    k, v = left_padded(k, v, lengths, leftpads)
+    k_cache, v_cache, options = k, v, {}
+    if page_size is not None:
+        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths),
+                             cache_leftpad=leftpad_tensor(leftpads), num_splits=2,
+                             switches=DecodeSwitches(mask_tail_only=True), **options)
+    assert_close(o, expected(q, k, v, lengths, leftpads=leftpads), what=f"whole tiles unmasked, pages {page_size}")
+
+
 def test_a_zero_left_padding_is_the_call_without_one(rng):
     q, k, v = make(rng, 2, 4, 2, 3, 50, 40)
     lengths = lengths_tensor([50, 33])
