@@ -6,6 +6,10 @@ L - n_new + t and, causal (bottom-right aligned), sees keys 0 .. L - n_new + t. 
 mask out per sequence. Sizes are awkward for the interpreter's 16-key tiles: lengths and caches not multiples of a
 tile or a page, a length equal to n_new, splits forced to 1 and to more, GQA; the ``gpu`` tests repeat it at real
 sizes in float16 and bfloat16 (speculative verification's few tokens, a chunked prefill's many).
+
+``cache_leftpad`` (flash-attn's first real key P of each sequence, for left-padded prompts) is tested here too: the
+reference leaves keys before P out, the tests fill them (and the rows past each length) with NaN, so a kernel that
+read one, or weighed one by 0, shows NaN.
 """
 
 from __future__ import annotations

@@ -392,10 +392,10 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
                       capturing: bool = False) -> DecodeChecked | None:
     """Every check of a decode call (``tensors`` and ``options`` in ``flash_decode``'s order; ``lengths``: the
     lengths given on the host). A call whose description found its plan (``kept``, a ``plan.DecodePlan``) checks
-    only the host lengths, which the description does not hold. Otherwise everything, and the lengths' and pages'
-    values once (reading a GPU tensor waits for the GPU, so once per plan; not at all while a CUDA graph is
-    captured, ``capturing``): the kernel clamps each length on every call, so a length changed in place past the
-    cache reads the whole cache, never another sequence's rows."""
+    only the host lengths, which the description does not hold. Otherwise everything, and the lengths', left
+    paddings' and pages' values once (reading a GPU tensor waits for the GPU, so once per plan; not at all while a
+    CUDA graph is captured, ``capturing``): the kernel clamps each length (and padding) on every call, so a value
+    changed in place past the cache reads the whole cache, never another sequence's rows."""
     q = tensors[0]
     if kept is not None:
         check_lengths(lengths, kept.n_max, kept.paged)

@@ -279,7 +279,8 @@ def decode_eager(tensors: tuple, options: tuple, lengths: list[int] | None = Non
     """A decode call run eagerly (also the body of the ``flashcourse::decode`` op): its description (the key of
     its plan, on a GPU) looked up in ``plan.PLANS``; a call found there checks only the lengths given on the host
     (``lengths``), which the description does not hold, and launches its plan; any other call is checked in full
-    (``_checks.check_decode_call``, the lengths' and pages' values read once) and planned (``plan.decode_plan_for``).
+    (``_checks.check_decode_call``, the lengths', left paddings' and pages' values read once) and planned
+    (``plan.decode_plan_for``).
     """
     q = tensors[0]
     keys = ()

@@ -16,7 +16,8 @@ launches, as FlashInfer's ``plan`` / ``run`` split. Under ``torch.compile`` the 
 
 Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
 tile is read from memory once for the whole group (the bytes that bound decoding). A sliding window reads
-only its keys: the splits cover [seqlen - 1 - left, seqlen), not the whole cache. Paged cache: K/V live in
+only its keys: the splits cover [seqlen - 1 - left, seqlen), not the whole cache; so does a left-padded
+sequence (flash-attn's ``cache_leftpad``): they cover [first real key, seqlen). Paged cache: K/V live in
 pages of ``page_size`` rows, ``k_cache[block_table[b, pos // page_size], h, pos % page_size]``, as vLLM's
 PagedAttention stores them.
 
