@@ -380,6 +380,13 @@ def test_gpu_left_padding_real_sizes(rng, n_new, page_size, dtype):
         assert not torch.isnan(o).any(), "a padding row leaked into the output"
         assert_close(o, expected(q, k, v, lengths, leftpads=leftpads),
                      what=f"cache_leftpad on the GPU, {n_new} new tokens, pages {page_size}, splits {num_splits}")
+    # The plan is kept on a GPU and checks no value again: the kernel reads each call's paddings itself.
+    pads = leftpad_tensor(leftpads)
+    kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), cache_leftpad=pads, **options)
+    later = [4000, 1000, 4500, 300 - n_new]  # each still past the NaN rows
+    pads.copy_(leftpad_tensor(later))
+    o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), cache_leftpad=pads, **options)
+    assert_close(o, expected(q, k, v, lengths, leftpads=later), what="paddings changed in place, the plan kept")
 
 
 @pytest.mark.gpu
