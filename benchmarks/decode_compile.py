@@ -50,12 +50,12 @@ def compile_candidate(candidate, page_size=None, kv="fp8e4nv", group=4, head_dim
     unit = {"stride_qd", "stride_kd", "stride_od", v_unit}
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                 "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
-                "OUT": "*fp16"}
+                "OUT": "*fp16", "LEFTPAD": "*i32"}
     values = dict(GROUP=group, BLOCK_G=max(16, group), HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_N=block_n,
                   PAGED=page_size is not None, PAGE_SIZE=page_size or 1, HAS_SEQLENS=page_size is not None,
                   HAS_WINDOW=False, HAS_SOFTCAP=False, HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16",
                   DIRECT=False, MASK_TAIL_ONLY=switches.get("mask_tail_only", keys_adjacent), ROW_MASKS=False,
-                  CAUSAL=False,
+                  CAUSAL=False, HAS_LEFTPAD=False,
                   **dict.fromkeys(unit, 1))
     names = kernel.arg_names
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")

@@ -886,11 +886,12 @@ for page_size, kv, v_layout in cases:
     unit_strides = ("stride_qd", "stride_kd", "stride_od", "stride_vn" if v_layout else "stride_vd")
     pointers = {"Q": "*fp16", "K": f"*{kv}", "V": f"*{kv}", "BLOCK_TABLE": "*i32", "SEQLENS": "*i32",
                 "K_SCALE": "*fp32", "V_SCALE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "ALIBI_SLOPES": "*fp32",
-                "OUT": "*fp16"}
+                "OUT": "*fp16", "LEFTPAD": "*i32"}
     values = dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=128, PAGED=page_size is not None,
                   PAGE_SIZE=page_size or 1, HAS_SEQLENS=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
                   HAS_ALIBI=False, DOT_PRECISION="ieee", KV_FP8=kv != "fp16", DIRECT=False,
-                  MASK_TAIL_ONLY=bool(v_layout), ROW_MASKS=False, CAUSAL=False, **dict.fromkeys(unit_strides, 1))
+                  MASK_TAIL_ONLY=bool(v_layout), ROW_MASKS=False, CAUSAL=False, HAS_LEFTPAD=False,
+                  **dict.fromkeys(unit_strides, 1))
     signature = {n: "constexpr" if n in values else pointers.get(n, "fp32" if n in ("qk_scale", "softcap2") else "i32")
                  for n in names}
     constexprs = {(names.index(n),): v for n, v in values.items()}

@@ -90,6 +90,10 @@ def case(rng, name):
         slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
         return {"block_table": table, "cache_seqlens": lengths(48, 21), "window": (10, 0), "softcap": 2.0,
                 "alibi_slopes": slopes, "block_n": 32, "num_splits": 2}, kp, vp
+    if name == "paged, left padding":  # flash-attn's cache_leftpad: the keys before it are never attended
+        kp, vp, table = paged_cache(rng)
+        return {"block_table": table, "cache_seqlens": lengths(48, 21), "cache_leftpad": lengths(20, 3),
+                "num_splits": 2}, kp, vp
     if name == "fp8 cache":
         k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)
         return {"k_scale": k_scale, "v_scale": v_scale, "cache_seqlens": lengths(33, 40)}, k8, v8
@@ -101,8 +105,8 @@ def case(rng, name):
     raise KeyError(name)
 
 
-CASES = ("contiguous, lengths", "lengths as a list, one split", "paged, window, softcap, alibi", "fp8 cache",
-         "fp8 cache, switches")
+CASES = ("contiguous, lengths", "lengths as a list, one split", "paged, window, softcap, alibi", "paged, left padding",
+         "fp8 cache", "fp8 cache, switches")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -129,7 +133,8 @@ def test_compiled_call_checks_its_inputs(rng):
         torch.compile(layer, backend="aot_eager", fullgraph=True)(x, k, v)
 
 
-@pytest.mark.parametrize("name", ["contiguous, lengths", "paged, window, softcap, alibi", "fp8 cache"])
+@pytest.mark.parametrize("name", ["contiguous, lengths", "paged, window, softcap, alibi", "paged, left padding",
+                                  "fp8 cache"])
 def test_the_op_passes_torch_library_checks(rng, name):
     """Schema, the fake implementation against the real one (shapes, dtypes, strides), and no autograd claimed
     that the op does not have."""
@@ -137,7 +142,8 @@ def test_the_op_passes_torch_library_checks(rng, name):
     q = torch.tensor(rng.standard_normal((2, 4, 16)), dtype=torch.float32, device=DEVICE)
     window = options.get("window", (-1, -1))
     args = (q, k_cache, v_cache, options.get("cache_seqlens"), options.get("block_table"), options.get("k_scale"),
-            options.get("v_scale"), options.get("alibi_slopes"), None, options.get("num_splits"), *window,
+            options.get("v_scale"), options.get("alibi_slopes"), options.get("cache_leftpad"), None,
+            options.get("num_splits"), *window,
             options.get("softcap"), options.get("block_n"), None, None)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     if name == "fp8 cache":  # test_schema compares inputs with arithmetic the CPU lacks for float8_e4m3fn

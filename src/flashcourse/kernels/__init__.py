@@ -445,7 +445,7 @@ def explain(q, k, v, *, causal=False, scale: float | None = None, window=None, s
 def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, scale=None, num_splits=None,
                  k_scale=None, v_scale=None, window=None, softcap=None, alibi_slopes=None,
                  block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 switches: DecodeSwitches | None = None, causal: bool = True):
+                 switches: DecodeSwitches | None = None, causal: bool = True, cache_leftpad=None):
     """Attention of the new query tokens of each sequence (one, or a few) over its KV cache, split along the cache
     length.
 
@@ -503,9 +503,18 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             of length L sees keys 0 .. L - n_new + t, the last one the whole sequence (flash-attn's
             ``causal=True``, aligned to the bottom right); False: every new token sees all L keys (flash-attn's
             default). With one new token the two are the same.
+        cache_leftpad: None (default: every sequence's keys start at row 0 of its cache row or first page) or a
+            (B,) int32 tensor on q's device, flash-attn's ``cache_leftpad``: the first real key P of each
+            sequence; rows 0 .. P - 1 are left padding, never read (a paged cache's first tile masks them) and
+            never attended, so sequence b attends keys P .. L - 1 of its L = ``cache_seqlens[b]``. Positions stay
+            the cache's: the new tokens are still L - n_new .. L - 1 (bottom-right causal against L), and the
+            window and ALiBi measure from them; the splits share out P .. L - 1. Each P must lie in 0 .. L (P = L:
+            no key, o = 0) and leave the new tokens' own keys, L - P >= n_new, else a ValueError (flash-attn does
+            not check the values, and refuses cache_leftpad with a paged cache; both layouts take it here). Its
+            values are read as a tensor's lengths are, once per plan; the kernel clamps each P to 0 .. L on every
+            call.
 
-    ``cache_leftpad`` (flash-attn's first real key of each sequence) is not taken: every sequence's keys start at
-    row 0 of its cache row or first page. Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
+    Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
 
     Returns:
         o: q's shape, (B, H_q, D) or (B, H_q, n_new, D), and q's dtype.
@@ -520,7 +529,10 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         o8 = flash_decode(q, k8, v8, cache_seqlens=lengths, k_scale=k_scale, v_scale=v_scale)
         drafts = torch.randn(4, 16, 5, 128, device="cuda", dtype=torch.float16)  # 5 tokens, keys already cached
         o5 = flash_decode(drafts, k_cache, v_cache, cache_seqlens=[8192, 105, 5005, 5])  # (4, 16, 5, 128)
+        first_real = torch.tensor([0, 40, 4000, 0], device="cuda", dtype=torch.int32)  # left-padded prompts
+        o_left = flash_decode(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=first_real)
     """
     # Positional, in call.decode_call's order: on every call, and keywords cost about a microsecond more here.
     return call.decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale,
-                            window, softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal)
+                            window, softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal,
+                            cache_leftpad)

@@ -193,10 +193,12 @@ def check_scale(scale) -> float | None:
 FP8 = torch.float8_e4m3fn
 
 
-def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale) -> None:
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale,
+                        cache_leftpad=None) -> None:
     """A decode call's tensors: q (B, H_q, D); the cache (B, H_kv, N_max, D), or paged (num_blocks, H_kv,
-    page_size, D) with a (B, max_blocks) int32 ``block_table``; lengths (B,) int32; one device and dtype (or an
-    FP8 cache with its scales). Values (lengths, pages) are :func:`check_lengths` and :func:`check_pages`."""
+    page_size, D) with a (B, max_blocks) int32 ``block_table``; lengths and left paddings (B,) int32; one device
+    and dtype (or an FP8 cache with its scales). Values (lengths, paddings, pages) are :func:`check_lengths`,
+    :func:`check_leftpad` and :func:`check_pages`."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} is a {type(t).__name__}, expected a torch.Tensor")
@@ -248,6 +250,17 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
                              f"{cache_seqlens.dtype}: expected ({batch},) int32")
         if cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device}, q on {q.device}: move it to q's device")
+    if cache_leftpad is not None:  # flash-attn takes only a tensor here, and so do we
+        if not isinstance(cache_leftpad, torch.Tensor):
+            raise TypeError(f"cache_leftpad is a {type(cache_leftpad).__name__}: expected a ({batch},) int32 tensor, "
+                            "each sequence's first real key (torch.tensor(paddings, dtype=torch.int32, "
+                            "device=q.device))")
+        if cache_leftpad.shape != (batch,) or cache_leftpad.dtype != torch.int32:
+            raise ValueError(f"cache_leftpad has shape {tuple(cache_leftpad.shape)} and dtype {cache_leftpad.dtype}: "
+                             f"expected ({batch},) int32, one first real key per sequence")
+        if cache_leftpad.device != q.device:
+            raise ValueError(f"cache_leftpad is on {cache_leftpad.device}, q on {q.device}: move it with "
+                             "cache_leftpad.to(q.device)")
     check_head_dim(head_dim)
     check_device(q, "q")
     if k_cache.device != q.device or v_cache.device != q.device:
@@ -295,14 +308,33 @@ def check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
                              "this sequence's cache holds")
 
 
-def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size: int, num_pages: int) -> None:
+def check_leftpad(paddings: list[int], lengths: list[int], n_new: int) -> None:
+    """Each sequence's left padding P (its first real key, flash-attn's ``cache_leftpad``) lies in 0 .. L, its
+    length, and leaves either no key (P = L: o = 0) or at least the new tokens' own keys, L - P >= n_new: the new
+    tokens' keys are real, never padding. flash-attn does not check the values (a padding past the length reads
+    an empty or negative range); the course refuses them with a ValueError."""
+    for b, (pad, n) in enumerate(zip(paddings, lengths, strict=True)):
+        if not 0 <= pad <= n:
+            raise ValueError(f"cache_leftpad[{b}] = {pad} but cache_seqlens[{b}] = {n}: the first real key must lie "
+                             f"from 0 to the length (keys cache_leftpad .. cache_seqlens - 1 are attended); pass a "
+                             f"padding from 0 to {n}, or a longer length")
+        if 0 < n - pad < n_new:
+            raise ValueError(f"cache_leftpad[{b}] = {pad} leaves {n - pad} keys of cache_seqlens[{b}] = {n}, but q "
+                             f"has n_new = {n_new} new tokens, whose keys are the last {n_new} and are never padding: "
+                             f"pass a padding of at most {n - n_new} (or {n}: no key at all)")
+
+
+def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size: int, num_pages: int,
+                leftpads: list[int] | None = None) -> None:
     """Every page a sequence reads (those its length reaches; all of its row without lengths) names a page of the
     cache, 0 .. num_pages - 1: a page past the cache or a negative one would read outside it. Entries past a
-    sequence's length are never read and may hold anything (a padding -1, say)."""
+    sequence's length are never read and may hold anything (a padding -1, say); so may those of pages wholly
+    inside its left padding (``leftpads``, flash-attn's cache_leftpad), whose keys are never read either."""
     table = block_table.tolist()
     for b, row in enumerate(table):
         used = len(row) if lengths is None else -(-lengths[b] // page_size)
-        for slot, page in enumerate(row[:used]):
+        first = 0 if leftpads is None else leftpads[b] // page_size  # checked: 0 <= leftpad <= length
+        for slot, page in enumerate(row[first:used], start=first):
             if not 0 <= page < num_pages:
                 raise ValueError(f"block_table[{b}, {slot}] = {page}: expected a page from 0 to {num_pages - 1} "
                                  f"(k_cache.shape[0] = {num_pages} pages); sequence {b} reads this slot (its "
@@ -360,18 +392,18 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
                       capturing: bool = False) -> DecodeChecked | None:
     """Every check of a decode call (``tensors`` and ``options`` in ``flash_decode``'s order; ``lengths``: the
     lengths given on the host). A call whose description found its plan (``kept``, a ``plan.DecodePlan``) checks
-    only the host lengths, which the description does not hold. Otherwise everything, and the lengths' and pages'
-    values once (reading a GPU tensor waits for the GPU, so once per plan; not at all while a CUDA graph is
-    captured, ``capturing``): the kernel clamps each length on every call, so a length changed in place past the
-    cache reads the whole cache, never another sequence's rows."""
+    only the host lengths, which the description does not hold. Otherwise everything, and the lengths', left
+    paddings' and pages' values once (reading a GPU tensor waits for the GPU, so once per plan; not at all while a
+    CUDA graph is captured, ``capturing``): the kernel clamps each length (and padding) on every call, so a value
+    changed in place past the cache reads the whole cache, never another sequence's rows."""
     q = tensors[0]
     if kept is not None:
         check_lengths(lengths, kept.n_max, kept.paged)
         check_new_tokens(lengths, 1 if q.dim() == 3 else q.shape[2])
         return None
-    q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+    q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad = tensors
     scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, cache_leftpad)
     window = check_window(window)
     check_decode_options(num_splits, block_n, switches, causal)
     n_new = 1 if q.dim() == 3 else q.shape[2]
@@ -382,8 +414,12 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
     if lengths is not None:
         check_lengths(lengths, n_max, paged)
     check_new_tokens(lengths if lengths is not None else [n_max] * q.shape[0], n_new)
+    leftpads = None
+    if cache_leftpad is not None and not capturing:  # read once per plan, as the lengths; the kernel clamps it
+        leftpads = cache_leftpad.tolist()
+        check_leftpad(leftpads, lengths if lengths is not None else [n_max] * q.shape[0], n_new)
     if paged and not capturing:  # read once per plan, as the lengths
-        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0])
+        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0], leftpads)
     window_left = window[0] if window is not None and window[0] >= 0 else None
     scale, softcap = check_scale(scale), check_softcap(softcap)
     block_d, precision = padded_head_dim(q.shape[-1]), dot_precision(q.dtype)

@@ -269,7 +269,7 @@ def explain_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
 
 
 def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale, window,
-                softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal):
+                softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal, cache_leftpad):
     """``kernels.flash_decode``: lengths given on the host made a tensor, then the op while ``torch.compile``
     traces, else :func:`decode_eager`. Arguments come positionally: this is on every call."""
     lengths = None
@@ -277,7 +277,7 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
         # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.
         lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
         cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
     if not _is_compiling():
         return decode_eager(tensors, options, lengths)
@@ -288,7 +288,8 @@ def decode_eager(tensors: tuple, options: tuple, lengths: list[int] | None = Non
     """A decode call run eagerly (also the body of the ``flashcourse::decode`` op): its description (the key of
     its plan, on a GPU) looked up in ``plan.PLANS``; a call found there checks only the lengths given on the host
     (``lengths``), which the description does not hold, and launches its plan; any other call is checked in full
-    (``_checks.check_decode_call``, the lengths' and pages' values read once) and planned (``plan.decode_plan_for``).
+    (``_checks.check_decode_call``, the lengths', left paddings' and pages' values read once) and planned
+    (``plan.decode_plan_for``).
     """
     q = tensors[0]
     keys = ()
@@ -325,7 +326,8 @@ def _describable_decode(options: tuple) -> bool:
                               and window[1].__class__ is int)
 
 
-def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, options):
+def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad,
+                options):
     """A decode call's description, its plan's key (None on the interpreter, whose calls are not kept): every
     tensor's layout (shape, strides, dtype, device, 16-byte alignment: what Triton specialises on), None for an
     absent one, and every option. An argument that is not a tensor gives None too: the checks then say what was
@@ -338,10 +340,10 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scal
                q.dtype, k_cache.dtype, v_cache.dtype, q.get_device(), k_cache.get_device(), v_cache.get_device(),
                q.data_ptr() % 16 == 0, k_cache.data_ptr() % 16 == 0, v_cache.data_ptr() % 16 == 0, options)
         if (cache_seqlens is None and block_table is None and k_scale is None and v_scale is None
-                and alibi_slopes is None):
+                and alibi_slopes is None and cache_leftpad is None):
             return key
         return key + tuple(t if t is None else (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)
-                           for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes))
+                           for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad))
     except AttributeError:
         return None
 

@@ -16,7 +16,8 @@ launches, as FlashInfer's ``plan`` / ``run`` split. Under ``torch.compile`` the 
 
 Grouped-query attention: the H_q / H_kv query heads that share a KV head are one program's rows, so each K/V
 tile is read from memory once for the whole group (the bytes that bound decoding). A sliding window reads
-only its keys: the splits cover [seqlen - 1 - left, seqlen), not the whole cache. Paged cache: K/V live in
+only its keys: the splits cover [seqlen - 1 - left, seqlen), not the whole cache; so does a left-padded
+sequence (flash-attn's ``cache_leftpad``): they cover [first real key, seqlen). Paged cache: K/V live in
 pages of ``page_size`` rows, ``k_cache[block_table[b, pos // page_size], h, pos % page_size]``, as vLLM's
 PagedAttention stores them.
 
@@ -132,7 +133,7 @@ def _tile_pages(TABLE_ROW, stride_bt_p, start_n, end, NUM_PAGES, PAGE_SIZE: tl.c
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, qk_scale,
+    Q, K, V, BLOCK_TABLE, SEQLENS, K_SCALE, V_SCALE, O_PART, LSE_PART, OUT, ALIBI_SLOPES, LEFTPAD, qk_scale,
     stride_qb, stride_qh, stride_qn, stride_qd, stride_ob, stride_oh, stride_on, stride_od,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -142,7 +143,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, DIRECT: tl.constexpr, MASK_TAIL_ONLY: tl.constexpr, ROW_MASKS: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_LEFTPAD: tl.constexpr,
 ):
     pid_split = tl.program_id(0)
     pid_bh = tl.program_id(1)  # over B * H_kv
@@ -159,11 +160,16 @@ def _decode_split_kernel(
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     # The new tokens sit at positions seqlen - N_NEW .. seqlen - 1 (the cache holds their keys too); a window
-    # reaches back WINDOW_LEFT keys from each, so the first one's window starts the keys any row reads.
-    first = 0
+    # reaches back WINDOW_LEFT keys from each, so the first one's window starts the keys any row reads. Keys before
+    # the sequence's left padding (flash-attn's cache_leftpad: its first real key) are never read either; clamped
+    # to 0 .. seqlen, so a value changed in place after the plan checked it never reads outside the sequence.
+    leftpad = 0
+    if HAS_LEFTPAD:
+        leftpad = tl.minimum(tl.maximum(tl.load(LEFTPAD + b), 0), seqlen)
+    first = leftpad
     if HAS_WINDOW:
-        first = tl.maximum(seqlen - N_NEW - WINDOW_LEFT, 0)
-    start = first + pid_split * SPLIT_LEN  # the splits share out the window only: keys before it are never read
+        first = tl.maximum(seqlen - N_NEW - WINDOW_LEFT, first)
+    start = first + pid_split * SPLIT_LEN  # the splits share out keys first .. seqlen - 1: none is all padding
     if PAGED:  # tiles start on BLOCK_N boundaries, so none straddles a page edge; keys before `first` are masked
         start = first // BLOCK_N * BLOCK_N + pid_split * SPLIT_LEN
     end = tl.minimum(start + SPLIT_LEN, seqlen)
@@ -197,10 +203,11 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     # Every key tile of a split but its last is whole. With MASK_TAIL_ONLY the whole tiles run without masks on the
     # keys and the last one runs apart with them: a mask that varies along the keys narrows the copies of a V
-    # stored keys-adjacent to one element, and costs selects on every tile. A paged window's first tile may start
-    # before the window, so there every tile keeps its masks; so do several new tokens, each row with its own
-    # bounds (ROW_MASKS).
-    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not (PAGED and HAS_WINDOW) and not ROW_MASKS
+    # stored keys-adjacent to one element, and costs selects on every tile. A paged window's (or left padding's)
+    # first tile may start before the window (the padding's end), so there every tile keeps its masks; so do
+    # several new tokens, each row with its own bounds (ROW_MASKS).
+    STARTS_INSIDE_A_TILE: tl.constexpr = PAGED and (HAS_WINDOW or HAS_LEFTPAD)
+    TAIL_APART: tl.constexpr = MASK_TAIL_ONLY and not STARTS_INSIDE_A_TILE and not ROW_MASKS
     full_end = end
     if TAIL_APART:
         full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
@@ -224,7 +231,7 @@ def _decode_split_kernel(
                 k_off = page * stride_kb + in_page * stride_kn
                 v_off = page * stride_vb + in_page * stride_vn
                 tile_bad_pages = bad_pages  # this tile's, before the line below reads the next tile's
-                if HAS_WINDOW:  # the first tile may begin before the window
+                if STARTS_INSIDE_A_TILE:  # the first tile may begin before the window or inside the padding
                     col_ok = col_ok & (cols >= first)
                 # Read the next tile's pages now, one step ahead: the K/V addresses then come from the previous
                 # step, not from a load in this one, which the software pipeliner would count as a level of
@@ -301,7 +308,8 @@ def _decode_combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_oh, stride_o
 # (launch.py says why). NAMES are the per-call tensors' argument names, in the order DecodePlan.run passes them:
 # the split kernel's first parameters, so that a prepared launch picks them in one step (launch._Launch).
 _LAUNCHES = LaunchCache()
-NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART", "OUT")
+NAMES = ("Q", "K", "V", "BLOCK_TABLE", "SEQLENS", "ALIBI_SLOPES", "K_SCALE", "V_SCALE", "O_PART", "LSE_PART", "OUT",
+         "LEFTPAD")
 _COMBINE_NAMES = ("O_PART", "LSE_PART", "OUT")
 
 
@@ -345,22 +353,26 @@ def _to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale[:, :, None, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
-def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens,
+                   cache_leftpad) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest |x| per (sequence, KV head) over the rows in use on the pages its block-table row lists (B, H_kv),
     and per page (num_pages, H_kv), made equal wherever a page is shared: a page has one scale, so every sequence
-    that reads it (a shared prompt prefix) must use the same one. Rows past a sequence's length count for no
-    one, on its last page as on a contiguous cache; a page no sequence lists keeps the amax of all its rows."""
+    that reads it (a shared prompt prefix) must use the same one. Rows past a sequence's length or before its
+    left padding's end count for no one, on its pages as on a contiguous cache (pages wholly inside the padding
+    are not looked up: their entries may be -1); a page no sequence lists keeps the amax of all its rows."""
     page_size = x.shape[2]
     row_amax = x.float().abs().amax(dim=3)  # (num_pages, H_kv, page_size)
     batch, max_blocks = block_table.shape
     lengths = torch.full((batch,), max_blocks * page_size, device=x.device)
     if cache_seqlens is not None:
         lengths = cache_seqlens.to(x.device).long().clamp(0, max_blocks * page_size)
+    pads = torch.zeros_like(lengths) if cache_leftpad is None else cache_leftpad.to(x.device).long()
     used = (lengths + page_size - 1) // page_size
-    rows, cols = (torch.arange(max_blocks, device=x.device)[None, :] < used[:, None]).nonzero(as_tuple=True)
+    slots = torch.arange(max_blocks, device=x.device)[None, :]
+    rows, cols = ((slots < used[:, None]) & (slots >= (pads // page_size)[:, None])).nonzero(as_tuple=True)
     pages = block_table[rows, cols].long()
-    rows_in_use = (lengths[rows] - cols * page_size).clamp(max=page_size)  # < page_size on a last page only
-    in_use = torch.arange(page_size, device=x.device)[None, None, :] < rows_in_use[:, None, None]
+    position = cols[:, None] * page_size + torch.arange(page_size, device=x.device)[None, :]  # (listed pages, rows)
+    in_use = ((position < lengths[rows, None]) & (position >= pads[rows, None]))[:, None, :]
     pair_amax = torch.where(in_use, row_amax[pages], 0.0).amax(dim=2)  # (listed pages, H_kv)
 
     def amax_into(dest, index, src):  # dest[index[i]] = max(dest[index[i]], src[i]) over every (i, KV head)
@@ -381,7 +393,7 @@ def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens) ->
     return seq, page
 
 
-def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None) -> Fp8KVCache:
+def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None, cache_leftpad=None) -> Fp8KVCache:
     """Quantise a KV cache to float8_e4m3fn with one scale per (sequence, KV head), for :func:`flash_decode`.
 
     Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
@@ -407,6 +419,10 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
             count towards its scale, whether they lie in a contiguous cache or on a paged sequence's last
             page; they are quantised with the others, clamped to e4m3's range (never NaN), and the kernel
             never reads them.
+        cache_leftpad: None (no left padding) or (B,) int32, as :func:`flash_decode` takes it: rows before a
+            sequence's first real key do not count towards its scale either (padding may hold anything, NaN
+            included; it stays what it was, quantised, and is never read); block-table entries of pages wholly
+            inside the padding are not looked up.
 
     Returns:
         :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
@@ -425,24 +441,30 @@ def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None)
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape")
     if block_table is None:
         in_use = torch.ones(k_cache.shape[0], 1, k_cache.shape[2], 1, dtype=torch.bool, device=k_cache.device)
+        rows = torch.arange(k_cache.shape[2], device=k_cache.device)
         if cache_seqlens is not None:  # stale rows past a sequence's length must not set its scale
             if tuple(cache_seqlens.shape) != (k_cache.shape[0],):
                 raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
                                  f"({k_cache.shape[0]},), one length per sequence")
-            rows = torch.arange(k_cache.shape[2], device=k_cache.device)
             in_use = (rows[None, :] < cache_seqlens.to(k_cache.device)[:, None])[:, None, :, None]
+        if cache_leftpad is not None:  # nor may the padding before its first real key
+            if tuple(cache_leftpad.shape) != (k_cache.shape[0],):
+                raise ValueError(f"cache_leftpad has shape {tuple(cache_leftpad.shape)}: expected "
+                                 f"({k_cache.shape[0]},), one first real key per sequence")
+            in_use = in_use & (rows[None, :] >= cache_leftpad.to(k_cache.device)[:, None])[:, None, :, None]
         quantised = [(_to_e4m3(x, s), s) for x in (k_cache, v_cache)
                      for s in [_amax_scale(torch.where(in_use, x.float().abs(), 0.0).amax(dim=(2, 3)))]]
     else:
         if block_table.dim() != 2 or block_table.dtype != torch.int32:
             raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
                              "expected (B, max_blocks) int32")
-        if cache_seqlens is not None and tuple(cache_seqlens.shape) != (block_table.shape[0],):
-            raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
-                             f"({block_table.shape[0]},), one length per block-table row")
+        for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)):
+            if t is not None and tuple(t.shape) != (block_table.shape[0],):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}: expected ({block_table.shape[0]},), one per "
+                                 "block-table row")
         quantised = []
         for x in (k_cache, v_cache):
-            seq, page = _sequence_amax(x, block_table, cache_seqlens)
+            seq, page = _sequence_amax(x, block_table, cache_seqlens, cache_leftpad)
             quantised.append((_to_e4m3(x, _amax_scale(page)), _amax_scale(seq)))
     (k8, k_scale), (v8, v_scale) = quantised
     return Fp8KVCache(k8, v8, k_scale, v_scale)

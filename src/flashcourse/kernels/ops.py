@@ -309,16 +309,16 @@ def _in_graph(q, k, v, described, lse_grad: bool = False):
 @torch.library.custom_op("flashcourse::decode", mutates_args=())
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
            block_table: Optional[torch.Tensor], k_scale: Optional[torch.Tensor], v_scale: Optional[torch.Tensor],
-           alibi_slopes: Optional[torch.Tensor], scale: Optional[float], num_splits: Optional[int], window_left: int,
-           window_right: int, softcap: Optional[float], block_n: Optional[int], num_warps: Optional[int],
-           num_stages: Optional[int], causal: bool = True, programs_per_sm: Optional[int] = None,
-           mask_tail_only: Optional[bool] = None) -> torch.Tensor:
+           alibi_slopes: Optional[torch.Tensor], cache_leftpad: Optional[torch.Tensor], scale: Optional[float],
+           num_splits: Optional[int], window_left: int, window_right: int, softcap: Optional[float],
+           block_n: Optional[int], num_warps: Optional[int], num_stages: Optional[int], causal: bool = True,
+           programs_per_sm: Optional[int] = None, mask_tail_only: Optional[bool] = None) -> torch.Tensor:
     """``flash_decode`` as one op of a compiled graph; the window as two ints, (-1, -1) for none; the switches as
     their two fields (None: chosen per call). Its body is the eager call's (``call.decode_eager``)."""
     from .call import decode_eager  # call.py imports this module: the front door hands its calls here
 
     window = None if (window_left, window_right) == (-1, -1) else (window_left, window_right)
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes)
+    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     switches = (None if (programs_per_sm, mask_tail_only) == (None, None)
                 else DecodeSwitches(programs_per_sm, mask_tail_only))
     return decode_eager(tensors, (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches,
@@ -326,12 +326,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_
 
 
 @decode.register_fake
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, scale, num_splits,
-                 window_left, window_right, softcap, block_n, num_warps, num_stages, causal=True,
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad,
+                 scale, num_splits, window_left, window_right, softcap, block_n, num_warps, num_stages, causal=True,
                  programs_per_sm=None, mask_tail_only=None):
-    # While tracing: the compiled call refuses what the eager one does, but for the lengths' values (no values
-    # exist here; the kernel clamps them).
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale)
+    # While tracing: the compiled call refuses what the eager one does, but for the lengths' and left paddings'
+    # values (no values exist here; the kernel clamps them).
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, cache_leftpad)
     check_decode_dtypes(q, k_cache)
     check_softcap(softcap)
     check_alibi_slopes(alibi_slopes, q)

@@ -418,7 +418,7 @@ class DecodePlan:
     def __init__(self, cfg: configs.KernelConfig, tensors: tuple, n_max: int, scale: float, num_splits,
                  window_left, softcap, props: configs.DeviceProps, key, causal: bool, switches: decode.DecodeSwitches,
                  block_d: int, dot_precision: str):
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes = tensors
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, _, alibi_slopes, cache_leftpad = tensors
         batch, h_q, n_new, head_dim = q.shape
         h_kv = k_cache.shape[1]
         block_n = cfg.block_n
@@ -453,7 +453,7 @@ class DecodePlan:
             HAS_SOFTCAP=softcap is not None, HAS_ALIBI=alibi_slopes is not None,
             DOT_PRECISION=dot_precision, KV_FP8=k_scale is not None, DIRECT=num_splits == 1,
             MASK_TAIL_ONLY=switches.mask_tail_only, ROW_MASKS=n_new > 1, CAUSAL=causal and n_new > 1,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            HAS_LEFTPAD=cache_leftpad is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         self.combine_grid = (batch * h_q * n_new,)
         self.combine_args = dict(**strides(o, "o"), H_Q=h_q, N_NEW=n_new, NUM_SPLITS=num_splits,
@@ -462,7 +462,7 @@ class DecodePlan:
         self.launches = None  # after the first run on a GPU: the prepared split (and combine) launches
 
     def run(self, tensors: tuple) -> torch.Tensor:
-        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes = tensors
+        q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad = tensors
         o = torch.empty_like(q)
         if self.empty:
             return o
@@ -477,7 +477,8 @@ class DecodePlan:
         launch = (q, k_cache, v_cache, q if block_table is None else block_table,
                   q if cache_seqlens is None else cache_seqlens,
                   q if alibi_slopes is None else alibi_slopes.contiguous(),
-                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o)
+                  q if k_scale is None else k_scale, q if v_scale is None else v_scale, o_part, lse_part, o,
+                  q if cache_leftpad is None else cache_leftpad.contiguous())
         if self.launches is not None:  # a repeat call: no key to hash again, no argument to bind
             for prepared in self.launches:
                 prepared(launch)
