@@ -1,5 +1,5 @@
-"""What every kernel shares: the base-2 constants, the default scale, a masked tile load, the online softmax
-and the store of its output.
+"""What every kernel shares: the base-2 constants, the default scale, the host's allocators (TMA scratch, the
+per-row statistics), a masked tile load, the online softmax and the store of its output.
 
 The kernels keep scores in base 2 (``exp2`` is one hardware instruction, ``exp`` is two): with
 ``qk_scale = scale * LOG2E``, ``exp(scale * x - m) == exp2(qk_scale * x - m * LOG2E)``, and a row's natural
@@ -37,6 +37,21 @@ def default_scale(head_dim: int, scale: float | None) -> float:
 def tma_scratch(device: torch.device):
     """The allocator Triton calls for the global scratch where a kernel builds its tensor descriptors."""
     return lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device)
+
+
+def row_stats_allocator(shape: tuple[int, int, int], device: torch.device, *, in_graph: bool):
+    """``new() -> tensor``: a new (B, H, N_q) float32 tensor, a call's per-row statistics (the forward's lse, the
+    backward's delta), on ``device``.
+
+    Eagerly, ``empty_like`` of a template, a 4-byte tensor seen with zero strides whose ``empty_like`` is
+    contiguous: half the host time of ``torch.empty(shape, dtype=...)``, which parses a shape and a dtype on every
+    call (0.9 us against 1.6-1.8 us on a CPU). A plan made inside a compiled graph (``in_graph``) keeps no tensor:
+    under ``torch.compile(mode="reduce-overhead")`` its first calls run in the CUDA graphs' memory pool, and the
+    graphs refuse to record while an allocation of that pool is alive that no output owns (the template would be
+    one); there the host time is recorded away anyway."""
+    if in_graph:
+        return functools.partial(torch.empty, tuple(shape), dtype=torch.float32, device=device)
+    return functools.partial(torch.empty_like, torch.empty((), dtype=torch.float32, device=device).expand(shape))
 
 
 @triton.jit

@@ -31,7 +31,6 @@ every launch.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import operator
 import os
@@ -196,17 +195,3 @@ def layout_key(*tensors: torch.Tensor) -> tuple:
     return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
 
 
-
-def row_stats_allocator(shape: tuple[int, int, int], device: torch.device, *, in_graph: bool):
-    """``new() -> tensor``: a new (B, H, N_q) float32 tensor, a call's per-row statistics (the forward's lse, the
-    backward's delta), on ``device``.
-
-    Eagerly, ``empty_like`` of a template, a 4-byte tensor seen with zero strides whose ``empty_like`` is
-    contiguous: half the host time of ``torch.empty(shape, dtype=...)``, which parses a shape and a dtype on every
-    call (0.9 us against 1.6-1.8 us on a CPU). A plan made inside a compiled graph (``in_graph``) keeps no tensor:
-    under ``torch.compile(mode="reduce-overhead")`` its first calls run in the CUDA graphs' memory pool, and the
-    graphs refuse to record while an allocation of that pool is alive that no output owns (the template would be
-    one); there the host time is recorded away anyway."""
-    if in_graph:
-        return functools.partial(torch.empty, tuple(shape), dtype=torch.float32, device=device)
-    return functools.partial(torch.empty_like, torch.empty((), dtype=torch.float32, device=device).expand(shape))

@@ -30,7 +30,7 @@ import triton
 from . import configs, decode, launch
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, DENSE_BACKWARD, run_backward
 from .blockmask import BlockMask
-from .common import LOG2E, default_scale, strides, tma_scratch
+from .common import LOG2E, default_scale, row_stats_allocator, strides, tma_scratch
 from .dropout import Dropout
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
 from .rules import Rules
@@ -248,7 +248,7 @@ class Plan:
         self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
         self._backward_version = BACKWARD_VERSIONS[route.backward]
         self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (row_stats_allocator)
-        self._new_row_stats = launch.row_stats_allocator(q.shape[:3], q.device, in_graph=in_graph)  # lse, delta
+        self._new_row_stats = None  # new() -> lse or delta: set by plan_for (common.row_stats_allocator)
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
         # Dropout's seed changes every call, so its launches are never prepared.
         self._repeat = (cacheable and repeatable(q) and launch.LaunchCache().enabled and rules.dropout_p is None)
@@ -352,10 +352,11 @@ def plan_for(described, q, k, v, props: configs.DeviceProps, lacks: str | None, 
     plan = Plan(route, q, k, v, described.rules, scale=scale, cacheable=call is not None, in_graph=in_graph)
     if call is not None:
         PLANS.put(call, plan)
-    # Last, the one thing another module is asked: v7 builds TMA descriptors in a global scratch on Hopper, and
-    # Triton's allocator (per thread) must then be set before each launch.
+    # Last, what other modules are asked: v7 builds TMA descriptors in a global scratch on Hopper, and Triton's
+    # allocator (per thread) must then be set before each launch; and how lse and delta are allocated.
     if plan.needs_descriptors and descriptors_usable(props, q, k, v):
         plan._allocator = tma_scratch(q.device)
+    plan._new_row_stats = row_stats_allocator(q.shape[:3], q.device, in_graph=in_graph)
     return plan
 
 

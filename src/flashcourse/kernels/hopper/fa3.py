@@ -123,7 +123,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ..launch import prepare_launch, row_stats_allocator  # the library's repeatable launches and lse allocation
+from ..common import row_stats_allocator  # how lse is allocated (no tensor kept by a plan made in a graph)
+from ..launch import prepare_launch  # the library's repeatable launch: one argument list, tensors swapped per call
 
 try:
     from triton.experimental.gluon import aggregate
