@@ -4,19 +4,26 @@ The GPU machines have Triton 3.6 and no network; Triton 3.9's wheel for CPython 
 call to the GPU machine carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
 
     python3 scripts/wheel_parts.py download          # pip download triton==3.9.* (cp312, manylinux x86-64) into .t39/
+    python3 scripts/wheel_parts.py slim              # .t39/<wheel stem>-slim.tar.xz: the files less SLIM_DROPPED
     python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 46)
     python3 scripts/wheel_parts.py commands          # prints the K back-to-back calls below
 
-and on the GPU machine, one call per part while it stays warm (the parts live in its /tmp, which a machine gone
-idle loses: keep the calls back to back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs
-``mkdir -p /tmp/t39parts && cp .t39/part<i>/* /tmp/t39parts/``; the last call carries ``.t39/part<K>`` and runs
+`slim` is optional and worth it: it leaves out what a Hopper machine never opens (SLIM_DROPPED: the AMD backend's
+libraries, CUPTI, proton, a test library; 411 MiB of 994 unpacked) and packs the rest with xz, so Triton 3.9.0's
+272.4 MiB wheel becomes a 110.2 MiB archive: 3 parts of 46 MiB where the wheel needs 6 (measured 2026-12-06: 347 s
+to pack on a shared 2-core machine, 10 s to check and extract).
+`split` takes the slim archive when --dir holds one (else the wheel; or --artifact). On the GPU machine, one call
+per part while it stays warm (the parts live in its /tmp, which a machine gone idle loses: keep the calls back to
+back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs ``mkdir -p /tmp/t39parts && cp .t39/part<i>/*
+/tmp/t39parts/``; the last call carries ``.t39/part<K>`` and runs
 
     mkdir -p /tmp/t39parts && cp .t39/partK/* /tmp/t39parts/ && bash /tmp/t39parts/install.sh
 
 where ``install.sh`` (written into every part's folder) concatenates the parts in order (``cat``), checks the
-wheel's sha256 against the one recorded at split time, and runs ``pip install --no-deps --target /tmp/t39``. A
+sha256 against the one recorded at split time, and installs into /tmp/t39: a slim archive by ``tar -xJf`` (its
+files are those the wheel installs, ``.dist-info`` included), a wheel by ``pip install --no-deps --target``. A
 command then runs under Triton 3.9 with ``PYTHONPATH=/tmp/t39:src`` (the folder first, so it shadows the image's
-Triton 3.6).
+Triton 3.6). Proton (``triton.profiler``) does not work from a slim install: profile under the image's Triton.
 
 Why not one call: 64 MiB a call (device README, "Limits"). Why not fewer, larger parts: the part rides beside the
 tree, so 64 MiB minus the tree (12 MiB) minus room for the tree to grow.
@@ -43,7 +50,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 DEVICE_PARTS = "/tmp/t39parts"
 DEVICE_TARGET = "/tmp/t39"
 SLIM_SUFFIX = "-slim.tar.xz"
-XZ_PRESET = 6  # xz's default: packs libtriton.so's 500 MB into about 90 MB; -9 gains little for much more time
+XZ_PRESET = 6  # xz's own default level; it packs libtriton.so's 500 MB into 89.5 MB
 
 # What `slim` leaves out of Triton 3.9's wheel: files an sm_90 (Hopper) machine never opens to import triton, compile
 # a kernel for a CUDA target or launch it. Each is a path prefix in the wheel, with the reason it is safe (read in
@@ -65,8 +72,8 @@ SLIM_DROPPED = (
     # A library for Triton's own instrumentation tests: named only by _test_runner.py.
     "triton/instrumentation/libGPUInstrumentationTestLib.so",
 )
-# Kept although the brief of issue 54 first meant to drop it: ptxas-blackwell is the ptxas Triton 3.9 runs for
-# every target of compute capability 90 and above (backends/nvidia/compiler.py, `get_ptxas`: plain ptxas only
+# Not dropped, though its name says Blackwell: backends/nvidia/bin/ptxas-blackwell is the ptxas Triton 3.9 runs for
+# every target of compute capability 90 and above (backends/nvidia/compiler.py, `get_ptxas`; plain ptxas only
 # below 90), so a Hopper compile needs it.
 
 
@@ -143,7 +150,8 @@ else
     python3 -m tarfile -e {artifact} {target}
 fi"""
     else:
-        install = f"python3 -m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target {target} {artifact}"
+        install = (f"python3 -m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target {target} "
+                   f"{artifact}")
     return f"""#!/usr/bin/env bash
 # Written by scripts/wheel_parts.py split: reassemble {artifact_name} from its {n_parts} parts and install it.
 set -euo pipefail
