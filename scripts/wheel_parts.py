@@ -4,19 +4,26 @@ The GPU machines have Triton 3.6 and no network; Triton 3.9's wheel for CPython 
 call to the GPU machine carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
 
     python3 scripts/wheel_parts.py download          # pip download triton==3.9.* (cp312, manylinux x86-64) into .t39/
+    python3 scripts/wheel_parts.py slim              # .t39/<wheel stem>-slim.tar.xz: the files less SLIM_DROPPED
     python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 46)
     python3 scripts/wheel_parts.py commands          # prints the K back-to-back calls below
 
-and on the GPU machine, one call per part while it stays warm (the parts live in its /tmp, which a machine gone
-idle loses: keep the calls back to back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs
-``mkdir -p /tmp/t39parts && cp .t39/part<i>/* /tmp/t39parts/``; the last call carries ``.t39/part<K>`` and runs
+`slim` is optional and worth it: it leaves out what a Hopper machine never opens (SLIM_DROPPED: the AMD backend's
+libraries, CUPTI, proton, a test library; 411 MiB of 994 unpacked) and packs the rest with xz, so Triton 3.9.0's
+272.4 MiB wheel becomes a 110.2 MiB archive: 3 parts of 46 MiB where the wheel needs 6 (measured 2026-12-06: 347 s
+to pack on a shared 2-core machine, 10 s to check and extract).
+`split` takes the slim archive when --dir holds one (else the wheel; or --artifact). On the GPU machine, one call
+per part while it stays warm (the parts live in its /tmp, which a machine gone idle loses: keep the calls back to
+back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs ``mkdir -p /tmp/t39parts && cp .t39/part<i>/*
+/tmp/t39parts/``; the last call carries ``.t39/part<K>`` and runs
 
     mkdir -p /tmp/t39parts && cp .t39/partK/* /tmp/t39parts/ && bash /tmp/t39parts/install.sh
 
 where ``install.sh`` (written into every part's folder) concatenates the parts in order (``cat``), checks the
-wheel's sha256 against the one recorded at split time, and runs ``pip install --no-deps --target /tmp/t39``. A
+sha256 against the one recorded at split time, and installs into /tmp/t39: a slim archive by ``tar -xJf`` (its
+files are those the wheel installs, ``.dist-info`` included), a wheel by ``pip install --no-deps --target``. A
 command then runs under Triton 3.9 with ``PYTHONPATH=/tmp/t39:src`` (the folder first, so it shadows the image's
-Triton 3.6).
+Triton 3.6). Proton (``triton.profiler``) does not work from a slim install: profile under the image's Triton.
 
 Why not one call: 64 MiB a call (device README, "Limits"). Why not fewer, larger parts: the part rides beside the
 tree, so 64 MiB minus the tree (12 MiB) minus room for the tree to grow.
@@ -26,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shlex
 import subprocess
 import sys
+import tarfile
+import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +49,32 @@ DEFAULT_REQUIREMENT = "triton==3.9.*"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 DEVICE_PARTS = "/tmp/t39parts"
 DEVICE_TARGET = "/tmp/t39"
+SLIM_SUFFIX = "-slim.tar.xz"
+XZ_PRESET = 6  # xz's own default level; it packs libtriton.so's 500 MB into 89.5 MB
+
+# What `slim` leaves out of Triton 3.9's wheel: files an sm_90 (Hopper) machine never opens to import triton, compile
+# a kernel for a CUDA target or launch it. Each is a path prefix in the wheel, with the reason it is safe (read in
+# Triton 3.9's own sources, named here so the claim can be checked again for a later wheel).
+SLIM_DROPPED = (
+    # The AMD backend's compiled parts: compiler.py loads the codegen library (ctypes, `_load_amd_codegen`) and the
+    # bitcode libraries only to compile for a HIP target, and driver.py builds its launcher from include/ only once
+    # its `is_active()` (torch built for ROCm) is true. Its Python modules stay: `import triton` imports every
+    # backend that the wheel's entry_points.txt lists (backends/__init__.py, `_discover_backends`), amd included.
+    "triton/backends/amd/lib/",
+    "triton/backends/amd/include/",
+    # CUPTI, for proton's profiler only: knobs.py's `proton_knobs` is the only place that names these folders; the
+    # CUDA driver and compiler never do. So `triton.profiler` (proton) does not work from the slim tree.
+    "triton/backends/nvidia/lib/cupti/",
+    "triton/backends/nvidia/lib/cupti-blackwell/",
+    # Proton's extension: imported only by triton/profiler/ (hooks/launch.py, hooks/instrumentation.py) and by
+    # testing.py's `do_bench_proton` variants, never by `import triton`, compiling or `do_bench`.
+    "triton/_C/libproton.so",
+    # A library for Triton's own instrumentation tests: named only by _test_runner.py.
+    "triton/instrumentation/libGPUInstrumentationTestLib.so",
+)
+# Not dropped, though its name says Blackwell: backends/nvidia/bin/ptxas-blackwell is the ptxas Triton 3.9 runs for
+# every target of compute capability 90 and above (backends/nvidia/compiler.py, `get_ptxas`; plain ptxas only
+# below 90), so a Hopper compile needs it.
 
 
 def sha256(path: Path) -> str:
@@ -60,42 +97,93 @@ def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
     return wheels[0]
 
 
-def install_script(wheel_name: str, digest: str, n_parts: int) -> str:
-    """What the last call runs: reassemble in order, check the sha256, install into DEVICE_TARGET."""
-    parts = " ".join(f"{DEVICE_PARTS}/{wheel_name}.part{i}" for i in range(1, n_parts + 1))
-    wheel = f"{DEVICE_PARTS}/{wheel_name}"
+def _dropped(name: str) -> bool:
+    return any(name == prefix or name.startswith(prefix) for prefix in SLIM_DROPPED)
+
+
+def slim(wheel: Path, dest: Path, progress_bytes: int = 4 << 20) -> Path:
+    """The files ``wheel`` installs, less SLIM_DROPPED, as ``dest/<wheel stem>-slim.tar.xz``: extracting it into a
+    folder on ``PYTHONPATH`` is the install (the ``.dist-info`` travels too, which ``import triton`` reads for its
+    backends). Members of at least ``progress_bytes`` are printed as they are packed: xz takes minutes."""
+    archive = dest / (wheel.stem + SLIM_SUFFIX)
+    partial = archive.with_name(archive.name + ".partial")  # renamed when complete: `split` never sees half of one
+    start = time.monotonic()
+    kept = dropped = 0
+    with zipfile.ZipFile(wheel) as source, tarfile.open(partial, "w:xz", preset=XZ_PRESET) as tar:
+        for member in source.infolist():
+            if _dropped(member.filename):
+                dropped += member.file_size
+                continue
+            entry = tarfile.TarInfo(member.filename.rstrip("/"))
+            # A zip made on Unix keeps the file mode in the high 16 bits; ptxas must stay executable.
+            mode = member.external_attr >> 16 & 0o7777
+            entry.mtime = time.mktime(member.date_time + (0, 0, -1))
+            if member.is_dir():
+                entry.type, entry.mode = tarfile.DIRTYPE, mode or 0o755
+                tar.addfile(entry)
+                continue
+            entry.size, entry.mode = member.file_size, mode or 0o644
+            with source.open(member) as data:
+                tar.addfile(entry, data)
+            kept += member.file_size
+            if member.file_size >= progress_bytes:
+                print(f"  {time.monotonic() - start:6.0f} s  packed {member.filename} ({member.file_size / 2**20:.1f} "
+                      "MiB)", flush=True)
+    os.replace(partial, archive)
+    print(f"{archive}  {archive.stat().st_size / 2**20:.1f} MiB: {kept / 2**20:.0f} MiB of files kept, "
+          f"{dropped / 2**20:.0f} MiB dropped, in {time.monotonic() - start:.0f} s")
+    return archive
+
+
+def install_script(artifact_name: str, digest: str, n_parts: int) -> str:
+    """What the last call runs: reassemble in order, check the sha256, install into DEVICE_TARGET (a wheel by pip,
+    a slim archive by extracting it)."""
+    parts = " ".join(f"{DEVICE_PARTS}/{artifact_name}.part{i}" for i in range(1, n_parts + 1))
+    artifact = shlex.quote(f"{DEVICE_PARTS}/{artifact_name}")
+    target = shlex.quote(DEVICE_TARGET)
+    if artifact_name.endswith(SLIM_SUFFIX):
+        # tar -J runs the xz program; where an image lacks it, Python's own tarfile reads xz through lzma.
+        install = f"""mkdir -p {target}
+if command -v xz > /dev/null; then
+    tar -xJf {artifact} -C {target}
+else
+    python3 -m tarfile -e {artifact} {target}
+fi"""
+    else:
+        install = (f"python3 -m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target {target} "
+                   f"{artifact}")
     return f"""#!/usr/bin/env bash
-# Written by scripts/wheel_parts.py split: reassemble {wheel_name} from its {n_parts} parts and install it.
+# Written by scripts/wheel_parts.py split: reassemble {artifact_name} from its {n_parts} parts and install it.
 set -euo pipefail
 for part in {parts}; do
     [ -f "$part" ] || {{ echo "missing $part: run the earlier calls again, back to back" >&2; exit 1; }}
 done
-cat {parts} > {shlex.quote(wheel)}
-echo "{digest}  {wheel}" | sha256sum -c -
-python3 -m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target {DEVICE_TARGET} {shlex.quote(wheel)}
-PYTHONPATH={DEVICE_TARGET} python3 -c "import triton; print('installed triton', triton.__version__, triton.__file__)"
+cat {parts} > {artifact}
+echo "{digest}  {DEVICE_PARTS}/{artifact_name}" | sha256sum -c -
+{install}
+PYTHONPATH={target} python3 -c "import triton; print('installed triton', triton.__version__, triton.__file__)"
 """
 
 
-def split(wheel: Path, dest: Path, part_bytes: int) -> list[Path]:
-    """``wheel`` cut into consecutive parts of at most ``part_bytes``, part i in ``dest/part<i>/`` beside a copy
-    of ``install.sh`` and ``SHA256`` (so whichever part travels last brings the check along); returns the part
-    folders in order."""
+def split(artifact: Path, dest: Path, part_bytes: int) -> list[Path]:
+    """``artifact`` (a wheel or a slim archive) cut into consecutive parts of at most ``part_bytes``, part i in
+    ``dest/part<i>/`` beside a copy of ``install.sh`` and ``SHA256`` (so whichever part travels last brings the
+    check along); returns the part folders in order."""
     if part_bytes <= 0:
         raise ValueError(f"part_bytes={part_bytes}: a part must hold at least one byte")
-    size = wheel.stat().st_size
+    size = artifact.stat().st_size
     n_parts = max(1, -(-size // part_bytes))
-    digest = sha256(wheel)
+    digest = sha256(artifact)
     folders = []
-    with open(wheel, "rb") as source:
+    with open(artifact, "rb") as source:
         for i in range(1, n_parts + 1):
             folder = dest / f"part{i}"
             folder.mkdir(parents=True, exist_ok=True)
-            for old in folder.glob("*.part*"):  # a previous split of another wheel or part size
+            for old in folder.glob("*.part*"):  # a previous split of another artifact or part size
                 old.unlink()
-            (folder / f"{wheel.name}.part{i}").write_bytes(source.read(part_bytes))
-            (folder / "SHA256").write_text(f"{digest}  {wheel.name}\n")
-            (folder / "install.sh").write_text(install_script(wheel.name, digest, n_parts))
+            (folder / f"{artifact.name}.part{i}").write_bytes(source.read(part_bytes))
+            (folder / "SHA256").write_text(f"{digest}  {artifact.name}\n")
+            (folder / "install.sh").write_text(install_script(artifact.name, digest, n_parts))
             folders.append(folder)
     for stale in sorted(dest.glob("part*")):  # folders of an earlier split with more parts
         if stale.is_dir() and stale not in folders:
@@ -117,11 +205,27 @@ def device_commands(folders: list[Path], run: str) -> list[tuple[str, str]]:
     return calls
 
 
+def _one_wheel(folder: Path) -> Path:
+    wheels = sorted(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"expected one wheel in {folder} (run `download` first), found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def artifact_to_split(folder: Path) -> Path:
+    """The slim archive of the one wheel in ``folder`` where `slim` has written it, else that wheel."""
+    wheel = _one_wheel(folder)
+    archive = folder / (wheel.stem + SLIM_SUFFIX)
+    return archive if archive.exists() else wheel
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("download", "split", "commands"))
+    parser.add_argument("action", choices=("download", "slim", "split", "commands"))
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the wheel and its parts go (ignored)")
     parser.add_argument("--requirement", default=DEFAULT_REQUIREMENT)
+    parser.add_argument("--artifact", type=Path,
+                        help="split this file instead of --dir's slim archive (or its wheel where there is none)")
     parser.add_argument("--part-mib", type=float, default=46.0,
                         help="largest part in MiB (64 MiB a call, less the working tree)")
     parser.add_argument("--run", default="PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT",
@@ -132,22 +236,26 @@ def main(argv=None) -> int:
         wheel = download(args.dir, args.requirement)
         print(f"{wheel}  {wheel.stat().st_size / 2**20:.1f} MiB  sha256 {sha256(wheel)}")
         return 0
+    if args.action == "slim":
+        slim(_one_wheel(args.dir), args.dir)
+        return 0
     if args.action == "split":
-        wheels = sorted(args.dir.glob("*.whl"))
-        if len(wheels) != 1:
-            raise SystemExit(f"expected one wheel in {args.dir} (run `download` first), found {len(wheels)}")
-        folders = split(wheels[0], args.dir, int(args.part_mib * 2**20))
+        artifact = args.artifact or artifact_to_split(args.dir)
+        folders = split(artifact, args.dir, int(args.part_mib * 2**20))
+        print(f"{artifact.name} ({artifact.stat().st_size / 2**20:.1f} MiB) in {len(folders)} parts:")
         for folder in folders:
             size = sum(f.stat().st_size for f in folder.iterdir())
             print(f"{folder}  {size / 2**20:.1f} MiB")
         return 0
     folders = sorted((p for p in args.dir.glob("part*") if p.is_dir()), key=lambda p: int(p.name[4:]))
     if not folders:
-        raise SystemExit(f"no parts in {args.dir}: run `download` and `split` first")
+        raise SystemExit(f"no parts in {args.dir}: run `download`, `slim` and `split` first")
+    # Every part folder's SHA256 names what the parts add up to.
+    digest, artifact_name = (folders[-1] / "SHA256").read_text().split()
+    print(f"{len(folders)} calls, back to back, carry {artifact_name} (sha256 {digest[:12]}...):")
     for i, (carry, command) in enumerate(device_commands(folders, args.run), start=1):
         print(f"call {i}/{len(folders)}: carry=[{carry!r}]\n  {command}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
