@@ -193,5 +193,3 @@ def cached_launch_supported(compiled, params) -> bool:
 def layout_key(*tensors: torch.Tensor) -> tuple:
     """What Triton specialises a kernel on, per tensor: shape, strides, dtype, device and 16-byte alignment."""
     return tuple((t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0) for t in tensors)
-
-
