@@ -186,3 +186,21 @@ def test_kernels_story_table_cites_the_newest_run_and_its_figure(version):
     newer = [p.name for p in _timing_files() if p.name[:10] > cited.name[:10] and _device(p) == device
              and _ratios_to_cudnn(p, version, None)]
     assert not newer, f"{version}: newer runs on the {device} timed it ({newer}); cite the newest"
+
+
+def test_a_test_runs_record_whose_name_matches_a_benchmark_is_not_read_as_one(tmp_path):
+    """scripts/gpu_tests.py's records (meta, summary, files: no rows) sit beside the benchmarks; one named
+    ``...-decode.json`` once broke the decoding table (KeyError 'rows')."""
+    import shutil
+
+    from flashcourse.bench import load_results
+
+    newest = load_results("*-decode.json")[-1]
+    shutil.copy(newest["path"], tmp_path)
+    want = summary.decode_kernels_table(tmp_path)
+    record = {"meta": {"date": "2099-01-01", "device": "NVIDIA H100 80GB HBM3"}, "summary": {"passed": 1},
+              "files": []}
+    (tmp_path / "2099-01-01-nvidia-h100-80gb-hbm3-gpu-tests-abc1234-decode.json").write_text(json.dumps(record))
+    assert summary.decode_kernels_table(tmp_path) == want
+    assert [Path(r["path"]).name for r in load_results("*-decode.json", directory=tmp_path)] == [
+        Path(newest["path"]).name]

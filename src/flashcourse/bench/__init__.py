@@ -172,11 +172,15 @@ def save_results(name: str, rows: list[dict], *, directory: Path | None = None, 
 
 
 def load_results(pattern: str = "*.json", *, directory: Path | None = None) -> list[dict]:
-    """Every saved result file matching ``pattern``, newest name last, each as {"meta", "rows", "path"}."""
+    """Every saved benchmark result file matching ``pattern``, newest name last, each as {"meta", "rows", "path"}.
+    A file without rows is a test run's record (``scripts/gpu_tests.py``: meta, summary, files), skipped: its name
+    may match a benchmark's pattern (``...-gpu-tests-<commit>-decode.json`` matches ``*-decode.json``)."""
     directory = Path(directory) if directory is not None else results_dir()
     found = []
     for path in sorted(directory.glob(pattern)):
         data = json.loads(path.read_text())
+        if "rows" not in data:
+            continue
         data["path"] = str(path)
         found.append(data)
     return found
