@@ -86,6 +86,15 @@ def paged(k, v, page_size, rng):
 
     return store(k), store(v), order.reshape(batch, pages).to(k.device)
 
+def cache_in_layout(rng, k, v, page_size):
+    """(k_cache, v_cache, flash_decode's extra options) of the cache k, v: itself for ``page_size`` None, else
+    paged, with its block table."""
+    if page_size is None:
+        return k, v, {}
+    k_cache, v_cache, block_table = paged(k, v, page_size, rng)
+    return k_cache, v_cache, {"block_table": block_table}
+
+
 
 def lengths_tensor(lengths):
     return torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
@@ -99,9 +108,7 @@ def test_new_tokens_see_the_cache_up_to_their_own_position(rng, n_new, num_split
     and the whole cache of 90; contiguous and paged."""
     q, k, v = make(rng, 3, 8, 2, n_new, 90, 32)
     lengths = [73, n_new, 90]
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), num_splits=num_splits,
                              **options)
     assert o.shape == q.shape
@@ -132,9 +139,7 @@ def test_a_window_and_alibi_measure_from_each_tokens_own_position(rng, page_size
     q, k, v = make(rng, 2, 4, 2, 5, 64, 16)
     lengths = [64, 30]
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), window=(9, 0),
                              alibi_slopes=slopes, num_splits=2, **options)
     assert_close(o, expected(q, k, v, lengths, window_left=9, alibi_slopes=slopes.cpu().numpy()),
@@ -196,9 +201,7 @@ def test_left_padding_is_never_attended(rng, n_new, num_splits, page_size):
     lengths = [73, 40, 90, 21]
     leftpads = [0, 5, 37, 21 - n_new]
     k, v = left_padded(k, v, lengths, leftpads)
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths),
                              cache_leftpad=leftpad_tensor(leftpads), num_splits=num_splits, **options)
     assert not torch.isnan(o).any(), "a padding row leaked into the output"
@@ -269,9 +272,7 @@ def test_left_padding_with_whole_tiles_unmasked(rng, page_size):
     q, k, v = make(rng, 3, 4, 2, 1, 90, 16)
     lengths, leftpads = [90, 61, 40], [7, 33, 0]
     k, v = left_padded(k, v, lengths, leftpads)
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths),
                              cache_leftpad=leftpad_tensor(leftpads), num_splits=2,
                              switches=DecodeSwitches(mask_tail_only=True), **options)
@@ -295,9 +296,7 @@ def test_left_padding_with_a_window_and_alibi(rng, page_size):
     lengths, leftpads = [64, 30, 45], [50, 3, 0]
     k, v = left_padded(k, v, lengths, leftpads)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), window=(20, 0),
                              alibi_slopes=slopes, cache_leftpad=leftpad_tensor(leftpads), num_splits=2, **options)
     assert_close(o, expected(q, k, v, lengths, window_left=20, alibi_slopes=slopes.cpu().numpy(), leftpads=leftpads),
@@ -371,9 +370,7 @@ def test_gpu_left_padding_real_sizes(rng, n_new, page_size, dtype):
     lengths = [5000, 1234, 4999, 300]
     leftpads = [0, 517, 4000, 300 - n_new]
     k, v = left_padded(k, v, lengths, leftpads)
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     for num_splits in (None, 1):
         o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths),
                                  cache_leftpad=leftpad_tensor(leftpads), num_splits=num_splits, **options)
@@ -398,9 +395,7 @@ def test_gpu_new_tokens_real_sizes(rng, n_new, page_size, dtype):
     """Up to 5,000 keys, GQA 8:1 (a program's rows: 8 heads x n_new tokens, in tiles), the default splits."""
     q, k, v = make(rng, 3, 32, 4, n_new, 5000, 128, dtype)
     lengths = [5000, 1234, n_new]
-    k_cache, v_cache, options = k, v, {}
-    if page_size is not None:
-        k_cache, v_cache, options["block_table"] = paged(k, v, page_size, rng)
+    k_cache, v_cache, options = cache_in_layout(rng, k, v, page_size)
     o = kernels.flash_decode(q, k_cache, v_cache, cache_seqlens=lengths_tensor(lengths), **options)
     assert_close(o, expected(q, k, v, lengths), what=f"{n_new} new tokens on the GPU, pages {page_size}")
 
