@@ -134,9 +134,14 @@ def plan(quick: bool, checks: bool, variants=(BASE,)) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ a child's items
+CUDA_FAULT = 75  # a child's exit code after a fault on the GPU: its row is written, a new child takes the rest
+
+
 def child_loop(items: list[dict], out: Path, work) -> None:
     """``work(item) -> row`` for each item in turn; before each, a "begin" line with the time, so that the
-    parent knows which item a hang is in and since when. Lines go to ``out`` as they come (flushed)."""
+    parent knows which item a hang is in and since when. Lines go to ``out`` as they come (flushed). After a
+    fault on the GPU (an AcceleratorError: an illegal address or instruction) the child exits with
+    ``CUDA_FAULT``: CUDA's context is broken for good, and every later item would report the same error."""
     with out.open("a") as file:
         def emit(row):
             file.write(json.dumps(row) + "\n")
@@ -144,7 +149,10 @@ def child_loop(items: list[dict], out: Path, work) -> None:
 
         for item in items:
             emit({"kind": "begin", "time": time.time()})
-            emit(work(item))
+            row = work(item)
+            emit(row)
+            if str(row.get("status", "")).startswith("AcceleratorError"):
+                os._exit(CUDA_FAULT)
 
 
 def _row(kind: str, item: dict, **fields) -> dict:
@@ -345,6 +353,11 @@ def run_jobs(kind: str, jobs: list[list[dict]], command, *, parallel: int, item_
                 child.proc.wait()
                 child.close()
                 del running[j]
+            elif exited and child.proc.returncode == CUDA_FAULT:  # the faulted item has its row: on with the rest
+                child.close()
+                del running[j]
+                waiting.insert(0, j)
+                first_left[j] = child.done
             elif exited:
                 give_up(j, child, f"child exited {child.proc.returncode} during {{item}} after {{seconds:.0f}} s")
             elif now >= deadline:

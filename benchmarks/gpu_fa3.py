@@ -80,8 +80,10 @@ def log(message: str) -> None:
 
 
 def _error_text(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
+    lines = str(error).strip().splitlines() or [""]
+    # A CUDA error's message ends with advice (compile with TORCH_USE_CUDA_DSA...): its first line names the fault.
+    line = lines[0] if lines[0].startswith("CUDA error") else lines[-1]
+    return f"{type(error).__name__}: {line}"[:500]
 
 
 def _inputs(batch, heads, n, head_dim, dtype, seed=0):

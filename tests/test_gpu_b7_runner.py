@@ -37,6 +37,9 @@ _STUB_CHILD = _LOAD + textwrap.dedent("""
             time.sleep(600)
         if item["does"] == "crash":
             os._exit(3)
+        if item["does"] == "fault":  # as a check's row reads after an illegal instruction on the GPU
+            return {"kind": "check", "provider": "b7", **item,
+                    "status": "AcceleratorError: CUDA error: an illegal instruction was encountered"}
         time.sleep(0.05)
         return {"kind": "time", "provider": "b7", **item, "status": "ok"}
 
@@ -90,6 +93,16 @@ def test_a_hang_costs_one_row_and_a_crash_is_recorded(tmp_path):
     assert len(pids) == 5  # three jobs' children and one more for each job's remaining item
     assert all(_gone(pid) for pid in pids)  # the hung child was killed
     assert "hang at float16 D=64 N=2" in log  # and said so as it happened
+
+
+def test_after_a_gpu_fault_a_new_child_takes_the_rest_of_the_job(tmp_path):
+    # A fault breaks the CUDA context for the rest of the process: each item after it must run in a new child.
+    jobs = [[_item("fault", 1), _item("ok", 2), _item("fault", 3), _item("ok", 4)]]
+    rows, pids, _ = _run(jobs, tmp_path, parallel=1)
+    status = {r["n"]: r["status"] for r in rows}
+    assert status[1] == status[3] == "AcceleratorError: CUDA error: an illegal instruction was encountered", status
+    assert status[2] == status[4] == "ok", status
+    assert len(pids) == 3
 
 
 def test_the_budget_cuts_the_running_item_and_skips_the_rest(tmp_path):

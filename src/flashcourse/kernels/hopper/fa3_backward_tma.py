@@ -116,6 +116,7 @@ TESTED_TRITON = ()  # compiled for sm_90 under 3.9 (tests/test_b7_compile.py); o
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
 DQ_BUFFERS = 2  # dS and the dQ tiles: step i+1 computes while step i's dQ is added
+STATS_ROWS = 16  # query rows a preprocess program reads (64 spill at D = 128: 360 B a thread, Triton 3.9)
 _LOG2E_C = gl.constexpr(_LOG2E)
 # The same numbers as the kernels see them (a @gluon.jit function reads only constexpr globals).
 _CONSUMERS_C = gl.constexpr(CONSUMERS)
@@ -125,8 +126,9 @@ _ROWS_C = gl.constexpr(ROWS)
 
 @aggregate
 class _Rows:
-    """What a step reads about its query rows: lse and Delta from row ``stat_row`` of their (B*H, N_q) arrays,
-    N_Q and N_KV for the masks, ``qk_scale`` (the softmax scale times log2(e))."""
+    """What a step reads about its query rows: lse (in log2 units) and Delta from row ``stat_row`` of their
+    (B*H, N_QPAD) arrays (``_b7_stats_kernel``), N_Q and N_KV for the masks, ``qk_scale`` (the softmax scale
+    times log2(e))."""
 
     LSE: gl.tensor
     DELTA: gl.tensor
@@ -202,14 +204,11 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
     ds_tile = handoff.ds_smem.index(buf * 2 + wg)
     cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, S_LAYOUT))  # query indices (S^T's columns)
     zero = gl.zeros([KEYS, BLOCK_M], gl.float32, S_LAYOUT)
-    if STATS_BY_TMA:  # b7b: from shared memory; past N_Q they are the next head's (or TMA's zeros): masked
-        lse2 = stats.lse_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT)) * _LOG2E_C
+    if STATS_BY_TMA:  # b7b: from shared memory (zeros past N_Q: the arrays are padded per head)
+        lse2 = stats.lse_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT))
         delta = stats.delta_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT))
-    elif MASKED:
-        lse2 = gl.load(rows.LSE + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0) * _LOG2E_C
-        delta = gl.load(rows.DELTA + rows.stat_row + cols, mask=cols < rows.N_Q, other=0.0)
-    else:
-        lse2 = gl.load(rows.LSE + rows.stat_row + cols) * _LOG2E_C
+    else:  # b7: every tile lies inside its head's padded row, so no mask
+        lse2 = gl.load(rows.LSE + rows.stat_row + cols)
         delta = gl.load(rows.DELTA + rows.stat_row + cols)
     s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp = warpgroup_mma(v_tile, do_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -316,7 +315,7 @@ def _b7_consumer1(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, sc
 
 @gluon.jit
 def _b7_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats, q_row,
-                 kv_row, n0, m_lo, n_tiles, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr):
+                 stat_row, kv_row, n0, m_lo, n_tiles, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr):
     """The loader warp (b6's producer, and for b7b the tile's lse and Delta): every consumer's K and V once, then
     (Q, dO) tile by tile into the ring. With ``STATS_BY_TMA`` (``stats`` a ``_Stats``) the BLOCK_M values of lse and
     Delta join the slot's transaction, so a consumer finds them in shared memory when its wait ends, as FA3's
@@ -335,8 +334,9 @@ def _b7_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         if STATS_BY_TMA:
             mbarrier.expect(ring.ready.index(slot),
                             tile_bytes + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            _tma_load(lse_desc, [row], ring.ready.index(slot), stats.lse_smem.index(slot))
-            _tma_load(delta_desc, [row], ring.ready.index(slot), stats.delta_smem.index(slot))
+            first = stat_row + (m_lo + i) * BLOCK_M  # 256-byte aligned: a 1-D copy faults at a 4-byte offset
+            _tma_load(lse_desc, [first], ring.ready.index(slot), stats.lse_smem.index(slot))
+            _tma_load(delta_desc, [first], ring.ready.index(slot), stats.delta_smem.index(slot))
         else:
             mbarrier.expect(ring.ready.index(slot), tile_bytes)
         _tma_load(q_desc, [row, 0], ring.ready.index(slot), ring.q_smem.index(slot))
@@ -380,8 +380,8 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
     n0 = pid_n * (KEYS * _CONSUMERS_C)
     kv_row = bh * N_KV
     q_row = bh * N_Q
-    stat_row = bh.to(gl.int64) * N_Q
-    dq_row = bh * N_QPAD
+    dq_row = bh * N_QPAD  # also the first of the head's padded lse and Delta
+    stat_row = bh.to(gl.int64) * N_QPAD
     m_lo, full_lo, full_hi, n_m = _query_tiles(n0, N_Q, N_KV, CAUSAL=CAUSAL, KEYS=KEYS * _CONSUMERS_C,
                                                BLOCK_M=BLOCK_M)
 
@@ -423,9 +423,31 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
         (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
                          full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA)),
         (_b7_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats,
-                        q_row, kv_row, n0, m_lo, n_m - m_lo, STAGES, STATS_BY_TMA)),
+                        q_row, dq_row, kv_row, n0, m_lo, n_m - m_lo, STAGES, STATS_BY_TMA)),
         (_b7_dq_writer, (dq_desc, handoff, dq_row, m_lo, n_m - m_lo)),
     ], [4, 1, 1], [CONSUMER_REGS, PRODUCER_REGS, PRODUCER_REGS])
+
+
+# ------------------------------------------------------------------------------------------ preprocess
+@gluon.jit(do_not_specialize=["N_Q", "N_QPAD"])
+def _b7_stats_kernel(O, DO, LSE, LSE2, DELTA, N_Q, N_QPAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
+    """Rows [pid * BLOCK, ...) of head program_id(1): Delta = rowsum(dO * O) and lse2 = lse * log2(e), written
+    into (B*H, N_QPAD) arrays with zeros past N_Q (launch with 4 warps over N_QPAD / BLOCK programs). FA3's
+    preprocess pads its LSE and dPsum to whole tiles too: each tile's values then start on a 256-byte boundary,
+    which a 1-D TMA copy needs (b7b's first run faulted, "illegal instruction", where a head began at a 4-byte
+    offset), and no tile reaches the next head's rows."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // HEAD_DIM, HEAD_DIM // 4], [4, 1], [1, 0])
+    bh = gl.program_id(1).to(gl.int64)
+    rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    inside = rows < N_Q
+    tile = (bh * N_Q + rows)[:, None] * HEAD_DIM + cols[None, :]
+    mask = inside[:, None] & (cols < HEAD_DIM)[None, :]
+    o = gl.load(O + tile, mask=mask, other=0.0).to(gl.float32)
+    do = gl.load(DO + tile, mask=mask, other=0.0).to(gl.float32)
+    lse = gl.load(LSE + bh * N_Q + rows, mask=inside, other=0.0)
+    gl.store(DELTA + bh * N_QPAD + rows, gl.sum(o * do, axis=1))
+    gl.store(LSE2 + bh * N_QPAD + rows, lse * _LOG2E_C)
 
 
 # ------------------------------------------------------------------------------------------ stage and host
@@ -516,9 +538,6 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     Triton >= 3.9 only; ``check_inputs`` says what it takes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from ..backward import _bwd_preprocess
-    from ..common import strides
-
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)} (got {stage!r})")
     check_inputs(q, k, v, o, lse, do)
@@ -529,11 +548,10 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     if batch * heads * n_q == 0 or n_kv == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    delta = torch.empty((batch, heads, n_q), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(triton_cdiv(n_q, 64), batch * heads)](
-        O=o, DO=do, DELTA=delta, **strides(o, "o"), **strides(do, "do"), H=heads, N_Q=n_q,
-        HEAD_DIM=head_dim, BLOCK_D=head_dim, BLOCK_M=64)
     n_qpad = triton_cdiv(n_q, ROWS) * ROWS  # whole 64-row tiles: a reduce-add never reaches the next head's rows
+    lse2, delta = (torch.empty((batch * heads, n_qpad), device=q.device, dtype=torch.float32) for _ in range(2))
+    _b7_stats_kernel[(n_qpad // STATS_ROWS, batch * heads)](o, do, lse, lse2, delta, n_q, n_qpad,
+                                                            HEAD_DIM=head_dim, BLOCK=STATS_ROWS, num_warps=4)
     dq_acc = torch.zeros((batch * heads, n_qpad, head_dim), device=q.device, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -546,12 +564,12 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
     dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
                                _dq_layout(block_m, head_dim))
-    # 1-D over all heads: a tile's coordinate is its first row, as for Q and dO (b7 passes them unused).
+    # 1-D over all heads' padded rows (b7 passes them unused).
     lse_desc, delta_desc = (TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], _stats_layout(block_m))
-                            for t in (lse, delta))
+                            for t in (lse2, delta))
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
     spec.kernel[grid](describe(q, n_q, block_m), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
-                      describe(do, n_q, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse, delta, scale * _LOG2E,
+                      describe(do, n_q, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse2, delta, scale * _LOG2E,
                       scale, n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
     dq = torch.empty_like(q)
     _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, n_qpad, HEAD_DIM=head_dim,
