@@ -85,10 +85,12 @@ tensor cores wait): the profile of b7 and b7b beside cuDNN's decides the next st
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
-(P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows).
+(P = 0, so they add nothing to dK, dV, and zeros to dQ's padded rows). lse (in log2 units) and Delta are copied
+into arrays padded to whole 64-row tiles per head (``_b7_stats_kernel``), so no tile of them crosses a head and
+each starts on a 256-byte boundary, as b7b's 1-D TMA copies need.
 
-Not dispatched (``TESTED_TRITON`` stays empty until a variant wins where it would be dispatched): b7's runs are in
-docs/KERNELS.md ("Backward b7"). ``flashcourse.kernels`` does not import this module; ``benchmarks/gpu_b7.py``
+Not dispatched (``TESTED_TRITON`` stays empty until a variant wins where it would be dispatched): b7's runs, b7b's
+and b7c's against the prediction above and their profile, are in docs/KERNELS.md ("Backward b7"). ``flashcourse.kernels`` does not import this module; ``benchmarks/gpu_b7.py``
 checks and times each variant (``--variants``).
 """
 
