@@ -474,6 +474,12 @@ H100_CASES = (
          _stage_case(FA4_GAP, "v8f")),
     Case("fa4-d64-n4096-v9a", "fa4 gap", "fa3-v9a", "Gluon stage v9a: v8f with conditional rescaling", FA4_GAP,
          _stage_case(FA4_GAP, "v9a")),
+    # 3. FlashAttention-4's exp2 on the FMA units: v9b_1of16 about even with v8f, v9b_1of4 3-21% slower (same file).
+    Case("fa4-d64-n4096-v9b_1of16", "fa4 gap", "fa3-v9b_1of16",
+         "Gluon stage v9b_1of16: v8f with 2^x of 8 columns a tile by a polynomial on the FMA units", FA4_GAP,
+         _stage_case(FA4_GAP, "v9b_1of16")),
+    Case("fa4-d64-n4096-v9b_1of4", "fa4 gap", "fa3-v9b_1of4", "Gluon stage v9b_1of4: the same for 32 columns a tile",
+         FA4_GAP, _stage_case(FA4_GAP, "v9b_1of4")),
 )
 
 
