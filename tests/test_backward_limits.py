@@ -131,7 +131,8 @@ def time_row(provider, dtype, head_dim, causal, ratio=None, *, status="ok", n=81
     row = {"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "causal": causal,
            "batch": 4, "heads": 16, "n": n, "mode": "bwd", "tflops": 400.0, "status": status}
     if ratio is not None:  # cuDNN's own row has no ratio to itself
-        row.update(ratio_vs_sdpa_cudnn=ratio, ratio_vs_sdpa_cudnn_min=ratio - 0.02, ratio_vs_sdpa_cudnn_max=ratio + 0.01)
+        row.update(ratio_vs_sdpa_cudnn=ratio, ratio_vs_sdpa_cudnn_min=ratio - 0.02,
+                   ratio_vs_sdpa_cudnn_max=ratio + 0.01)
     return row
 
 

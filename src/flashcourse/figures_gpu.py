@@ -20,7 +20,8 @@ try:
 except ImportError as error:  # not in the core install
     raise missing("course", "matplotlib", __name__) from error
 
-__all__ = ["attention_grid", "backward_design_ratios", "grouped_bars", "headline_series", "loss_curves", "newest_per_shape", "shape_label",
+__all__ = ["attention_grid", "backward_design_ratios", "grouped_bars", "headline_series", "loss_curves",
+           "newest_per_shape", "shape_label",
            "shape_styles", "speed_panels", "version_gains", "version_ladder", "version_rates", "version_speeds",
            "versions_markdown"]
 

@@ -910,7 +910,8 @@ def backward_designs(directory: Path | None = None) -> dict | None:
     ``expected``: {variant: the prediction written before the run (``meta.<variant>.expected``)}.
     Also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton`` and ``file``."""
     # the profile of the same kernels, ``*-ncu-b7-variants.json``, matches the pattern too: its kind differs
-    runs = [data for data in load_results("*-b7-variants.json", directory=directory) if data["meta"].get("kind") == "b7"]
+    runs = [data for data in load_results("*-b7-variants.json", directory=directory)
+            if data["meta"].get("kind") == "b7"]
     if not runs:
         return None
     meta, rows, name = runs[-1]["meta"], runs[-1]["rows"], Path(runs[-1]["path"]).name
