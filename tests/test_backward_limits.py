@@ -138,6 +138,7 @@ def time_row(provider, dtype, head_dim, causal, ratio=None, *, status="ok", n=81
 
 def write_designs(directory, rows, *, kind="b7", name="2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"):
     meta = {"date": "2026-12-06", "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "kind": kind,
+            "block_m": {"64": 64, "128": 32},
             **{v: {"expected": f"{v}: 0.9x"} for v in ("b7", "b7b", "b7c")}}
     (directory / name).write_text(json.dumps({"meta": meta, "rows": rows}))
 
@@ -162,7 +163,7 @@ def test_backward_designs_reads_each_case_and_the_checks(tmp_path):
     assert second["ratios"] == {"b7": 0.75} and second["cudnn_tflops"] is None
     assert designs["checks"] == {"b7": {"passed": 1, "of": 2}, "b7b": {"passed": 0, "of": 0},
                                  "b7c": {"passed": 1, "of": 1}}
-    assert designs["expected"]["b7b"] == "b7b: 0.9x"
+    assert designs["expected"]["b7b"] == "b7b: 0.9x" and designs["query_rows"] == {64: 64, 128: 32}
     write_designs(tmp_path, [*rows, time_row("b7b", "float16", 64, True, 1.0, n=4096)])
     with pytest.raises(ValueError, match="2 shapes"):
         summary.backward_designs(tmp_path)
@@ -180,6 +181,7 @@ def test_backward_designs_of_the_committed_h100_run(tmp_path):
     assert by_case[("bfloat16", 128, False)]["ratios"]["b1"] == pytest.approx(0.774, abs=0.001)
     assert by_case[("float16", 128, False)]["cudnn_tflops"] == pytest.approx(530.8, abs=0.1)
     assert designs["checks"] == {v: {"passed": 40, "of": 40} for v in ("b7", "b7b", "b7c")}
+    assert designs["query_rows"] == {64: 64, 128: 32}
 
 
 def ncu_design_row(case, kernel, us, pipe):

@@ -907,7 +907,8 @@ def backward_designs(directory: Path | None = None) -> dict | None:
     ``rows``: one per (dtype, head_dim, causal) in the file's order, {dtype, head_dim, causal, cudnn_tflops,
     ratios: {design: ratio}, ranges: {design: (min, max)}}; a design whose row did not run is left out of both.
     ``checks``: {variant: {passed, of}} over the rows of ``kind`` "check" (gradients against float64), and
-    ``expected``: {variant: the prediction written before the run (``meta.<variant>.expected``)}.
+    ``expected``: {variant: the prediction written before the run (``meta.<variant>.expected``)}, and
+    ``query_rows``: {head_dim: the query rows of one step of b7 (``meta.block_m``)}.
     Also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton`` and ``file``."""
     # the profile of the same kernels, ``*-ncu-b7-variants.json``, matches the pattern too: its kind differs
     runs = [data for data in load_results("*-b7-variants.json", directory=directory)
@@ -941,7 +942,8 @@ def backward_designs(directory: Path | None = None) -> dict | None:
     ((batch, heads, n),) = shapes
     return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
             "shape": {"batch": batch, "heads": heads, "n": n}, "rows": list(table.values()), "checks": checks,
-            "expected": {v: meta[v].get("expected") for v in variants}}
+            "expected": {v: meta[v].get("expected") for v in variants},
+            "query_rows": {int(head_dim): rows for head_dim, rows in meta.get("block_m", {}).items()}}
 
 
 def backward_designs_profile(directory: Path | None = None) -> dict | None:
