@@ -1,4 +1,5 @@
-"""Figures and tables of the Triton lessons (07, 08): kernel speeds by version, and the toy model's loss curves.
+"""Figures and tables of the Triton lessons (07, 08): kernel speeds by version, the backward designs over cuDNN's,
+and the toy model's loss curves.
 
 Inputs are what the library already returns: benchmark rows in the format of ``flashcourse.bench.attention``
 (dicts with provider, mode, shape fields, status, tflops and, for our kernel, forward_version or
@@ -21,9 +22,8 @@ except ImportError as error:  # not in the core install
     raise missing("course", "matplotlib", __name__) from error
 
 __all__ = ["attention_grid", "backward_design_ratios", "grouped_bars", "headline_series", "loss_curves",
-           "newest_per_shape", "shape_label",
-           "shape_styles", "speed_panels", "version_gains", "version_ladder", "version_rates", "version_speeds",
-           "versions_markdown"]
+           "newest_per_shape", "shape_label", "shape_styles", "speed_panels", "version_gains", "version_ladder",
+           "version_rates", "version_speeds", "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 # Our kernel in a benchmark that times the default kernel (``bench attention``), whose rows name no version.
