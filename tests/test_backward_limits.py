@@ -1,13 +1,18 @@
-"""bench.summary's readers of lesson 08's profile: what limits each backward (benchmarks/ncu_limits.py's JSON) and
-b1's launch sweep, on small result files written here, with numbers worked out by hand."""
+"""bench.summary's readers of lesson 08's profile: what limits each backward (benchmarks/ncu_limits.py's JSON),
+b1's launch sweep, and FlashAttention-3's backward design (b7, b7b, b7c) timed and profiled beside b1 and cuDNN, on
+small result files written here, with numbers worked out by hand, and on the committed H100 runs the lesson reads."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from flashcourse.bench import summary
+from flashcourse.bench import results_dir, summary
+
+H100_DESIGNS = "2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
+H100_DESIGNS_PROFILE = "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json"
 
 # One product: 2 * B * H * N^2 * D = 2 * 1 * 1 * 1000^2 * 100 = 2e8 FLOP.
 SHAPE = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 100, "dtype": "float16", "causal": False}
@@ -119,3 +124,96 @@ def test_b1_launch_sweep_gives_the_default_and_the_best_launch(tmp_path):
     (tmp_path / "2026-12-02-nvidia-h200-backward-launches.json").write_text(json.dumps({"meta": meta, "rows": rows}))
     assert summary.b1_launch_sweep(tmp_path) == [{"head_dim": 128, "n": 8192, "causal": True, "default": 0.71,
                                                   "best": 0.76, "varied": "dq", "launch": "128x64/w8/s3"}]
+
+
+# --------------------------------------------------------------- FlashAttention-3's backward design (b7, b7b, b7c)
+def time_row(provider, dtype, head_dim, causal, ratio=None, *, status="ok", n=8192):
+    row = {"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "causal": causal,
+           "batch": 4, "heads": 16, "n": n, "mode": "bwd", "tflops": 400.0, "status": status}
+    if ratio is not None:  # cuDNN's own row has no ratio to itself
+        row.update(ratio_vs_sdpa_cudnn=ratio, ratio_vs_sdpa_cudnn_min=ratio - 0.02,
+                   ratio_vs_sdpa_cudnn_max=ratio + 0.01)
+    return row
+
+
+def write_designs(directory, rows, *, kind="b7", name="2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"):
+    meta = {"date": "2026-12-06", "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "kind": kind,
+            "block_m": {"64": 64, "128": 32},
+            **{v: {"expected": f"{v}: 0.9x"} for v in ("b7", "b7b", "b7c")}}
+    (directory / name).write_text(json.dumps({"meta": meta, "rows": rows}))
+
+
+def test_backward_designs_reads_each_case_and_the_checks(tmp_path):
+    assert summary.backward_designs(tmp_path) is None
+    rows = [time_row("b7c", "float16", 64, True, 1.01), time_row("sdpa_cudnn", "float16", 64, True),
+            time_row("b1", "float16", 64, True, 0.70), time_row("b7", "float16", 64, True, status="timed out"),
+            time_row("b7", "bfloat16", 128, False, 0.75), time_row("fa4", "bfloat16", 128, False, 1.2),
+            {"kind": "check", "provider": "b7", "status": "ok"}, {"kind": "check", "provider": "b7", "status": "bad"},
+            {"kind": "check", "provider": "b7c", "status": "ok"}]
+    write_designs(tmp_path, rows)
+    # the profile's file matches the same pattern; the reader must take the timing run, not it
+    write_designs(tmp_path, [], kind="ncu-limits", name="2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json")
+    designs = summary.backward_designs(tmp_path)
+    assert designs["file"] == "2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
+    assert designs["shape"] == {"batch": 4, "heads": 16, "n": 8192} and designs["triton"] == "3.9.0"
+    first, second = designs["rows"]
+    assert (first["dtype"], first["head_dim"], first["causal"], first["cudnn_tflops"]) == ("float16", 64, True, 400.0)
+    assert first["ratios"] == {"b1": 0.70, "b7c": 1.01}  # in the figure's order; b7 timed out, FA4 is no design
+    assert list(first["ranges"]) == ["b1", "b7c"] and first["ranges"]["b7c"] == pytest.approx((0.99, 1.02))
+    assert second["ratios"] == {"b7": 0.75} and second["cudnn_tflops"] is None
+    assert designs["checks"] == {"b7": {"passed": 1, "of": 2}, "b7b": {"passed": 0, "of": 0},
+                                 "b7c": {"passed": 1, "of": 1}}
+    assert designs["expected"]["b7b"] == "b7b: 0.9x" and designs["query_rows"] == {64: 64, 128: 32}
+    write_designs(tmp_path, [*rows, time_row("b7b", "float16", 64, True, 1.0, n=4096)])
+    with pytest.raises(ValueError, match="2 shapes"):
+        summary.backward_designs(tmp_path)
+
+
+def test_backward_designs_of_the_committed_h100_run(tmp_path):
+    # the file alone (with its profile, which the reader must pass over), so that a newer run does not hide it
+    for name in (H100_DESIGNS, H100_DESIGNS_PROFILE):
+        shutil.copy(results_dir() / name, tmp_path)
+    designs = summary.backward_designs(tmp_path)
+    assert designs["file"] == H100_DESIGNS and designs["device"] == "NVIDIA H100 80GB HBM3"
+    by_case = {(r["dtype"], r["head_dim"], r["causal"]): r for r in designs["rows"]}
+    assert len(by_case) == 8 and all(list(r["ratios"]) == list(summary.BACKWARD_DESIGNS) for r in by_case.values())
+    assert by_case[("float16", 64, True)]["ratios"]["b7b"] == pytest.approx(1.03, abs=0.01)
+    assert by_case[("bfloat16", 128, False)]["ratios"]["b1"] == pytest.approx(0.774, abs=0.001)
+    assert by_case[("float16", 128, False)]["cudnn_tflops"] == pytest.approx(530.8, abs=0.1)
+    assert designs["checks"] == {v: {"passed": 40, "of": 40} for v in ("b7", "b7b", "b7c")}
+    assert designs["query_rows"] == {64: 64, 128: 32}
+
+
+def ncu_design_row(case, kernel, us, pipe):
+    return {"case": case, "kernel": kernel, "duration_us": us, "tensor_pipe_pct": pipe, "issue_active_pct": 20.0,
+            "registers_per_thread": 168.0, "dynamic_shared_bytes": 1000.0, "top_stalls": [["barrier", 3.0]]}
+
+
+def test_backward_designs_profile_takes_the_kernel_that_computes_the_products(tmp_path):
+    assert summary.backward_designs_profile(tmp_path) is None
+    shape = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 128, "dtype": "float16", "causal": False}
+    cases = {"bwd-cudnn": {"provider": "sdpa_cudnn", "status": "ok", "shape": dict(shape)},
+             "bwd-b7b-d128": {"provider": "b7b", "status": "ok", "shape": dict(shape)},
+             "bwd-b7c-d128": {"provider": "b7c", "status": "not run", "shape": {}}}
+    rows = [ncu_design_row("bwd-cudnn", "void cudnn::compute_dot_do_o", 5.0, 0.5),
+            ncu_design_row("bwd-cudnn", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma", 90.0, 67.0),
+            ncu_design_row("bwd-b7b-d128", "_bwd_preprocess", 4.0, 0.1),
+            ncu_design_row("bwd-b7b-d128", "_b7_kernel", 110.0, 52.0),
+            ncu_design_row("bwd-b7b-d128", "_dq_convert_kernel", 2.0, 0.0)]
+    path = tmp_path / "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json"
+    path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows}))
+    profile = summary.backward_designs_profile(tmp_path)
+    assert list(profile["kernels"]) == ["sdpa_cudnn", "b7b"] and profile["shape"] == shape
+    assert profile["kernels"]["b7b"]["us"] == 110.0 and profile["kernels"]["b7b"]["total_us"] == 116.0
+    assert profile["kernels"]["sdpa_cudnn"]["tensor_pipe_pct"] == 67.0
+    assert profile["kernels"]["sdpa_cudnn"]["top_stalls"] == ["barrier"]
+    path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows[:3]}))
+    with pytest.raises(ValueError, match="_b7_kernel.*bwd-b7b-d128"):
+        summary.backward_designs_profile(tmp_path)
+
+
+def test_backward_designs_profile_of_the_committed_h100_run(tmp_path):
+    shutil.copy(results_dir() / H100_DESIGNS_PROFILE, tmp_path)
+    kernels = summary.backward_designs_profile(tmp_path)["kernels"]
+    assert [round(kernels[p]["us"] / 1000, 1) for p in ("b7", "b7b", "b7c", "sdpa_cudnn")] == [13.2, 11.0, 10.3, 9.2]
+    assert [round(kernels[p]["tensor_pipe_pct"]) for p in ("b7", "b7b", "b7c", "sdpa_cudnn")] == [44, 52, 56, 67]

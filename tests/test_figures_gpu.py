@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from flashcourse import figures_gpu
@@ -127,3 +128,24 @@ def test_the_attention_grid_gives_each_provider_its_own_colour_and_marker(rng):
     assert [line.get_label() for line in lines] == providers
     assert len({(line.get_color(), line.get_marker()) for line in lines}) == len(providers)
     assert len({line.get_marker() for line in lines}) == len(providers)
+
+
+def test_backward_design_ratios_draws_each_design_at_its_ratio():
+    rows = [{"dtype": "float16", "head_dim": 64, "causal": True, "ratios": {"b1": 0.7, "b7": 0.85, "b7b": 1.03},
+             "ranges": {"b1": (0.66, 0.73), "b7": (0.74, 0.89), "b7b": (0.95, 1.07)}},
+            {"dtype": "bfloat16", "head_dim": 128, "causal": False, "ratios": {"b1": 0.77, "b7b": 0.83},
+             "ranges": {"b1": (0.76, 0.79), "b7b": (0.82, 0.87)}}]
+    fig = figures_gpu.backward_design_ratios(rows, title="ratios")
+    (ax,) = fig.axes
+    assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title() == "ratios"
+    bars = {container.get_label(): [patch.get_height() for patch in container.patches] for container in ax.containers
+            if isinstance(container, BarContainer)}
+    assert list(bars) == ["b1", "b7", "b7b"]
+    assert bars["b1"] == [0.7, 0.77] and bars["b7b"] == [1.03, 0.83]
+    assert bars["b7"][0] == 0.85 and np.isnan(bars["b7"][1])  # b7 not timed in the second case: a gap
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["fp16\nD = 64\ncausal", "bf16\nD = 128\nnon-causal"]
+    (cudnn,) = [line for line in ax.get_lines() if line.get_label() == "cuDNN (= 1)"]
+    assert list(cudnn.get_ydata()) == [1.0, 1.0]
+    written = sorted(text.get_text() for text in ax.texts)
+    assert written == sorted(["0.70", "0.77", "0.85", "1.03", "0.83"])
+    assert ax.get_ylim()[1] >= 1.07 + 0.2  # the highest whisker and its value fit

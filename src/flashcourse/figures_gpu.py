@@ -1,4 +1,5 @@
-"""Figures and tables of the Triton lessons (07, 08): kernel speeds by version, and the toy model's loss curves.
+"""Figures and tables of the Triton lessons (07, 08): kernel speeds by version, the backward designs over cuDNN's,
+and the toy model's loss curves.
 
 Inputs are what the library already returns: benchmark rows in the format of ``flashcourse.bench.attention``
 (dicts with provider, mode, shape fields, status, tflops and, for our kernel, forward_version or
@@ -20,9 +21,9 @@ try:
 except ImportError as error:  # not in the core install
     raise missing("course", "matplotlib", __name__) from error
 
-__all__ = ["attention_grid", "grouped_bars", "headline_series", "loss_curves", "newest_per_shape", "shape_label",
-           "shape_styles", "speed_panels", "version_gains", "version_ladder", "version_rates", "version_speeds",
-           "versions_markdown"]
+__all__ = ["attention_grid", "backward_design_ratios", "grouped_bars", "headline_series", "loss_curves",
+           "newest_per_shape", "shape_label", "shape_styles", "speed_panels", "version_gains", "version_ladder",
+           "version_rates", "version_speeds", "versions_markdown"]
 
 REFERENCES = {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN"}  # the baselines lesson 07 compares with
 # Our kernel in a benchmark that times the default kernel (``bench attention``), whose rows name no version.
@@ -216,6 +217,46 @@ def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None =
     ax_diff.set_ylabel(f"|loss - loss of {names[0]}|")
     ax_diff.set_title("Difference per step")
     ax_diff.legend(fontsize=8)
+    return fig
+
+
+# b1 in grey-blue (the separate dQ kernel, the old default), the three steps of FlashAttention-3's design in ever
+# darker oranges: the eye reads b7 -> b7b -> b7c as one family
+DESIGN_COLOURS = {"b1": "#6b8bb0", "b7": "#fdae6b", "b7b": "#f16913", "b7c": "#a63603"}
+
+
+def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
+    """Lesson 08: each backward's speed over cuDNN's, one group of bars per (dtype, head dim, causal), one bar per
+    design with its range over the repeats as a whisker, the value on top, a line at 1.0 (as fast as cuDNN).
+
+    rows: :func:`flashcourse.bench.summary.backward_designs`' ``rows`` ({dtype, head_dim, causal, ratios: {design:
+    ratio}, ranges: {design: (min, max)}}); a design missing from a row leaves a gap."""
+    designs = list(dict.fromkeys(design for row in rows for design in row["ratios"]))
+    labels = [f"{'fp16' if row['dtype'] == 'float16' else 'bf16'}\nD = {row['head_dim']}\n"
+              f"{'causal' if row['causal'] else 'non-causal'}" for row in rows]
+    fig = Figure(figsize=(10.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(designs), 1)
+    x = np.arange(len(rows))
+    for index, design in enumerate(designs):
+        heights = np.array([row["ratios"].get(design, np.nan) for row in rows])
+        low, high = (np.array([row["ranges"].get(design, (np.nan, np.nan))[end] for row in rows]) for end in (0, 1))
+        centres = x + (index - (len(designs) - 1) / 2) * width
+        ax.bar(centres, heights, width, label=design,
+               color=DESIGN_COLOURS.get(design, _FALLBACK_COLOURS[index % len(_FALLBACK_COLOURS)]),
+               yerr=[heights - low, high - heights], error_kw={"elinewidth": 0.8, "capsize": 1.5})
+        for centre, height, top in zip(centres, heights, high, strict=True):
+            if not np.isnan(height):  # above the whisker, where no bar or range hides it
+                ax.text(centre, top + 0.015, f"{height:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="cuDNN (= 1)")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xlabel("case (dtype, head dim, mask)")
+    ax.set_ylabel("backward speed / cuDNN's (x)")
+    ax.set_title(title, fontsize=11)
+    tops = [high for row in rows for _, high in row["ranges"].values()]
+    ax.set_ylim(0, max([1.3, *(top + 0.2 for top in tops)]))  # room above the bars for the values written on them
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncols=len(designs) + 1, loc="upper left")
     return fig
 
 

@@ -891,6 +891,93 @@ def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
     return found
 
 
+# ------------------------------------------------------- lesson 08: FlashAttention-3's backward design, measured
+# The backwards lesson 08 sets side by side, as ``provider`` names them in a ``*-b7-variants.json`` run: b1 (seven
+# products, dQ from a kernel of its own) and b7, b7b, b7c (five products, FlashAttention-3's design in Gluon).
+BACKWARD_DESIGNS = ("b1", "b7", "b7b", "b7c")
+# The Nsight Compute run of those kernels beside cuDNN's: provider -> text in the name of the kernel that computes
+# the five products (the others of a case, Delta's preprocess, zeroing dQ's buffer, dQ's conversion, compute none).
+DESIGN_PROFILE_KERNELS = {"sdpa_cudnn": "flash_bprop", "b7": "_b7_kernel", "b7b": "_b7_kernel", "b7c": "_b7_kernel"}
+
+
+def backward_designs(directory: Path | None = None) -> dict | None:
+    """b1, b7, b7b and b7c over cuDNN's backward in the newest ``*-b7-variants.json`` (rows of ``kind`` "time",
+    key ``ratio_vs_sdpa_cudnn``, with its range ``_min`` / ``_max`` over the repeats); None when none is committed.
+
+    ``rows``: one per (dtype, head_dim, causal) in the file's order, {dtype, head_dim, causal, cudnn_tflops,
+    ratios: {design: ratio}, ranges: {design: (min, max)}}; a design whose row did not run is left out of both.
+    ``checks``: {variant: {passed, of}} over the rows of ``kind`` "check" (gradients against float64), and
+    ``expected``: {variant: the prediction written before the run (``meta.<variant>.expected``)}, and
+    ``query_rows``: {head_dim: the query rows of one step of b7 (``meta.block_m``)}.
+    Also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton`` and ``file``."""
+    # the profile of the same kernels, ``*-ncu-b7-variants.json``, matches the pattern too: its kind differs
+    runs = [data for data in load_results("*-b7-variants.json", directory=directory)
+            if data["meta"].get("kind") == "b7"]
+    if not runs:
+        return None
+    meta, rows, name = runs[-1]["meta"], runs[-1]["rows"], Path(runs[-1]["path"]).name
+    timed = [r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"]
+    shapes = {(r["batch"], r["heads"], r["n"]) for r in timed}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: the timed rows hold {len(shapes)} shapes (batch, heads, n), {sorted(shapes)}; "
+                         "one figure compares one shape: keep one shape per file")
+    table = {}
+    for row in timed:
+        case = (row["dtype"], row["head_dim"], row["causal"])
+        entry = table.setdefault(case, {"dtype": case[0], "head_dim": case[1], "causal": case[2],
+                                        "cudnn_tflops": None, "ratios": {}, "ranges": {}})
+        if row["provider"] == "sdpa_cudnn":
+            entry["cudnn_tflops"] = row["tflops"]
+        elif row["provider"] in BACKWARD_DESIGNS:
+            entry["ratios"][row["provider"]] = row["ratio_vs_sdpa_cudnn"]
+            entry["ranges"][row["provider"]] = (row.get("ratio_vs_sdpa_cudnn_min", row["ratio_vs_sdpa_cudnn"]),
+                                                row.get("ratio_vs_sdpa_cudnn_max", row["ratio_vs_sdpa_cudnn"]))
+    for entry in table.values():  # each case's designs in BACKWARD_DESIGNS' order, as the figure draws them
+        for key in ("ratios", "ranges"):
+            entry[key] = {design: entry[key][design] for design in BACKWARD_DESIGNS if design in entry[key]}
+    variants = [v for v in BACKWARD_DESIGNS if isinstance(meta.get(v), dict)]
+    checked = [r for r in rows if r.get("kind") == "check"]
+    checks = {v: {"passed": sum(r["provider"] == v and r.get("status") == "ok" for r in checked),
+                  "of": sum(r["provider"] == v for r in checked)} for v in variants}
+    ((batch, heads, n),) = shapes
+    return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
+            "shape": {"batch": batch, "heads": heads, "n": n}, "rows": list(table.values()), "checks": checks,
+            "expected": {v: meta[v].get("expected") for v in variants},
+            "query_rows": {int(head_dim): rows for head_dim, rows in meta.get("block_m", {}).items()}}
+
+
+def backward_designs_profile(directory: Path | None = None) -> dict | None:
+    """The kernel that computes the five products of each backward in the newest ``*-ncu-b7-variants.json`` (Nsight
+    Compute: b7, b7b, b7c and cuDNN at one shape); None when none is committed.
+
+    ``kernels``: {provider: {kernel, us (its time), total_us (every kernel of the backward), tensor_pipe_pct (share
+    of the SM's active cycles the tensor pipe was busy), issue_active_pct, registers, shared_bytes, top_stalls}} in
+    the run's order; also ``shape`` (the cases' one shape), ``device``, ``date`` and ``file``."""
+    newest = _newest("*-ncu-b7-variants.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    cases = {case: info for case, info in meta["cases"].items() if info.get("status") == "ok"}
+    shapes = {tuple(sorted(info["shape"].items())) for info in cases.values()}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: the profiled cases ran {len(shapes)} shapes: their times do not compare")
+    kernels = {}
+    for case, info in cases.items():
+        provider, mine = info["provider"], [r for r in rows if r["case"] == case]
+        found = [r for r in mine if DESIGN_PROFILE_KERNELS.get(provider, "\0") in r["kernel"]]
+        if len(found) != 1:
+            raise ValueError(f"{name}: expected one kernel named like {DESIGN_PROFILE_KERNELS.get(provider)!r} in "
+                             f"case {case}, found {[r['kernel'][:60] for r in found] or 'none'}")
+        row = found[0]
+        kernels[provider] = {"kernel": row["kernel"], "us": row["duration_us"],
+                             "total_us": sum(r["duration_us"] for r in mine),
+                             "tensor_pipe_pct": row["tensor_pipe_pct"], "issue_active_pct": row["issue_active_pct"],
+                             "registers": row["registers_per_thread"], "shared_bytes": row["dynamic_shared_bytes"],
+                             "top_stalls": [stall for stall, _ in row["top_stalls"]]}
+    (shape,) = shapes
+    return {"device": meta["device"], "date": meta["date"], "file": name, "shape": dict(shape), "kernels": kernels}
+
+
 # ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
 # benchmarks/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
 FORWARD_GAP_PAIRS = (
