@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 from flashcourse import kernels, reference
@@ -204,6 +205,58 @@ def test_the_backward_is_b3_where_the_call_needs_its_options():
     q, k = t(1, 4, 128, 64), t(1, 2, 128, 64)
     chosen = route(q, k, k)
     assert chosen.backward == "b3" and "grouped-query" in chosen.backward_why
+
+
+@pytest.fixture
+def b7_tested(monkeypatch):
+    """hopper/fa3_backward_tma.py as if ``make test-gpu`` had run its route under Triton 3.9."""
+    b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
+    if not b7.HAS_TMA_REDUCE:
+        pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
+    monkeypatch.setattr(b7, "TESTED_TRITON", ("3.9",))
+    return b7
+
+
+H100 = configs.KNOWN_DEVICES["H100"]
+
+
+@pytest.mark.parametrize("causal", [False, True, "bottom_right"])
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16)])
+def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested, causal, head_dim, dtype):
+    q = t(1, 1, plan.B7_MIN_N, head_dim, dtype=dtype)
+    for props in (H100, H200):
+        chosen = route(q, q, q, causal=causal, props=props, triton_version="3.9.1")
+        assert chosen.backward == plan.GLUON_BACKWARD == "b7c", str(chosen)
+        assert "measured faster than b1" in chosen.backward_why and plan.B7_RESULTS.endswith(".json")
+    made = plan.Plan(chosen, q, q, q, parse_rules(q, q, causal=causal), scale=None, cacheable=False, in_graph=False)
+    assert made._backward_version is None  # b7c plans its own launches
+
+
+@pytest.mark.parametrize(("why", "make"), [
+    ("N_q = 4096", lambda: route(*(t(1, 1, 4096, 64),) * 3, props=H100, triton_version="3.9.0")),
+    ("N_kv = 8256", lambda: route(*(t(1, 1, 8256, 64),) * 3, props=H100, triton_version="3.9.0")),
+    ("N_q = 8192, N_kv = 8320", lambda: route(t(1, 1, 8192, 64), t(1, 1, 8320, 64), t(1, 1, 8320, 64),
+                                               props=H100, triton_version="3.9.0")),
+    ("D = 96", lambda: route(*(t(1, 1, 8192, 96),) * 3, props=H100, triton_version="3.9.0")),
+    ("float32", lambda: route(*(t(1, 1, 8192, 64, dtype=torch.float32),) * 3, props=H100, triton_version="3.9.0")),
+    ("contiguous", lambda: route(*(t(1, 8192, 2, 64).transpose(1, 2),) * 3, props=H100, triton_version="3.9.0")),
+    ("this is Triton 3.6.0", lambda: route(*(t(1, 1, 8192, 64),) * 3, props=H100, triton_version="3.6.0")),
+])
+def test_the_gluon_backward_leaves_to_b1_what_it_was_not_measured_on(b7_tested, why, make):
+    chosen = make()
+    assert chosen.backward == "b1" and why in chosen.backward_why, str(chosen)
+    assert chosen.backward_why.startswith("the call needs none of b3's options, and b1 is faster; ")
+
+
+def test_the_gluon_backward_waits_for_a_tested_triton_and_hopper(b7_tested, monkeypatch):
+    q = t(1, 1, 8192, 64)
+    assert route(q, q, q, props=configs.KNOWN_DEVICES["A100"], triton_version="3.9.0").backward_why == (
+        "the call needs none of b3's options, and b1 is faster")  # nothing else could serve it: nothing said
+    assert route(q, q, q, props=configs.INTERPRETER, triton_version="3.9.0").backward == "b1"
+    assert route(t(1, 2, 8192, 64), q, q, props=H100, triton_version="3.9.0").backward == "b3"  # grouped-query
+    monkeypatch.setattr(b7_tested, "TESTED_TRITON", ())  # as committed: no Triton has run the route on a GPU yet
+    chosen = route(q, q, q, props=H100, triton_version="3.9.0")
+    assert chosen.backward == "b1" and "tested with Triton none yet" in chosen.backward_why
 
 
 def test_explain_is_what_the_call_runs_here(rng):
@@ -476,6 +529,44 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
             torch.zeros(q.shape[2], k.shape[2], dtype=torch.bool, device="cuda"), -math.inf), -1)
     assert (lse.double() - lse_ref).abs().max().item() < 2e-2
     assert np.isfinite(o_fwd.float().cpu().numpy()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.big_gpu_memory  # float64 scores of 2 x 8192 x 8192 and their softmax, 1 GiB each
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16)])
+def test_gpu_the_gluon_backward_route_agrees_with_float64(monkeypatch, causal, head_dim, dtype):
+    """flash_attention's gradients through the b7c route (TESTED_TRITON set to the running Triton, as a release
+    it was tested with would be), against float64 autograd, for a loss of o and for one that also uses the lse
+    (b7c has no lse term: that backward runs b1)."""
+    if torch.cuda.get_device_capability() != plan.HOPPER:
+        pytest.skip("b7c is written for Hopper")
+    b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
+    if not b7.HAS_TMA_REDUCE:
+        pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
+    monkeypatch.setattr(b7, "TESTED_TRITON", (plan._triton_minor(triton.__version__),))
+    plan.PLANS.clear()  # no plan routed before the patch
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, plan.B7_MIN_N, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    assert kernels.explain(q, k, v, causal=causal).backward == "b7c"
+    q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    scores = q64 @ k64.transpose(-1, -2) / math.sqrt(head_dim)
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool, device="cuda").triu(1), -math.inf)
+    lse_ref = torch.logsumexp(scores, -1)
+    o_ref = torch.exp(scores - lse_ref[..., None]) @ v64
+    tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype]
+    for uses_lse in (False, False, True):  # the plan made, its repeat, then a loss of o and lse
+        want = torch.autograd.grad((o_ref * do.double()).sum() + (lse_ref.sum() if uses_lse else 0),
+                                   (q64, k64, v64), retain_graph=True)
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        o, lse = kernels.flash_attention(qg, kg, vg, causal=causal, return_lse=True)
+        got = torch.autograd.grad((o.float() * do.float()).sum() + (lse.sum() if uses_lse else 0), (qg, kg, vg))
+        for g, w, what in zip(got, want, ("dq", "dk", "dv"), strict=True):
+            error = (g.double() - w).abs().max().item()
+            assert error <= tol * max(w.abs().max().item(), 1.0), f"{what} off by {error} (lse used: {uses_lse})"
+    plan.PLANS.clear()  # the patched route's plans stay out of the later tests
 
 
 def test_reference_import_is_used():  # the float64 reference of the package agrees with this file's

@@ -8,7 +8,9 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
   kernel that the committed H200 results show fastest for the call's head dim, causality and length
   (:data:`FORWARD_BANDS`: a Gluon stage of ``hopper/fa3.py``, or v7 for short causal calls at D = 64), wherever the
   call fits that stage's contract; v7 everywhere else;
-- backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense).
+- backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense); on Hopper,
+  for long plain or causal calls and a Triton it was tested with, the Gluon b7c of ``hopper/fa3_backward_tma.py``
+  (:func:`gluon_backward`; no Triton is listed yet, so b1 serves them today).
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
 their grids and argument lists. It is looked up by everything that determines it (shapes, strides, dtype,
@@ -23,6 +25,7 @@ plan for that call alone: their tensors change from call to call (a ``mask_mod``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 import triton
@@ -117,12 +120,21 @@ def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BA
 
 HOPPER = (9, 0)
 
+# The backward on Hopper: b7c of hopper/fa3_backward_tma.py (FA3's design, dQ added by a TMA reduce-add; Gluon, Triton
+# >= 3.9). At N = 8192 on an H100 80GB it ran at 1.13-1.47x b1 and 0.86-1.03x cuDNN in each of the eight (dtype, D,
+# causal) cases of B7_RESULTS (keys ratio_vs_b1, ratio_vs_sdpa_cudnn). Shorter lengths are not measured yet, so it
+# serves N >= B7_MIN_N only, and only under a Triton in fa3_backward_tma.TESTED_TRITON, which stays empty until
+# `make test-gpu` has run this route under Triton 3.9.
+B7_RESULTS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
+GLUON_BACKWARD = "b7c"
+B7_MIN_N = 8192
+
 
 @dataclass(frozen=True)
 class Route:
     """Which forward and backward kernels a call runs, and why (what :func:`flashcourse.kernels.explain`
     returns). ``forward`` is a version name of ``FORWARD_VERSIONS`` ("v7") or a Gluon stage ("v8a" ... "v8g");
-    ``backward`` a name of ``BACKWARD_VERSIONS``."""
+    ``backward`` a name of ``BACKWARD_VERSIONS`` or the Gluon backward (``GLUON_BACKWARD``)."""
 
     forward: str
     backward: str
@@ -198,6 +210,35 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
     return stage, f"the fastest forward measured on the {gpu} at {band} ({source})"
 
 
+def gluon_backward(q, k, v, rules: Rules, *, props: configs.DeviceProps, triton_version: str) -> tuple[str | None, str]:
+    """(stage, why) for the default backward of a call that needs none of b3's options: ``GLUON_BACKWARD`` where
+    it was measured faster than b1, or None and why b1 serves it ("" off Hopper, where nothing else could)."""
+    if props.interpreter or props.capability != HOPPER:
+        return None, ""
+    try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
+        from .hopper import fa3_backward_tma as b7
+    except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
+        return None, f"the Gluon backward does not import under Triton {triton_version} ({type(error).__name__})"
+    batch, heads, n_q, head_dim = q.shape
+    n_kv = k.shape[2]
+    if not b7.HAS_TMA_REDUCE or _triton_minor(triton_version) not in b7.TESTED_TRITON:
+        tested = ", ".join(b7.TESTED_TRITON) or "none yet"
+        return None, f"{GLUON_BACKWARD} is tested with Triton {tested}; this is Triton {triton_version}"
+    if head_dim not in b7.HEAD_DIMS or q.dtype not in FA3_DTYPES:
+        return None, (f"{GLUON_BACKWARD} takes head dims 64 and 128 in float16 or bfloat16; this call is "
+                      f"D = {head_dim}, {str(q.dtype).replace('torch.', '')}")
+    if any(not t.is_contiguous() or t.data_ptr() % 16 for t in (q, k, v)):
+        return None, f"{GLUON_BACKWARD} reads contiguous, 16-byte aligned (B, H, N, D) tensors through TMA"
+    keys = b7.STAGES[GLUON_BACKWARD].keys()
+    if n_q != n_kv or n_kv % keys or n_q < B7_MIN_N:
+        # A key tile past a head's last row would read the next head's keys (their dP enters dS times P = 0,
+        # which is NaN where that V holds an inf); and below B7_MIN_N nothing is measured.
+        return None, (f"{GLUON_BACKWARD} was measured faster than b1 at N_q = N_kv >= {B7_MIN_N} in whole tiles of "
+                      f"{keys} keys (an H100, {Path(B7_RESULTS).name}); this call is N_q = {n_q}, N_kv = {n_kv}")
+    return GLUON_BACKWARD, (f"measured faster than b1 at N >= {B7_MIN_N} on an H100 ({Path(B7_RESULTS).name}, "
+                            "key ratio_vs_b1)")
+
+
 def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, lacks: str | None,
                  block_mask: BlockMask | None = None, forward_version: str | None = None,
                  backward_version: str | None = None, triton_version: str | None = None) -> Route:
@@ -210,17 +251,19 @@ def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, lacks: st
     if backward_version is not None and backward_version not in BACKWARD_VERSIONS:
         raise ValueError(f"unknown backward version {backward_version!r}: expected one of "
                          f"{sorted(BACKWARD_VERSIONS)}")
+    triton_version = triton.__version__ if triton_version is None else triton_version
     if forward_version is not None:
         forward, forward_why = forward_version, f"asked for (forward_version={forward_version!r})"
     else:
-        stage, why = gluon_stage(q, k, v, rules, block_mask=block_mask, props=props,
-                                 triton_version=triton.__version__ if triton_version is None else triton_version)
+        stage, why = gluon_stage(q, k, v, rules, block_mask=block_mask, props=props, triton_version=triton_version)
         forward, forward_why = (stage, why) if stage is not None else (DEFAULT_FORWARD, f"the default; {why}")
     if backward_version is not None:
         backward, backward_why = backward_version, f"asked for (backward_version={backward_version!r})"
     else:
         if lacks is None and block_mask is None:
-            backward, backward_why = DENSE_BACKWARD, "the call needs none of b3's options, and b1 is faster"
+            stage, why = gluon_backward(q, k, v, rules, props=props, triton_version=triton_version)
+            backward, backward_why = (stage, why) if stage is not None else (
+                DENSE_BACKWARD, "the call needs none of b3's options, and b1 is faster" + (f"; {why}" if why else ""))
         else:
             backward, backward_why = DEFAULT_BACKWARD, f"b3 runs every option ({lacks or 'block mask'})"
     return Route(forward, backward, forward_why, backward_why)
@@ -246,7 +289,8 @@ class Plan:
         self.rules = without_tensors(rules)
         self.scale = scale  # as given: run_forward and fa3 resolve None to 1/sqrt(D) the same way
         self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
-        self._backward_version = BACKWARD_VERSIONS[route.backward]
+        # None for the Gluon backward (hopper/fa3_backward_tma.py), which plans its own launches
+        self._backward_version = None if route.backward == GLUON_BACKWARD else BACKWARD_VERSIONS[route.backward]
         self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (row_stats_allocator)
         self._new_row_stats = None  # new() -> lse or delta: set by plan_for (common.row_stats_allocator)
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
@@ -290,6 +334,16 @@ class Plan:
                  dropout: Dropout | None = None, *, dlse=None):
         """(dq, dk, dv) from the forward's (o, lse) (and its ``dropout``, the same seed); ``dlse``, the lse's
         gradient where a loss used it, or None."""
+        if self._backward_version is None:
+            if dlse is None:
+                from .hopper import fa3_backward_tma  # only on Hopper, with a tested Triton (choose_route said so)
+
+                return fa3_backward_tma.b7_backward(q, k, v, o.contiguous(), lse.contiguous(), do.contiguous(),
+                                                    causal=rules.causal is not None, scale=self.scale,
+                                                    stage=self.route.backward)
+            # b7c has no lse gradient term: b1, which the route would have run without b7c, has
+            return run_backward(BACKWARD_VERSIONS[DENSE_BACKWARD], q, k, v, o, lse, do, rules=rules,
+                                scale=self.scale, dlse=dlse)
         if dlse is not None:  # its term sits between the prepared launches: launched in full
             return run_backward(self._backward_version, q, k, v, o, lse, do, rules=rules, scale=self.scale,
                                 block_mask=block_mask, dlse=dlse, dropout=dropout)
