@@ -219,8 +219,7 @@ def gluon_backward(q, k, v, rules: Rules, *, props: configs.DeviceProps, triton_
         from .hopper import fa3_backward_tma as b7
     except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
         return None, f"the Gluon backward does not import under Triton {triton_version} ({type(error).__name__})"
-    batch, heads, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
+    n_q, head_dim, n_kv = q.shape[2], q.shape[3], k.shape[2]
     if not b7.HAS_TMA_REDUCE or _triton_minor(triton_version) not in b7.TESTED_TRITON:
         tested = ", ".join(b7.TESTED_TRITON) or "none yet"
         return None, f"{GLUON_BACKWARD} is tested with Triton {tested}; this is Triton {triton_version}"
