@@ -11,8 +11,8 @@ import pytest
 
 from flashcourse.bench import results_dir, summary
 
-H100_DESIGNS = "2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
-H100_DESIGNS_PROFILE = "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json"
+H100_DESIGNS = "2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
+H100_DESIGNS_PROFILE = "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-designs.json"
 
 # One product: 2 * B * H * N^2 * D = 2 * 1 * 1 * 1000^2 * 100 = 2e8 FLOP.
 SHAPE = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 100, "dtype": "float16", "causal": False}
@@ -136,7 +136,7 @@ def time_row(provider, dtype, head_dim, causal, ratio=None, *, status="ok", n=81
     return row
 
 
-def write_designs(directory, rows, *, kind="b7", name="2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"):
+def write_designs(directory, rows, *, kind="b7", name="2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"):
     meta = {"date": "2026-12-06", "device": "NVIDIA H100 80GB HBM3", "triton": "3.9.0", "kind": kind,
             "block_m": {"64": 64, "128": 32},
             **{v: {"expected": f"{v}: 0.9x"} for v in ("b7", "b7b", "b7c")}}
@@ -152,9 +152,9 @@ def test_backward_designs_reads_each_case_and_the_checks(tmp_path):
             {"kind": "check", "provider": "b7c", "status": "ok"}]
     write_designs(tmp_path, rows)
     # the profile's file matches the same pattern; the reader must take the timing run, not it
-    write_designs(tmp_path, [], kind="ncu-limits", name="2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json")
+    write_designs(tmp_path, [], kind="ncu-limits", name="2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-designs.json")
     designs = summary.backward_designs(tmp_path)
-    assert designs["file"] == "2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
+    assert designs["file"] == "2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
     assert designs["shape"] == {"batch": 4, "heads": 16, "n": 8192} and designs["triton"] == "3.9.0"
     first, second = designs["rows"]
     assert (first["dtype"], first["head_dim"], first["causal"], first["cudnn_tflops"]) == ("float16", 64, True, 400.0)
@@ -200,7 +200,7 @@ def test_backward_designs_profile_takes_the_kernel_that_computes_the_products(tm
             ncu_design_row("bwd-b7b-d128", "_bwd_preprocess", 4.0, 0.1),
             ncu_design_row("bwd-b7b-d128", "_b7_kernel", 110.0, 52.0),
             ncu_design_row("bwd-b7b-d128", "_dq_convert_kernel", 2.0, 0.0)]
-    path = tmp_path / "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-variants.json"
+    path = tmp_path / "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7-designs.json"
     path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows}))
     profile = summary.backward_designs_profile(tmp_path)
     assert list(profile["kernels"]) == ["sdpa_cudnn", "b7b"] and profile["shape"] == shape

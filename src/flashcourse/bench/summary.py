@@ -892,7 +892,7 @@ def b1_launch_sweep(directory: Path | None = None) -> list[dict] | None:
 
 
 # ------------------------------------------------------- lesson 08: FlashAttention-3's backward design, measured
-# The backwards lesson 08 sets side by side, as ``provider`` names them in a ``*-b7-variants.json`` run: b1 (seven
+# The backwards lesson 08 sets side by side, as ``provider`` names them in a ``*-b7-designs.json`` run: b1 (seven
 # products, dQ from a kernel of its own) and b7, b7b, b7c (five products, FlashAttention-3's design in Gluon).
 BACKWARD_DESIGNS = ("b1", "b7", "b7b", "b7c")
 # The Nsight Compute run of those kernels beside cuDNN's: provider -> text in the name of the kernel that computes
@@ -901,7 +901,7 @@ DESIGN_PROFILE_KERNELS = {"sdpa_cudnn": "flash_bprop", "b7": "_b7_kernel", "b7b"
 
 
 def backward_designs(directory: Path | None = None) -> dict | None:
-    """b1, b7, b7b and b7c over cuDNN's backward in the newest ``*-b7-variants.json`` (rows of ``kind`` "time",
+    """b1, b7, b7b and b7c over cuDNN's backward in the newest ``*-b7-designs.json`` (rows of ``kind`` "time",
     key ``ratio_vs_sdpa_cudnn``, with its range ``_min`` / ``_max`` over the repeats); None when none is committed.
 
     ``rows``: one per (dtype, head_dim, causal) in the file's order, {dtype, head_dim, causal, cudnn_tflops,
@@ -910,8 +910,8 @@ def backward_designs(directory: Path | None = None) -> dict | None:
     ``expected``: {variant: the prediction written before the run (``meta.<variant>.expected``)}, and
     ``query_rows``: {head_dim: the query rows of one step of b7 (``meta.block_m``)}.
     Also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton`` and ``file``."""
-    # the profile of the same kernels, ``*-ncu-b7-variants.json``, matches the pattern too: its kind differs
-    runs = [data for data in load_results("*-b7-variants.json", directory=directory)
+    # the profile of the same kernels, ``*-ncu-b7-designs.json``, matches the pattern too: its kind differs
+    runs = [data for data in load_results("*-b7-designs.json", directory=directory)
             if data["meta"].get("kind") == "b7"]
     if not runs:
         return None
@@ -947,13 +947,13 @@ def backward_designs(directory: Path | None = None) -> dict | None:
 
 
 def backward_designs_profile(directory: Path | None = None) -> dict | None:
-    """The kernel that computes the five products of each backward in the newest ``*-ncu-b7-variants.json`` (Nsight
+    """The kernel that computes the five products of each backward in the newest ``*-ncu-b7-designs.json`` (Nsight
     Compute: b7, b7b, b7c and cuDNN at one shape); None when none is committed.
 
     ``kernels``: {provider: {kernel, us (its time), total_us (every kernel of the backward), tensor_pipe_pct (share
     of the SM's active cycles the tensor pipe was busy), issue_active_pct, registers, shared_bytes, top_stalls}} in
     the run's order; also ``shape`` (the cases' one shape), ``device``, ``date`` and ``file``."""
-    newest = _newest("*-ncu-b7-variants.json", directory)
+    newest = _newest("*-ncu-b7-designs.json", directory)
     if newest is None:
         return None
     meta, rows, name = newest

@@ -125,7 +125,7 @@ HOPPER = (9, 0)
 # causal) cases of B7_RESULTS (keys ratio_vs_b1, ratio_vs_sdpa_cudnn). Shorter lengths are not measured yet, so it
 # serves N >= B7_MIN_N only, and only under a Triton in fa3_backward_tma.TESTED_TRITON, which stays empty until
 # `make test-gpu` has run this route under Triton 3.9.
-B7_RESULTS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-variants.json"
+B7_RESULTS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
 GLUON_BACKWARD = "b7c"
 B7_MIN_N = 8192
 
