@@ -47,7 +47,8 @@ so instead, and items never started say "not run". Every timing is ``flashcourse
 of 3, with the range), FLOPs ``attention_flops(..., mode="bwd")``, ratios (``ratio_vs_sdpa_cudnn``,
 ``ratio_vs_b1``, ``ratio_vs_fa4``, and for the other variants ``ratio_vs_b7``) from ``bench.providers.add_ratios``.
 The JSON is ``<out>/<date>-<device>-b7.json`` (``meta.kind = "b7"``; ``meta.variants``, and each variant's
-description and expectation under ``meta.<variant>``).
+description and expectation under ``meta.<variant>``). A ``--quick`` run of every variant is what lesson 08 reads
+(``bench.summary.backward_designs``): commit it as ``<date>-<device>-b7-designs.json`` (one shape a file).
 """
 
 from __future__ import annotations
