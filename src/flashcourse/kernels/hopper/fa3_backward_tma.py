@@ -340,7 +340,7 @@ def _b7_producer(q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, 
         if STATS_BY_TMA:
             mbarrier.expect(ring.ready.index(slot),
                             tile_bytes + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            first = stat_row + (m_lo + i) * BLOCK_M  # 256-byte aligned: a 1-D copy faults at a 4-byte offset
+            first = stat_row + (m_lo + i) * BLOCK_M  # 256-byte aligned: a 1-D copy faults off a 16-byte one
             _tma_load(lse_desc, [first], ring.ready.index(slot), stats.lse_smem.index(slot))
             _tma_load(delta_desc, [first], ring.ready.index(slot), stats.delta_smem.index(slot))
         else:
