@@ -782,6 +782,11 @@ def _first_column(header: dict[str, int], names: tuple[str, ...]) -> int | None:
     return next((header[name] for name in names if name in header), None)
 
 
+def _count(row: list[str], index: int | None) -> float:
+    """A count of a source-page row; 0 where the column is missing or empty (an instruction never sampled)."""
+    return (to_number(row[index]) or 0.0) if index is not None and index < len(row) else 0.0
+
+
 def parse_source(text: str) -> list[dict]:
     """``--page source --print-source sass`` CSV: one entry per kernel table, in the report's order:
     {kernel, instructions: [{address, sass, samples, not_issued, executed, reasons: {reason: samples}}]}. A table
@@ -803,16 +808,13 @@ def parse_source(text: str) -> list[dict]:
             continue
         if header is None or not row[header["Address"]].strip().lower().startswith("0x"):
             continue
-
-        def cell(index: int | None) -> float:
-            return (to_number(row[index]) or 0.0) if index is not None and index < len(row) else 0.0
-
         tables[-1]["instructions"].append({
             "address": row[header["Address"]].strip(), "sass": row[header["Source"]].strip(),
-            "samples": cell(_first_column(header, SAMPLES_COLUMNS)),
-            "not_issued": cell(_first_column(header, NOT_ISSUED_COLUMNS)),
-            "executed": cell(header.get(EXECUTED_COLUMN)),
-            "reasons": {m.group(1): cell(i) for column, i in header.items() if (m := REASON_COLUMN.match(column))}})
+            "samples": _count(row, _first_column(header, SAMPLES_COLUMNS)),
+            "not_issued": _count(row, _first_column(header, NOT_ISSUED_COLUMNS)),
+            "executed": _count(row, header.get(EXECUTED_COLUMN)),
+            "reasons": {m.group(1): _count(row, i) for column, i in header.items()
+                        if (m := REASON_COLUMN.match(column))}})
     return tables
 
 

@@ -577,7 +577,7 @@ DQ_SASS = [(0x00, "BAR.SYNC.DEFER_BLOCKING 0x0", "999", "990", "512", "990", "0"
 
 def source_page(names=("_bwd_dkdv_kernel", "_bwd_dq_kernel")) -> str:
     text = "==PROF== Connected to process 834 (/usr/bin/python3.12)\n"
-    for name, sass, base in zip(names, (DKDV_SASS, DQ_SASS), (0x7F3A2C001A00, 0x7F3A2C100000)):
+    for name, sass, base in zip(names, (DKDV_SASS, DQ_SASS), (0x7F3A2C001A00, 0x7F3A2C100000), strict=False):
         text += csv_lines([["Kernel Name", name], SOURCE_HEADER] +
                           [[hex(base + offset), code, samples, not_issued, executed,
                             f"{32 * int(executed.replace(',', '')):,}", *reasons]  # 32 threads of each warp
@@ -662,3 +662,26 @@ def test_by_instruction_is_checked_against_the_mode_and_the_cases(limits, capsys
             limits.parse_args(argv)
         assert words in capsys.readouterr().err
     assert limits.parse_args(["--run-ncu", "--out", "o", "--by-instruction", "--only", "bwd-cudnn"]).by_instruction
+
+
+def test_by_instruction_end_to_end_through_an_ncu_binary(limits, tmp_path, monkeypatch, capsys):
+    """main --run-ncu --by-instruction with the stand-in ncu: the case's command asks for the Source Counters, the
+    source page is exported as SASS and read, the stall sites reach the JSON and the printed summary."""
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    for name, text in (("query.txt", QUERY), ("details.csv", DETAILS), ("raw.csv", RAW), ("source.csv", source_page())):
+        (tool / name).write_text(text)
+    ncu = tool / "ncu"
+    ncu.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    ncu.chmod(0o755)
+    monkeypatch.setattr(limits.signal, "signal", lambda *args: None)
+    out = tmp_path / "out"
+    assert limits.main(["--run-ncu", "--by-instruction", "--out", str(out), "--ncu", str(ncu),
+                        "--only", "bwd-cudnn"]) == 0
+    (call,) = (tool / "calls.txt").read_text().splitlines()
+    assert "--section SourceCounters" in call
+    (path,) = out.glob("*-ncu-limits.json")
+    main_row = json.loads(path.read_text())["rows"][0]
+    assert main_row["stall_sites"][0]["sass"] == "BAR.SYNC.DEFER_BLOCKING 0x0"
+    assert main_row["stall_families"]["BAR"]["share"] == 0.6
+    assert "BAR 60% (barrier)" in capsys.readouterr().out
