@@ -122,7 +122,9 @@ TOP_SITE_REASONS = 3
 SAMPLES_COLUMNS = ("Warp Stall Sampling (All Samples)", "Sampling Data (All)")
 NOT_ISSUED_COLUMNS = ("Warp Stall Sampling (Not-issued Samples)", "Sampling Data (Not Issued)")
 EXECUTED_COLUMN = "Instructions Executed"
-REASON_COLUMN = re.compile(r"^stall_([a-z_]+)$")  # one column of samples per stall reason: stall_barrier, ...
+# One column of samples per stall reason (stall_barrier, stall_long_sb, ...); a not-issued twin of a reason, should
+# an ncu print one, is left out so that a site's reasons stay shares of its samples.
+REASON_COLUMN = re.compile(r"^stall_((?![a-z_]*not_issued$)[a-z_]+)$")
 # The waits b7 can have, by SASS opcode (its first word, before the first dot): CTA barriers (bar.sync, which Triton
 # also inserts around shared-memory stores and layout conversions), mbarrier try-wait (the ring, ds_ready,
 # dq_empty), the wgmma fences and waits, shared-memory loads and stores; everything else is "other".

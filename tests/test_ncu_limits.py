@@ -620,6 +620,7 @@ def test_source_tables_are_matched_by_name_else_by_position(limits):
     assert limits.source_table_for(mangled[:1], rows, rows[0]) is None
     assert "no table for _bwd_dkdv_kernel among 1" in limits.add_stall_sites(rows, source_page(names=("_Z3dqv",)))
     assert limits.parse_source("==PROF== Disconnected\n") == []
+    assert limits.REASON_COLUMN.match("stall_long_sb") and not limits.REASON_COLUMN.match("stall_barrier_not_issued")
 
 
 def test_by_instruction_samples_only_the_backward_cases_and_keeps_their_reports(limits, tmp_path):
