@@ -22,6 +22,12 @@ process inherits the path); with cuDNN's backward beside them, about 2 minutes:
     PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --budget 200 --out $OUT --only bwd-b7-d128
         --only bwd-b7b-d128 --only bwd-b7c-d128 --only bwd-cudnn                   # (one command line)
 
+``--by-instruction`` asks where those cases' warps wait, by SASS instruction (b7c's top stall is ``barrier``: its
+warpgroups' meeting each step, a bar.sync inside one warpgroup, or the ring?); about 2 minutes for the two:
+
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 200 --out $OUT
+        --only bwd-b7c-d128 --only bwd-cudnn                                       # (one command line)
+
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
 range named after the case. ``--run-ncu`` runs ``ncu --profile-from-start off`` over each case in a process of
@@ -38,6 +44,15 @@ pipe's utilisation, every stall reason. Each report is exported twice, ``--page 
 printed) and ``--page raw`` (every metric by name), both kept as CSV under ``<out>/ncu-limits/``; the counters
 that answer "what limits this kernel" (:data:`COUNTERS`) go to ``<out>/<date>-<device>-ncu-limits.json``, one row
 per (case, kernel launch), with ``meta.cases``: each case's shape, status, seconds and kernel count.
+
+With ``--by-instruction`` the ``bwd-b7*`` and ``bwd-cudnn`` cases (:func:`wants_source_counters`) also collect the
+section SourceCounters in the same ncu run (a few more replay passes: the warps' program counters sampled with
+the reason each is not issuing, and per-instruction counts). Their report is kept (``<case>.ncu-rep``, for the
+GUI's source view) and exported a third time, ``--page source --print-source sass`` (``<case>-source.csv``); the
+row of the case's main kernel (its longest launch) gets ``stall_sites``: the :data:`TOP_STALL_SITES`
+instructions with the most samples, each with its SASS text, share of the kernel's samples and dominant stall
+reasons; and ``stall_families``: every sample grouped by :data:`OPCODE_FAMILIES` (BAR, SYNCS, WARPGROUP/HGMMA,
+LDS/STS, other).
 """
 
 from __future__ import annotations
@@ -94,6 +109,28 @@ TENSOR_PIPE = re.compile(r"^(sm__pipe_tensor\w*_cycles_active)\.avg\.pct_of_peak
 METRIC_ERROR = re.compile(r"==ERROR==.*metric", re.IGNORECASE)  # how ncu refuses a metric it cannot collect
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio$")
 TOP_STALLS = 5
+
+# --by-instruction: Nsight Compute's Source Counters section samples each warp's program counter and why it is not
+# issuing (Kernel Profiling Guide, "Sampling" and the section table; the CLI user manual, "Source Page"), so the
+# stalls the sections count per kernel can be charged to SASS instructions. Only for the backward cases whose
+# barrier stalls the b7 design step must place (:func:`wants_source_counters`).
+SOURCE_SECTION = "SourceCounters"
+TOP_STALL_SITES = 12
+TOP_SITE_REASONS = 3
+# Columns of ``ncu --import R --csv --page source --print-source sass`` (one table per kernel after a
+# "Kernel Name" line): the spellings of 2023-2025 first, then the older "Sampling Data" ones.
+SAMPLES_COLUMNS = ("Warp Stall Sampling (All Samples)", "Sampling Data (All)")
+NOT_ISSUED_COLUMNS = ("Warp Stall Sampling (Not-issued Samples)", "Sampling Data (Not Issued)")
+EXECUTED_COLUMN = "Instructions Executed"
+# One column of samples per stall reason (stall_barrier, stall_long_sb, ...); a not-issued twin of a reason, should
+# an ncu print one, is left out so that a site's reasons stay shares of its samples.
+REASON_COLUMN = re.compile(r"^stall_((?![a-z_]*not_issued$)[a-z_]+)$")
+# The waits b7 can have, by SASS opcode (its first word, before the first dot): CTA barriers (bar.sync, which Triton
+# also inserts around shared-memory stores and layout conversions), mbarrier try-wait (the ring, ds_ready,
+# dq_empty), the wgmma fences and waits, shared-memory loads and stores; everything else is "other".
+OPCODE_FAMILIES = (("BAR", ("BAR",)), ("SYNCS", ("SYNCS",)), ("WARPGROUP/HGMMA", ("WARPGROUP", "HGMMA")),
+                   ("LDS/STS", ("LDS", "LDSM", "STS", "STSM")))
+OTHER_FAMILY = "other"
 
 SOL, LAUNCH, OCC = "GPU Speed Of Light Throughput", "Launch Statistics", "Occupancy"
 WSS, MWA, CWA, SCHED = ("Warp State Statistics", "Memory Workload Analysis", "Compute Workload Analysis",
@@ -600,11 +637,19 @@ def extra_metrics(available: set[str] | None) -> list[str]:
     return list(dict.fromkeys(chosen))
 
 
-def ncu_command(ncu: str, case: str, report: Path, metrics: list[str]) -> list[str]:
-    """ncu over one case's process: only the call between cudaProfilerStart and Stop is profiled."""
+def wants_source_counters(case: Case) -> bool:
+    """The cases --by-instruction adds the source counters to: b7 and its variants, and cuDNN's backward beside
+    them (the other cases would pay the extra replay pass for a question nobody asked of them)."""
+    return case.name.startswith("bwd-b7") or case.name == "bwd-cudnn"
+
+
+def ncu_command(ncu: str, case: str, report: Path, metrics: list[str], *, by_instruction: bool = False) -> list[str]:
+    """ncu over one case's process: only the call between cudaProfilerStart and Stop is profiled; with
+    ``by_instruction`` the Source Counters section too (its PC sampling and SASS counters cost extra replay passes
+    of the same run, not another run of the case)."""
     command = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--target-processes",
                "application-only", "--force-overwrite", "--export", str(report)]
-    for section in SECTIONS:
+    for section in SECTIONS + ((SOURCE_SECTION,) if by_instruction else ()):
         command += ["--section", section]
     if metrics:
         command += ["--metrics", ",".join(metrics)]
@@ -612,7 +657,9 @@ def ncu_command(ncu: str, case: str, report: Path, metrics: list[str]) -> list[s
 
 
 def export_command(ncu: str, report: Path, page: str) -> list[str]:
-    return [ncu, "--import", str(report), "--csv", "--page", page]
+    """A page of a report as CSV; the source page as SASS alone (no CUDA source: Triton's would not help)."""
+    command = [ncu, "--import", str(report), "--csv", "--page", page]
+    return command + ["--print-source", "sass"] if page == "source" else command
 
 
 def _csv_rows(text: str) -> list[dict]:
@@ -731,6 +778,143 @@ def case_rows(case: Case, details_text: str, raw_text: str) -> list[dict]:
     return rows
 
 
+# --- the source page: stalls by SASS instruction ---------------------------------------------------------------
+
+def _first_column(header: dict[str, int], names: tuple[str, ...]) -> int | None:
+    return next((header[name] for name in names if name in header), None)
+
+
+def _count(row: list[str], index: int | None) -> float:
+    """A count of a source-page row; 0 where the column is missing or empty (an instruction never sampled)."""
+    return (to_number(row[index]) or 0.0) if index is not None and index < len(row) else 0.0
+
+
+def parse_source(text: str) -> list[dict]:
+    """``--page source --print-source sass`` CSV: one entry per kernel table, in the report's order:
+    {kernel, instructions: [{address, sass, samples, not_issued, executed, reasons: {reason: samples}}]}. A table
+    is a ``"Kernel Name","<name>"`` line, a header row with "Address" and "Source", then one row per instruction;
+    banner lines (==PROF==, ==WARNING==) and anything before the first header are skipped."""
+    tables: list[dict] = []
+    header: dict[str, int] | None = None
+    name: str | None = None
+    for row in csv.reader(io.StringIO(text)):
+        if not row or row[0].startswith("=="):
+            continue
+        if row[0] == "Kernel Name":
+            name, header = (row[1] if len(row) > 1 else ""), None
+            continue
+        if "Address" in row and "Source" in row:
+            header = {column: i for i, column in enumerate(row)}
+            tables.append({"kernel": name or "", "instructions": []})
+            name = None  # a second header with no name line between is a second kernel whose name was not printed
+            continue
+        if header is None or not row[header["Address"]].strip().lower().startswith("0x"):
+            continue
+        tables[-1]["instructions"].append({
+            "address": row[header["Address"]].strip(), "sass": row[header["Source"]].strip(),
+            "samples": _count(row, _first_column(header, SAMPLES_COLUMNS)),
+            "not_issued": _count(row, _first_column(header, NOT_ISSUED_COLUMNS)),
+            "executed": _count(row, header.get(EXECUTED_COLUMN)),
+            "reasons": {m.group(1): _count(row, i) for column, i in header.items()
+                        if (m := REASON_COLUMN.match(column))}})
+    return tables
+
+
+def opcode(sass: str) -> str:
+    """The opcode of a SASS line, its predicate (``@P0``, ``@!PT``) dropped: ``SYNCS.PHASECHK.TRANS64.TRYWAIT``."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].rstrip(";") if words else ""
+
+
+def opcode_family(code: str) -> str:
+    root = code.split(".")[0]
+    return next((family for family, roots in OPCODE_FAMILIES if root in roots), OTHER_FAMILY)
+
+
+def _top_reasons(reasons: dict[str, float], samples: float) -> list[list]:
+    """The reasons that dominate ``samples``, as [reason, share of them]; "selected" (the warp issuing) is no
+    stall and is left out."""
+    ranked = sorted(((r, v) for r, v in reasons.items() if v > 0 and r != "selected"), key=lambda rv: -rv[1])
+    return [[reason, round(value / samples, 4)] for reason, value in ranked[:TOP_SITE_REASONS]]
+
+
+def stall_sites(table: dict, top: int = TOP_STALL_SITES) -> dict:
+    """Where one kernel's warps were sampled, by instruction: ``stall_sites``, the ``top`` instructions by
+    samples (SASS text, opcode family, share of the kernel's samples, dominant reasons as shares of that
+    instruction's samples), and ``stall_families``, every sample grouped by :data:`OPCODE_FAMILIES`."""
+    instructions = table["instructions"]
+    total = sum(i["samples"] for i in instructions)
+    if not total:
+        return {"stall_samples": 0, "stall_sites": [], "stall_families": {}}
+    start = min(int(i["address"], 16) for i in instructions)
+    sites = []
+    for i in sorted((i for i in instructions if i["samples"] > 0), key=lambda i: -i["samples"])[:top]:
+        code = opcode(i["sass"])
+        sites.append({"offset": hex(int(i["address"], 16) - start), "sass": i["sass"], "opcode": code,
+                      "family": opcode_family(code), "samples": i["samples"],
+                      "share": round(i["samples"] / total, 4),
+                      "not_issued_share": round(i["not_issued"] / i["samples"], 4),
+                      "executed": i["executed"], "reasons": _top_reasons(i["reasons"], i["samples"])})
+    families: dict[str, dict] = {}
+    for i in instructions:
+        family = families.setdefault(opcode_family(opcode(i["sass"])), {"samples": 0.0, "reasons": {}})
+        family["samples"] += i["samples"]
+        for reason, value in i["reasons"].items():
+            family["reasons"][reason] = family["reasons"].get(reason, 0.0) + value
+    order = [name for name, _ in OPCODE_FAMILIES] + [OTHER_FAMILY]
+    return {"stall_samples": total, "stall_sites": sites,
+            "stall_families": {name: {"share": round(families[name]["samples"] / total, 4),
+                                      "reasons": _top_reasons(families[name]["reasons"], families[name]["samples"])}
+                               for name in order if name in families and families[name]["samples"] > 0}}
+
+
+def _base_name(kernel: str) -> str:
+    return kernel.split("(")[0].strip()
+
+
+def source_table_for(tables: list[dict], rows: list[dict], row: dict) -> dict | None:
+    """The source table of one launch: the same kernel name (the n-th table of a name for the n-th launch of
+    it), else, where the names do not match but there is one table per launch, the table at its position."""
+    same = [r for r in rows if _base_name(r["kernel"]) == _base_name(row["kernel"])]
+    named = [t for t in tables if _base_name(t["kernel"]) == _base_name(row["kernel"])]
+    if named:
+        position = same.index(row)
+        return named[position] if position < len(named) else None
+    return tables[rows.index(row)] if len(tables) == len(rows) else None
+
+
+def add_stall_sites(rows: list[dict], source_text: str) -> str:
+    """Puts the stall sites of a case's main kernel (its longest launch) on that kernel's row; returns a note
+    for the case's status when the source page does not have them."""
+    timed = [r for r in rows if r["duration_us"] is not None]
+    if not timed:
+        return "; source page: no kernel has a duration to pick the main one by"
+    main = max(timed, key=lambda r: r["duration_us"])
+    tables = parse_source(source_text)
+    table = source_table_for(tables, rows, main)
+    if table is None:
+        return f"; source page: no table for {main['kernel'][:60]} among {len(tables)}"
+    main.update(stall_sites(table))
+    return "" if main["stall_samples"] else f"; source page: no warp samples for {main['kernel'][:60]}"
+
+
+def stall_summary(rows: list[dict], sites: int = 5) -> str:
+    """For each row with stall sites: the share of samples by opcode family, then the first few sites."""
+    lines = []
+    for r in rows:
+        if not r.get("stall_sites"):
+            continue
+        families = ", ".join(f"{name} {f['share']:.0%}" + (f" ({f['reasons'][0][0]})" if f["reasons"] else "")
+                             for name, f in r["stall_families"].items())
+        lines.append(f"{r['case']} {r['kernel'][:50]}: {families}")
+        for site in r["stall_sites"][:sites]:
+            reasons = ", ".join(f"{reason} {share:.0%}" for reason, share in site["reasons"])
+            lines.append(f"  {site['share']:6.1%} {site['offset']:>8} {site['sass'][:60]:60} {reasons}")
+    return "\n".join(lines)
+
+
 # --- ncu: running the cases -------------------------------------------------------------------------------------
 
 def case_time_limit(remaining: float, case_timeout: float) -> float | None:
@@ -798,9 +982,11 @@ def log(message: str) -> None:
 
 
 def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list[str], budget: float = BUDGET_S,
-            case_timeout: float = CASE_TIMEOUT_S, keep_reports: bool = False, runner=run_process,
-            exporter=export_page, clock=time.monotonic) -> Path:
-    """Every case under ncu, one after another, within ``budget`` seconds; the JSON after each case."""
+            case_timeout: float = CASE_TIMEOUT_S, keep_reports: bool = False, by_instruction: bool = False,
+            runner=run_process, exporter=export_page, clock=time.monotonic) -> Path:
+    """Every case under ncu, one after another, within ``budget`` seconds; the JSON after each case. With
+    ``by_instruction``, the cases :func:`wants_source_counters` names also collect the source counters: their
+    source page is kept as CSV, their report is kept, and their main kernel's row gets the stall sites."""
     from flashcourse.bench import save_results
 
     raw_dir = out / "ncu-limits"
@@ -809,7 +995,10 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
     rows: list[dict] = []
     statuses = {c.name: {"status": "not run: the run's budget is spent", "seconds": 0.0, "kernels": 0}
                 for c in cases}
+    by_instruction_cases = [c.name for c in cases if by_instruction and wants_source_counters(c)]
     meta = {**meta, "kind": "ncu-limits", "sections": list(SECTIONS), "metrics": metrics, "budget_s": budget,
+            "by_instruction": {"cases": by_instruction_cases, "section": SOURCE_SECTION, "top_sites": TOP_STALL_SITES,
+                               "families": {name: list(roots) for name, roots in OPCODE_FAMILIES}},
             "cases": {c.name: {"group": c.group, "provider": c.provider, "what": c.what, "shape": c.shape,
                                **statuses[c.name]} for c in cases}}
 
@@ -824,8 +1013,10 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
         report = raw_dir / f"{case.name}.ncu-rep"
         report.unlink(missing_ok=True)
         log_path = raw_dir / f"{case.name}.log"
+        sampled = case.name in by_instruction_cases
         try:
-            code = runner(ncu_command(ncu, case.name, report.with_suffix(""), metrics), limit, log_path)
+            code = runner(ncu_command(ncu, case.name, report.with_suffix(""), metrics, by_instruction=sampled),
+                          limit, log_path)
         except OSError as error:  # ncu did not start: recorded, like any failure
             code = -1
             log_path.write_text(f"ERROR: {ncu} did not start: {error}\n")
@@ -839,7 +1030,14 @@ def run_ncu(cases: list[Case], out: Path, *, ncu: str, meta: dict, metrics: list
                 found = case_rows(case, pages["details"], pages["raw"])
             except (OSError, RuntimeError, subprocess.SubprocessError) as error:
                 note = f"; export failed: {error}"
-            if not keep_reports:
+            if sampled and found:  # its own try: the counters above stand when the source page fails
+                try:
+                    source = exporter(ncu, report, "source")
+                    (raw_dir / f"{case.name}-source.csv").write_text(source)
+                    note += add_stall_sites(found, source)
+                except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                    note += f"; source export failed: {error}"
+            if not (keep_reports or sampled):  # a sampled report is kept: the GUI's source view reads it
                 report.unlink()
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         return code, found, note, log_text
@@ -928,12 +1126,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole --run-ncu or --dry")
     parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds for one case")
     parser.add_argument("--keep-reports", action="store_true", help="keep the .ncu-rep files beside the CSVs")
+    parser.add_argument("--by-instruction", action="store_true",
+                        help="with --run-ncu: the bwd-b7* and bwd-cudnn cases also collect the source counters, "
+                             "and their main kernel's row gets the top stall sites by SASS instruction")
     args = parser.parse_args(argv)
     if args.run_ncu and args.out is None:
         parser.error("--run-ncu needs --out DIR")
     if args.case is not None:
         select_cases([args.case])
-    select_cases(args.only)
+    selected = select_cases(args.only)
+    if args.by_instruction and not args.run_ncu:
+        parser.error("--by-instruction needs --run-ncu (it changes what ncu collects)")
+    if args.by_instruction and not any(wants_source_counters(c) for c in selected):
+        parser.error("--by-instruction applies to the bwd-b7* cases and bwd-cudnn only: add --only bwd-b7c-d128 "
+                     "(or another of them)")
     return args
 
 
@@ -967,9 +1173,11 @@ def main(argv=None) -> int:
         f"{len(metrics)} metrics beyond the sections; cases {[c.name for c in cases]}")
     path = run_ncu(cases, args.out, ncu=ncu, meta=meta, metrics=metrics,
                    budget=args.budget - (time.monotonic() - start), case_timeout=args.case_timeout,
-                   keep_reports=args.keep_reports)
+                   keep_reports=args.keep_reports, by_instruction=args.by_instruction)
     data = json.loads(path.read_text())
     print(summary(data["rows"]))
+    if args.by_instruction:
+        print(stall_summary(data["rows"]))
     for name, case in data["meta"]["cases"].items():
         print(f"{name:20} {case['status'][:100]:100} {case['seconds']:6.0f} s")
     return 0

@@ -550,3 +550,139 @@ def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
         assert name == f"bwd-{provider}-d128" and stage == provider, (name, provider, stage)
         assert same_shape and group == "b7 at D = 128"
     assert out["shape"]["head_dim"] == 128 and not out["shape"]["causal"]
+
+
+# `ncu --import R --csv --page source --print-source sass` of a report with the Source Counters section, two kernels
+# (the dK/dV launch of DETAILS, then the dQ one), written by hand in the shape that the Nsight Compute CLI user
+# manual's "--page source" / "--print-source" options and the UI manual's "Source Page" (the columns "Address",
+# "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)", "Instructions
+# Executed", one "stall_<reason>" column per reason) describe: a banner, then per kernel a "Kernel Name" line, a
+# header and one row per SASS instruction, counts with thousands separators. Not yet checked against a 2025.3 export.
+SOURCE_HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+                 "Instructions Executed", "Thread Instructions Executed", "stall_barrier", "stall_long_sb",
+                 "stall_short_sb", "stall_wait", "stall_selected"]
+DKDV_SASS = [  # (offset, SASS, all samples, not issued, executed, barrier, long_sb, short_sb, wait, selected)
+    (0x00, "MOV R1, c[0x0][0x28]", "0", "0", "1,024", "0", "0", "0", "0", "0"),
+    (0x10, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8+0x1c000], R5", "300", "290", "8,192", "0", "250", "0", "40", "10"),
+    (0x20, "@!P0 BRA 0x7f3a2c001a10", "50", "30", "8,192", "0", "0", "0", "30", "20"),
+    (0x30, "BAR.SYNC.DEFER_BLOCKING 0x0", "1,200", "1,150", "4,096", "1,150", "0", "0", "0", "50"),
+    (0x40, "STS.128 [R3], R8", "150", "120", "4,096", "0", "0", "120", "0", "30"),
+    (0x50, "HGMMA.64x128x16.F32 R24, gdesc[UR4], R24, gsb0", "100", "60", "4,096", "0", "0", "0", "60", "40"),
+    (0x60, "WARPGROUP.DEPBAR.LE gsb0, 0x0", "400", "380", "4,096", "0", "0", "0", "380", "20"),
+    (0x70, "@P1 BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "600", "590", "4,096", "590", "0", "0", "0", "10"),
+    (0x80, "LDSM.16.M88.4 R40, [R2]", "200", "150", "4,096", "0", "0", "150", "0", "50"),
+    (0x90, "EXIT", "0", "0", "1,024", "0", "0", "0", "0", "0")]
+DQ_SASS = [(0x00, "BAR.SYNC.DEFER_BLOCKING 0x0", "999", "990", "512", "990", "0", "0", "0", "9")]
+
+
+def source_page(names=("_bwd_dkdv_kernel", "_bwd_dq_kernel")) -> str:
+    text = "==PROF== Connected to process 834 (/usr/bin/python3.12)\n"
+    for name, sass, base in zip(names, (DKDV_SASS, DQ_SASS), (0x7F3A2C001A00, 0x7F3A2C100000), strict=False):
+        text += csv_lines([["Kernel Name", name], SOURCE_HEADER] +
+                          [[hex(base + offset), code, samples, not_issued, executed,
+                            f"{32 * int(executed.replace(',', '')):,}", *reasons]  # 32 threads of each warp
+                           for offset, code, samples, not_issued, executed, *reasons in sass])
+    return text
+
+
+def test_source_page_gives_the_main_kernel_its_stall_sites(limits):
+    rows = limits.case_rows(limits.CASES_BY_NAME["bwd-cudnn"], DETAILS, RAW)
+    assert limits.add_stall_sites(rows, source_page()) == ""
+    dkdv, dq = rows  # dK/dV is the longer launch (8231 us against 5090): the main kernel
+    assert "stall_sites" not in dq and dkdv["stall_samples"] == 3000
+    sites = dkdv["stall_sites"]
+    assert [s["offset"] for s in sites] == ["0x30", "0x70", "0x60", "0x10", "0x80", "0x40", "0x50", "0x20"]
+    first = sites[0]
+    assert first["sass"] == "BAR.SYNC.DEFER_BLOCKING 0x0" and first["opcode"] == "BAR.SYNC.DEFER_BLOCKING"
+    assert first["family"] == "BAR" and first["share"] == 0.4 and first["samples"] == 1200
+    assert first["reasons"] == [["barrier", pytest.approx(1150 / 1200, abs=1e-4)]]  # "selected" is no stall
+    assert first["not_issued_share"] == pytest.approx(1150 / 1200, abs=1e-4) and first["executed"] == 4096
+    assert sites[1]["opcode"] == "BAR.SYNC.DEFER_BLOCKING" and sites[1]["family"] == "BAR"  # predicate dropped
+    syncs = sites[3]
+    assert syncs["family"] == "SYNCS" and syncs["reasons"] == [["long_sb", 0.8333], ["wait", 0.1333]]
+    assert [s["family"] for s in sites[4:]] == ["LDS/STS", "LDS/STS", "WARPGROUP/HGMMA", "other"]
+    assert dkdv["stall_families"] == {
+        "BAR": {"share": 0.6, "reasons": [["barrier", pytest.approx(1740 / 1800, abs=1e-4)]]},
+        "SYNCS": {"share": 0.1, "reasons": [["long_sb", 0.8333], ["wait", 0.1333]]},
+        "WARPGROUP/HGMMA": {"share": 0.1667, "reasons": [["wait", 0.88]]},
+        "LDS/STS": {"share": 0.1167, "reasons": [["short_sb", 0.7714]]},
+        "other": {"share": 0.0167, "reasons": [["wait", 0.6]]}}
+    assert "BAR 60% (barrier)" in limits.stall_summary(rows) and "0x30" in limits.stall_summary(rows)
+
+
+def test_source_tables_are_matched_by_name_else_by_position(limits):
+    rows = limits.case_rows(limits.CASES_BY_NAME["bwd-cudnn"], DETAILS, RAW)
+    tables = limits.parse_source(source_page(names=("_bwd_dq_kernel", "_bwd_dkdv_kernel")))
+    assert limits.source_table_for(tables, rows, rows[0])["kernel"] == "_bwd_dkdv_kernel"  # the name, not the place
+    assert len(limits.source_table_for(tables, rows, rows[0])["instructions"]) == 1  # (DQ_SASS under dK/dV's name)
+    mangled = limits.parse_source(source_page(names=("_Z5dkdvv", "_Z3dqv")))
+    assert limits.source_table_for(mangled, rows, rows[0])["kernel"] == "_Z5dkdvv"  # one table per launch: in order
+    assert limits.source_table_for(mangled[:1], rows, rows[0]) is None
+    assert "no table for _bwd_dkdv_kernel among 1" in limits.add_stall_sites(rows, source_page(names=("_Z3dqv",)))
+    assert limits.parse_source("==PROF== Disconnected\n") == []
+    assert limits.REASON_COLUMN.match("stall_long_sb") and not limits.REASON_COLUMN.match("stall_barrier_not_issued")
+
+
+def test_by_instruction_samples_only_the_backward_cases_and_keeps_their_reports(limits, tmp_path):
+    commands, pages = [], []
+
+    def runner(command, timeout, log_path):
+        commands.append(command)
+        Path(command[command.index("--export") + 1] + ".ncu-rep").write_text("report")
+        return 0
+
+    def exporter(ncu, report, page):
+        pages.append((report.stem, page))
+        return {"details": DETAILS, "raw": RAW, "source": source_page()}[page]
+
+    cases = limits.select_cases(["bwd-b1", "bwd-b7c-d128", "bwd-cudnn"])
+    path = limits.run_ncu(cases, tmp_path, ncu="ncu", meta={"date": "2026-12-06", "device": "NVIDIA H100"},
+                          metrics=[], by_instruction=True, runner=runner, exporter=exporter)
+    sections = [[c[i + 1] for i, word in enumerate(c) if word == "--section"] for c in commands]
+    assert [s[-1] == "SourceCounters" for s in sections] == [False, True, True]
+    assert sections[0] == list(limits.SECTIONS) and sections[1] == [*limits.SECTIONS, "SourceCounters"]
+    assert [page for case, page in pages if case == "bwd-b1"] == ["details", "raw"]
+    assert [page for case, page in pages if case == "bwd-cudnn"] == ["details", "raw", "source"]
+    kept = tmp_path / "ncu-limits"
+    assert not (kept / "bwd-b1.ncu-rep").exists() and (kept / "bwd-cudnn.ncu-rep").exists()
+    assert (kept / "bwd-b7c-d128-source.csv").read_text() == source_page()
+    data = json.loads(path.read_text())
+    assert data["meta"]["by_instruction"]["cases"] == ["bwd-b7c-d128", "bwd-cudnn"]
+    assert [(r["case"], "stall_sites" in r) for r in data["rows"]] == [
+        ("bwd-b1", False), ("bwd-b1", False), ("bwd-b7c-d128", True), ("bwd-b7c-d128", False), ("bwd-cudnn", True),
+        ("bwd-cudnn", False)]
+    assert {c["status"] for c in data["meta"]["cases"].values()} == {"ok"}
+    assert limits.export_command("ncu", Path("r.ncu-rep"), "source")[-4:] == [
+        "--page", "source", "--print-source", "sass"]
+
+
+def test_by_instruction_is_checked_against_the_mode_and_the_cases(limits, capsys):
+    for argv, words in ((["--dry", "--by-instruction"], "needs --run-ncu"),
+                        (["--run-ncu", "--out", "o", "--by-instruction", "--only", "bwd-b1"], "bwd-b7")):
+        with pytest.raises(SystemExit):
+            limits.parse_args(argv)
+        assert words in capsys.readouterr().err
+    assert limits.parse_args(["--run-ncu", "--out", "o", "--by-instruction", "--only", "bwd-cudnn"]).by_instruction
+
+
+def test_by_instruction_end_to_end_through_an_ncu_binary(limits, tmp_path, monkeypatch, capsys):
+    """main --run-ncu --by-instruction with the stand-in ncu: the case's command asks for the Source Counters, the
+    source page is exported as SASS and read, the stall sites reach the JSON and the printed summary."""
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    for name, text in (("query.txt", QUERY), ("details.csv", DETAILS), ("raw.csv", RAW), ("source.csv", source_page())):
+        (tool / name).write_text(text)
+    ncu = tool / "ncu"
+    ncu.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    ncu.chmod(0o755)
+    monkeypatch.setattr(limits.signal, "signal", lambda *args: None)
+    out = tmp_path / "out"
+    assert limits.main(["--run-ncu", "--by-instruction", "--out", str(out), "--ncu", str(ncu),
+                        "--only", "bwd-cudnn"]) == 0
+    (call,) = (tool / "calls.txt").read_text().splitlines()
+    assert "--section SourceCounters" in call
+    (path,) = out.glob("*-ncu-limits.json")
+    main_row = json.loads(path.read_text())["rows"][0]
+    assert main_row["stall_sites"][0]["sass"] == "BAR.SYNC.DEFER_BLOCKING 0x0"
+    assert main_row["stall_families"]["BAR"]["share"] == 0.6
+    assert "BAR 60% (barrier)" in capsys.readouterr().out
