@@ -8,7 +8,8 @@ every run stops within ``--budget`` (200 s) with its JSON written:
 
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT               # about 2 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --no-checks --out $OUT   # about 1.5 minutes
-    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --out $OUT                       # about 3 minutes
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --variants b7c --no-checks --budget 480 --out $OUT
+                                               # the lengths: never run, estimated 4-6 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7,b7b,b7c --out $OUT  # 2.5 minutes
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
@@ -16,7 +17,8 @@ b7 alone, the first run's plan; the times above are for b7 alone, and each furth
 its checks, 10 s without).
 
 ``--quick`` times one shape, (B, H, N) = (4, 16, 8192), for each head dim and dtype, causal and not (8 rows of
-each provider); the default adds (4, 32, 4096) (16 rows). ``--no-checks`` skips the gradient checks (a
+each provider); the default times N = 1024 to 16384 at B*H*N = 524,288 (40 rows), the lengths a band of the
+dispatch needs. ``--no-checks`` skips the gradient checks (a
 timing-only rerun). The JSON is rewritten after each phase, so a run cut short keeps what it measured.
 
 Why it is built this way: the first run (H100, 2026-12-06) gave b7's whole child 109 s; its checks compiled b7,
@@ -75,7 +77,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 BASE = "b7"  # the variant the others are compared with (``ratio_vs_b7``)
 CHECK_NS = (1, 17, 130, 1000, 4096)
-TIME_SHAPES = ((4, 32, 4096), (4, 16, 8192))  # (B, H, N): B*H*N constant
+# (B, H, N), B*H*N constant: the lengths a band of the dispatch needs (plan.B7_MIN_N is the one measured so far)
+TIME_SHAPES = ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384))
 QUICK_TIME_SHAPES = ((4, 16, 8192),)
 HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
