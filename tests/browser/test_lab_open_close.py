@@ -29,6 +29,12 @@ KERNEL_METADATA = ("kernelspec", "language_info")
 # kernel shows idle a moment before its info arrives, so waiting for idle alone let a close slip in before.)
 KERNEL_METADATA_WRITTEN_JS = """async (timeoutMs) => {
     const panel = window.jupyterapp.shell.currentWidget;
+    const deadline = Date.now() + timeoutMs;
+    // On a loaded machine the session can still be null just after the kernel shows idle: wait for it too.
+    while (!(panel.sessionContext.session && panel.sessionContext.session.kernel)) {
+        if (Date.now() > deadline) throw new Error(`no kernel session within ${timeoutMs} ms`);
+        await new Promise((resolve) => setTimeout(resolve, 50));
+    }
     const kernel = panel.sessionContext.session.kernel;
     const written = (async () => { await kernel.info; await kernel.spec; })();
     const late = new Promise((_, reject) => setTimeout(
