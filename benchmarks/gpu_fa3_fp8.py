@@ -48,6 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.pop("TRITON_INTERPRET", None)
 
+from gpu_fa3 import _error_text  # noqa: E402 - a CUDA error's row names the fault, as gpu_fa3.py's and gpu_b7.py's
+
 CHECK_NS = ((1, 1), (17, 17), (128, 128), (1000, 1000), (4096, 4096), (200, 1000), (1000, 200))  # (N_q, N_kv)
 QUICK_CHECK_NS = ((17, 17), (1000, 1000), (4096, 4096), (200, 1000))
 BATCH, HEADS = 4, 16
@@ -61,11 +63,6 @@ OUTLIER_CHANNELS, OUTLIER_FACTOR = 4, 4.0
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _error_text(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[-1] if text else ''}"[:500]
 
 
 def make_inputs(batch, heads, n, head_dim, seed=0, n_kv=None):

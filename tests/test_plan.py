@@ -232,6 +232,19 @@ def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested
     assert made._backward_version is None  # b7c plans its own launches
 
 
+def test_the_gluon_backward_is_held_to_its_run():
+    """b7c serves N >= B7_MIN_N because it beat b1 there in every (dtype, head dim, causal) case of the run the
+    dispatch cites (key ratio_vs_b1), and every one of its gradient checks in that run passed."""
+    data = json.loads((RESULTS.parent.parent / plan.B7_RESULTS).read_text())
+    mine = [r for r in data["rows"] if r["provider"] == plan.GLUON_BACKWARD]
+    timed = [r for r in mine if r["kind"] == "time" and r["n"] == plan.B7_MIN_N]
+    assert {(r["dtype"], r["head_dim"], r["causal"]) for r in timed} == {
+        (dtype, d, causal) for dtype in ("float16", "bfloat16") for d in (64, 128) for causal in (False, True)}
+    assert all(r["ratio_vs_b1"] > 1.0 for r in timed), [(r["head_dim"], r["ratio_vs_b1"]) for r in timed]
+    checks = [r for r in mine if r["kind"] == "check"]
+    assert checks and all(r["status"] == "ok" for r in checks)
+
+
 @pytest.mark.parametrize(("why", "make"), [
     ("N_q = 4096", lambda: route(*(t(1, 1, 4096, 64),) * 3, props=H100, triton_version="3.9.0")),
     ("N_kv = 8256", lambda: route(*(t(1, 1, 8256, 64),) * 3, props=H100, triton_version="3.9.0")),
