@@ -16,7 +16,8 @@ Runs on a CUDA machine whose Python already has torch and triton (nothing is ins
   this Triton must place every chosen launch within each GPU's shared memory too (``make test`` checks sm_75 and
   sm_90 only; tests/test_launch_fit.py's ``full`` cases are these runs, so pytest leaves that file to them);
 - writes ``benchmarks/results/<date>-<device>-gpu-tests.json``: ``{"meta": {date, device, torch, triton},
-  "summary": {passed, failed, skipped, seconds, failed_tests}, "launch_fit": {...}}``.
+  "summary": {passed, failed, skipped, seconds, failed_tests, failures (each failed test's report, its end),
+  skip_reasons (reason: count)}, "launch_fit": {...}}``.
 
 The lessons and solved exercises run on the GPU with ``scripts/gpu_notebooks.py`` (a separate step: Jupyter's
 packages must be carried to that machine).
@@ -99,14 +100,34 @@ def finish_launch_fit(runs) -> dict:
     return summary
 
 
-def failed_tests(suite: ET.Element) -> list[str]:
-    """The ids (file::name[params]) of a JUnit suite's failed or erroring tests: a count alone names none to rerun."""
-    ids = []
+FAILURE_CHARS = 1500  # the end of each failure's report: the assertion and the lines that led to it
+
+
+def _test_id(case: ET.Element) -> str:
+    return f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+
+
+def failed_tests(suite: ET.Element) -> dict[str, str]:
+    """Each failed or erroring test of a JUnit suite, by id (file::name[params]), with the end of its report: the
+    machine is gone once the call ends, so the JSON must say why, not only which."""
+    failed = {}
     for case in suite.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            path = case.get("classname", "").replace(".", "/")
-            ids.append(f"{path}.py::{case.get('name')}")
-    return ids
+        report = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if report is not None:
+            text = f"{report.get('message', '')}\n{report.text or ''}".strip()
+            failed[_test_id(case)] = text[-FAILURE_CHARS:]
+    return failed
+
+
+def skip_reasons(suite: ET.Element) -> dict[str, int]:
+    """How many tests skipped for each reason: a GPU test that skips on the card it was meant for checks nothing."""
+    reasons: dict[str, int] = {}
+    for case in suite.iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None:
+            reason = skipped.get("message", "")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
 
 
 def main(argv=None) -> int:
@@ -138,7 +159,7 @@ def main(argv=None) -> int:
         free_gib = torch.cuda.mem_get_info()[0] / 2**30
         phases = [(f"({MARKERS}) and not {BIG}", workers_for(free_gib, WORKER_GIB, args.workers)),
                   (f"gpu and {BIG} and not sweep", workers_for(free_gib, BIG_WORKER_GIB, args.workers))]
-        code, counts, failed = 0, [0, 0, 0, 0], []  # tests, failures, errors, skipped; the failing tests' ids
+        code, counts, failed, skips = 0, [0, 0, 0, 0], {}, {}  # tests, failures, errors, skipped
         for i, (markers, n_workers) in enumerate(phases):
             print(f"pytest -m '{markers}' on {n_workers} worker(s) ({free_gib:.0f} GiB free)", flush=True)
             junit = tmp / f"junit-{i}.xml"
@@ -150,13 +171,16 @@ def main(argv=None) -> int:
             suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
             counts = [n + int(suite.get(k, 0)) for n, k in zip(counts, ("tests", "failures", "errors", "skipped"),
                                                                  strict=True)]
-            failed += failed_tests(suite)
+            failed |= failed_tests(suite)
+            for reason, n in skip_reasons(suite).items():
+                skips[reason] = skips.get(reason, 0) + n
         total, failures, errors, skipped = counts
         fit = finish_launch_fit(fits) if fits else None
     seconds = round(time.time() - start, 1)
     device = torch.cuda.get_device_name()
     summary = {"passed": total - failures - errors - skipped, "failed": failures + errors, "skipped": skipped,
-               "seconds": seconds, "workers": [n for _, n in phases], "failed_tests": failed}
+               "seconds": seconds, "workers": [n for _, n in phases], "failed_tests": sorted(failed),
+               "failures": failed, "skip_reasons": skips}
     meta = {"date": datetime.date.today().isoformat(), "device": device, "torch": torch.__version__,
             "triton": triton.__version__, "gpus": torch.cuda.device_count()}
     result = {"meta": meta, "summary": summary}
@@ -168,7 +192,9 @@ def main(argv=None) -> int:
     slug = "".join(c if c.isalnum() else "-" for c in device).strip("-").lower()  # as bench names its files
     path = args.out / f"{meta['date']}-{slug}-gpu-tests.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{summary} launch fit: {fit}\nwrote {path}")
+    for test, report in failed.items():
+        print(f"FAILED {test}\n{report}\n", flush=True)
+    print({k: v for k, v in summary.items() if k != "failures"}, f"launch fit: {fit}\nwrote {path}")
     fit_ok = fit is None or (fit["do_not_fit"] == 0 and not fit["failed_runs"])
     return 0 if not code and fit_ok else 1
 

@@ -40,12 +40,23 @@ def test_a_file_that_holds_no_gpu_test_is_refused_before_anything_runs(gpu_tests
         gpu_tests.main(["--exclude", "tests/no_such_file.py"])
 
 
-def test_the_results_name_each_failed_test(gpu_tests):
-    """A count alone names nothing to rerun: the JSON lists the failing tests' ids, errors included, passes not."""
+def test_the_json_keeps_why_each_test_failed_or_skipped(gpu_tests):
+    """A count alone names nothing to rerun, and the machine is gone after the call: the JSON keeps each failed or
+    erroring test's id with the end of its report (passes not), and how many tests skipped for each reason."""
     import xml.etree.ElementTree as ET
 
-    suite = ET.fromstring('<testsuite tests="3" failures="1" errors="1">'
-                          '<testcase classname="tests.test_a" name="test_x[1]"><failure/></testcase>'
-                          '<testcase classname="tests.test_a" name="test_y"/>'
-                          '<testcase classname="tests.test_b" name="test_z"><error/></testcase></testsuite>')
-    assert gpu_tests.failed_tests(suite) == ["tests/test_a.py::test_x[1]", "tests/test_b.py::test_z"]
+    suite = ET.fromstring(
+        '<testsuite tests="4" failures="1" errors="1" skipped="2">'
+        '<testcase classname="tests.test_a" name="test_ok"/>'
+        '<testcase classname="tests.test_a" name="test_bad[x]"><failure message="AssertionError: v9a spills 40">'
+        + "line\n" * 600 + "E   assert 40 &lt;= 0</failure></testcase>"
+        '<testcase classname="tests.test_b" name="test_err"><error message="CUDA out of memory"/></testcase>'
+        '<testcase classname="tests.test_b" name="test_s1"><skipped message="needs two GPUs"/></testcase>'
+        '<testcase classname="tests.test_b" name="test_s2"><skipped message="needs two GPUs"/></testcase>'
+        "</testsuite>")
+    failed = gpu_tests.failed_tests(suite)
+    assert sorted(failed) == ["tests/test_a.py::test_bad[x]", "tests/test_b.py::test_err"]
+    assert failed["tests/test_a.py::test_bad[x]"].endswith("assert 40 <= 0")
+    assert len(failed["tests/test_a.py::test_bad[x]"]) == gpu_tests.FAILURE_CHARS  # the end of a long report
+    assert failed["tests/test_b.py::test_err"] == "CUDA out of memory"
+    assert gpu_tests.skip_reasons(suite) == {"needs two GPUs": 2}
