@@ -160,7 +160,8 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
     with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c \(got 'b8'\)"):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
-    assert fa3_backward_tma.TESTED_TRITON == ()  # not yet timed on a GPU (benchmarks/gpu_b7.py): not dispatched
+    # dispatched only under releases whose Gluon has the TMA reduce-add (3.9 on): an older one would fail at compile
+    assert all(tuple(map(int, v.split("."))) >= (3, 9) for v in fa3_backward_tma.TESTED_TRITON)
 
 
 def test_one_compile_serves_every_shape():

@@ -217,3 +217,67 @@ def test_backward_designs_profile_of_the_committed_h100_run(tmp_path):
     kernels = summary.backward_designs_profile(tmp_path)["kernels"]
     assert [round(kernels[p]["us"] / 1000, 1) for p in ("b7", "b7b", "b7c", "sdpa_cudnn")] == [13.2, 11.0, 10.3, 9.2]
     assert [round(kernels[p]["tensor_pipe_pct"]) for p in ("b7", "b7b", "b7c", "sdpa_cudnn")] == [44, 52, 56, 67]
+
+
+def sites_row(case, kernel, *, grid, block, sites, barrier, cycles=10.0, wavefronts=1e9):
+    """A product kernel's row with Source Counters, as ``ncu_limits.py --by-instruction`` writes it."""
+    return {"case": case, "kernel": kernel, "grid": grid, "block": block, "warp_cycles_per_issued": cycles,
+            "stalls": {"barrier": barrier}, "tensor_pipe_pct": 50.0, "shared_lsu_wavefronts": wavefronts,
+            "stall_sites": [{"sass": sass, "share": share, "executed": executed, "reasons": reasons}
+                            for sass, share, executed, reasons in sites]}
+
+
+def test_backward_stall_sites_sets_apart_what_a_warp_waits_at_once(tmp_path):
+    """A site run no more often than once per launched warp (here 4 programs x 12 warps = 48) is not a per-step
+    cost: its barrier cycles per instruction are its share of the samples x its barrier share x the cycles."""
+    assert summary.backward_stall_sites(tmp_path) is None
+    shape = {"batch": 1, "heads": 1, "n": 1000, "head_dim": 128, "dtype": "float16", "causal": False}
+    cases = {"bwd-b7c-d128": {"provider": "b7c", "status": "ok", "shape": dict(shape)},
+             "bwd-cudnn": {"provider": "sdpa_cudnn", "status": "ok", "shape": dict(shape)}}
+    rows = [sites_row("bwd-b7c-d128", "_b7_stats_kernel", grid="(2, 2, 1)", block="(128, 1, 1)", sites=[],
+                      barrier=0.0),
+            sites_row("bwd-b7c-d128", "_b7_kernel", grid="(2, 2, 1)", block="(384, 1, 1)", barrier=3.0,
+                      sites=[("NOP", 0.2, 8.0, [["barrier", 1.0]]),  # 8 <= 48: once a warp
+                             ("BRA", 0.1, 49.0, [["long_sb", 0.5], ["barrier", 0.5]])]),  # 49 > 48: in the loop
+            sites_row("bwd-cudnn", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop", grid="(132, 1, 1)",
+                      block="(384, 1, 1)", barrier=1.5, sites=[("BRA", 0.1, 5e6, [["barrier", 1.0]])], cycles=7.0)]
+    path = tmp_path / "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7c-by-instruction.json"
+    path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows}))
+    found = summary.backward_stall_sites(tmp_path)
+    b7c, cudnn = found["kernels"]["b7c"], found["kernels"]["sdpa_cudnn"]
+    assert b7c["launched_warps"] == 48 and cudnn["launched_warps"] == 132 * 12
+    assert b7c["once_per_warp"] == pytest.approx(0.2 * 1.0 * 10.0) and cudnn["once_per_warp"] == 0
+    assert [site["reason"] for site in b7c["top_sites"]] == ["barrier", "long_sb"]
+    assert found["shape"] == shape and b7c["barrier"] == 3.0
+    cases["bwd-cudnn"]["shape"] = dict(shape, n=2000)
+    path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows}))
+    with pytest.raises(ValueError, match="2 shapes"):
+        summary.backward_stall_sites(tmp_path)
+
+
+def test_backward_lengths_orders_each_case_by_length(tmp_path):
+    assert summary.backward_lengths(tmp_path) is None
+    rows = [{"kind": "time", "status": "ok", "provider": provider, "dtype": "float16", "head_dim": 64,
+             "causal": False, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.8}
+            for provider, n, ratio in (("b7c", 2048, 0.95), ("b1", 1024, 0.8), ("b7c", 1024, 0.9),
+                                       ("sdpa_cudnn", 1024, 1.0))]
+    rows.append({"kind": "time", "status": "hang at n=4096", "provider": "b7c", "dtype": "float16", "head_dim": 64,
+                 "causal": False, "n": 4096})
+    (tmp_path / "2026-12-06-h100-b7c-lengths.json").write_text(json.dumps(
+        {"meta": {"date": "2026-12-06", "device": "H100", "triton": "3.9.0"}, "rows": rows}))
+    found = summary.backward_lengths(tmp_path)
+    assert found["rows"] == {("float16", 64, False): {"b7c": [(1024, 0.9), (2048, 0.95)], "b1": [(1024, 0.8)]}}
+    assert found["vs_b1"] == pytest.approx((0.9 / 0.8, 0.95 / 0.8))
+
+
+def test_backward_lengths_and_stall_sites_of_the_committed_h100_runs(tmp_path):
+    """The numbers lesson 08 reads: b7c over b1 at every length, and the two spare warps' wait set apart."""
+    for name in ("2026-12-06-nvidia-h100-80gb-hbm3-b7c-lengths.json",
+                 "2026-12-06-nvidia-h100-80gb-hbm3-ncu-b7c-by-instruction.json"):
+        shutil.copy(results_dir() / name, tmp_path)
+    lengths = summary.backward_lengths(tmp_path)
+    assert len(lengths["rows"]) == 8 and all(len(series["b7c"]) == 5 for series in lengths["rows"].values())
+    assert [round(x, 2) for x in lengths["vs_b1"]] == [1.05, 1.44]
+    kernels = summary.backward_stall_sites(tmp_path)["kernels"]
+    assert round(kernels["b7c"]["barrier"] - kernels["b7c"]["once_per_warp"], 2) == 1.16
+    assert round(kernels["sdpa_cudnn"]["barrier"], 2) == 1.54 and kernels["sdpa_cudnn"]["once_per_warp"] == 0

@@ -149,3 +149,17 @@ def test_backward_design_ratios_draws_each_design_at_its_ratio():
     written = sorted(text.get_text() for text in ax.texts)
     assert written == sorted(["0.70", "0.77", "0.85", "1.03", "0.83"])
     assert ax.get_ylim()[1] >= 1.07 + 0.2  # the highest whisker and its value fit
+
+
+def test_backward_lengths_draws_one_panel_per_head_dim_and_mask():
+    rows = {("float16", 64, False): {"b7c": [(1024, 0.9), (4096, 0.95)], "b1": [(1024, 0.8), (4096, 0.75)]},
+            ("bfloat16", 64, False): {"b7c": [(1024, 0.92)], "b1": [(1024, 0.81)]},
+            ("float16", 128, True): {"b7c": [(1024, 0.85)], "b1": [(1024, 0.8)]}}
+    fig = figures_gpu.backward_lengths(rows, title="by length")
+    assert [ax.get_title() for ax in fig.axes] == ["D = 64, non-causal", "D = 128, causal"]
+    first = {line.get_label(): line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")}
+    assert sorted(first) == ["b1, bf16", "b1, fp16", "b7c, bf16", "b7c, fp16"]
+    assert list(first["b7c, fp16"].get_xdata()) == [1024, 4096] and list(first["b7c, fp16"].get_ydata()) == [0.9, 0.95]
+    assert first["b1, bf16"].get_linestyle() == "--" and first["b1, fp16"].get_linestyle() == "-"
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in fig.axes[1].get_lines())  # cuDNN's speed
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_ylabel()

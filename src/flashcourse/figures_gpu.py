@@ -260,6 +260,35 @@ def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
     return fig
 
 
+
+def backward_lengths(rows: Mapping[tuple, Mapping], *, title: str) -> Figure:
+    """Lesson 08: b7c's and b1's backward speed over cuDNN's against N, one panel per (head dim, mask), fp16 solid
+    and bf16 dashed, a line at 1.0 (as fast as cuDNN).
+
+    rows: :func:`flashcourse.bench.summary.backward_lengths`' ``rows`` ({(dtype, head_dim, causal): {provider:
+    [(n, ratio), ...]}})."""
+    panels = sorted({(head_dim, causal) for _, head_dim, causal in rows})
+    fig = Figure(figsize=(3.2 * len(panels), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (head_dim, causal) in zip(axes, panels, strict=True):
+        for (dtype, d, c), series in rows.items():
+            if (d, c) != (head_dim, causal):
+                continue
+            for provider, points in series.items():
+                n, ratio = zip(*points, strict=True) if points else ((), ())
+                ax.plot(n, ratio, marker="o", markersize=3, linestyle="-" if dtype == "float16" else "--",
+                        color=DESIGN_COLOURS.get(provider, "grey"),
+                        label=f"{provider}, {'fp16' if dtype == 'float16' else 'bf16'}")
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"D = {head_dim}, {'causal' if causal else 'non-causal'}", fontsize=9)
+        ax.set_xlabel("N (keys = queries)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("backward speed / cuDNN's (x)")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
 def attention_grid(rows: Sequence[Mapping], providers: Sequence[str], *, title: str) -> Figure:
     """The attention benchmark's figure: TFLOP/s against N, one panel per (heads, head dim, pass, causal), one
     line per provider; rows as ``flashcourse.bench.attention`` records them."""

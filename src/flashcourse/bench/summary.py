@@ -978,6 +978,79 @@ def backward_designs_profile(directory: Path | None = None) -> dict | None:
     return {"device": meta["device"], "date": meta["date"], "file": name, "shape": dict(shape), "kernels": kernels}
 
 
+
+def _launched_warps(row: dict) -> int:
+    """Warps a kernel launched: the programs of its grid times the warps of a block (Nsight Compute's strings)."""
+    grid = [int(x) for x in row["grid"].strip("()").split(",")]
+    block = [int(x) for x in row["block"].strip("()").split(",")]
+    return grid[0] * grid[1] * grid[2] * (block[0] * block[1] * block[2] // 32)
+
+
+def backward_stall_sites(directory: Path | None = None) -> dict | None:
+    """Where the warps of b7c's and cuDNN's product kernels waited, by instruction, in the newest
+    ``*-ncu-b7c-by-instruction.json`` (``ncu_limits.py --by-instruction``: Nsight Compute's Source Counters); None
+    when none is committed.
+
+    Per provider: ``kernel``, ``cycles_per_instruction`` (the warps' cycles between two issued instructions),
+    ``barrier`` (of those, cycles at a barrier), ``tensor_pipe_pct``, ``shared_wavefronts``, ``top_sites`` (the
+    recorded sites, most samples first: {sass, share of the samples, executed, reason}) and ``once_per_warp``: the
+    barrier cycles, per instruction, at the recorded sites that ran no more often than once per launched warp. A
+    warp that reaches such a site once and waits there for the whole kernel does no work while it waits (a warp
+    launched to round the program up to whole warpgroups), so ``barrier - once_per_warp`` is what the working
+    warps waited. Also ``shape``, ``device``, ``date`` and ``file``."""
+    newest = _newest("*-ncu-b7c-by-instruction.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    found = {}
+    for case, info in meta["cases"].items():
+        kernel = DESIGN_PROFILE_KERNELS.get(info["provider"])
+        mine = [r for r in rows if r["case"] == case and kernel and kernel in r["kernel"] and r.get("stall_sites")]
+        if info.get("status") != "ok" or len(mine) != 1:
+            continue
+        row = mine[0]
+        per_sample = row["warp_cycles_per_issued"]  # a site's share of the samples is its share of these cycles
+        warps = _launched_warps(row)
+        sites = [{"sass": site["sass"], "share": site["share"], "executed": site["executed"],
+                  "reason": site["reasons"][0][0], "barrier": dict(site["reasons"]).get("barrier", 0.0)}
+                 for site in row["stall_sites"]]
+        found[info["provider"]] = {
+            "kernel": row["kernel"], "cycles_per_instruction": per_sample, "barrier": row["stalls"]["barrier"],
+            "once_per_warp": sum(s["share"] * s["barrier"] * per_sample for s in sites if s["executed"] <= warps),
+            "tensor_pipe_pct": row["tensor_pipe_pct"], "shared_wavefronts": row["shared_lsu_wavefronts"],
+            "launched_warps": warps, "top_sites": sites, "shape": info["shape"]}
+    if not found:
+        return None
+    shapes = {tuple(sorted(entry.pop("shape").items())) for entry in found.values()}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: the profiled cases ran {len(shapes)} shapes: their counters do not compare")
+    return {"device": meta["device"], "date": meta["date"], "file": name, "shape": dict(shapes.pop()),
+            "kernels": found}
+
+
+def backward_lengths(directory: Path | None = None) -> dict | None:
+    """b7c and b1 over cuDNN's backward by length, from the newest ``*-b7c-lengths.json`` (``gpu_b7.py
+    --variants b7c``: N = 1024-16384 at B*H*N constant); None when none is committed.
+
+    ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for b7c and b1;
+    ``vs_b1``: b7c's ``ratio_vs_b1`` over every timed row, as (least, most); also ``device``, ``date``, ``triton``,
+    ``file``."""
+    newest = _newest("*-b7c-lengths.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    timed = sorted((r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"
+                    and r["provider"] in ("b7c", "b1")), key=lambda r: r["n"])
+    table: dict[tuple, dict] = {}
+    for row in timed:
+        case = table.setdefault((row["dtype"], row["head_dim"], row["causal"]), {"b7c": [], "b1": []})
+        case[row["provider"]].append((row["n"], row["ratio_vs_sdpa_cudnn"]))
+    over_b1 = [r["ratio_vs_b1"] for r in timed if r["provider"] == "b7c"]
+    if not over_b1:
+        return None
+    return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
+            "rows": table, "vs_b1": (min(over_b1), max(over_b1))}
+
 # ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
 # benchmarks/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
 FORWARD_GAP_PAIRS = (

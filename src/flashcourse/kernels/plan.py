@@ -9,8 +9,8 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
   (:data:`FORWARD_BANDS`: a Gluon stage of ``hopper/fa3.py``, or v7 for short causal calls at D = 64), wherever the
   call fits that stage's contract; v7 everywhere else;
 - backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense); on Hopper,
-  for long plain or causal calls and a Triton it was tested with, the Gluon b7c of ``hopper/fa3_backward_tma.py``
-  (:func:`gluon_backward`; no Triton is listed yet, so b1 serves them today).
+  for plain or causal calls of N >= 1024 keys under a Triton it was tested with (3.9), the Gluon b7c of
+  ``hopper/fa3_backward_tma.py`` (:func:`gluon_backward`).
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
 their grids and argument lists. It is looked up by everything that determines it (shapes, strides, dtype,
@@ -121,13 +121,14 @@ def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BA
 HOPPER = (9, 0)
 
 # The backward on Hopper: b7c of hopper/fa3_backward_tma.py (FA3's design, dQ added by a TMA reduce-add; Gluon, Triton
-# >= 3.9). At N = 8192 on an H100 80GB it ran at 1.13-1.47x b1 and 0.86-1.03x cuDNN in each of the eight (dtype, D,
-# causal) cases of B7_RESULTS (keys ratio_vs_b1, ratio_vs_sdpa_cudnn). Shorter lengths are not measured yet, so it
-# serves N >= B7_MIN_N only, and only under a Triton in fa3_backward_tma.TESTED_TRITON, which stays empty until
-# `make test-gpu` has run this route under Triton 3.9.
-B7_RESULTS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
+# >= 3.9). On an H100 80GB (B7_LENGTHS: N = 1024-16384 at B*H*N = 524,288, fp16 and bf16, D 64 and 128, causal and not)
+# it ran at 1.05-1.44x b1 and 0.83-1.04x cuDNN in all 40 cases (keys ratio_vs_b1, ratio_vs_sdpa_cudnn), and its
+# gradients passed every check of B7_CHECKS (N = 1 to 4096 against float64). Shorter lengths are not measured, so it
+# serves N >= B7_MIN_N, the shortest length timed; and only under a Triton in fa3_backward_tma.TESTED_TRITON.
+B7_LENGTHS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7c-lengths.json"
+B7_CHECKS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
 GLUON_BACKWARD = "b7c"
-B7_MIN_N = 8192
+B7_MIN_N = 1024
 
 
 @dataclass(frozen=True)
@@ -233,8 +234,8 @@ def gluon_backward(q, k, v, rules: Rules, *, props: configs.DeviceProps, triton_
         # A key tile past a head's last row would read the next head's keys (their dP enters dS times P = 0,
         # which is NaN where that V holds an inf); and below B7_MIN_N nothing is measured.
         return None, (f"{GLUON_BACKWARD} was measured faster than b1 at N_q = N_kv >= {B7_MIN_N} in whole tiles of "
-                      f"{keys} keys (an H100, {Path(B7_RESULTS).name}); this call is N_q = {n_q}, N_kv = {n_kv}")
-    return GLUON_BACKWARD, (f"measured faster than b1 at N >= {B7_MIN_N} on an H100 ({Path(B7_RESULTS).name}, "
+                      f"{keys} keys (an H100, {Path(B7_LENGTHS).name}); this call is N_q = {n_q}, N_kv = {n_kv}")
+    return GLUON_BACKWARD, (f"measured faster than b1 at N >= {B7_MIN_N} on an H100 ({Path(B7_LENGTHS).name}, "
                             "key ratio_vs_b1)")
 
 

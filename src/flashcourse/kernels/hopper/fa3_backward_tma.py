@@ -89,8 +89,8 @@ Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the
 into arrays padded to whole 64-row tiles per head (``_b7_stats_kernel``), so no tile of them crosses a head and
 each starts on a 256-byte boundary, as b7b's 1-D TMA copies need.
 
-The dispatch (``plan.gluon_backward``; ``plan.py`` is the only module of the package that imports this one) routes long
-plain and causal calls on Hopper to b7c under a Triton listed in ``TESTED_TRITON``, none yet. b7's runs, b7b's and
+The dispatch (``plan.gluon_backward``; ``plan.py`` is the only module of the package that imports this one) routes
+plain and causal calls of N >= 1024 on Hopper to b7c under a Triton listed in ``TESTED_TRITON``. b7's runs, b7b's and
 b7c's against the prediction above and their profile, are in docs/KERNELS.md ("Backward b7");
 ``benchmarks/gpu_b7.py`` checks and times each variant (``--variants``).
 """
@@ -114,10 +114,10 @@ from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor
 from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
-# The Triton releases (major.minor) under which `make test-gpu` ran the dispatched b7c (plan.gluon_backward, the
-# GPU test of its route): none yet, so the dispatch runs b1. Compiled for sm_90 under 3.9 (tests/test_b7_compile.py)
-# and checked and timed on an H100 (benchmarks/gpu_b7.py).
-TESTED_TRITON = ()
+# The Triton releases (major.minor) under which `make test-gpu` ran the dispatched b7c (plan.gluon_backward, the GPU
+# test of its route, passed at N = 1024 and 8192 under 3.9.0 on an H100, 2026-12-06). Elsewhere the dispatch runs b1.
+# Compiled for sm_90 under 3.9 (tests/test_b7_compile.py), checked and timed on an H100 (benchmarks/gpu_b7.py).
+TESTED_TRITON = ("3.9",)
 # Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
