@@ -9,8 +9,9 @@ every run stops within ``--budget`` (200 s) with its JSON written:
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT               # about 2 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --no-checks --out $OUT   # about 1.5 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --variants b7c --no-checks --budget 480 --out $OUT
-                                               # the lengths: never run, estimated 4-6 minutes
+                                               # the lengths: 80 s on an H100 (2026-12-06)
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7,b7b,b7c --out $OUT  # 2.5 minutes
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7c,b7d --out $OUT      # b7d, checked
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
@@ -488,7 +489,8 @@ def main(argv=None) -> int:
         for name in variants:
             spec = fa3_backward_tma.STAGES[name]
             meta[name] = {"adds": spec.adds, "expected": spec.expected, "keys": spec.keys(),
-                          "ring_stages": spec.stages, "stats_by_tma": spec.stats_by_tma,
+                          "ring_stages": spec.stages, "stats_by_tma": spec.stats_by_tma, "lean_regs": spec.lean_regs,
+                          "block_m": {str(d): spec.rows(d) for d in fa3_backward_tma.HEAD_DIMS},
                           "producer_regs": spec.producer_regs, "consumer_regs": spec.consumer_regs}
         import_error = None if fa3_backward_tma.HAS_TMA_REDUCE else (
             f"Triton {triton.__version__} has no tma.async_atomic_add: run with PYTHONPATH=/tmp/t39:src "

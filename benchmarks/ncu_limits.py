@@ -22,11 +22,12 @@ process inherits the path); with cuDNN's backward beside them, about 2 minutes:
     PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --budget 200 --out $OUT --only bwd-b7-d128
         --only bwd-b7b-d128 --only bwd-b7c-d128 --only bwd-cudnn                   # (one command line)
 
-``--by-instruction`` asks where those cases' warps wait, by SASS instruction (b7c's top stall is ``barrier``: its
-warpgroups' meeting each step, a bar.sync inside one warpgroup, or the ring?); about 2 minutes for the two:
+``--by-instruction`` asks where those cases' warps wait, by SASS instruction (b7c's, 2026-12-06: most of its
+``barrier`` samples were two spare warps waiting once, and its shared-memory wavefronts 1.4x cuDNN's); b7d (64-row
+tiles at D = 128) beside b7c and cuDNN, about 3 minutes:
 
-    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 200 --out $OUT
-        --only bwd-b7c-d128 --only bwd-cudnn                                       # (one command line)
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 240 --out $OUT
+        --only bwd-b7c-d128 --only bwd-b7d-d128 --only bwd-cudnn                   # (one command line)
 
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
@@ -539,6 +540,8 @@ B7_CASES = (
          _backward_b7("b7b")),
     Case("bwd-b7c-d128", B7_GROUP, "b7c", "Gluon b7c: b7b with a three-slot (Q, dO) ring", BWD,
          _backward_b7("b7c")),
+    Case("bwd-b7d-d128", B7_GROUP, "b7d", "Gluon b7d: b7b with 64-row query tiles at D = 128", BWD,
+         _backward_b7("b7d")),
 )
 
 

@@ -104,7 +104,7 @@ def test_b7_compiles_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     records = printed["stages"]
-    assert len(records) == 4 * 3
+    assert len(records) == 4 * 4  # b7, b7b, b7c, b7d
     for r in printed["stats"]:
         assert r["local"] == 0 and r["st_global"] >= 2, r  # lse2 and Delta stored, nothing spilled
     for r in records:
@@ -130,6 +130,8 @@ def test_b7_compiles_for_sm90(tmp_path):
         block_m = 32 if d > 64 else 64
         assert shared["b7b", d] - shared["b7", d] >= 2 * 2 * block_m * 4, shared
         assert shared["b7c", d] - shared["b7b", d] >= 2 * block_m * d * 2, shared
+    # b7d takes 64 query rows at D = 128 too: two ring slots of 64-row Q and dO tiles, more than b7c's three of 32
+    assert shared["b7d", 128] - shared["b7b", 128] >= 2 * 2 * 32 * 128 * 2, shared
 
 
 def test_kernels_package_does_not_import_b7():
@@ -158,7 +160,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c \(got 'b8'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c, b7d \(got 'b8'\)"):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
     # dispatched only under releases whose Gluon has the TMA reduce-add (3.9 on): an older one would fail at compile
     assert all(tuple(map(int, v.split("."))) >= (3, 9) for v in fa3_backward_tma.TESTED_TRITON)
@@ -293,18 +295,19 @@ def test_the_model_catches_a_single_ds_buffer():
 
 
 # ------------------------------------------------------------------------------------------ the arithmetic
-def _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma=False):
+def _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma=False, block_m=None):
     """b7's arithmetic in float64 NumPy: 128-key programs of two 64-key warpgroups, query tiles of BLOCK_M rows
     read as TMA reads them (a tile past a head's end takes the next head's rows, past the last zeros), the masked
     and unmasked loops of ``_query_tiles``; warpgroup w's dQ columns [w D/2, (w+1) D/2) from both halves of dS,
     added to a padded float32 buffer. ``stats_by_tma`` (b7b, b7c): lse and Delta read as the loader's 1-D TMA
-    reads them, past N_q the next head's values (zeros past the last), where b7 loads zeros."""
+    reads them, past N_q the next head's values (zeros past the last), where b7 loads zeros. ``block_m``: the query
+    rows of a step (b7d: 64 at both head dims), else fa3_backward.BLOCK_M's rule."""
     import numpy as np
 
     b6_test = _sibling("test_fa3_backward_compile")
     batch, heads, n_q, d = q.shape
     n_kv = k.shape[2]
-    block_m = 32 if d > 64 else 64  # fa3_backward.BLOCK_M's rule: 64 rows at D = 64, 32 at D = 128
+    block_m = block_m or (32 if d > 64 else 64)  # fa3_backward.BLOCK_M's rule: 64 rows at D = 64, 32 at D = 128
     half = d // 2
     scale = 1.0 / np.sqrt(d)
     flat = {name: t.reshape(-1, d) for name, t in (("q", q), ("k", k), ("v", v), ("do", do))}
@@ -360,10 +363,10 @@ def _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma=False):
     return (dq_acc[:, :n_q] * scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(("d", "block_m"), [(64, None), (128, None), (128, 64)])  # (128, 64): b7d's tiles
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("stats_by_tma", [False, True])
-def test_the_kernels_arithmetic_gives_the_gradients(d, causal, stats_by_tma):
+def test_the_kernels_arithmetic_gives_the_gradients(d, block_m, causal, stats_by_tma):
     """The emulation equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and more
     keys than queries, one row, and two heads (a tile past the first head's end reads the second's rows)."""
     import numpy as np
@@ -380,7 +383,7 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, causal, stats_by_tma):
         o = p @ v
         ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
         expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma)
+        got = _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma, block_m)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
 
