@@ -158,8 +158,11 @@ def test_backward_lengths_draws_one_panel_per_head_dim_and_mask():
     fig = figures_gpu.backward_lengths(rows, title="by length")
     assert [ax.get_title() for ax in fig.axes] == ["D = 64, non-causal", "D = 128, causal"]
     first = {line.get_label(): line for line in fig.axes[0].get_lines() if not line.get_label().startswith("_")}
-    assert sorted(first) == ["b1, bf16", "b1, fp16", "b7c, bf16", "b7c, fp16"]
+    assert sorted(first) == ["b1, bf16", "b1, fp16", "b7c, bf16", "b7c, fp16", "cuDNN (= 1)"]
     assert list(first["b7c, fp16"].get_xdata()) == [1024, 4096] and list(first["b7c, fp16"].get_ydata()) == [0.9, 0.95]
     assert first["b1, bf16"].get_linestyle() == "--" and first["b1, fp16"].get_linestyle() == "-"
     assert any(list(line.get_ydata()) == [1.0, 1.0] for line in fig.axes[1].get_lines())  # cuDNN's speed
     assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_ylabel()
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1K", "4K"]
+    (legend,) = fig.legends  # one legend for every panel, outside them
+    assert sorted(t.get_text() for t in legend.get_texts()) == sorted(first)

@@ -279,13 +279,16 @@ def backward_lengths(rows: Mapping[tuple, Mapping], *, title: str) -> Figure:
                 ax.plot(n, ratio, marker="o", markersize=3, linestyle="-" if dtype == "float16" else "--",
                         color=DESIGN_COLOURS.get(provider, "grey"),
                         label=f"{provider}, {'fp16' if dtype == 'float16' else 'bf16'}")
-        ax.axhline(1.0, color="black", linestyle=":", linewidth=1)
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=1, label="cuDNN (= 1)" if ax is axes[0] else None)
         ax.set_xscale("log", base=2)
+        lengths = sorted({n for series in rows.values() for points in series.values() for n, _ in points})
+        ax.set_xticks(lengths, [f"{n // 1024}K" for n in lengths])
         ax.set_title(f"D = {head_dim}, {'causal' if causal else 'non-causal'}", fontsize=9)
         ax.set_xlabel("N (keys = queries)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("backward speed / cuDNN's (x)")
-    axes[0].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()  # below the panels: no line hidden behind it
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     fig.suptitle(title, fontsize=10)
     return fig
 
