@@ -229,12 +229,11 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
     ds_tile = handoff.ds_smem.index(buf * 2 + wg)
     cols = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, S_LAYOUT))  # query indices (S^T's columns)
     zero = gl.zeros([KEYS, BLOCK_M], gl.float32, S_LAYOUT)
-    if LEAN_REGS:  # b7d: each read from shared memory where it is used, below
-        pass
-    elif STATS_BY_TMA:  # b7b: from shared memory (zeros past N_Q: the arrays are padded per head)
+    # b7d (LEAN_REGS) reads lse and Delta from shared memory where each is used, below
+    if STATS_BY_TMA and not LEAN_REGS:  # b7b: from shared memory (zeros past N_Q: the arrays are padded per head)
         lse2 = stats.lse_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT))
         delta = stats.delta_smem.index(slot).load(gl.SliceLayout(0, S_LAYOUT))
-    else:  # b7: every tile lies inside its head's padded row, so no mask
+    elif not STATS_BY_TMA:  # b7: every tile lies inside its head's padded row, so no mask
         lse2 = gl.load(rows.LSE + rows.stat_row + cols)
         delta = gl.load(rows.DELTA + rows.stat_row + cols)
     s = warpgroup_mma(k_tile, q_tile.permute((1, 0)), zero, use_acc=False, is_async=True)
