@@ -25,6 +25,17 @@ files are those the wheel installs, ``.dist-info`` included), a wheel by ``pip i
 command then runs under Triton 3.9 with ``PYTHONPATH=/tmp/t39:src`` (the folder first, so it shadows the image's
 Triton 3.6). Proton (``triton.profiler``) does not work from a slim install: profile under the image's Triton.
 
+FlashAttention-4 (the reference b7 is measured against) travels the same way, as a bundle of its eight pinned wheels
+(FA4_WHEELS: its CuTe DSL and CUDA 13 libraries, 98 MiB, already compressed, so packed in a plain tar):
+
+    python3 scripts/wheel_parts.py bundle --dir .fa4       # pip download FA4_WHEELS, pack .fa4/fa4-wheels.tar
+    python3 scripts/wheel_parts.py split --dir .fa4        # .fa4/part1/ .. part3/
+    python3 scripts/wheel_parts.py commands --dir .fa4     # three more calls, after Triton's last one
+
+Its ``install.sh`` unpacks the wheels and installs them all with ``pip install --no-deps --target`` into the same
+/tmp/t39, so ``PYTHONPATH=/tmp/t39:src`` finds Triton 3.9 and ``flash_attn.cute`` together. Carry Triton's parts
+first: each part folder brings an ``install.sh`` into /tmp/t39parts, and the last one copied is the one run.
+
 Why not one call: 64 MiB a call (device README, "Limits"). Why not fewer, larger parts: the part rides beside the
 tree, so 64 MiB minus the tree (12 MiB) minus room for the tree to grow.
 """
@@ -47,6 +58,13 @@ DEFAULT_DIR = ROOT / ".t39"  # git-ignored (.gitignore: /.t39/)
 DEFAULT_REQUIREMENT = "triton==3.9.*"
 # The GPU image: CPython 3.12 on manylinux x86-64 (device KINDS.md); pip matches a manylinux tag exactly.
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# FlashAttention-4's Hopper path and what it imports, pinned (flash-attn-4's and nvidia-cutlass-dsl's requirements as
+# of 4.0.0b36 / 4.8.1; the CUDA 13 libraries, as the image's torch is built for CUDA 13; torch and Triton are the
+# image's): the versions FlashAttention-4 was timed with beside the course on an H100 80GB on 2026-12-06.
+FA4_WHEELS = ("flash-attn-4==4.0.0b36", "nvidia-cutlass-dsl==4.8.1", "nvidia-cutlass-dsl-libs-base==4.8.1",
+              "nvidia-cutlass-dsl-libs-cu13==4.8.1", "apache-tvm-ffi==0.1.15.post2", "torch-c-dlpack-ext==0.1.5",
+              "quack-kernels==0.6.5", "einops==0.8.2")
+BUNDLE_SUFFIX = "-wheels.tar"
 DEVICE_PARTS = "/tmp/t39parts"
 DEVICE_TARGET = "/tmp/t39"
 SLIM_SUFFIX = "-slim.tar.xz"
@@ -97,6 +115,29 @@ def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
     return wheels[0]
 
 
+def bundle(dest: Path, requirements=FA4_WHEELS, name: str = "fa4") -> Path:
+    """pip download of ``requirements`` (each pinned, no dependencies) into ``dest``, packed with no compression (a
+    wheel is a zip already) as ``dest/<name>-wheels.tar``; returns it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    "3.12", "--implementation", "cp", *platforms, "-d", str(dest), *requirements], check=True)
+    return pack_wheels(sorted(dest.glob("*.whl")), dest / f"{name}{BUNDLE_SUFFIX}")
+
+
+def pack_wheels(wheels: list[Path], archive: Path) -> Path:
+    """``wheels`` side by side in a plain tar at ``archive`` (written whole, then renamed)."""
+    if not wheels:
+        raise SystemExit(f"no wheels to pack into {archive.name}")
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w") as tar:
+        for wheel in wheels:
+            tar.add(wheel, arcname=wheel.name)
+    os.replace(partial, archive)
+    print(f"{archive}  {archive.stat().st_size / 2**20:.1f} MiB: {', '.join(w.name for w in wheels)}")
+    return archive
+
+
 def _dropped(name: str) -> bool:
     return any(name == prefix or name.startswith(prefix) for prefix in SLIM_DROPPED)
 
@@ -141,7 +182,15 @@ def install_script(artifact_name: str, digest: str, n_parts: int) -> str:
     parts = " ".join(f"{DEVICE_PARTS}/{artifact_name}.part{i}" for i in range(1, n_parts + 1))
     artifact = shlex.quote(f"{DEVICE_PARTS}/{artifact_name}")
     target = shlex.quote(DEVICE_TARGET)
-    if artifact_name.endswith(SLIM_SUFFIX):
+    check = (f"PYTHONPATH={target} python3 -c \"import triton; "
+             "print('installed triton', triton.__version__, triton.__file__)\"")
+    if artifact_name.endswith(BUNDLE_SUFFIX):
+        wheels = shlex.quote(f"{DEVICE_PARTS}/wheels")
+        install = f"""rm -rf {wheels} && mkdir -p {wheels} {target}
+tar -xf {artifact} -C {wheels}
+python3 -m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target {target} {wheels}/*.whl"""
+        check = f"python3 -m pip list --path {target}"
+    elif artifact_name.endswith(SLIM_SUFFIX):
         # tar -J runs the xz program; where an image lacks it, Python's own tarfile reads xz through lzma.
         install = f"""mkdir -p {target}
 if command -v xz > /dev/null; then
@@ -161,7 +210,7 @@ done
 cat {parts} > {artifact}
 echo "{digest}  {DEVICE_PARTS}/{artifact_name}" | sha256sum -c -
 {install}
-PYTHONPATH={target} python3 -c "import triton; print('installed triton', triton.__version__, triton.__file__)"
+{check}
 """
 
 
@@ -213,7 +262,11 @@ def _one_wheel(folder: Path) -> Path:
 
 
 def artifact_to_split(folder: Path) -> Path:
-    """The slim archive of the one wheel in ``folder`` where `slim` has written it, else that wheel."""
+    """The bundle of wheels in ``folder`` where `bundle` has written one, else the slim archive of its one wheel
+    where `slim` has written it, else that wheel."""
+    bundles = sorted(folder.glob(f"*{BUNDLE_SUFFIX}"))
+    if bundles:
+        return bundles[-1]
     wheel = _one_wheel(folder)
     archive = folder / (wheel.stem + SLIM_SUFFIX)
     return archive if archive.exists() else wheel
@@ -221,7 +274,7 @@ def artifact_to_split(folder: Path) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("download", "slim", "split", "commands"))
+    parser.add_argument("action", choices=("download", "slim", "bundle", "split", "commands"))
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the wheel and its parts go (ignored)")
     parser.add_argument("--requirement", default=DEFAULT_REQUIREMENT)
     parser.add_argument("--artifact", type=Path,
@@ -238,6 +291,9 @@ def main(argv=None) -> int:
         return 0
     if args.action == "slim":
         slim(_one_wheel(args.dir), args.dir)
+        return 0
+    if args.action == "bundle":
+        bundle(args.dir)
         return 0
     if args.action == "split":
         artifact = args.artifact or artifact_to_split(args.dir)

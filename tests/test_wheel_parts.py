@@ -203,3 +203,32 @@ def test_split_takes_the_slim_archive_unless_told_otherwise(tmp_path, monkeypatc
     capsys.readouterr()
     module.main(["commands", "--dir", str(out), "--run", "echo run"])
     assert f"carry {wheel.name}" in capsys.readouterr().out
+
+
+def test_a_bundle_of_wheels_travels_in_parts_and_installs_every_wheel(tmp_path, monkeypatch, capsys):
+    """FlashAttention-4's wheels packed in one tar: split wants the bundle over any single wheel, the parts put back
+    together unpack to the same wheels, and pip is asked to install each of them into the target."""
+    parts_dir = tmp_path / "device-parts"
+    module = _module(monkeypatch, parts_dir, tmp_path / "site")
+    out = tmp_path / "out"
+    out.mkdir()
+    wheels = []
+    for name in ("flash_attn_4-4.0.0b36-py3-none-any.whl", "einops-0.8.2-py3-none-any.whl",
+                 "nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl"):
+        (out / name).write_bytes(os.urandom(700))
+        wheels.append(out / name)
+    archive = module.pack_wheels(sorted(wheels), out / "fa4-wheels.tar")
+    assert module.artifact_to_split(out) == archive  # not "expected one wheel": the bundle is what travels
+    folders = module.split(archive, out, 1000)
+    assert len(folders) == -(-archive.stat().st_size // 1000) > 1
+    env = _fake_device(tmp_path, folders, parts_dir)
+    subprocess.run(["bash", str(parts_dir / "install.sh")], check=True, env=env, capture_output=True, text=True)
+    for wheel in wheels:
+        assert (parts_dir / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
+    pip = (tmp_path / "python3.log").read_text().splitlines()
+    assert pip[0].startswith(f"-m pip install -q --no-deps --no-compile --no-cache-dir --upgrade --target "
+                             f"{tmp_path / 'site'} ")
+    assert sorted(Path(arg).name for arg in pip[0].split()[10:]) == sorted(w.name for w in wheels)
+    assert pip[1] == f"-m pip list --path {tmp_path / 'site'}"
+    with pytest.raises(SystemExit, match="no wheels"):
+        module.pack_wheels([], out / "empty-wheels.tar")
