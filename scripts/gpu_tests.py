@@ -112,7 +112,7 @@ def failed_tests(suite: ET.Element) -> dict[str, str]:
     machine is gone once the call ends, so the JSON must say why, not only which."""
     failed = {}
     for case in suite.iter("testcase"):
-        report = case.find("failure") if case.find("failure") is not None else case.find("error")
+        report = next((found for found in (case.find("failure"), case.find("error")) if found is not None), None)
         if report is not None:
             text = f"{report.get('message', '')}\n{report.text or ''}".strip()
             failed[_test_id(case)] = text[-FAILURE_CHARS:]

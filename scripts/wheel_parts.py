@@ -26,7 +26,7 @@ command then runs under Triton 3.9 with ``PYTHONPATH=/tmp/t39:src`` (the folder 
 Triton 3.6). Proton (``triton.profiler``) does not work from a slim install: profile under the image's Triton.
 
 FlashAttention-4 (the reference b7 is measured against) travels the same way, as a bundle of its eight pinned wheels
-(FA4_WHEELS: its CuTe DSL and CUDA 13 libraries, 98 MiB, already compressed, so packed in a plain tar):
+(FA4_WHEELS: its CuTe DSL and CUDA 13 libraries, 96 MiB, already compressed, so packed in a plain tar):
 
     python3 scripts/wheel_parts.py bundle --dir .fa4       # pip download FA4_WHEELS, pack .fa4/fa4-wheels.tar
     python3 scripts/wheel_parts.py split --dir .fa4        # .fa4/part1/ .. part3/
@@ -103,12 +103,17 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
-    """pip download of the one wheel (no dependencies: the image has Triton's) into ``dest``; returns its path."""
+def _pip_download(dest: Path, requirements) -> None:
+    """pip download of ``requirements`` for the GPU image's Python (no dependencies) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    "3.12", "--implementation", "cp", *platforms, "-d", str(dest), requirement], check=True)
+                    "3.12", "--implementation", "cp", *platforms, "-d", str(dest), *requirements], check=True)
+
+
+def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
+    """pip download of the one wheel (no dependencies: the image has Triton's) into ``dest``; returns its path."""
+    _pip_download(dest, [requirement])
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"expected one wheel in {dest}, found {[w.name for w in wheels]}: remove the others")
@@ -118,10 +123,7 @@ def download(dest: Path, requirement: str = DEFAULT_REQUIREMENT) -> Path:
 def bundle(dest: Path, requirements=FA4_WHEELS, name: str = "fa4") -> Path:
     """pip download of ``requirements`` (each pinned, no dependencies) into ``dest``, packed with no compression (a
     wheel is a zip already) as ``dest/<name>-wheels.tar``; returns it."""
-    dest.mkdir(parents=True, exist_ok=True)
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    "3.12", "--implementation", "cp", *platforms, "-d", str(dest), *requirements], check=True)
+    _pip_download(dest, requirements)
     return pack_wheels(sorted(dest.glob("*.whl")), dest / f"{name}{BUNDLE_SUFFIX}")
 
 

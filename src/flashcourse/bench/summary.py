@@ -979,7 +979,6 @@ def backward_designs_profile(directory: Path | None = None) -> dict | None:
     return {"device": meta["device"], "date": meta["date"], "file": name, "shape": dict(shape), "kernels": kernels}
 
 
-
 def _launched_warps(row: dict) -> int:
     """Warps a kernel launched: the programs of its grid times the warps of a block (Nsight Compute's strings)."""
     grid = [int(x) for x in row["grid"].strip("()").split(",")]
@@ -1051,6 +1050,7 @@ def backward_lengths(directory: Path | None = None) -> dict | None:
         return None
     return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
             "rows": table, "vs_b1": (min(over_b1), max(over_b1))}
+
 
 # ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
 # benchmarks/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
