@@ -85,10 +85,20 @@ HEAD_DIMS = (64, 128)
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "b1", "fa4")
 # What the phases after the compiles need, kept from the budget: a child's start (torch, CUDA; about 5 s on the
-# first run's H100, doubled) and a timed shape of one provider (28 reference rows took 86 s there, b1's
-# compiles included; 2 s a row once compiled).
+# first run's H100, doubled) and a timed shape of one provider (0.35-0.38 s a row once compiled: 80 rows of b7c and
+# b7d in 28 s, 80 of cuDNN and b1 in 30 s, H100, 2026-12-06; doubled).
 CHILD_START_S = 10.0
-SHAPE_S = 2.0
+SHAPE_S = 0.8
+# The least time the compiles may be left: one (D, dtype, causal) child compiling v7's forward, b1 and a variant took
+# about 30 s there. A budget that leaves less is refused before any work (an earlier run kept 0 s for them: every
+# variant row read "budget spent" while the references and checks ran).
+MIN_COMPILE_S = 60.0
+
+
+def reserved_after_compiles(n_timed: int, n_shapes: int) -> float:
+    """Seconds the budget keeps for what follows the compiles: the variants' ``n_timed`` timed rows, then cuDNN's
+    and b1's ``n_shapes`` each."""
+    return CHILD_START_S + SHAPE_S * (n_timed + 2 * n_shapes)
 _RUN_START = time.time()  # a child is told the parent's (--since), so every line counts from the run's start
 
 
@@ -470,11 +480,19 @@ def main(argv=None) -> int:
 
     start = _RUN_START
     deadline = start + args.budget
+    variants = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
+    work = plan(args.quick, checks=not args.no_checks, variants=variants)
+    n_shapes = len(time_shapes(args.quick))
+    reserved = reserved_after_compiles(len(work["time"][0]), n_shapes)
+    if args.budget < reserved + MIN_COMPILE_S:
+        print(f"--budget {args.budget:.0f} s is too short: the timings keep {reserved:.0f} s and the compiles need "
+              f"{MIN_COMPILE_S:.0f} s; give --budget {math.ceil(reserved + MIN_COMPILE_S + 60)} or more (the checks "
+              "take the rest)")
+        return 2
     if not torch.cuda.is_available():
         print("gpu_b7.py needs a CUDA GPU (Hopper)")
         return 2
     meta = environment_info()
-    variants = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick, checks=not args.no_checks,
                 triton_path=triton.__file__, budget_s=args.budget, variants=list(variants))
     try:
@@ -515,10 +533,7 @@ def main(argv=None) -> int:
         return lambda items, path: [sys.executable, script, "--child", kind, "--items", json.dumps(items),
                                     "--rows", str(path), "--since", repr(start)]
 
-    work = plan(args.quick, checks=not args.no_checks, variants=variants)
     parallel = max(1, (os.cpu_count() or 2) // 2)
-    n_timed = len(work["time"][0])  # every variant's shapes
-    n_shapes = len(time_shapes(args.quick))
     if import_error:
         log(f"b7 cannot run: {import_error}")
         phases["b7"] = f"not run: {import_error}"
@@ -526,9 +541,8 @@ def main(argv=None) -> int:
         log(f"compile: {', '.join(variants)} at {len(work['compile'])} (D, dtype, causal) (with v7's forward and b1), "
             f"{parallel} at a time")
         began = time.time()
-        after = CHILD_START_S + SHAPE_S * (n_timed + 2 * n_shapes)  # the variants' timings, then cuDNN's and b1's
         compiled = run_jobs("compile", work["compile"], command("compile"), parallel=parallel,
-                            item_timeout=args.compile_timeout, deadline=deadline - after, env=env)
+                            item_timeout=args.compile_timeout, deadline=deadline - reserved, env=env)
         rows.extend(compiled)
         phases["compile"] = {"seconds": round(time.time() - began, 1),
                              "ok": sum(r["status"] == "ok" for r in compiled), "of": len(compiled)}
@@ -547,7 +561,7 @@ def main(argv=None) -> int:
         log(f"time: {len(to_time)} shapes of {', '.join(variants)}, one after another")
         began = time.time()
         timed = run_jobs("time", [to_time], command("time"), parallel=1, item_timeout=args.shape_timeout,
-                         deadline=deadline - 2 * SHAPE_S * n_shapes, env=env)  # the references' time kept
+                         deadline=deadline - reserved_after_compiles(0, n_shapes), env=env)  # the references' time kept
         rows.extend({"mode": "bwd", **r} for r in timed)
         phases["time"] = {"seconds": round(time.time() - began, 1),
                           "ok": sum(r["status"] == "ok" for r in timed), "of": len(timed)}

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -97,7 +98,7 @@ print(json.dumps({"stages": records, "stats": stats}))
 @needs_tma_reduce
 @pytest.mark.slow  # one to three minutes on two shared cores: twelve compiles to cubin
 def test_b7_compiles_for_sm90(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, "-c", _COMPILE, str(ROOT / "scripts")], capture_output=True, text=True,
                           env=env, timeout=900)
@@ -138,7 +139,7 @@ def test_kernels_package_does_not_import_b7():
     """CI's Triton may lack the TMA reduce-add: ``import flashcourse.kernels`` must not load b7's module."""
     code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_backward_tma' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
 
 
@@ -399,7 +400,7 @@ def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
             "script = importlib.util.module_from_spec(spec); spec.loader.exec_module(script)\n"
             "print(json.dumps({'cases': script.time_shapes(quick=False), 'check_ns': list(script.CHECK_NS),\n"
             "                  'references': list(script.REFERENCES)}))")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-c", read, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -29,7 +30,7 @@ print("TRITON_INTERPRET=" + str(os.environ.get("TRITON_INTERPRET")), file=sys.st
 
 
 def _run(code: str, **env_changes) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env_changes)
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), **env_changes)
     env.pop("TRITON_INTERPRET", None)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
 

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -45,7 +46,7 @@ def _forward_test():
 @pytest.mark.slow  # 15-30 s on two shared cores: six compiles to cubin
 def test_every_backward_stage_compiles_for_sm90(tmp_path):
     out = tmp_path / "fa3_backward.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, str(SCRIPT), "--backward", "--json", str(out)], capture_output=True,
                           text=True, env=env, timeout=900)
@@ -89,7 +90,7 @@ def test_kernels_package_does_not_import_fa3_backward():
     """CI's Triton may lack what fa3_backward.py uses: ``import flashcourse.kernels`` must not load it."""
     code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_backward' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
 
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -32,7 +33,7 @@ STAGES = ("v8a", "v8b", "v8c", "v8d", "v8e", "v8f", "v8g", "v8h")
 
 
 def _env(tmp_path: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
     return env
 
@@ -132,7 +133,7 @@ def test_kernels_package_does_not_import_fa3():
     """CI's Triton may lack what fa3.py uses: ``import flashcourse.kernels`` must not load it."""
     code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
 
 

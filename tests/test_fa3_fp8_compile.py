@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -36,7 +37,7 @@ SCRIPT = ROOT / "scripts" / "fa3_fp8_compile.py"
 
 
 def _env(tmp_path: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
     return env
 
@@ -102,7 +103,7 @@ def test_overlapped_ex2_counts_what_sits_between_the_waits(monkeypatch):
 def test_kernels_package_does_not_import_fa3_fp8():
     code = "import sys, flashcourse.kernels; print('flashcourse.kernels.hopper.fa3_fp8' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "False", proc.stdout + proc.stderr[-2000:]
 
 
@@ -173,7 +174,7 @@ g.add_cudnn_ratios(rows)
 print(json.dumps({"rows": {r["provider"]: r for r in rows}, "checks": g.CHECK_NS, "quick": g.QUICK_CHECK_NS}))
 """
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = result["rows"]

@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from child_env import child_pythonpath
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_b7.py"
 
@@ -66,7 +68,7 @@ def _run(jobs, tmp_path, *, parallel=2, item_timeout=60.0, budget=120.0):
     proc = subprocess.run([sys.executable, "-c", _RUN, str(SCRIPT), json.dumps(jobs), str(parallel),
                            str(item_timeout), str(budget), _STUB_CHILD, str(pids)],
                           capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     return rows, [int(line) for line in pids.read_text().split()], proc.stdout
@@ -129,7 +131,7 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
         print(json.dumps({"plans": plans, "marked": [r.get("checks_passed", "absent") for r in rows[3:]]}))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for key, plan in out["plans"].items():
@@ -158,3 +160,19 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
     # b7's rows: D 64 checked and passed, D 128 checked and failed; b1's rows untouched; b7b's D 64 not checked,
     # its D 128 passed (b7's failure at D 128 is not b7b's); b7's bfloat16 not checked.
     assert out["marked"] == [True, False, "absent", "absent", None, True, None]
+
+
+def test_a_budget_that_leaves_the_compiles_no_time_is_refused_before_any_work():
+    """The timings' reserve grows with the rows: two variants by length keep 138 s. A run given --budget 330 when the
+    reserve was 2 s a row (330 s) compiled nothing and timed nothing, each variant's row "budget spent", on the H100
+    (2026-12-06); now a budget short of the reserve plus MIN_COMPILE_S stops at once and names one that does."""
+    def run(budget):
+        return subprocess.run([sys.executable, str(SCRIPT), "--variants", "b7c,b7d", "--budget", str(budget)],
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONPATH=child_pythonpath(), CUDA_VISIBLE_DEVICES=""))
+    short = run(150)
+    assert short.returncode == 2 and "--budget 150 s is too short: the timings keep 138 s" in short.stdout, (
+        short.stdout + short.stderr[-2000:])
+    assert "give --budget 258 or more" in short.stdout
+    enough = run(330)  # past the budget's check: on this CPU it then stops for want of a GPU
+    assert enough.returncode == 2 and "needs a CUDA GPU" in enough.stdout, enough.stdout + enough.stderr[-2000:]

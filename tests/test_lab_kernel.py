@@ -16,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from child_env import child_pythonpath
 
 from flashcourse import lab_kernel
 from flashcourse.lab_kernel import KERNELSPEC, LANGUAGE_INFO
@@ -81,7 +82,7 @@ def test_without_ipykernel_the_module_names_the_extra():
         sys.meta_path.insert(0, NotInstalled())
         import flashcourse.lab_kernel
     """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", blocked], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and 'pip install "flashcourse[course]"' in done.stderr, done.stderr[-2000:]
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -39,7 +40,7 @@ for _name, _props in sorted(configs.KNOWN_DEVICES.items()):
 
 def run_fit(*args: str, tmp_path: Path) -> tuple[int, str, dict]:
     out = tmp_path / "fit.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--json", str(out)], capture_output=True,
                           text=True, env=env, timeout=1500)

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 from gpu_run_stub import stub_gpu_tools
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,7 +464,7 @@ def test_the_script_imports_no_gluon_module(tmp_path):
             "print(sorted(m for m in sys.modules if 'hopper' in m.split('.') and m.startswith('flashcourse')\n"
             "             or m.startswith('triton.experimental.gluon')), len(module.CASES))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), cwd=tmp_path)
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == f"[] {31 + len(H100_NAMES) + len(B7_NAMES)}", proc.stdout
 
@@ -542,7 +543,7 @@ def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
                           "shape": cudnn.shape, "listed": [c.name for c in module.CASES][-len(module.B7_CASES):]}))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [c[0] for c in out["cases"]] == list(B7_NAMES) == out["listed"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pexpect
 import pytest
 import yaml
+from child_env import child_pythonpath
 from rich.cells import cell_len
 
 from flashcourse import interview
@@ -716,7 +717,7 @@ def test_the_readme_lists_quiz_commands():
 def test_every_readme_quiz_command_works_as_written(tmp_path, command):
     """Run with no input (the quiz ends at its first prompt, as Ctrl-D would); exit status 0, no usage error."""
     env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="120", FLASHCOURSE_PLAIN="1",
-               PYTHONPATH=str(ROOT / "src"))  # run in tmp_path (the export writes there): this checkout
+               PYTHONPATH=child_pythonpath())  # run in tmp_path (the export writes there): this checkout
     result = subprocess.run([sys.executable, "-m", "flashcourse", *command.split()[1:]], capture_output=True,
                             text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, timeout=120)
     assert result.returncode == 0, result.stderr
