@@ -4,7 +4,8 @@ against float64, on an H100 / H200 under Triton >= 3.9.
 
 The GPU machines carry Triton 3.6; 3.9 travels in parts (``scripts/wheel_parts.py``, which prints the calls)
 and is first on the path. The times are estimates from the first run's H100 (the install adds about 20 s), and
-every run stops within ``--budget`` (200 s) with its JSON written:
+every run stops within ``--budget`` (200 s) with its JSON written; a budget too short to leave the compiles a minute
+beside the timings' reserve is refused at once, naming one that would do:
 
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT               # about 2 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --no-checks --out $OUT   # about 1.5 minutes
@@ -99,6 +100,8 @@ def reserved_after_compiles(n_timed: int, n_shapes: int) -> float:
     """Seconds the budget keeps for what follows the compiles: the variants' ``n_timed`` timed rows, then cuDNN's
     and b1's ``n_shapes`` each."""
     return CHILD_START_S + SHAPE_S * (n_timed + 2 * n_shapes)
+
+
 _RUN_START = time.time()  # a child is told the parent's (--since), so every line counts from the run's start
 
 

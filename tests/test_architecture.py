@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "flashcourse"
 NOTEBOOK_ONLY = {"ipywidgets", "IPython", "nbformat", "nbclient", "ipykernel"}
@@ -158,7 +159,7 @@ _CORE_ONLY = textwrap.dedent("""
 @functools.cache
 def _import_with_core_only(*modules: str) -> dict[str, str | None]:
     """module -> None where it imported, else its ImportError's message (one interpreter for all of them)."""
-    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", _CORE_ONLY, ",".join(EXTRAS_ONLY), *modules], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

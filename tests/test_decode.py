@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from child_env import child_pythonpath
 
 torch = pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -922,11 +923,9 @@ def test_paged_tiles_keep_the_contiguous_pipeline():
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     pytest.importorskip("triton.backends.nvidia")
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", SM90_SHARED_MEMORY], capture_output=True, text=True, env=env,
                           timeout=600)
     no_ptxas = "ptxas" in done.stderr and ("not found" in done.stderr or "No such file" in done.stderr)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from child_env import child_pythonpath
 
 torch = pytest.importorskip("torch")
 from flashcourse import device  # noqa: E402
@@ -392,11 +393,9 @@ def test_kernel_compiles_for_sm90_with_fp8_tensor_core_products():
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     pytest.importorskip("triton.backends.nvidia")
-    src = Path(__file__).resolve().parents[1] / "src"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", SM90_COMPILE], capture_output=True, text=True, env=env, timeout=600)
     no_ptxas = "ptxas" in done.stderr and ("not found" in done.stderr or "No such file" in done.stderr)
     if done.returncode != 0 and no_ptxas:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import child_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_notebooks.py"
@@ -77,13 +78,12 @@ def test_the_judge_ignores_modules_in_the_notebooks_folder(tmp_path):
     for name in ("numpy.py", "flashcourse/__init__.py"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("raise ImportError('the notebook folder was imported')\n")
-    src = str(ROOT / "src")
     code = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
             "import numpy as np\n"
             "from flashcourse.grading.fresh_judge import hidden_test\n"
             "hidden_test('ex01_a', attention_scores=lambda q, k, scale=None: "
             "(q @ np.swapaxes(k, -1, -2)) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
