@@ -281,3 +281,27 @@ def test_backward_lengths_and_stall_sites_of_the_committed_h100_runs(tmp_path):
     kernels = summary.backward_stall_sites(tmp_path)["kernels"]
     assert round(kernels["b7c"]["barrier"] - kernels["b7c"]["once_per_warp"], 2) == 1.16
     assert round(kernels["sdpa_cudnn"]["barrier"], 2) == 1.54 and kernels["sdpa_cudnn"]["once_per_warp"] == 0
+
+
+def test_backward_tile_step_pairs_b7d_with_b7c_at_the_same_shape(tmp_path):
+    assert summary.backward_tile_step(tmp_path) is None
+    rows = [{"kind": "time", "status": "ok", "provider": provider, "dtype": "float16", "head_dim": 128,
+             "causal": causal, "n": n, "tflops": tflops, "ratio_vs_sdpa_cudnn": tflops / 500}
+            for provider, causal, n, tflops in (("b7c", False, 1024, 400), ("b7d", False, 1024, 420),
+                                                ("b7c", True, 1024, 300), ("b7d", True, 1024, 330),
+                                                ("b7d", True, 2048, 999))]  # no b7c at 2048: left out
+    rows.append({"kind": "time", "status": "hang", "provider": "b7d", "dtype": "float16", "head_dim": 128,
+                 "causal": False, "n": 4096})
+    (tmp_path / "2026-12-06-h100-b7d-lengths.json").write_text(json.dumps(
+        {"meta": {"date": "2026-12-06", "device": "H100"}, "rows": rows}))
+    case = summary.backward_tile_step(tmp_path)["cases"][("float16", 128)]
+    assert case["over_b7c"] == pytest.approx((1.05, 1.1)) and case["over_cudnn"] == pytest.approx((0.66, 0.84))
+
+
+def test_backward_tile_step_of_the_committed_h100_run(tmp_path):
+    """What lesson 08 says of b7d: at D = 128, 4-7% over b7c in fp16, none in bf16, short of cuDNN."""
+    shutil.copy(results_dir() / "2026-12-06-nvidia-h100-80gb-hbm3-b7d-lengths.json", tmp_path)
+    cases = summary.backward_tile_step(tmp_path)["cases"]
+    assert [round(x, 2) for x in cases[("float16", 128)]["over_b7c"]] == [1.04, 1.07]
+    assert [round(x, 2) for x in cases[("bfloat16", 128)]["over_b7c"]] == [0.98, 1.04]
+    assert all(case["over_cudnn"][1] < 1 for case in cases.values())

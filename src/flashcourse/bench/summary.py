@@ -1052,6 +1052,33 @@ def backward_lengths(directory: Path | None = None) -> dict | None:
             "rows": table, "vs_b1": (min(over_b1), max(over_b1))}
 
 
+
+def backward_tile_step(directory: Path | None = None) -> dict | None:
+    """b7d (64-row query tiles at D = 128) against b7c, from the newest ``*-b7d-lengths.json`` (``gpu_b7.py
+    --variants b7c,b7d``, both timed at every length in one run); None when none is committed.
+
+    ``cases``: {(dtype, head_dim): {"over_b7c": (least, most), "over_cudnn": (least, most)}}, over both masks and
+    every length (b7d's TFLOP/s over b7c's at the same shape; b7d's ``ratio_vs_sdpa_cudnn``); also ``device``,
+    ``date``, ``file``."""
+    newest = _newest("*-b7d-lengths.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    timed = {(r["provider"], r["dtype"], r["head_dim"], r["causal"], r["n"]): r for r in rows
+             if r.get("kind") == "time" and r.get("status") == "ok" and r["provider"] in ("b7c", "b7d")}
+    pairs: dict[tuple, list] = {}
+    for (provider, *shape), row in timed.items():
+        base = timed.get(("b7c", *shape))
+        if provider == "b7d" and base is not None:
+            pairs.setdefault((shape[0], shape[1]), []).append((row["tflops"] / base["tflops"],
+                                                                row["ratio_vs_sdpa_cudnn"]))
+    if not pairs:
+        return None
+    cases = {case: {"over_b7c": (min(a for a, _ in found), max(a for a, _ in found)),
+                    "over_cudnn": (min(c for _, c in found), max(c for _, c in found))}
+             for case, found in sorted(pairs.items())}
+    return {"device": meta["device"], "date": meta["date"], "file": name, "cases": cases}
+
 # ----------------------------------------------------------------- lesson 13: where the forward still trails cuDNN
 # benchmarks/ncu_limits.py's forward-gap cases (``gpu_run.sh gaps``): (label, our case, cuDNN's case).
 FORWARD_GAP_PAIRS = (
