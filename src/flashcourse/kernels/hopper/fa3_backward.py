@@ -204,9 +204,10 @@ def _bwd_step(dk, dv, k_tile, v_tile, q_tile, do_tile, ds_smem, head, m0, keys, 
 def _store_dkdv(dk, dv, DK, DV, kv_row, n0, N_KV, scale, HEAD_DIM: gl.constexpr, KEYS: gl.constexpr,
                 KV_LAYOUT: gl.constexpr):
     """dK = scale * dS^T Q and dV of keys [n0, n0 + KEYS) of the head whose first row is kv_row; keys past N_KV
-    are not written."""
+    are not written. HEAD_DIM is a row's length in memory; dk and dv may hold fewer columns (b8's warpgroups own
+    half the head dim each and pass DK, DV already offset to their first column)."""
     keys = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, KV_LAYOUT))
-    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, KV_LAYOUT))
+    cols = gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, KV_LAYOUT))
     offs = (kv_row + keys)[:, None] * HEAD_DIM + cols[None, :]
     mask = (keys < N_KV)[:, None] & (cols < HEAD_DIM)[None, :]
     gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
@@ -434,10 +435,18 @@ def _b6_ws_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, q
 
 
 # ------------------------------------------------------------------------------------------ dQ: float32 -> dtype
+@gluon.constexpr_function
+def _row_tile_layout(head_dim):
+    """A 4-warp layout over rows of ``head_dim`` values: 4 a thread up to D = 128 (a warp spans 128 / D rows), 8 at
+    D = 256 (a warp spans one row; with 4 a warp would need 64 threads)."""
+    per_thread = max(4, head_dim // 32)
+    return gl.BlockedLayout([1, per_thread], [32 * per_thread // head_dim, head_dim // per_thread], [4, 1], [1, 0])
+
+
 @gluon.jit(do_not_specialize=["N_Q", "N_QPAD"])
 def _dq_convert_kernel(DQ_ACC, DQ, scale, N_Q, N_QPAD, HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr):
     """dQ = scale * dQ_acc in dQ's dtype, rows [pid * BLOCK, ...) of head program_id(1) (launch with 4 warps)."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // HEAD_DIM, HEAD_DIM // 4], [4, 1], [1, 0])
+    layout: gl.constexpr = _row_tile_layout(HEAD_DIM)
     bh = gl.program_id(1)
     rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
@@ -512,8 +521,9 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
     return signature, constexprs
 
 
-def check_inputs(q, k, v, o, lse, do) -> None:
-    """What b6 takes, or a ValueError saying what to use instead."""
+def check_inputs(q, k, v, o, lse, do, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
+    """What b6 takes, or a ValueError saying what to use instead; ``head_dims``: those the caller's kernel takes
+    (b8 of fa3_backward_d256.py checks the same rules at D = 256)."""
     use = "use flashcourse.kernels.flash_attention_backward"
     if any(t.dim() != 4 for t in (q, k, v, o, do)):
         raise ValueError("fa3_backward takes q, k, v, o, do of shape (B, H, N, D)")
@@ -529,8 +539,8 @@ def check_inputs(q, k, v, o, lse, do) -> None:
                          f"{k.dtype}, {v.dtype}, {o.dtype}, {do.dtype}); {use} for float32")
     if lse.dtype != torch.float32:
         raise ValueError(f"fa3_backward takes the forward's float32 lse (got {lse.dtype})")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"fa3_backward takes head dims {HEAD_DIMS} (got {q.shape[3]}); {use} for the others")
+    if q.shape[3] not in head_dims:
+        raise ValueError(f"fa3_backward takes head dims {head_dims} (got {q.shape[3]}); {use} for the others")
     if not all(t.is_contiguous() for t in (q, k, v, o, lse, do)):
         raise ValueError("fa3_backward reads contiguous (B, H, N, D) tensors through TMA: pass .contiguous() "
                          f"tensors (a transposed (B, N, H, D) view is not contiguous), or {use}, which takes any "

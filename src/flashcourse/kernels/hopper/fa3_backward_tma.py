@@ -127,7 +127,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
-from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _store_dkdv
+from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _row_tile_layout, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
 # The Triton releases (major.minor) under which `make test-gpu` ran the dispatched b7c (plan.gluon_backward, the GPU
@@ -470,7 +470,7 @@ def _b7_stats_kernel(O, DO, LSE, LSE2, DELTA, N_Q, N_QPAD, HEAD_DIM: gl.constexp
     preprocess pads its LSE and dPsum to whole tiles too: each tile's values then start on a 256-byte boundary,
     which a 1-D TMA copy needs (b7b's first run faulted, "illegal instruction", where a head began at a 4-byte
     offset), and no tile reaches the next head's rows."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // HEAD_DIM, HEAD_DIM // 4], [4, 1], [1, 0])
+    layout: gl.constexpr = _row_tile_layout(HEAD_DIM)
     bh = gl.program_id(1).to(gl.int64)
     rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
@@ -562,16 +562,53 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
     return signature, constexprs
 
 
-def check_inputs(q, k, v, o, lse, do) -> None:
+def check_inputs(q, k, v, o, lse, do, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
     """What b7 takes, or a ValueError saying what to use instead (b6's rules, plus a Triton with the TMA
-    reduce-add)."""
+    reduce-add); ``head_dims``: those the caller's kernel takes (b8, fa3_backward_d256.py: 256)."""
     if not HAS_TMA_REDUCE:
         import triton
 
         raise ValueError(f"b7 adds dQ with Gluon's tma.async_atomic_add, which Triton {triton.__version__} lacks "
                          "(it came with 3.9): install Triton >= 3.9, or use "
                          "flashcourse.kernels.flash_attention_backward")
-    _check_b6_inputs(q, k, v, o, lse, do)
+    _check_b6_inputs(q, k, v, o, lse, do, head_dims=head_dims)
+
+
+def padded_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                 n_qpad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lse in log2 units, Delta = rowsum(dO * O)) as (B*H, n_qpad) float32 arrays, zeros past N_q
+    (``_b7_stats_kernel``): what the loader's 1-D TMA copies read, b7's variants and b8 alike."""
+    batch, heads, n_q, head_dim = o.shape
+    lse2, delta = (torch.empty((batch * heads, n_qpad), device=o.device, dtype=torch.float32) for _ in range(2))
+    _b7_stats_kernel[(n_qpad // STATS_ROWS, batch * heads)](o, do, lse, lse2, delta, n_q, n_qpad,
+                                                            HEAD_DIM=head_dim, BLOCK=STATS_ROWS, num_warps=4)
+    return lse2, delta
+
+
+def stats_descriptors(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple:
+    """1-D TMA descriptors over every head's padded lse and Delta, ``block_m`` values a copy."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return tuple(TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], _stats_layout(block_m))
+                 for t in (lse2, delta))
+
+
+def rows_descriptor(t: torch.Tensor, block_rows: int):
+    """A (B, H, N, D) tensor seen as (B*H*N, D) rows for TMA, ``block_rows`` rows a copy."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    flat = t.view(-1, t.shape[-1])
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, t.shape[-1]],
+                            _smem_layout(block_rows, t.shape[-1], t.dtype))
+
+
+def dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+    """dQ = scale * the float32 buffer (B*H, n_qpad, D) the reduce-adds filled, in q's dtype and shape."""
+    batch, heads, n_q, head_dim = q.shape
+    dq = torch.empty_like(q)
+    _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, dq_acc.shape[1],
+                                                              HEAD_DIM=head_dim, BLOCK=64, num_warps=4)
+    return dq
 
 
 def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -593,29 +630,16 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     n_qpad = triton_cdiv(n_q, ROWS) * ROWS  # whole 64-row tiles: a reduce-add never reaches the next head's rows
-    lse2, delta = (torch.empty((batch * heads, n_qpad), device=q.device, dtype=torch.float32) for _ in range(2))
-    _b7_stats_kernel[(n_qpad // STATS_ROWS, batch * heads)](o, do, lse, lse2, delta, n_q, n_qpad,
-                                                            HEAD_DIM=head_dim, BLOCK=STATS_ROWS, num_warps=4)
+    lse2, delta = padded_stats(o, do, lse, n_qpad)
     dq_acc = torch.zeros((batch * heads, n_qpad, head_dim), device=q.device, dtype=torch.float32)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-
-    def describe(t: torch.Tensor, n: int, block_rows: int):
-        flat = t.view(batch * heads * n, head_dim)
-        return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, head_dim],
-                                _smem_layout(block_rows, head_dim, q.dtype))
-
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
     dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
                                _dq_layout(block_m, head_dim))
-    # 1-D over all heads' padded rows (b7 passes them unused).
-    lse_desc, delta_desc = (TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], _stats_layout(block_m))
-                            for t in (lse2, delta))
+    lse_desc, delta_desc = stats_descriptors(lse2, delta, block_m)  # b7 passes them unused
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
-    spec.kernel[grid](describe(q, n_q, block_m), describe(k, n_kv, ROWS), describe(v, n_kv, ROWS),
-                      describe(do, n_q, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse2, delta, scale * _LOG2E,
-                      scale, n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
-    dq = torch.empty_like(q)
-    _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, n_qpad, HEAD_DIM=head_dim,
-                                                              BLOCK=64, num_warps=4)
-    return dq, dk, dv
+    spec.kernel[grid](rows_descriptor(q, block_m), rows_descriptor(k, ROWS), rows_descriptor(v, ROWS),
+                      rows_descriptor(do, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse2, delta,
+                      scale * _LOG2E, scale, n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
+    return dq_from_buffer(dq_acc, q, scale), dk, dv
