@@ -1,6 +1,7 @@
 """Backward b7 and its variants (``flashcourse.kernels.hopper.fa3_backward_tma``: FA3's design, dQ by a TMA
-reduce-add; ``STAGES`` names them) timed beside b1, cuDNN and, where importable, FlashAttention-4, and checked
-against float64, on an H100 / H200 under Triton >= 3.9.
+reduce-add; ``STAGES`` names them) and b8, the same design at head dim 256 (``hopper.fa3_backward_d256``), timed
+beside b1, cuDNN and, where importable, FlashAttention-4, and checked against float64, on an H100 / H200 under
+Triton >= 3.9.
 
 The GPU machines carry Triton 3.6; 3.9 travels in parts (``scripts/wheel_parts.py``, which prints the calls)
 and is first on the path. The times are estimates from the first run's H100 (the install adds about 20 s), and
@@ -13,10 +14,15 @@ beside the timings' reserve is refused at once, naming one that would do:
                                                # the lengths: 80 s on an H100 (2026-12-06)
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7,b7b,b7c --out $OUT  # 2.5 minutes
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7c,b7d --out $OUT      # b7d, checked
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b8 --budget 300 --out $OUT
+                                               # b8 at D = 256, checked: about 2.5 minutes (estimated, not yet run)
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --variants b8 --no-checks --budget 300 --out $OUT
+                                               # b8 by length, N = 1024-16384: about 2 minutes (estimated)
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
-its checks, 10 s without).
+its checks, 10 s without). Each variant runs at the head dims it takes (``variant_head_dims``: b7's family at D 64
+and 128, b8 at 256), and the references at every head dim of the run's variants.
 
 ``--quick`` times one shape, (B, H, N) = (4, 16, 8192), for each head dim and dtype, causal and not (8 rows of
 each provider); the default times N = 1024 to 16384 at B*H*N = 524,288 (40 rows), the lengths a band of the
@@ -37,7 +43,8 @@ v7's forward and the small kernels anew for each (D, dtype, causal), about 14 s 
    ``flash_attn.cute`` interface of ``flash-attn-4``, if it imports; else one row saying why) on the same shapes;
 4. **checks** (unless ``--no-checks``): each variant's gradients against float64 autograd, as ``gpu_fa3_backward.py``
    checks b6: causal and not, N in {1, 17, 130, 1000, 4096} (a tile cut short, one row, a length that is no
-   multiple of the 32- or 64-row query tile nor of the 128-key tile), D 64 and 128, float16 and bfloat16; o and
+   multiple of the 32- or 64-row query tile nor of the 64- or 128-key tile), the variant's head dims (D 64 and 128,
+   or 256 for b8), float16 and bfloat16; o and
    lse from the v7 forward; each gradient divided by max(1, max |reference|) must lie within
    ``flashcourse.tolerance``'s (rtol, atol). One child per (D, dtype, causal), in parallel like the compiles.
    Afterwards each variant's timing row gets ``checks_passed`` for its variant, dtype and head dim (None where
@@ -83,6 +90,9 @@ CHECK_NS = (1, 17, 130, 1000, 4096)
 TIME_SHAPES = ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384))
 QUICK_TIME_SHAPES = ((4, 16, 8192),)
 HEAD_DIMS = (64, 128)
+# Variants of another module, each at the head dims it takes: b8 (hopper/fa3_backward_d256.py), D = 256 only. Named
+# here, not imported, so that the plan is read on a machine whose Triton has no Gluon.
+OTHER_HEAD_DIMS = {"b8": (256,)}
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "b1", "fa4")
 # What the phases after the compiles need, kept from the budget: a child's start (torch, CUDA; about 5 s on the
@@ -110,10 +120,31 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the plan
-def time_shapes(quick: bool):
-    """(B, H, N, D, dtype, causal) of every timed shape."""
+def time_shapes(quick: bool, head_dims=HEAD_DIMS):
+    """(B, H, N, D, dtype, causal) of every timed shape at ``head_dims``."""
     shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
-    return [(b, h, n, d, dt, c) for dt in DTYPES for d in HEAD_DIMS for (b, h, n) in shapes for c in (False, True)]
+    return [(b, h, n, d, dt, c) for dt in DTYPES for d in head_dims for (b, h, n) in shapes for c in (False, True)]
+
+
+def variant_head_dims(name: str) -> tuple[int, ...]:
+    """The head dims at which a variant is timed and checked: b7's family at D 64 and 128, b8 at 256."""
+    return OTHER_HEAD_DIMS.get(name, HEAD_DIMS)
+
+
+def reference_head_dims(variants) -> tuple[int, ...]:
+    """The head dims the references are timed at: every head dim of a variant of the run, in order."""
+    return tuple(sorted({d for name in variants for d in variant_head_dims(name)}))
+
+
+def backward_of(name: str):
+    """(module, its backward function) of a variant: b8's module for b8, else b7's."""
+    if name in OTHER_HEAD_DIMS:
+        from flashcourse.kernels.hopper import fa3_backward_d256
+
+        return fa3_backward_d256, fa3_backward_d256.b8_backward
+    from flashcourse.kernels.hopper import fa3_backward_tma
+
+    return fa3_backward_tma, fa3_backward_tma.b7_backward
 
 
 def _item(batch, heads, n, head_dim, dtype, causal) -> dict:
@@ -144,9 +175,11 @@ def plan(quick: bool, checks: bool, variants=(BASE,)) -> dict:
     """The items of each phase, each item naming its variant (``provider``): ``compile`` and ``check`` as jobs
     (lists of items, one job a child, run side by side), ``time`` as one job (shapes timed one after another,
     nothing else on the GPU; each shape's variants side by side in time)."""
-    timed = [{"provider": name, **_item(*case)} for case in time_shapes(quick) for name in variants]
+    timed = [{"provider": name, **_item(*case)} for case in time_shapes(quick, reference_head_dims(variants))
+             for name in variants if case[3] in variant_head_dims(name)]
     check_items = [{"provider": name, **_item(*((1, 2) if n >= 4096 else (2, 2)), n, d, dt, c)}
-                   for dt in DTYPES for d in HEAD_DIMS for c in (False, True) for name in variants for n in CHECK_NS]
+                   for dt in DTYPES for d in reference_head_dims(variants) for c in (False, True) for name in variants
+                   if d in variant_head_dims(name) for n in CHECK_NS]
     return {"compile": by_compile_key(timed), "time": [timed],
             "check": by_compile_key(check_items) if checks else []}
 
@@ -184,12 +217,12 @@ def compile_item(item: dict) -> dict:
     import torch
 
     from flashcourse import kernels
-    from flashcourse.kernels.hopper import fa3_backward_tma
 
     row = _row("compile", item)
     batch, heads, n, head_dim, dtype, causal, stage = (item[k] for k in ("batch", "heads", "n", "head_dim", "dtype",
                                                                           "causal", "provider"))
     try:
+        module, backward = backward_of(stage)
         q, k, v = _inputs(batch, heads, n, head_dim, dtype)
         do = torch.randn_like(q)
         o, lse = None, None
@@ -199,7 +232,7 @@ def compile_item(item: dict) -> dict:
             if name == "forward_v7":
                 o, lse = _forward(q, k, v, causal)
             elif name == "kernel":
-                fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+                backward(q, k, v, o, lse, do, causal=causal, stage=stage)
             else:
                 kernels.flash_attention_backward(q, k, v, o, lse, do, causal=causal, version="b1")
             torch.cuda.synchronize()
@@ -208,7 +241,7 @@ def compile_item(item: dict) -> dict:
                 f"{row[f'{name}_s']:.1f} s")
         row["status"] = "ok"
         # The variants share one kernel function: its newest compiled specialization is this variant's.
-        for compiled in compiled_rows(fa3_backward_tma.STAGES[stage].kernel, stage)[-1:]:
+        for compiled in compiled_rows(module.STAGES[stage].kernel, stage)[-1:]:
             row.update({key: compiled.get(key) for key in ("n_regs", "n_spills", "shared")})
     except Exception as error:  # noqa: BLE001 - recorded; the parent skips this variant's timings
         row["status"] = _error_text(error)
@@ -220,10 +253,9 @@ def compile_item(item: dict) -> dict:
 def variant_call(stage: str):
     """The maker ``time_case`` takes: the forward once, then the variant's backward as the timed call."""
     def make(q, k, v, do, causal):
-        from flashcourse.kernels.hopper import fa3_backward_tma
-
+        _, backward = backward_of(stage)
         o, lse = _forward(q, k, v, causal)
-        return lambda: fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        return lambda: backward(q, k, v, o, lse, do, causal=causal, stage=stage)
     return make
 
 
@@ -244,7 +276,6 @@ def check_item(item: dict) -> dict:
     """A variant's gradients against float64 autograd at one shape."""
     import torch
 
-    from flashcourse.kernels.hopper import fa3_backward_tma
     from flashcourse.tolerance import TOLERANCES
 
     batch, heads, n, head_dim, dtype, causal = (item[k] for k in ("batch", "heads", "n", "head_dim", "dtype",
@@ -255,7 +286,8 @@ def check_item(item: dict) -> dict:
         q, k, v = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim)
         (do,) = _inputs(batch, heads, n, head_dim, dtype, seed=n + head_dim + 1)[:1]
         o, lse = _forward(q, k, v, causal)
-        grads = fa3_backward_tma.b7_backward(q, k, v, o, lse, do, causal=causal, stage=item["provider"])
+        _, backward = backward_of(item["provider"])
+        grads = backward(q, k, v, o, lse, do, causal=causal, stage=item["provider"])
         torch.cuda.synchronize()
         expected = reference_grads(q, k, v, do, causal)
         rtol, atol = TOLERANCES[dtype]
@@ -415,11 +447,11 @@ def fa4(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
 
-def reference_rows(quick: bool, deadline: float = math.inf) -> list[dict]:
+def reference_rows(quick: bool, deadline: float = math.inf, head_dims=HEAD_DIMS) -> list[dict]:
     makers = {"sdpa_cudnn": sdpa_backward("sdpa_cudnn"), "b1": b1, "fa4": fa4}
     _, fa4_missing = _fa4_interface()
     rows = []
-    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick):
+    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
         for provider in REFERENCES:
             base = {"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
                     "causal": causal, "batch": batch, "heads": heads, "mode": "bwd"}
@@ -456,7 +488,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="N = 8192 only (one shape per head dim and dtype)")
     parser.add_argument("--no-checks", action="store_true", help="skip the gradient checks (a timing-only rerun)")
     parser.add_argument("--variants", default=BASE,
-                        help="comma-separated variants of fa3_backward_tma.STAGES to time and check (default: b7)")
+                        help="comma-separated variants of fa3_backward_tma.STAGES (D 64, 128) or b8 "
+                             "(fa3_backward_d256.py, D = 256) to time and check (default: b7)")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run, the JSON written")
     parser.add_argument("--compile-timeout", type=float, default=120.0,
                         help="seconds for one variant's first calls (its child's start included)")
@@ -485,7 +518,7 @@ def main(argv=None) -> int:
     deadline = start + args.budget
     variants = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
     work = plan(args.quick, checks=not args.no_checks, variants=variants)
-    n_shapes = len(time_shapes(args.quick))
+    n_shapes = len(time_shapes(args.quick, reference_head_dims(variants)))
     reserved = reserved_after_compiles(len(work["time"][0]), n_shapes)
     if args.budget < reserved + MIN_COMPILE_S:
         print(f"--budget {args.budget:.0f} s is too short: the timings keep {reserved:.0f} s and the compiles need "
@@ -501,17 +534,20 @@ def main(argv=None) -> int:
     try:
         from flashcourse.kernels.hopper import fa3_backward_tma
 
-        unknown = [v for v in variants if v not in fa3_backward_tma.STAGES]
+        known = [*fa3_backward_tma.STAGES, *OTHER_HEAD_DIMS]
+        unknown = [v for v in variants if v not in known]
         if unknown or not variants:
-            print(f"--variants takes names from {', '.join(fa3_backward_tma.STAGES)} (got {args.variants!r})")
+            print(f"--variants takes names from {', '.join(known)} (got {args.variants!r})")
             return 2
         meta.update(tested_triton=list(fa3_backward_tma.TESTED_TRITON), has_tma_reduce=fa3_backward_tma.HAS_TMA_REDUCE,
                     block_m={str(d): m for d, m in fa3_backward_tma.BLOCK_M.items()})
         for name in variants:
-            spec = fa3_backward_tma.STAGES[name]
-            meta[name] = {"adds": spec.adds, "expected": spec.expected, "keys": spec.keys(),
-                          "ring_stages": spec.stages, "stats_by_tma": spec.stats_by_tma, "lean_regs": spec.lean_regs,
-                          "block_m": {str(d): spec.rows(d) for d in fa3_backward_tma.HEAD_DIMS},
+            module, _ = backward_of(name)
+            spec = module.STAGES[name]
+            meta[name] = {"module": module.__name__, "adds": spec.adds, "expected": spec.expected,
+                          "keys": spec.keys(), "ring_stages": spec.stages,
+                          "stats_by_tma": spec.stats_by_tma, "lean_regs": spec.lean_regs,
+                          "block_m": {str(d): spec.rows(d) for d in variant_head_dims(name)},
                           "producer_regs": spec.producer_regs, "consumer_regs": spec.consumer_regs}
         import_error = None if fa3_backward_tma.HAS_TMA_REDUCE else (
             f"Triton {triton.__version__} has no tma.async_atomic_add: run with PYTHONPATH=/tmp/t39:src "
@@ -573,7 +609,7 @@ def main(argv=None) -> int:
     log("references: SDPA cuDNN, b1, FA4")
     began = time.time()
     try:
-        rows.extend(reference_rows(args.quick, deadline=deadline))
+        rows.extend(reference_rows(args.quick, deadline=deadline, head_dims=reference_head_dims(variants)))
         phases["references"] = {"seconds": round(time.time() - began, 1)}
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")

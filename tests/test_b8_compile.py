@@ -372,3 +372,31 @@ def test_the_kernels_arithmetic_gives_the_gradients(causal):
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv}")
 
+
+
+# ------------------------------------------------------------------------------------------ the GPU script
+def test_gpu_script_plans_b8_at_d256_beside_the_references():
+    """``benchmarks/gpu_b7.py --variants b8`` times and checks b8 at D = 256 only (both dtypes, causal and not, one
+    row and lengths that end mid-tile), and its references at D = 256 too; a run of b7 and b8 keeps each at its own
+    head dims."""
+    read = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('gpu_b7', sys.argv[1])\n"
+            "script = importlib.util.module_from_spec(spec); spec.loader.exec_module(script)\n"
+            "runs = ('b8', 'b7c,b8')\n"
+            "plans = {v: script.plan(quick=True, checks=True, variants=tuple(v.split(','))) for v in runs}\n"
+            "print(json.dumps({v: {'time': p['time'][0], 'check': [i for job in p['check'] for i in job],\n"
+            "                      'references': script.reference_head_dims(v.split(','))}\n"
+            "                  for v, p in plans.items()}))")
+    env = dict(os.environ, PYTHONPATH=child_pythonpath(), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", read, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plans = json.loads(proc.stdout.strip().splitlines()[-1])
+    alone = plans["b8"]
+    assert {(i["provider"], i["head_dim"], i["dtype"], i["causal"]) for i in alone["time"]} == {
+        ("b8", 256, dt, c) for dt in ("float16", "bfloat16") for c in (False, True)}
+    assert {i["head_dim"] for i in alone["check"]} == {256} and {1, 17, 130} <= {i["n"] for i in alone["check"]}
+    assert alone["references"] == [256]
+    both = plans["b7c,b8"]
+    assert {(i["provider"], i["head_dim"]) for i in both["time"]} == {("b7c", 64), ("b7c", 128), ("b8", 256)}
+    assert both["references"] == [64, 128, 256]

@@ -452,6 +452,8 @@ class Stage:
     producer_regs: int = 24  # the loader's and the writer's warps
     consumer_regs: int = 240
     head_dims: tuple[int, ...] = HEAD_DIMS
+    stats_by_tma: bool = True  # lse and Delta come by TMA with Q (b7b's switch, always on here)
+    lean_regs: bool = True  # dS formed from P in 16 bits (b7d's switch, always on here)
 
     def keys(self) -> int:
         return KEYS
