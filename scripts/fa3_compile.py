@@ -13,6 +13,7 @@ exponentials in it (scripts/fa3_fp8_compile.py's count); v8g should have a tile'
     PYTHONPATH=src python scripts/fa3_compile.py --head-dims 256 --all   # D = 256: the stages that take it (v8c-v8f)
     PYTHONPATH=src python scripts/fa3_compile.py --backward          # the backward's stages (b6*, fa3_backward.py)
     PYTHONPATH=src python scripts/fa3_compile.py --stage b7 --all    # b7 (fa3_backward_tma.py; Triton >= 3.9)
+    PYTHONPATH=src python scripts/fa3_compile.py --stage b8 --all --head-dims 256   # b8 (fa3_backward_d256.py)
 
 Exit status 1 when a stage fails to compile. ``supported()`` says whether the installed Triton's Gluon offers
 what fa3.py uses (tests/test_fa3_compile.py skips otherwise).
@@ -102,7 +103,11 @@ def resource_usage(cubin: bytes) -> dict:
 
 def _module(name: str):
     """The module of a stage: the forward's (v8*, fa3.py) or the backward's (b6*, fa3_backward.py; b7,
-    fa3_backward_tma.py)."""
+    fa3_backward_tma.py; b8, fa3_backward_d256.py)."""
+    if name.startswith("b8"):
+        from flashcourse.kernels.hopper import fa3_backward_d256
+
+        return fa3_backward_d256
     if name.startswith("b7"):
         from flashcourse.kernels.hopper import fa3_backward_tma
 

@@ -11,8 +11,7 @@ off and ``dKV_swapAB``, ``dQ_swapAB`` on, one dO stage and one dS stage; in
 ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` (``CollectiveMainloopBwdSm90``) that makes each warpgroup compute S
 and dP for half of the keys, P and dS go through shared memory to both, and dK, dV (computed transposed, so that the
 head dim is the wgmma's M) and dQ are split between the warpgroups **by head-dim columns**: 80 keys x 128 columns of
-each of dK and dV a warpgroup, 160 registers. Two things there differ from what the brief of this kernel assumed,
-and b8 takes them as follows:
+each of dK and dV a warpgroup, 160 registers. b8 takes that split, and departs from FA3 in two places:
 
 - kBlockN = 80 is not a power of two, and a Gluon tensor's dims must be: b8 takes 64 keys a program (32 for each
   warpgroup's S and dP). With 64 keys wgmma's M = 64 fits dK and dV untransposed (keys as rows, a warpgroup's
@@ -58,8 +57,9 @@ over 132 SMs, 7.5 TFLOP/s an SM):
   Against the L2's estimated 5.5 TB/s that allows about 440 TFLOP/s: **the L2 is the likelier ceiling**, not the
   tensor cores. FA3's 80-key tile is at 100 FLOP a byte for the same reason.
 - **Shared memory**: K and V 64 KB, Q ring 2 x 32 KB, dO 32 KB, P and dS 2 x 2 x 8 KB, dQ chunks 2 x 16 KB, lse and
-  Delta 2 x 2 x 256 B: 230,400 B and the barriers, under sm_90's 232,448 (``tests/test_b8_compile.py`` holds the
-  compiler's count). A third Q slot, a second dO slot or a second dQ chunk buffer would not fit.
+  Delta 2 x 2 x 256 B: 230,400 B; the compiler allocates 230,976 B with the barriers and alignment, under sm_90's
+  232,448 (``tests/test_b8_compile.py``). A third Q slot, a second dO slot or a second dQ chunk buffer would not
+  fit.
 - **Registers**: dK_w and dV_w 128 a thread, S_w and dP_w 16 + 16, P_w and dS_w in 16 bits 8 + 8, lse and Delta 2 + 2
   (S's rows are the queries: a thread holds 2 of them), a dQ chunk 32 after P and dS are dead. Compiled for sm_90
   under Triton 3.9 without spills (the test).
