@@ -85,9 +85,10 @@ test: setup
 FAST_IGNORE := test_site.py test_notebooks.py test_wheel.py test_grading_nbgrader.py test_grading_batch.py \
 	test_exercises.py test_kernels_forward.py test_kernels_backward.py test_kernels_variants.py test_decode.py \
 	test_fp8.py test_grading_triton.py test_grading_ex10.py test_launch_fit.py test_make_targets.py test_block_mask.py \
-	test_fa3_fp8_compile.py test_fa3_backward_compile.py test_b7_compile.py test_compile.py test_decode_compile.py \
-	test_mask_classification.py test_document_tiles.py test_tile_lists.py test_kernels_common.py test_grading_ex15.py \
-	test_bench_variants.py test_bench_train_step.py test_sweep_backward_launches.py test_sweep_forward_rules.py \
+	test_fa3_fp8_compile.py test_fa3_backward_compile.py test_b7_compile.py test_b8_compile.py test_compile.py \
+	test_decode_compile.py test_mask_classification.py test_document_tiles.py test_tile_lists.py test_kernels_common.py \
+	test_grading_ex15.py test_bench_variants.py test_bench_train_step.py test_sweep_backward_launches.py \
+	test_sweep_forward_rules.py \
 	test_quiz_cli.py test_widgets.py test_dropout.py test_decode_new_tokens.py
 FAST_DESELECT := test_iomodel.py::test_scaling_laws_at_n4096 \
 	test_distributed.py::test_the_launcher_returns_each_ranks_output_in_rank_order \

@@ -156,14 +156,16 @@ def test_the_dispatch_keeps_d256_off_b8():
 
 
 # ------------------------------------------------------------------------------------------ the handoffs
-def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int, seed: int):
+def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int, seed: int,
+                     slow: int | None = None):
     """b8's four partitions on threads. The loader, per tile i: waits q_empty[i % q_stages], lands Q (with lse,
     Delta) and arrives q_ready; waits do_empty, lands dO into its one buffer and arrives do_ready. Consumer
     warpgroup w, step i, b = i % pds_buffers: waits Q and dO; writes its half of P into p[b][w], arrives p_ready[b]
     (two arrivals); writes its half of dS, arrives ds_ready[b]; waits p_ready[b] and reads both halves of P and dO
     (dV), waits ds_ready[b] and reads both halves of dS and Q (dK); frees dO; for each dQ chunk reads both halves of
     dS, waits dq_empty[w], writes its chunk, arrives dq_full[w]; frees the Q slot. The writer, per tile and chunk,
-    for each w: waits dq_full[w], reads the chunk (the TMA unit), arrives dq_empty[w]."""
+    for each w: waits dq_full[w], reads the chunk (the TMA unit), arrives dq_empty[w]. Warpgroup ``slow`` (if any)
+    takes five times as long over each dQ chunk, as a warpgroup may that the other outruns."""
     fwd = _sibling("test_fa3_compile")
     world = fwd._World()
     rng = random.Random(seed)
@@ -221,7 +223,8 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
             do_empty.arrive()
             for c in range(chunks):  # each chunk's product reads both halves of dS
                 still_read(w, i, b, "dS", f" chunk {c}")
-                fwd._jitter(rng)
+                for _ in range(5 if w == slow else 1):
+                    fwd._jitter(rng)
                 still_read(w, i, b, "dS", f" chunk {c}")
                 handoff = i * chunks + c
                 dq_empty[w].wait((handoff & 1) ^ 1)
@@ -261,8 +264,8 @@ def test_the_four_partitions_hand_over_without_deadlock_or_overwrite(n_tiles):
     from flashcourse.kernels.hopper import fa3_backward_d256 as b8
 
     chunks = (256 // 2) // b8.DQ_CHUNK
-    for seed in range(3):
-        _run_b8_protocol(n_tiles, q_stages=b8.STAGES["b8"].stages, pds_buffers=2, chunks=chunks, seed=seed)
+    for seed, slow in enumerate((None, 0, 1)):
+        _run_b8_protocol(n_tiles, q_stages=b8.STAGES["b8"].stages, pds_buffers=2, chunks=chunks, seed=seed, slow=slow)
 
 
 def test_the_model_catches_a_single_p_and_ds_buffer():
@@ -271,7 +274,7 @@ def test_the_model_catches_a_single_p_and_ds_buffer():
     failures = []
     for seed in range(12):
         try:
-            _run_b8_protocol(8, q_stages=2, pds_buffers=1, chunks=2, seed=seed)
+            _run_b8_protocol(8, q_stages=2, pds_buffers=1, chunks=2, seed=seed, slow=seed % 2)
         except AssertionError as error:
             failures.append(str(error))
     assert failures, "twelve runs with one P and dS buffer and no overwrite seen"
