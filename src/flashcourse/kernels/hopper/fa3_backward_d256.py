@@ -74,11 +74,12 @@ key ``ratio_vs_sdpa_cudnn``; B = 4, H = 16, N = 8192). So cuDNN's own D = 256 ba
 but only on the H200; the prediction is stated against b1 and cuDNN timed in the same run (``gpu_b7.py``). b8 does
 five products where b1 does seven and keeps dK, dV in registers where b1's dK/dV kernel spills at D = 256
 (docs/KERNELS.md, "Backward at D = 256"); b7c, the same mechanism at D = 128, ran at 1.13-1.16x b1 and 0.86-0.91x
-cuDNN. Expected: **1.4-1.8x b1 and 0.75-0.95x cuDNN** at N >= 4096, fp16 and bf16 alike, causal about 5% lower
-(the diagonal tiles are masked). What would hold it back, most likely first: the L2 traffic above (80 FLOP a byte:
-if the rate stops near 400 TFLOP/s whatever else changes, 128-key programs with the dQ sum by register atomics,
-FA3's choice, are the next design); the single dQ chunk buffer (a consumer waits for the writer's TMA read twice a
-step); the N = 32 S and dP products; the single dO buffer (the next dO can load only after both dV products).
+cuDNN. Expected: **0.75-0.95x cuDNN and 1.35-1.75x b1** (b1 taken at its H200 ratio to cuDNN) at N >= 4096, fp16
+and bf16 alike, causal about 5% lower (the diagonal tiles are masked). What would hold it back, most likely first:
+the L2 traffic above (80 FLOP a byte; if the rate stops near 400 TFLOP/s whatever else changes, that is the limit,
+and a larger key tile is out of reach: FA3's 80 is no power of two, and 128 keys would need 256 registers a thread
+for dK and dV again); the single dQ chunk buffer (a consumer waits for the writer's TMA read twice a step); the
+N = 32 S and dP products; the single dO buffer (the next dO can load only after both dV products).
 
 Layout contract (b7's): q, k, v, o, do (B, H, N, 256) contiguous, one dtype (float16 / bfloat16), no GQA; lse
 (B, H, N_q) float32 natural log; ``causal=True`` top-left. Not dispatched: ``plan.gluon_backward`` keeps D = 256 on
@@ -475,7 +476,7 @@ STAGES = {
                 "and dP by keys and dK, dV, dQ by head-dim columns (128 each), P and dS exchanged through shared "
                 "memory; Q in a two-slot ring, dO in one buffer; dQ in 64 x 64 float32 chunks added by TMA "
                 "reduce-adds from a writer warp",
-                "1.4-1.8x b1, 0.75-0.95x cuDNN at N >= 4096 (D = 256)", _b8_kernel),
+                "0.75-0.95x cuDNN, 1.35-1.75x b1 at N >= 4096 (D = 256)", _b8_kernel),
 }
 VARIANTS = tuple(STAGES)
 
