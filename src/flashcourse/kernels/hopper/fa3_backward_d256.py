@@ -309,8 +309,11 @@ def _b8_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, buffers, stats, excha
                        full_hi - m_lo, m_lo, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT)
     dk, dv = _b8_steps(wg, dk, dv, k_smem, v_smem, buffers, stats, exchange, rows, keys, full_hi - m_lo, n_m - m_lo,
                        m_lo, MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES, S_LAYOUT=S_LAYOUT)
-    _store_dkdv(dk, dv, DK + wg * COLS, DV + wg * COLS, kv_row, n0, rows.N_KV, scale, HEAD_DIM=HEAD_DIM,
-                KEYS=HALF * _CONSUMERS_C, KV_LAYOUT=KV_LAYOUT)
+    # The head's first row in 64 bits: (B*H*N_KV) x 256 elements pass 2^31 from 8.4 million rows, where a 32-bit
+    # element offset (b7's at D = 128: from 16.8 million) would wrap.
+    head = kv_row.to(gl.int64) * HEAD_DIM + wg * COLS
+    _store_dkdv(dk, dv, DK + head, DV + head, 0, n0, rows.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=HALF * _CONSUMERS_C,
+                KV_LAYOUT=KV_LAYOUT)
 
 
 @gluon.jit
