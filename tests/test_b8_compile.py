@@ -41,7 +41,7 @@ def _sibling(name: str):
 
 needs_tma_reduce = _sibling("test_b7_compile").needs_tma_reduce
 
-# What the subprocess prints: b8 compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the cubin's
+# What the subprocess prints: b8 and b8b compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the cubin's
 # resources (scripts/fa3_compile.py's reader) and what the PTX holds; and the preprocess and dQ convert at D = 256.
 _COMPILE = r"""
 import json, os, sys
@@ -56,20 +56,21 @@ import fa3_compile
 from flashcourse.kernels.hopper import fa3_backward_d256 as b8, fa3_backward as b6, fa3_backward_tma as b7
 target = GPUTarget("cuda", 90, 32)
 records = []
-for dtype in (torch.float16, torch.bfloat16):
-    for causal in (False, True):
-        stage = b8.STAGES["b8"]
-        signature, constexprs = b8.kernel_signature(stage, 256, dtype, causal)
-        compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs), target=target,
-                                  options=stage.options())
-        ptx = compiled.asm["ptx"]
-        records.append({"dtype": str(dtype), "causal": causal, **fa3_compile.resource_usage(compiled.asm["cubin"]),
-                        "shared": compiled.metadata.shared,
-                        "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
-                        "atom": ptx.count("atom.global") + ptx.count("red.global"),
-                        "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
-                        "wgmma": ptx.count("wgmma.mma_async"),
-                        "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
+for name, dtype, causal in ((n, dt, c) for n in b8.STAGES for dt in (torch.float16, torch.bfloat16)
+                            for c in (False, True)):
+    stage = b8.STAGES[name]
+    signature, constexprs = b8.kernel_signature(stage, 256, dtype, causal)
+    compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs), target=target,
+                              options=stage.options())
+    ptx = compiled.asm["ptx"]
+    records.append({"variant": name, "dtype": str(dtype), "causal": causal,
+                    **fa3_compile.resource_usage(compiled.asm["cubin"]),
+                    "shared": compiled.metadata.shared,
+                    "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
+                    "atom": ptx.count("atom.global") + ptx.count("red.global"),
+                    "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
+                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
 helpers = []
 for kernel, signature, block in (
         (b7._b7_stats_kernel, {"O": "*fp16", "DO": "*fp16", "LSE": "*fp32", "LSE2": "*fp32", "DELTA": "*fp32",
@@ -86,7 +87,7 @@ print(json.dumps({"stages": records, "helpers": helpers}))
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # about half a minute on two shared cores: four compiles to cubin and two small kernels
+@pytest.mark.slow  # about a minute on two shared cores: eight compiles to cubin and two small kernels
 def test_b8_compiles_for_sm90_without_spills(tmp_path):
     env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -96,17 +97,18 @@ def test_b8_compiles_for_sm90_without_spills(tmp_path):
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in printed["helpers"]:  # the preprocess and the dQ convert, whose row layout now also serves D = 256
         assert r["local"] == 0 and r["st_global"] >= 1, r
-    assert len(printed["stages"]) == 4
+    assert len(printed["stages"]) == 8
     for r in printed["stages"]:
-        where = f"b8 {r['dtype']} causal={r['causal']}"
+        where = f"{r['variant']} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
-        # K, V 64 KB, two Q slots 64 KB, one dO buffer 32 KB, P and dS twice 32 KB, two dQ chunks 32 KB, lse and
-        # Delta 1 KB: the docstring's count, so a change of buffers shows here
+        # K, V 64 KB, two Q slots 64 KB, one dO buffer 32 KB, P and dS twice 32 KB, dQ chunk buffers 32 KB (two of
+        # 64 columns, or four of 32), lse and Delta 1 KB: the docstring's count, so a change of buffers shows here
         assert r["shared"] >= 230400, f"{where}: {r['shared']} bytes, fewer than the buffers the docstring counts"
         assert r["local"] == 0, f"{where} spills {r['local']} bytes a thread"
         assert r["wgmma"] > 0, f"{where} has no wgmma"
         # dQ leaves by the TMA reduce-add only (a 64 x 64 float32 chunk is two copies: Triton splits a box wider
-        # than the 128-byte swizzle), never by atomics from the math warps; lse and Delta come by 1-D TMA copies
+        # than the 128-byte swizzle; b8b's 64 x 32 one), never by atomics from the math warps; lse and Delta come
+        # by 1-D TMA copies
         assert r["reduce_add"] >= 2 and r["atom"] == 0, f"{where}: {r['reduce_add']} reduce-adds, {r['atom']} atomics"
         assert r["ld_global"] == 0 and r["tma_1d"] == 2, f"{where}: {r['ld_global']} loads, {r['tma_1d']} 1-D copies"
         budgets = " ".join(r["setmaxnreg"])
@@ -133,7 +135,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
     monkeypatch.setattr(fa3_backward_tma, "HAS_TMA_REDUCE", True)
     with pytest.raises(ValueError, match="Hopper.*flash_attention_backward"):  # b6's rules hold, D = 256 passes
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q)
-    with pytest.raises(ValueError, match=r"stage must be one of b8 \(got 'b9'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b8, b8b \(got 'b9'\)"):
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q, stage="b9")
     assert fa3_backward_d256.TESTED_TRITON == fa3_backward_tma.TESTED_TRITON  # both need 3.9's TMA reduce-add
 
@@ -157,14 +159,15 @@ def test_the_dispatch_keeps_d256_off_b8():
 
 # ------------------------------------------------------------------------------------------ the handoffs
 def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int, seed: int,
-                     slow: int | None = None):
+                     slow: int | None = None, dq_buffers: int = 1):
     """b8's four partitions on threads. The loader, per tile i: waits q_empty[i % q_stages], lands Q (with lse,
     Delta) and arrives q_ready; waits do_empty, lands dO into its one buffer and arrives do_ready. Consumer
     warpgroup w, step i, b = i % pds_buffers: waits Q and dO; writes its half of P into p[b][w], arrives p_ready[b]
     (two arrivals); writes its half of dS, arrives ds_ready[b]; waits p_ready[b] and reads both halves of P and dO
     (dV), waits ds_ready[b] and reads both halves of dS and Q (dK); frees dO; for each dQ chunk reads both halves of
-    dS, waits dq_empty[w], writes its chunk, arrives dq_full[w]; frees the Q slot. The writer, per tile and chunk,
-    for each w: waits dq_full[w], reads the chunk (the TMA unit), arrives dq_empty[w]. Warpgroup ``slow`` (if any)
+    dS, waits dq_empty of its next chunk buffer (``dq_buffers`` a warpgroup, taken in turn), writes its chunk, arrives
+    dq_full; frees the Q slot. The writer, per tile and chunk, for each w: waits that buffer's dq_full, reads the
+    chunk (the TMA unit), arrives its dq_empty. Warpgroup ``slow`` (if any)
     takes five times as long over each dQ chunk, as a warpgroup may that the other outruns."""
     fwd = _sibling("test_fa3_compile")
     world = fwd._World()
@@ -174,12 +177,12 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
     do_ready, do_empty = fwd._MBarrier(1, world), fwd._MBarrier(2, world)
     p_ready = [fwd._MBarrier(2, world) for _ in range(pds_buffers)]
     ds_ready = [fwd._MBarrier(2, world) for _ in range(pds_buffers)]
-    dq_full = [fwd._MBarrier(1, world) for _ in range(2)]
-    dq_empty = [fwd._MBarrier(1, world) for _ in range(2)]
+    dq_full = [[fwd._MBarrier(1, world) for _ in range(2)] for _ in range(dq_buffers)]
+    dq_empty = [[fwd._MBarrier(1, world) for _ in range(2)] for _ in range(dq_buffers)]
     q_slots, do_slot = [None] * q_stages, [None]
     p = [[None, None] for _ in range(pds_buffers)]
     ds = [[None, None] for _ in range(pds_buffers)]
-    dq = [None, None]
+    dq = [[None, None] for _ in range(dq_buffers)]
     added, errors = [], []
 
     def land(where, index, value, barrier, delay_seed):
@@ -227,21 +230,24 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
                     fwd._jitter(rng)
                 still_read(w, i, b, "dS", f" chunk {c}")
                 handoff = i * chunks + c
-                dq_empty[w].wait((handoff & 1) ^ 1)
-                dq[w] = ("dQ", i, c, w)
-                dq_full[w].arrive()
+                d = handoff % dq_buffers
+                dq_empty[d][w].wait(((handoff // dq_buffers) & 1) ^ 1)
+                dq[d][w] = ("dQ", i, c, w)
+                dq_full[d][w].arrive()
             assert q_slots[slot] == ("Q", i), f"wg {w} step {i}: Q slot refilled while read ({q_slots[slot]})"
             q_empty[slot].arrive()
 
     def writer():
         for i in range(n_tiles):
             for c in range(chunks):
+                handoff = i * chunks + c
+                d = handoff % dq_buffers
                 for w in range(2):
-                    dq_full[w].wait((i * chunks + c) & 1)
+                    dq_full[d][w].wait((handoff // dq_buffers) & 1)
                     fwd._jitter(rng)
-                    assert dq[w] == ("dQ", i, c, w), f"writer step {i} chunk {c}: dq[{w}] holds {dq[w]}"
+                    assert dq[d][w] == ("dQ", i, c, w), f"writer step {i} chunk {c}: dq[{d}][{w}] holds {dq[d][w]}"
                     added.append((i, c, w))
-                    dq_empty[w].arrive()
+                    dq_empty[d][w].arrive()
 
     def guarded(fn, *args):
         try:
@@ -258,14 +264,18 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
     assert sorted(added) == [(i, c, w) for i in range(n_tiles) for c in range(chunks) for w in range(2)]
 
 
+@pytest.mark.parametrize("variant", ["b8", "b8b"])
 @pytest.mark.parametrize("n_tiles", [0, 1, 2, 3, 7])
-def test_the_four_partitions_hand_over_without_deadlock_or_overwrite(n_tiles):
-    """As the kernel is built: two Q slots, one dO buffer, P and dS twice, two dQ chunks a warpgroup a step."""
+def test_the_four_partitions_hand_over_without_deadlock_or_overwrite(n_tiles, variant):
+    """As each variant is built: two Q slots, one dO buffer, P and dS twice; b8 two dQ chunks a warpgroup a step
+    through one buffer, b8b four through two."""
     from flashcourse.kernels.hopper import fa3_backward_d256 as b8
 
-    chunks = (256 // 2) // b8.DQ_CHUNK
+    stage = b8.STAGES[variant]
+    chunks = (256 // 2) // stage.dq_chunk
     for seed, slow in enumerate((None, 0, 1)):
-        _run_b8_protocol(n_tiles, q_stages=b8.STAGES["b8"].stages, pds_buffers=2, chunks=chunks, seed=seed, slow=slow)
+        _run_b8_protocol(n_tiles, q_stages=stage.stages, pds_buffers=2, chunks=chunks, seed=seed, slow=slow,
+                         dq_buffers=stage.dq_buffers)
 
 
 def test_the_model_catches_a_single_p_and_ds_buffer():
@@ -350,8 +360,9 @@ def _emulate_b8(q, k, v, o, lse, do, causal, keys=64, block_m=64, chunk=64):
     return (dq_acc[:, :n_q] * scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+@pytest.mark.parametrize("variant", ["b8", "b8b"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_kernels_arithmetic_gives_the_gradients(causal):
+def test_the_kernels_arithmetic_gives_the_gradients(causal, variant):
     """The emulation at D = 256 equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and
     more keys than queries, one row, and two heads (a tile past the first head's end reads the second's rows)."""
     import numpy as np
@@ -371,7 +382,8 @@ def test_the_kernels_arithmetic_gives_the_gradients(causal):
         o = p @ v
         ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
         expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b8(q, k, v, o, lse, do, causal, keys=b8.KEYS, block_m=b8.BLOCK_M, chunk=b8.DQ_CHUNK)
+        got = _emulate_b8(q, k, v, o, lse, do, causal, keys=b8.KEYS, block_m=b8.BLOCK_M,
+                          chunk=b8.STAGES[variant].dq_chunk)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv}")
 

@@ -36,10 +36,10 @@ The design (one Gluon program per 64 keys of one (batch, head); a step is one ti
   halves: dV_w += P^T dO[:, cols_w], dK_w += dS^T Q[:, cols_w] and dQ[:, cols_w] = dS K[:, cols_w] with cols_w =
   [128 w, 128 w + 128). P and dS are double-buffered, so the arrival of the other warpgroup at step i+1 proves it is
   done reading step i's (the argument of b7's dS buffers);
-- dQ[:, cols_w] is computed in two 64-column chunks (32 registers each), each stored to the warpgroup's float32 chunk
-  buffer and handed to a **writer warp** that adds it to the float32 dQ buffer with one TMA reduce-add (as b7's
-  writer, per chunk); a small kernel scales it into dQ's dtype (b6's convert). lse and Delta are b7b's: padded per
-  head by ``_b7_stats_kernel``, brought by 1-D TMA copies.
+- dQ[:, cols_w] is computed in two 64-column chunks (32 registers each; b8b: four of 32 columns, two buffers), each
+  stored to the warpgroup's float32 chunk buffer and handed to a **writer warp** that adds it to the float32 dQ
+  buffer with one TMA reduce-add (as b7's writer, per chunk); a small kernel scales it into dQ's dtype (b6's
+  convert). lse and Delta are b7b's: padded per head by ``_b7_stats_kernel``, brought by 1-D TMA copies.
 
 Reused by import: b7's preprocess (``padded_stats``), TMA descriptors and dQ convert (``dq_from_buffer``), b7's
 ``_Stats`` bundle, b6's query-tile ranges (``_query_tiles``) and dK/dV store (``_store_dkdv``, which
@@ -81,9 +81,15 @@ and a larger key tile is out of reach: FA3's 80 is no power of two, and 128 keys
 for dK and dV again); the single dQ chunk buffer (a consumer waits for the writer's TMA read twice a step); the
 N = 32 S and dP products; the single dO buffer (the next dO can load only after both dV products).
 
+Variant b8b (prediction written with b8's, before any GPU run): the same kernel with dQ in 64 x 32 float32 chunks,
+two buffers a warpgroup (``STAGES``' ``dq_chunk``, ``dq_buffers``; the same 32 KB, 231,008 B in all, no spills), so
+that a consumer writes its next chunk while the writer's TMA unit still reads the last. Expected: b8 within 5%: a
+chunk's wait for the writer is a TMA read of 16 KB from shared memory, short beside a 1.4 us step, and b8b pays four
+handoffs a step for two; if b8b gains more, the single chunk buffer was a limit.
+
 Layout contract (b7's): q, k, v, o, do (B, H, N, 256) contiguous, one dtype (float16 / bfloat16), no GQA; lse
 (B, H, N_q) float32 natural log; ``causal=True`` top-left. Not dispatched: ``plan.gluon_backward`` keeps D = 256 on
-its current backward until b8 is measured. ``benchmarks/gpu_b7.py --variants b8`` checks and times it.
+its current backward until b8 is measured. ``benchmarks/gpu_b7.py --variants b8,b8b`` checks and times them.
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
@@ -120,7 +126,6 @@ CONSUMERS = 2  # consumer warpgroups, each owning HEAD_DIM / 2 columns of dK, dV
 KEYS = 64  # keys a program (FA3's kBlockN is 80, not a power of two)
 HALF_KEYS = KEYS // CONSUMERS  # keys of one warpgroup's S and dP (and of each K, V copy)
 BLOCK_M = 64  # query rows a step (FA3's kBlockM at D = 256)
-DQ_CHUNK = 64  # dQ columns a handoff to the writer (64 x 64 float32: 16 KB a warpgroup)
 _CONSUMERS_C = gl.constexpr(CONSUMERS)
 _PDS_BUFFERS_C = gl.constexpr(2)  # P and dS: step i+1 writes while the other warpgroup may still read step i's
 
@@ -167,9 +172,9 @@ class _QdOBuffers:
 class _Exchange:
     """What the warpgroups hand each other and the writer. Step i uses buffer b = i % 2 of P and dS
     (``p_smem.index(b)``, ``ds_smem.index(b)``: 64 queries x 64 keys, warpgroup w writes keys [32 w, 32 w + 32)),
-    ``p_ready.index(b)`` / ``ds_ready.index(b)`` complete when both halves are in. ``dq_smem.index(w)`` is warpgroup
-    w's float32 dQ chunk (64 x DQ_CHUNK), ``dq_full.index(w)`` / ``dq_empty.index(w)`` hand it to the writer and
-    back."""
+    ``p_ready.index(b)`` / ``ds_ready.index(b)`` complete when both halves are in. Warpgroup w's t-th dQ chunk
+    (64 rows x the chunk's columns, float32) goes through buffer d = t % DQ_BUFFERS: ``dq_smem.index(2 d + w)``,
+    ``dq_full.index(2 d + w)`` / ``dq_empty.index(2 d + w)`` hand it to the writer and back."""
 
     p_smem: gl.shared_memory_descriptor
     ds_smem: gl.shared_memory_descriptor
@@ -248,8 +253,8 @@ def _b8_dq(wg: gl.constexpr, i, k_smem, ds_tile, exchange):
     COLS: gl.constexpr = k_smem.shape[2] // _CONSUMERS_C
     CHUNK: gl.constexpr = exchange.dq_smem.shape[2]
     CHUNKS: gl.constexpr = COLS // CHUNK
+    DQ_BUFFERS: gl.constexpr = exchange.dq_smem.shape[0] // _CONSUMERS_C
     DQ_LAYOUT: gl.constexpr = _mma_layout(CHUNK)
-    dq_tile = exchange.dq_smem.index(wg)
     for c in gl.static_range(CHUNKS):
         dq = gl.zeros([BLOCK, CHUNK], gl.float32, DQ_LAYOUT)
         for j in gl.static_range(_CONSUMERS_C):
@@ -258,10 +263,12 @@ def _b8_dq(wg: gl.constexpr, i, k_smem, ds_tile, exchange):
                                is_async=True)
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
         handoff = i * CHUNKS + c
-        mbarrier.wait(exchange.dq_empty.index(wg), (handoff & 1) ^ 1)  # the writer has read the previous chunk
-        dq_tile.store(dq)
+        slot = (handoff % DQ_BUFFERS) * _CONSUMERS_C + wg
+        # the writer has read what this buffer held last
+        mbarrier.wait(exchange.dq_empty.index(slot), ((handoff // DQ_BUFFERS) & 1) ^ 1)
+        exchange.dq_smem.index(slot).store(dq)
         fence_async_shared()  # the float32 chunk written by the threads, read by the TMA unit
-        mbarrier.arrive(exchange.dq_full.index(wg))
+        mbarrier.arrive(exchange.dq_full.index(slot))
 
 
 @gluon.jit
@@ -365,22 +372,24 @@ def _b8_dq_writer(dq_desc, exchange, dq_row, m_lo, n_tiles, COLS: gl.constexpr):
     BLOCK: gl.constexpr = dq_desc.block_type.shape[0]
     CHUNK: gl.constexpr = dq_desc.block_type.shape[1]
     CHUNKS: gl.constexpr = COLS // CHUNK
+    DQ_BUFFERS: gl.constexpr = exchange.dq_smem.shape[0] // _CONSUMERS_C
     for i in range(n_tiles):
         row = dq_row + (m_lo + i) * BLOCK
         for c in gl.static_range(CHUNKS):
-            phase = (i * CHUNKS + c) & 1
+            handoff = i * CHUNKS + c
             for w in gl.static_range(_CONSUMERS_C):
-                mbarrier.wait(exchange.dq_full.index(w), phase)
-                tma.async_atomic_add(dq_desc, [row, w * COLS + c * CHUNK], exchange.dq_smem.index(w))
+                slot = (handoff % DQ_BUFFERS) * _CONSUMERS_C + w
+                mbarrier.wait(exchange.dq_full.index(slot), (handoff // DQ_BUFFERS) & 1)
+                tma.async_atomic_add(dq_desc, [row, w * COLS + c * CHUNK], exchange.dq_smem.index(slot))
                 tma.store_wait(0)  # the chunk read from shared memory (the add may still be in flight)
-                mbarrier.arrive(exchange.dq_empty.index(w))
+                mbarrier.arrive(exchange.dq_empty.index(slot))
     tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
 def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, qk_scale, scale, N_Q, N_KV,
-               N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-               CONSUMER_REGS: gl.constexpr):
+               N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_BUFFERS: gl.constexpr,
+               PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """b8: two consumer warpgroups (launch with num_warps=4: the default partition is consumer 0), a loader warp, a
     dQ-writer warp; one program per 64 keys of one (batch, head)."""
     BLOCK: gl.constexpr = q_desc.block_type.shape[0]
@@ -402,7 +411,7 @@ def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [1, BLOCK, HEAD_DIM], do_desc.layout)  # one buffer
     p_smem = gl.allocate_shared_memory(q_desc.dtype, [_PDS_BUFFERS_C, BLOCK, HALF * _CONSUMERS_C], PDS_LAYOUT)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [_PDS_BUFFERS_C, BLOCK, HALF * _CONSUMERS_C], PDS_LAYOUT)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [_CONSUMERS_C, BLOCK, dq_desc.block_type.shape[1]],
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS * _CONSUMERS_C, BLOCK, dq_desc.block_type.shape[1]],
                                         dq_desc.layout)
     stats = _Stats(gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK], lse_desc.layout),
                    gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK], delta_desc.layout))
@@ -413,8 +422,8 @@ def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
     do_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [_PDS_BUFFERS_C, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [_PDS_BUFFERS_C, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [_CONSUMERS_C, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [_CONSUMERS_C, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFFERS * _CONSUMERS_C, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFFERS * _CONSUMERS_C, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     mbarrier.init(do_ready, count=1)
     mbarrier.init(do_empty, count=_CONSUMERS_C)  # both warpgroups' dP and dV have read dO
@@ -424,9 +433,9 @@ def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
     for b in gl.static_range(_PDS_BUFFERS_C):
         mbarrier.init(p_ready.index(b), count=_CONSUMERS_C)  # both 32-key halves written
         mbarrier.init(ds_ready.index(b), count=_CONSUMERS_C)
-    for w in gl.static_range(_CONSUMERS_C):
-        mbarrier.init(dq_full.index(w), count=1)
-        mbarrier.init(dq_empty.index(w), count=1)
+    for d in gl.static_range(DQ_BUFFERS * _CONSUMERS_C):
+        mbarrier.init(dq_full.index(d), count=1)
+        mbarrier.init(dq_empty.index(d), count=1)
 
     buffers = _QdOBuffers(q_smem, q_ready, q_empty, do_smem, do_ready, do_empty)
     exchange = _Exchange(p_smem, ds_smem, p_ready, ds_ready, dq_smem, dq_full, dq_empty)
@@ -453,6 +462,8 @@ class Stage:
     expected: str
     kernel: object
     stages: int = 2  # Q (with lse, Delta) ring depth; dO has one buffer
+    dq_chunk: int = 64  # dQ columns a handoff to the writer (64 x 64 float32: 16 KB)
+    dq_buffers: int = 1  # chunk buffers a warpgroup
     producer_regs: int = 24  # the loader's and the writer's warps
     consumer_regs: int = 240
     head_dims: tuple[int, ...] = HEAD_DIMS
@@ -470,8 +481,8 @@ class Stage:
         return {"num_warps": 4}
 
     def constexprs(self, causal: bool) -> dict:
-        return {"CAUSAL": causal, "STAGES": self.stages, "PRODUCER_REGS": self.producer_regs,
-                "CONSUMER_REGS": self.consumer_regs}
+        return {"CAUSAL": causal, "STAGES": self.stages, "DQ_BUFFERS": self.dq_buffers,
+                "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
 
 
 STAGES = {
@@ -480,12 +491,16 @@ STAGES = {
                 "memory; Q in a two-slot ring, dO in one buffer; dQ in 64 x 64 float32 chunks added by TMA "
                 "reduce-adds from a writer warp",
                 "0.75-0.95x cuDNN, 1.35-1.75x b1 at N >= 4096 (D = 256)", _b8_kernel),
+    "b8b": Stage("b8b", "b8 with dQ in 64 x 32 float32 chunks, two buffers a warpgroup (the same 32 KB): a consumer "
+                 "writes a chunk while the writer's TMA unit reads the one before",
+                 "b8 within 5% (its chunk waits are short beside a 1.4 us step)", _b8_kernel, dq_chunk=32,
+                 dq_buffers=2),
 }
 VARIANTS = tuple(STAGES)
 
 
-def _dq_chunk_layout():
-    return gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_CHUNK], gl.float32)
+def _dq_chunk_layout(chunk: int):
+    return gl.NVMMASharedLayout.get_default_for([BLOCK_M, chunk], gl.float32)
 
 
 def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
@@ -495,7 +510,7 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
                  "k_desc": tensor_descriptor_signature(HALF_KEYS, head_dim, dtype),
                  "v_desc": tensor_descriptor_signature(HALF_KEYS, head_dim, dtype),
                  "do_desc": tensor_descriptor_signature(BLOCK_M, head_dim, dtype),
-                 "dq_desc": f"tensordesc<fp32[{BLOCK_M},{DQ_CHUNK}],{_dq_chunk_layout()!r}>",
+                 "dq_desc": f"tensordesc<fp32[{BLOCK_M},{stage.dq_chunk}],{_dq_chunk_layout(stage.dq_chunk)!r}>",
                  "lse_desc": f"tensordesc<fp32[{BLOCK_M}],{_stats_layout(BLOCK_M)!r}>",
                  "delta_desc": f"tensordesc<fp32[{BLOCK_M}],{_stats_layout(BLOCK_M)!r}>",
                  "DK": f"*{name}", "DV": f"*{name}", "qk_scale": "fp32", "scale": "fp32", "N_Q": "i32", "N_KV": "i32",
@@ -537,8 +552,8 @@ def b8_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
-    dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [BLOCK_M, DQ_CHUNK],
-                               _dq_chunk_layout())
+    dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [BLOCK_M, spec.dq_chunk],
+                               _dq_chunk_layout(spec.dq_chunk))
     lse_desc, delta_desc = stats_descriptors(lse2, delta, BLOCK_M)
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
     spec.kernel[grid](rows_descriptor(q, BLOCK_M), rows_descriptor(k, HALF_KEYS), rows_descriptor(v, HALF_KEYS),
