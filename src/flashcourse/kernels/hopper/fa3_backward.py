@@ -208,7 +208,9 @@ def _store_dkdv(dk, dv, DK, DV, kv_row, n0, N_KV, scale, HEAD_DIM: gl.constexpr,
     half the head dim each and pass DK, DV already offset to their first column)."""
     keys = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, KV_LAYOUT))
     cols = gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, KV_LAYOUT))
-    offs = (kv_row + keys)[:, None] * HEAD_DIM + cols[None, :]
+    # A row index fits 32 bits (B*H*N_kv rows of 16 bytes or more fill no GPU's memory), but a row times HEAD_DIM
+    # passes 2**31 elements from 16.8 million key rows at D = 128 (B = 16, H = 32, N = 32768): in 64 bits.
+    offs = (kv_row + keys).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
     mask = (keys < N_KV)[:, None] & (cols < HEAD_DIM)[None, :]
     gl.store(DK + offs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     gl.store(DV + offs, dv.to(DV.dtype.element_ty), mask=mask)
@@ -256,7 +258,7 @@ def _b6a_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, qk_
     kv_row = bh * N_KV
     q_row = bh * N_Q
     stat_row = bh.to(gl.int64) * N_Q
-    dq_row = bh * N_QPAD
+    dq_row = bh.to(gl.int64) * N_QPAD  # its rows times HEAD_DIM pass 2**31 elements as _store_dkdv's do
     m_lo, full_lo, full_hi, n_m = _query_tiles(n0, N_Q, N_KV, CAUSAL=CAUSAL, KEYS=KEYS, BLOCK_M=BLOCK_M)
     n_tiles = n_m - m_lo
 
@@ -396,7 +398,7 @@ def _b6_ws_kernel(q_desc, k_desc, v_desc, do_desc, DQ_ACC, DK, DV, LSE, DELTA, q
     kv_row = bh * N_KV
     q_row = bh * N_Q
     stat_row = bh.to(gl.int64) * N_Q
-    dq_row = bh * N_QPAD
+    dq_row = bh.to(gl.int64) * N_QPAD  # its rows times HEAD_DIM pass 2**31 elements as _store_dkdv's do
     m_lo, full_lo, full_hi, n_m = _query_tiles(n0, N_Q, N_KV, CAUSAL=CAUSAL, KEYS=KEYS * CONSUMERS,
                                                BLOCK_M=BLOCK_M)
 
