@@ -7,7 +7,8 @@ Runs on a CUDA machine whose Python already has torch and triton (nothing is ins
 - ``pytest -m "(gpu and not sweep) or full"`` on several workers (compiling dominates), as many as the card's free
   memory holds: first every test but those marked ``big_gpu_memory`` on up to ``--workers`` workers of
   ``WORKER_GIB`` each, then the ``big_gpu_memory`` tests (float64 references at N = 8320) on workers of
-  ``BIG_WORKER_GIB`` each. On an 80 GB H100, eight workers running everything at once ran out of memory (2026-12-06:
+  ``BIG_WORKER_GIB`` each, and last the ``huge_gpu_memory`` tests (tensors past 2**31 elements, 44 GB at once) on
+  one worker alone. On an 80 GB H100, eight workers running everything at once ran out of memory (2026-12-06:
   the N = 8320 references beside the other workers' cached blocks). The exhaustive launch sweeps are ``-m sweep``;
   the two-GPU tests skip themselves, with the reason, on one GPU.
   ``full`` marks the CPU compile checks that ``make test`` runs only in part (the Gluon stages but one): here
@@ -49,8 +50,11 @@ def _env() -> dict:
 
 MARKERS = "(gpu and not sweep) or full"
 BIG = "big_gpu_memory"
+HUGE = "huge_gpu_memory"
 WORKER_GIB = 8  # a worker of ordinary GPU tests: CUDA context, compiled kernels, its largest test's tensors
 BIG_WORKER_GIB = 24  # a worker of big_gpu_memory tests: a float64 reference at N = 8320 peaks near 10 GiB
+# huge_gpu_memory tests (tests/test_large_offsets.py: 2**31 elements a tensor, 44 GB at once) run on one worker with
+# the card to themselves: on an 80 GB H100 a second one, or a big worker beside them, would not fit.
 
 
 def workers_for(free_gib: float, per_worker_gib: float, most: int) -> int:
@@ -157,8 +161,9 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         fits = [] if args.no_launch_fit else start_launch_fit(tmp)
         free_gib = torch.cuda.mem_get_info()[0] / 2**30
-        phases = [(f"({MARKERS}) and not {BIG}", workers_for(free_gib, WORKER_GIB, args.workers)),
-                  (f"gpu and {BIG} and not sweep", workers_for(free_gib, BIG_WORKER_GIB, args.workers))]
+        phases = [(f"({MARKERS}) and not {BIG} and not {HUGE}", workers_for(free_gib, WORKER_GIB, args.workers)),
+                  (f"gpu and {BIG} and not {HUGE} and not sweep", workers_for(free_gib, BIG_WORKER_GIB, args.workers)),
+                  (f"gpu and {HUGE} and not sweep", 1)]
         code, counts, failed, skips = 0, [0, 0, 0, 0], {}, {}  # tests, failures, errors, skipped
         for i, (markers, n_workers) in enumerate(phases):
             print(f"pytest -m '{markers}' on {n_workers} worker(s) ({free_gib:.0f} GiB free)", flush=True)

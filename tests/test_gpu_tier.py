@@ -31,6 +31,8 @@ def test_workers_fit_the_card(gpu_tests):
 def test_the_big_marker_is_registered_and_used(gpu_tests):
     assert gpu_tests.BIG in (ROOT / "pyproject.toml").read_text()
     assert f"pytest.mark.{gpu_tests.BIG}" in (ROOT / "tests" / "test_plan.py").read_text()
+    assert gpu_tests.HUGE in (ROOT / "pyproject.toml").read_text()
+    assert f"pytest.mark.{gpu_tests.HUGE}" in (ROOT / "tests" / "test_large_offsets.py").read_text()
 
 
 def test_a_file_that_holds_no_gpu_test_is_refused_before_anything_runs(gpu_tests):

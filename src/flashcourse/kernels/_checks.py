@@ -129,6 +129,42 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             "attention: query head h uses KV head h // (H_q // H_kv))"
         )
     check_head_dim(q.shape[3])
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_head_span(t, name)
+
+
+# The Triton kernels step to a (batch, head)'s first element in 64 bits and inside it in 32: row * stride_n +
+# col * stride_d must stay below 2**31 or the address wraps to another row, without a word. A contiguous head
+# reaches that only at N * D = 2**31 elements (16.8 million rows at D = 128); a (B, N, H, D) tensor seen as
+# (B, H, N, D), as flash-attn's packed varlen layout is, past N * H * D = 2**31 (from 524,289 tokens at H = 32,
+# D = 128).
+# Such a call is refused (the Gluon kernels, contiguous only, index in 64 bits).
+HEAD_SPAN_LIMIT = 2**31
+
+
+def head_span(t: torch.Tensor) -> int:
+    """The elements one (batch, head) slice of ``t`` (..., N, D) spans: its last element's offset from its first,
+    plus one (0 for an empty slice)."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    if rows == 0 or cols == 0:
+        return 0
+    return (rows - 1) * abs(t.stride(-2)) + (cols - 1) * abs(t.stride(-1)) + 1
+
+
+def check_head_span(t: torch.Tensor, name: str) -> None:
+    """The elements one (batch, head) slice of ``t`` (..., N, D) spans fit the kernels' 32-bit offsets inside a
+    head (``HEAD_SPAN_LIMIT``), or a ValueError that says what to pass instead."""
+    span = head_span(t)
+    if span < HEAD_SPAN_LIMIT:
+        return
+    rows, cols = t.shape[-2], t.shape[-1]
+    fix = (f"pass {name}.contiguous(), whose heads span N * D = {rows * cols:,} elements"
+           if rows * cols < HEAD_SPAN_LIMIT else
+           f"N * D = {rows * cols:,} is past it even contiguous: split the sequence (ring attention, "
+           "flashcourse.distributed.ring_attention, takes it in shards)")
+    raise ValueError(f"{name} has shape {tuple(t.shape)} and strides {tuple(t.stride())}: one (batch, head) slice "
+                     f"spans {span:,} elements, and the kernels' 32-bit offsets inside a head reach 2**31 - 1 "
+                     f"= {HEAD_SPAN_LIMIT - 1:,}; {fix}")
 
 
 def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor) -> None:
@@ -144,6 +180,11 @@ def check_saved(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.T
         raise ValueError(f"lse is {got}: expected {want} float32, as flash_attention_forward returns it")
     if not lse.is_contiguous():  # the kernels index lse as a dense (B * H, N_q) array
         raise ValueError("lse is not contiguous: pass lse.contiguous() (the kernels read it as one dense array)")
+    strides = q.stride()  # o and do laid out as q span what q's own check held: compared, not counted again
+    if o.stride() != strides:
+        check_head_span(o, "o")
+    if do.stride() != strides:
+        check_head_span(do, "do")
 
 
 def check_call(q, k, v, *, enable_gqa, scale, block_mask, saved=None, described=False, tracing=False):
@@ -262,6 +303,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale
             raise ValueError(f"cache_leftpad is on {cache_leftpad.device}, q on {q.device}: move it with "
                              "cache_leftpad.to(q.device)")
     check_head_dim(head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_head_span(t, name)
     check_device(q, "q")
     if k_cache.device != q.device or v_cache.device != q.device:
         raise ValueError(f"q is on {q.device} but the cache on {k_cache.device}: they must be on one device")

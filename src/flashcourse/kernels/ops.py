@@ -34,7 +34,15 @@ import torch
 
 from ..validation import check_window
 from . import configs
-from ._checks import check_decode_dtypes, check_decode_inputs, check_decode_options, check_qkv, check_scale
+from ._checks import (
+    HEAD_SPAN_LIMIT,
+    check_decode_dtypes,
+    check_decode_inputs,
+    check_decode_options,
+    check_qkv,
+    check_scale,
+    head_span,
+)
 from .decode import DecodeSwitches
 from .dropout import Dropout
 from .plan import plan_for
@@ -204,6 +212,8 @@ class FlashAttentionFunction(torch.autograd.Function):
             q, k, v, o, lse = ctx.saved_tensors
         if do is None:  # only the lse is in the loss: o's gradient is 0
             do = torch.zeros_like(o)
+        elif do.stride() != o.stride() and head_span(do) >= HEAD_SPAN_LIMIT:
+            do = do.contiguous()  # a gradient laid out wider than the kernels index inside a head: spans what o does
         dq, dk, dv = attention_backward_impl(q, k, v, o, lse, do, described, dlse)
         return dq, dk, dv, None, None
 
