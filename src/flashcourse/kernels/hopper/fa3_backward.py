@@ -208,7 +208,7 @@ def _store_dkdv(dk, dv, DK, DV, kv_row, n0, N_KV, scale, HEAD_DIM: gl.constexpr,
     half the head dim each and pass DK, DV already offset to their first column)."""
     keys = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, KV_LAYOUT))
     cols = gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, KV_LAYOUT))
-    # A row index fits 32 bits (B*H*N_kv rows of 16 bytes or more fill no GPU's memory), but a row times HEAD_DIM
+    # A row index fits 32 bits (2**31 rows of D >= 64 16-bit values would be 256 GiB), but a row times HEAD_DIM
     # passes 2**31 elements from 16.8 million key rows at D = 128 (B = 16, H = 32, N = 32768): in 64 bits.
     offs = (kv_row + keys).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
     mask = (keys < N_KV)[:, None] & (cols < HEAD_DIM)[None, :]
