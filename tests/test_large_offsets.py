@@ -81,6 +81,12 @@ def test_the_backward_checks_o_and_do_laid_out_otherwise():
         kernels.flash_attention_backward(q, q, q, q, lse, wide)
 
 
+def test_the_fp8_forward_refuses_a_head_spanning_2_31():
+    q = torch.empty(524_289, 32, 128, dtype=torch.float8_e4m3fn, device="meta").transpose(0, 1).unsqueeze(0)
+    with pytest.raises(ValueError, match="q has shape .* spans"):
+        kernels.flash_attention_forward(q, q, q)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_decode_refuses_a_cache_whose_head_spans_2_31(paged):
     """A (B, N_max, H_kv, D) cache seen as (B, H_kv, N_max, D): 2**21 + 1 rows of H_kv * D = 1024 elements; paged,

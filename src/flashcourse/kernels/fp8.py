@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import configs
-from ._checks import check_device, padded_head_dim
+from ._checks import check_device, check_head_span, padded_head_dim
 from .common import (
     LOG2E,
     NO_KEY_YET,
@@ -299,6 +299,8 @@ def check_fp8_qkv(q, k, v) -> None:
         raise ValueError(f"q, k, v are on {q.device}, {k.device}, {v.device}: they must be on one device")
     if q.shape[3] not in FP8_HEAD_DIMS:
         raise ValueError(f"head dim {q.shape[3]} is not supported in FP8: expected one of {FP8_HEAD_DIMS}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_head_span(t, name)
 
 
 def require_fp8_device(t: torch.Tensor) -> None:
