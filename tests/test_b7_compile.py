@@ -220,7 +220,6 @@ def _run_b7_protocol(n_tiles: int, stages: int, buffers: int, seed: int):
     ds = [[None, None] for _ in range(buffers)]
     dq = [[None, None] for _ in range(buffers)]
     added = []
-    errors = []
 
     def loader():
         for i in range(n_tiles):
@@ -261,18 +260,7 @@ def _run_b7_protocol(n_tiles: int, stages: int, buffers: int, seed: int):
             for w in range(2):
                 dq_empty[b][w].arrive()
 
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            errors.append(error)
-
-    world.start(guarded, loader)
-    world.start(guarded, consumer, 0)
-    world.start(guarded, consumer, 1)
-    world.start(guarded, writer)
-    world.join()  # a deadlock ends every thread with fwd.Deadlock, found without a clock
-    assert not errors, errors[0]
+    world.run_partitions((loader,), (consumer, 0), (consumer, 1), (writer,))
     assert sorted(added) == [(i, w) for i in range(n_tiles) for w in range(2)]
 
 

@@ -183,7 +183,7 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
     p = [[None, None] for _ in range(pds_buffers)]
     ds = [[None, None] for _ in range(pds_buffers)]
     dq = [[None, None] for _ in range(dq_buffers)]
-    added, errors = [], []
+    added = []
 
     def land(where, index, value, barrier, delay_seed):
         fwd._jitter(random.Random(delay_seed))
@@ -249,18 +249,7 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
                     added.append((i, c, w))
                     dq_empty[d][w].arrive()
 
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            errors.append(error)
-
-    world.start(guarded, loader)
-    world.start(guarded, consumer, 0)
-    world.start(guarded, consumer, 1)
-    world.start(guarded, writer)
-    world.join()  # a deadlock ends every thread with fwd.Deadlock, found without a clock
-    assert not errors, errors[0]
+    world.run_partitions((loader,), (consumer, 0), (consumer, 1), (writer,))
     assert sorted(added) == [(i, c, w) for i in range(n_tiles) for c in range(chunks) for w in range(2)]
 
 

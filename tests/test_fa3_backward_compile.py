@@ -185,7 +185,6 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
     empty = [fwd._MBarrier(consumers, world) for _ in range(stages)]
     slots = [None] * stages
     kv = [None]
-    errors = []
 
     def tma(write, barrier, key):
         def land():
@@ -212,17 +211,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, seed: int):
             assert slots[slot] == ("QdO", i), f"wg {wg} step {i}: slot {slot} refilled while read"
             empty[slot].arrive()
 
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            errors.append(error)
-
-    world.start(guarded, producer)
-    for wg in range(consumers):
-        world.start(guarded, consumer, wg)
-    world.join()  # a deadlock ends every thread with fwd.Deadlock, found without a clock
-    assert not errors, errors[0]
+    world.run_partitions((producer,), *[(consumer, wg) for wg in range(consumers)])
 
 
 @pytest.mark.parametrize("consumers", [1, 2])  # b6b, b6c

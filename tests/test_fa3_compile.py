@@ -406,6 +406,23 @@ class _World(threading.Condition):
             index += 1
 
 
+    def run_partitions(self, *partitions) -> None:
+        """Run each partition ``(fn, *args)`` on a thread of this run and wait for them all (a deadlock ends every
+        thread with :class:`Deadlock`, found without a clock); fail with the first error a partition raised."""
+        errors = []
+
+        def guarded(fn, *args):
+            try:
+                fn(*args)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        for fn, *args in partitions:
+            self.start(guarded, fn, *args)
+        self.join()
+        assert not errors, errors[0]
+
+
 class _MBarrier:
     def __init__(self, count: int, world: _World):
         self.count, self.pending, self.phase, self.world = count, count, 0, world
@@ -439,7 +456,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
     k_empty = [_MBarrier(consumers, world) for _ in range(stages)]
     v_empty = [_MBarrier(consumers, world) for _ in range(stages)]
     turns = [_MBarrier(1, world) for _ in range(2)]
-    issued, errors = [], []
+    issued = []
 
     def tma(slots, slot, value, barrier):
         def land():
@@ -507,17 +524,7 @@ def _run_protocol(n_tiles: int, stages: int, consumers: int, overlap: bool, ping
         read(v_slot, last, ("V", n_tiles - 1))
         v_empty[last].arrive()
 
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            errors.append(error)
-
-    world.start(guarded, producer)
-    for wg in range(consumers):
-        world.start(guarded, consumer, wg)
-    world.join()
-    assert not errors, errors[0]
+    world.run_partitions((producer,), *[(consumer, wg) for wg in range(consumers)])
     if pingpong and consumers == 2:
         assert issued == [(wg, t) for t in range(n_tiles - 1) for wg in (0, 1)], issued
 
@@ -598,7 +605,7 @@ def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, se
     q_ready = [_MBarrier(1, world) for _ in range(consumers)]
     q_empty = _MBarrier(consumers, world)
     turns = [_MBarrier(1, world) for _ in range(consumers)]
-    issued, errors = [], []
+    issued = []
 
     def tma(slots, slot, value, barrier):
         def land():
@@ -666,17 +673,7 @@ def _run_v8f_protocol(tiles_per_item: list[int], stages: int, consumers: int, se
             v_empty[last % stages].arrive()
             r0 += n_tiles
 
-    def guarded(fn, *args):
-        try:
-            fn(*args)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            errors.append(error)
-
-    world.start(guarded, producer)
-    for wg in range(consumers):
-        world.start(guarded, consumer, wg)
-    world.join()
-    assert not errors, errors[0]
+    world.run_partitions((producer,), *[(consumer, wg) for wg in range(consumers)])
     turns_taken = sum(n - 1 for n in tiles_per_item)
     if pingpong:
         assert issued == [(wg, t) for t in range(turns_taken) for wg in range(consumers)], issued
