@@ -362,17 +362,8 @@ def test_the_kernels_arithmetic_gives_the_gradients(d, block_m, causal, stats_by
 
     rng = np.random.default_rng(1)
     for n_q, n_kv in [(1, 1), (17, 17), (100, 100), (130, 130), (40, 150), (150, 40), (200, 257)]:
-        q, do = rng.standard_normal((1, 2, n_q, d)), rng.standard_normal((1, 2, n_q, d))
-        k, v = rng.standard_normal((1, 2, n_kv, d)), rng.standard_normal((1, 2, n_kv, d))
-        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
-        if causal:
-            s = np.where(np.tril(np.ones((n_q, n_kv), dtype=bool)), s, -np.inf)
-        lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
-        p = np.exp(s - lse[..., None])
-        o = p @ v
-        ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
-        expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b7(q, k, v, o, lse, do, causal, stats_by_tma, block_m)
+        inputs, expected = _sibling("test_fa3_backward_compile").float64_case(rng, n_q, n_kv, d, causal)
+        got = _emulate_b7(*inputs, causal, stats_by_tma, block_m)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv} D={d}")
 

@@ -287,6 +287,25 @@ def _emulate_b6(q, k, v, o, lse, do, causal, consumers, block_m):
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+def float64_case(rng, n_q: int, n_kv: int, d: int, causal: bool, batch: int = 1):
+    """Random inputs of ``batch`` x 2 heads in float64 NumPy and what a backward is given and must give:
+    ``(q, k, v, o, lse, do)`` (lse in natural log, causal top-left as the kernels take it) and ``(dq, dk, dv)``.
+    The Gluon backwards' emulations (b6 here, b7 and b8 in their tests) are checked against it."""
+    import numpy as np
+
+    q, do = rng.standard_normal((batch, 2, n_q, d)), rng.standard_normal((batch, 2, n_q, d))
+    k, v = rng.standard_normal((batch, 2, n_kv, d)), rng.standard_normal((batch, 2, n_kv, d))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+    if causal:
+        s = np.where(np.tril(np.ones((n_q, n_kv), dtype=bool)), s, -np.inf)
+    lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+    p = np.exp(s - lse[..., None])
+    o = p @ v
+    ds = p * (do @ np.swapaxes(v, -1, -2) - (o * do).sum(-1, keepdims=True))
+    grads = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
+    return (q, k, v, o, lse, do), grads
+
+
 @pytest.mark.parametrize("consumers,block_m", [(1, 64), (1, 32), (2, 64), (2, 32)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_kernels_index_arithmetic_gives_the_gradients(consumers, block_m, causal):
@@ -297,17 +316,7 @@ def test_the_kernels_index_arithmetic_gives_the_gradients(consumers, block_m, ca
     rng = np.random.default_rng(0)
     for n_q, n_kv in [(1, 1), (17, 17), (64, 64), (100, 100), (130, 130), (40, 150), (150, 40), (200, 257)]:
         d = 16  # the arithmetic does not depend on D
-        q, do = rng.standard_normal((2, 2, n_q, d)), rng.standard_normal((2, 2, n_q, d))
-        k, v = rng.standard_normal((2, 2, n_kv, d)), rng.standard_normal((2, 2, n_kv, d))
-        s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
-        if causal:
-            s = np.where(np.tril(np.ones((n_q, n_kv), dtype=bool)), s, -np.inf)
-        lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
-        p = np.exp(s - lse[..., None])
-        o = p @ v
-        dp = do @ np.swapaxes(v, -1, -2)
-        ds = p * (dp - (o * do).sum(-1, keepdims=True))
-        expected = (ds @ k / np.sqrt(d), np.swapaxes(ds, -1, -2) @ q / np.sqrt(d), np.swapaxes(p, -1, -2) @ do)
-        got = _emulate_b6(q, k, v, o, lse, do, causal, consumers, block_m)
+        inputs, expected = float64_case(rng, n_q, n_kv, d, causal, batch=2)
+        got = _emulate_b6(*inputs, causal, consumers, block_m)
         for name, g, e in zip(("dq", "dk", "dv"), got, expected, strict=True):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv}")
