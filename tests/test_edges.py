@@ -362,3 +362,103 @@ def test_cu_seqlens_refuses_what_it_cannot_express(rng):
     with pytest.raises(ValueError, match=r"packed along one row"):
         kernels.flash_attention(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
                                 cu_seqlens_q=cu)
+
+
+# ------------------------------------------------------------------------------------------------- third search
+# Each case below was found by the third search at the API's edges and failed on the code before its fix (the
+# commit that adds it says how).
+def window_mask(n_q, n_kv, left, right, shift):
+    """(N_q, N_kv) visible where c - left <= j <= c + right, c = i + shift; -1 leaves a side unbounded. In Python
+    ints, which hold any side exactly."""
+    return torch.tensor([[(left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)
+                          for j in range(n_kv)] for i in range(n_q)], device=DEVICE)
+
+
+@pytest.mark.parametrize(("window", "n_q", "n_kv", "causal"), [
+    ((2**31 - 1, 0), 19, 23, False), ((2**31, 0), 19, 23, False), ((2**31, 0), 19, 19, True),
+    ((0, 2**31), 23, 19, False), ((2**70, 2**70), 19, 23, False),
+])
+def test_a_window_side_past_int32_is_unbounded(rng, window, n_q, n_kv, causal):
+    """A side larger than the sequence reaches every key: the answer of no bound on that side. The kernels add
+    the bounds to row and key indices in 32 bits, and a side near 2**31 wrapped (dK error 0.71, dV 1.1 at
+    (2**31 - 1, 0); the forward 3.1 at (0, 2**31) with N_q > N_k); 2**70 raised an OverflowError."""
+    q = randn(rng, 1, 2, n_q, 16).requires_grad_()
+    k, v = (randn(rng, 1, 2, n_kv, 16).requires_grad_() for _ in range(2))
+    o = kernels.flash_attention(q, k, v, window=window, causal=causal)
+    do = randn(rng, *o.shape)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    left, right = window
+    mask = window_mask(n_q, n_kv, left, 0 if causal else right, 0 if causal else n_kv - n_q)
+    expected, _ = float64_attention(q, k, v, mask=mask)
+    want = torch.autograd.grad(expected, (q, k, v), do.double())
+    assert_close(o, expected, what=f"window={window} forward")
+    for name, got, spec in zip("qkv", grads, want, strict=True):
+        assert_close(got, spec, what=f"d{name} with window={window}")
+
+
+@pytest.mark.parametrize("window", [(2**70, 0), (40, 0)])
+def test_a_decode_window_past_the_cache_is_the_whole_cache(rng, window):
+    """Decode's window reaches back from each new token: a side past the cache holds every key (2**70 raised an
+    OverflowError inside the launch; 40, the cache's length, is a guard on the edge of the rule)."""
+    q, k, v = randn(rng, 2, 4, 16), randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    o = kernels.flash_decode(q, k, v, window=window, cache_seqlens=[40, 13], num_splits=2)
+    assert_close(o, kernels.flash_decode(q, k, v, cache_seqlens=[40, 13]).double(), what=f"decode window={window}")
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_softcap_past_float32_is_refused(rng, decode):
+    """The kernels hold the cap as softcap * log2(e) in float32: past 2.35e38 it is inf, and every score became
+    NaN (softcap=2.4e38 and 1e300). Caps past 1e30 are refused with the fix (None is the same answer there);
+    1e30 still runs, and is no cap (test_a_huge_softcap_is_no_cap)."""
+    q, k = randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16)
+    run = ((lambda c: kernels.flash_decode(q[:, :, 0], k, k, softcap=c)) if decode
+           else (lambda c: kernels.flash_attention(q, k, k, softcap=c)))
+    for cap in (2.4e38, 1e300, 1.01e30):
+        with pytest.raises(ValueError, match=r"softcap is .*: expected at most 1e\+30.*pass None"):
+            run(cap)
+    assert torch.isfinite(run(1e30)).all()
+
+
+@pytest.mark.parametrize("through_block_mask", [False, True])
+def test_int64_document_ids_of_any_layout(rng, through_block_mask):
+    """int64 ids taken from a (N, B) buffer, a transposed view: their ranks came out laid out as the view, which
+    the kernels read as rows of unit stride (error 1.67); int32 ids were made contiguous already."""
+    q, k, v = (randn(rng, 3, 2, 40, 16) for _ in range(3))
+    ids = torch.zeros(40, 3, dtype=torch.int64, device=DEVICE)
+    ids[17:] = 2**40
+    ids[30:, 1] = 5
+    ids = ids.T  # (3, 40), strides (1, 3)
+    if through_block_mask:
+        bm = kernels.create_block_mask(None, None, None, 40, 40, document_ids=ids, BLOCK_SIZE=16)
+        o = kernels.flash_attention(q, k, v, block_mask=bm)
+    else:
+        o = kernels.flash_attention(q, k, v, document_ids=ids)
+    expected, _ = float64_attention(q, k, v, mask=document_mask(ids))
+    assert_close(o, expected, what="transposed int64 document ids")
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), "0.1"])
+def test_the_fp8_forward_checks_the_scale_as_every_entry_point(scale):
+    """The FP8 forward passed any scale to its kernel (0 and negatives gave NaN there): the same rule as attention
+    and decode, checked before the device is asked, so it shows on a CPU too."""
+    q8 = torch.zeros(1, 2, 16, 64, dtype=torch.float8_e4m3fn, device=DEVICE)
+    with pytest.raises((ValueError, TypeError), match="scale is"):
+        kernels.flash_attention_forward(q8, q8, q8, scale=scale)
+
+
+@pytest.mark.parametrize("lengths", [[True, 13], True, [np.True_, 13]])
+def test_cache_seqlens_refuses_bools(rng, lengths):
+    """True is a length of 1 to operator.index: a mask passed as lengths ran as one key (error 2.56)."""
+    q, k = randn(rng, 2, 4, 16), randn(rng, 2, 2, 40, 16)
+    with pytest.raises(TypeError, match="cache_seqlens is"):
+        kernels.flash_decode(q, k, k, cache_seqlens=lengths)
+
+
+@pytest.mark.parametrize(("option", "value"), [("num_warps", 0), ("num_warps", 1.5), ("num_stages", 0),
+                                               ("num_stages", 1.5), ("num_stages", True)])
+def test_decode_launch_overrides_are_checked(rng, option, value):
+    """num_warps=0 and num_stages=0 silently meant "chosen per call", num_stages=1.5 reached Triton, and
+    num_warps=1.5 raised a TypeError about '&': each is now a ValueError naming the option, as num_splits is."""
+    q, k = randn(rng, 1, 2, 16), randn(rng, 1, 2, 40, 16)
+    with pytest.raises(ValueError, match=f"{option} is"):
+        kernels.flash_decode(q, k, k, **{option: value})

@@ -395,13 +395,17 @@ def check_new_tokens(lengths: list[int], n_new: int) -> None:
                              f"flash_attn_with_kvcache), so it must be at least {n_new} (or 0 for an empty sequence)")
 
 
-def check_decode_options(num_splits, block_n, switches, causal) -> None:
+def check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal) -> None:
     """The launch options a decode call may force, whole numbers in range, its switches and ``causal``."""
-    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16)):
+    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16), ("num_warps", num_warps, 1),
+                               ("num_stages", num_stages, 1)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             raise ValueError(f"{name} is {value!r}: expected an int >= {least} or None (chosen per call)")
     if block_n is not None and block_n & (block_n - 1):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+    if num_warps is not None and num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps is {num_warps}: expected a power of two (1, 2, 4, 8, ...) or None (chosen per "
+                         "call)")
     if switches is not None:
         if not isinstance(switches, DecodeSwitches):
             raise TypeError(f"switches is a {type(switches).__name__}: expected a DecodeSwitches (or None)")
@@ -448,7 +452,7 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
     scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, cache_leftpad)
     window = check_window(window)
-    check_decode_options(num_splits, block_n, switches, causal)
+    check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal)
     n_new = 1 if q.dim() == 3 else q.shape[2]
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
@@ -463,7 +467,8 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
         check_leftpad(leftpads, lengths if lengths is not None else [n_max] * q.shape[0], n_new)
     if paged and not capturing:  # read once per plan, as the lengths
         check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0], leftpads)
-    window_left = window[0] if window is not None and window[0] >= 0 else None
+    # A window reaching back past the cache holds every key: no window (the kernel subtracts it in 32 bits)
+    window_left = window[0] if window is not None and 0 <= window[0] < n_max else None
     scale, softcap = check_scale(scale), check_softcap(softcap)
     block_d, precision = padded_head_dim(q.shape[-1]), dot_precision(q.dtype)
     props = check_decode_dtypes(q, k_cache)  # the checks that ask the device, last

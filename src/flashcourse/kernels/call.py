@@ -350,10 +350,14 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scal
 
 def host_lengths(lengths, batch: int) -> list[int]:
     """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
-    floats and other types are refused (int32 would truncate them)."""
+    floats and other types are refused (int32 would truncate them), and so are bools (True is 1 to
+    ``operator.index``: a mask passed as lengths would run as one key)."""
     try:
         values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
                   else [operator.index(n) for n in lengths])
+        if isinstance(lengths, bool) or (isinstance(lengths, (list, tuple))
+                                         and any(isinstance(n, bool) for n in lengths)):
+            raise TypeError
     except TypeError:
         raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
                         "or a (B,) int32 tensor") from None

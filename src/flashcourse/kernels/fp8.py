@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from . import configs
-from ._checks import check_device, check_head_span, padded_head_dim
+from ._checks import check_device, check_head_span, check_scale, padded_head_dim
 from .common import (
     LOG2E,
     NO_KEY_YET,
@@ -339,6 +339,7 @@ def flash_attention_forward_fp8(q, k, v, *, q_descale=None, k_descale=None, v_de
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype is {out_dtype}: an FP8 call returns torch.bfloat16 or torch.float16")
     check_fp8_qkv(q, k, v)
+    scale = check_scale(scale)  # the rule of every entry point: its kernel's running max needs a scale > 0
     rules = parse_rules(q, k, causal=causal)
     descales = [_descale(d, name, q.shape[0], k.shape[1], q.device)
                 for d, name in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale"))]

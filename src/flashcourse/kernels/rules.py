@@ -83,7 +83,11 @@ class Rules:
         return 0 if self.causal == "top_left" else n_kv - n_q
 
     def key_bounds(self, n_q: int, n_kv: int) -> tuple[int | None, int | None]:
-        """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side)."""
+        """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side).
+
+        A window side longer than the sequences is clamped to one that already reaches every key (upper at most
+        n_kv, lower at least -n_q): the kernels add the bounds to row and key indices in 32 bits, where a side
+        near 2**31 wrapped and hid keys it should have shown."""
         shift = self.shift(n_q, n_kv)
         uppers, lower = [], None
         if self.causal is not None:
@@ -91,9 +95,9 @@ class Rules:
         if self.window is not None:
             left, right = self.window
             if right >= 0:
-                uppers.append(shift + right)
+                uppers.append(min(shift + right, n_kv))
             if left >= 0:
-                lower = shift - left
+                lower = max(shift - left, -n_q)
         return (min(uppers) if uppers else None), lower
 
     def missing_in_numbered_version(self, gqa: bool, n_q: int, n_kv: int) -> str | None:
@@ -128,6 +132,13 @@ def causal_alignment(causal) -> str | None:
                      "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
 
 
+# The largest softcap taken. Past 2.35e38, softcap * log2(e) is inf in float32; and from about 1e31 the kernels'
+# score / (softcap * log2(e)) is a subnormal number for scores of a few units, which a GPU may flush to zero. Up
+# to 1e30, softcap * tanh(s / softcap) differs from s by s^3 / (3 softcap^2), under float32's rounding for every
+# |s| < 1e26: the cap is then no cap, and None says so exactly.
+MAX_SOFTCAP = 1e30
+
+
 def check_softcap(softcap) -> float | None:
     if softcap is None:
         return None
@@ -137,7 +148,12 @@ def check_softcap(softcap) -> float | None:
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap is {softcap}: expected a finite number > 0 (scores become "
                          "softcap * tanh(score / softcap)); pass None for no cap")
+    if softcap > MAX_SOFTCAP:
+        raise ValueError(f"softcap is {softcap:g}: expected at most {MAX_SOFTCAP:g}. The kernels hold the cap in "
+                         "float32 (past 2.35e38 it is inf, and every score NaN), and a cap this large changes no "
+                         "score below 1e26 by as much as float32 resolves: pass None for no cap")
     return float(softcap)
+
 
 
 def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
@@ -173,7 +189,7 @@ def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.dev
         raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
                          f".to({str(device)!r})")
     if ids.dtype == torch.int64:  # hash-like ids past int32 would be truncated, and two documents merge
-        return document_ranks(ids)
+        return document_ranks(ids).contiguous()  # the ranks come laid out as the ids; the kernels read rows
     return ids.to(torch.int32).contiguous()
 
 
