@@ -121,6 +121,64 @@ def test_a_negative_fp8_k_scale_is_a_scale(rng, num_splits):
     assert_close(o, want.squeeze(2), what="decode with negative k_scale")
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("zero", [0.0, -0.0, 1e-45])
+def test_a_zero_fp8_k_scale_gives_uniform_weights(rng, num_splits, zero):
+    """k_scale 0 makes every score 0 (true K = k8 * 0): the weights are uniform over the sequence's keys. The
+    kernel multiplied the masked scores' -inf by 0 (NaN, for every row of that KV head); a scale that rounds to 0
+    in the exponent's factor (1e-45, a float32 subnormal) did the same."""
+    q, k, v = randn(rng, 2, 4, 16) * 3, randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    k8, v8, k_scale, v_scale = decode.quantize_kv_cache(k, v)
+    k_scale[0, 1] = zero
+    lengths = [40, 13]  # the second sequence's tail is masked: -inf scores beside the zero ones
+    o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lengths,
+                             num_splits=num_splits)
+    true_k = (k8.double() * k_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    true_v = (v8.double() * v_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    for b, n in enumerate(lengths):
+        weights = torch.softmax(true_k[b, :, :n] @ q[b].double()[:, :, None] / 4.0, dim=1)  # (H_q, n, 1)
+        assert_close(o[b], (weights * true_v[b, :, :n]).sum(1), what=f"decode with k_scale {zero}, sequence {b}")
+
+
+def fp8_kernel_inputs(rng, causal):
+    """16-bit q, k, v for the FP8 forward's kernel (the interpreter runs it so, as test_fp8.py does) and the
+    float64 answer for descales (B = 1, H_kv = 2): true X = x * x_descale."""
+    from flashcourse.kernels import fp8
+    from flashcourse.kernels.rules import parse_rules
+
+    q, k, v = (randn(rng, 1, 2, 20, 64).to(torch.float16) for _ in range(3))
+
+    def run(q_descale, k_descale, v_descale):
+        o, lse = fp8.run_fp8_forward(q, k, v, q_descale, k_descale, v_descale, out_dtype=torch.float16,
+                                     rules=parse_rules(q, k, causal=causal))
+        true = [x.double() * d.double()[:, :, None, None] for x, d in ((q, q_descale), (k, k_descale),
+                                                                         (v, v_descale))]
+        s = true[0] @ true[1].transpose(-1, -2) / 8.0
+        if causal:
+            s = s.masked_fill(torch.ones(20, 20, dtype=torch.bool, device=DEVICE).triu(1), float("-inf"))
+        return o, lse, torch.softmax(s, -1) @ true[2], torch.logsumexp(s, -1)
+
+    return run
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("descales", ["k negative", "q negative", "mixed signs", "k zero", "q -0.0"])
+def test_fp8_forward_descales_of_any_sign(rng, causal, descales):
+    """True q.k = q8.k8 * q_descale * k_descale for any finite descales: a negative product flips every score of
+    its (batch, KV head), a zero one makes them all 0 (uniform weights). The kernel's running max took
+    max(qk) * qk_scale, the smallest scaled score under a negative factor, and 0 * -inf for masked keys under a
+    zero one: NaN for every row of that head."""
+    run = fp8_kernel_inputs(rng, causal)
+    one = torch.ones(1, 2, device=DEVICE)
+    factors = {"k negative": (one, -one), "q negative": (-2 * one, one),
+               "mixed signs": (one, torch.tensor([[1.0, -0.5]], device=DEVICE)),
+               "k zero": (one, torch.tensor([[0.0, 1.0]], device=DEVICE)),
+               "q -0.0": (torch.tensor([[1.0, -0.0]], device=DEVICE), one)}[descales]
+    o, lse, want_o, want_lse = run(*factors, one)
+    assert_close(o, want_o, dtype="float16", what=f"FP8 forward with descales {descales}, causal={causal}")
+    assert_close(lse, want_lse, dtype="float32", what=f"FP8 forward lse with descales {descales}")
+
+
 # ------------------------------------------------------------------------------------------ the starting max
 def far_below_minus_1e30(rng, n_q=5, n_kv=37, d=16):
     """q . k * scale about -4e30 for every pair, finite: the softmax is uniform, o is the mean of v, and the lse is
