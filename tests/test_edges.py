@@ -462,3 +462,29 @@ def test_decode_launch_overrides_are_checked(rng, option, value):
     q, k = randn(rng, 1, 2, 16), randn(rng, 1, 2, 40, 16)
     with pytest.raises(ValueError, match=f"{option} is"):
         kernels.flash_decode(q, k, k, **{option: value})
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k_cache"])
+def test_decode_refuses_inputs_that_need_gradients(rng, needs_grad):
+    """flash_decode has no backward: with q (or the cache) requiring grad, its output came back detached, so a
+    loss that used it silently lost that term's gradient. Refused, naming torch.no_grad(); under no_grad it runs."""
+    tensors = {"q": randn(rng, 2, 4, 16), "k_cache": randn(rng, 2, 2, 40, 16), "v_cache": randn(rng, 2, 2, 40, 16)}
+    tensors[needs_grad].requires_grad_()
+    with pytest.raises(RuntimeError, match=f"{needs_grad} requires grad.*torch.no_grad"):
+        kernels.flash_decode(tensors["q"], tensors["k_cache"], tensors["v_cache"])
+    with torch.no_grad():
+        o = kernels.flash_decode(tensors["q"], tensors["k_cache"], tensors["v_cache"])
+    assert_close(o, kernels.flash_decode(*(t.detach() for t in tensors.values())).double(), what="decode, no_grad")
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_alibi_slopes_that_need_gradients_are_refused(rng, decode):
+    """The kernels take the slopes as constants (flash-attn too): learnable slopes got no gradient, without a
+    word (loss.backward() left slopes.grad None). Refused, naming .detach()."""
+    slopes = torch.tensor([0.5, 0.25], device=DEVICE, requires_grad=True)
+    q = randn(rng, 1, 2, 8, 16).requires_grad_()
+    with pytest.raises(ValueError, match=r"alibi_slopes requires grad.*alibi_slopes\.detach\(\)"):
+        if decode:  # decode has no gradients at all: only the slopes need one here
+            kernels.flash_decode(q[:, :, 0].detach(), q.detach(), q.detach(), alibi_slopes=slopes)
+        else:
+            kernels.flash_attention(q, q, q, alibi_slopes=slopes)

@@ -33,6 +33,7 @@ from .plan import PLANS, decode_plan_for, plan_for
 from .rules import parse_options, with_call_tensors
 
 _is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
+_grad_enabled = torch.is_grad_enabled
 _new_tuple = tuple.__new__
 
 
@@ -280,8 +281,20 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
     if not _is_compiling():
+        if _grad_enabled():
+            _refuse_gradients(q, k_cache, v_cache)
         return decode_eager(tensors, options, lengths)
     return ops.decode_in_graph(tensors, options)  # one op in the graph: tracing our Python (and Triton's) fails
+
+
+def _refuse_gradients(q, k_cache, v_cache) -> None:
+    """Decode has no backward: an input that requires grad would get an output without a gradient, and a loss
+    that uses it would lose that term without a word. A RuntimeError instead (three attribute reads a call)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if getattr(t, "requires_grad", False):
+            raise RuntimeError(f"{name} requires grad, but flash_decode has no backward (decoding is inference): "
+                               "call it under torch.no_grad() (or torch.inference_mode()), or pass "
+                               f"{name}.detach(); for gradients, use flash_attention")
 
 
 def decode_eager(tensors: tuple, options: tuple, lengths: list[int] | None = None) -> torch.Tensor:

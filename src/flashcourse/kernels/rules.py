@@ -168,6 +168,10 @@ def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
                          f"({heads},) float32, one slope per query head (q has {heads} heads)")
     if slopes.device != q.device:
         raise ValueError(f"alibi_slopes is on {slopes.device}, q on {q.device}: move it with .to(q.device)")
+    if slopes.requires_grad and torch.is_grad_enabled():  # else its gradient would be missing without a word
+        raise ValueError("alibi_slopes requires grad, but the kernels take the slopes as constants (as flash-attn "
+                         "does): no gradient reaches them. Pass alibi_slopes.detach() (fixed slopes, Press et al. "
+                         "2022), or use a float64 reference to learn them")
     return slopes.contiguous()
 
 
