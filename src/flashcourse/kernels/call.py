@@ -281,8 +281,9 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
     if not _is_compiling():
-        if _grad_enabled():
-            _refuse_gradients(q, k_cache, v_cache)
+        if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
+                                or getattr(v_cache, "requires_grad", False)):
+            _refuse_gradients(q, k_cache, v_cache)  # inline above: this is on every call
         return decode_eager(tensors, options, lengths)
     return ops.decode_in_graph(tensors, options)  # one op in the graph: tracing our Python (and Triton's) fails
 
