@@ -488,3 +488,24 @@ def test_alibi_slopes_that_need_gradients_are_refused(rng, decode):
             kernels.flash_decode(q[:, :, 0].detach(), q.detach(), q.detach(), alibi_slopes=slopes)
         else:
             kernels.flash_attention(q, q, q, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("scale", np.float32(0.2)), ("scale", np.int64(2)), ("scale", torch.tensor(0.2)), ("softcap", np.float32(5.0)),
+    ("dropout_p", np.float32(0.1)), ("max_seqlen_q", np.int64(19)),
+])
+def test_a_number_of_another_library_is_told_how_to_pass(rng, option, value):
+    """np.float32(0.2) is a number, and "expected a number" (what the error said) did not say what was wrong:
+    the error now names the type and the fix, float(...) or int(...)."""
+    q = randn(rng, 1, 2, 19, 16)
+    varlen = {"cu_seqlens_q": torch.tensor([0, 19], dtype=torch.int32, device=DEVICE)} if "seqlen" in option else {}
+    with pytest.raises((TypeError, ValueError), match=rf"{option} is .*not a Python number: pass (float|int)\({option}\)"):
+        kernels.flash_attention(q, q, q, **{option: value}, **varlen)
+
+
+def test_no_kv_heads_in_attention_is_a_clear_error(rng):
+    """k with 0 heads: the error said "H_q must be a multiple of H_kv", which 0 heads of q are; it now names
+    H_kv = 0, as decode's does."""
+    q, k = randn(rng, 1, 0, 8, 16), randn(rng, 1, 0, 8, 16)
+    with pytest.raises(ValueError, match=r"k has H_kv = 0 heads"):
+        kernels.flash_attention(q, k, k)

@@ -25,3 +25,18 @@ def check_window(window) -> tuple[int, int] | None:
         raise ValueError(f"window is {(left, right)}: each side must be >= -1 (-1 = unbounded on that side, 0 = no "
                          "key past the query's own position on that side)")
     return None if (left, right) == (-1, -1) else (left, right)
+
+
+def foreign_number_hint(name: str, value) -> str:
+    """For an option given as another library's number (NumPy's float32 or int64, a 0-dim tensor), which the
+    checks refuse: the words that say so and how to pass it; "" for anything else. Without it, "scale is 0.2:
+    expected a number" left a learner holding a number."""
+    python = (int, float)
+    if type(value) in python or isinstance(value, bool):
+        return ""
+    if isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0:
+        cast = "int" if isinstance(value, numbers.Integral) or "int" in str(getattr(value, "dtype", "")) else "float"
+        kind = f"{type(value).__module__}.{type(value).__name__}"
+        return f" ({kind} is not a Python number: pass {cast}({name}))"
+    return ""
+

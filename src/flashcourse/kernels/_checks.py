@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validation import check_window
+from ..validation import check_window, foreign_number_hint
 from . import configs
 from .decode import DecodeSwitches
 from .rules import check_alibi_slopes, check_softcap
@@ -125,8 +125,8 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q has {q.shape[1]} heads and k has {k.shape[1]}: H_q must be a multiple of H_kv (grouped-query "
-            "attention: query head h uses KV head h // (H_q // H_kv))"
+            f"q has {q.shape[1]} heads and k has H_kv = {k.shape[1]} heads (k.shape[1]): H_q must be a multiple "
+            "of H_kv >= 1 (grouped-query attention: query head h uses KV head h // (H_q // H_kv))"
         )
     check_head_dim(q.shape[3])
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -224,7 +224,7 @@ def check_scale(scale) -> float | None:
         return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
-                        "for 1/sqrt(D)")
+                        f"for 1/sqrt(D){foreign_number_hint('scale', scale)}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
                          "pass None for 1/sqrt(D)")

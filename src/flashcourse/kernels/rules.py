@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.jit import KernelInterface
 
-from ..validation import check_window  # the reference's window rule, written once
+from ..validation import check_window, foreign_number_hint  # the reference's window rule, written once
 from .dropout import check_dropout_p
 
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
@@ -144,7 +144,7 @@ def check_softcap(softcap) -> float | None:
         return None
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap is {softcap!r} ({type(softcap).__name__}): expected a positive number, "
-                        "e.g. softcap=30.0 (Gemma 2's attention cap is 50)")
+                        "e.g. softcap=30.0 (Gemma 2's attention cap is 50)" + foreign_number_hint("softcap", softcap))
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap is {softcap}: expected a finite number > 0 (scores become "
                          "softcap * tanh(score / softcap)); pass None for no cap")
@@ -411,7 +411,8 @@ def varlen_document_ids(q: torch.Tensor, k: torch.Tensor, document_ids, cu_seqle
     total = q.shape[2]
     for name, longest in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 0):
-            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence")
+            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence"
+                             + foreign_number_hint(name, longest))
         if longest is not None and longest > total:
             raise ValueError(f"{name} is {longest}, but the packed row holds {total} positions: no sequence is "
                              "longer than the row")
