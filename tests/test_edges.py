@@ -499,7 +499,8 @@ def test_a_number_of_another_library_is_told_how_to_pass(rng, option, value):
     the error now names the type and the fix, float(...) or int(...)."""
     q = randn(rng, 1, 2, 19, 16)
     varlen = {"cu_seqlens_q": torch.tensor([0, 19], dtype=torch.int32, device=DEVICE)} if "seqlen" in option else {}
-    with pytest.raises((TypeError, ValueError), match=rf"{option} is .*not a Python number: pass (float|int)\({option}\)"):
+    fix = rf"not a Python number: pass (float|int)\({option}\)"
+    with pytest.raises((TypeError, ValueError), match=rf"{option} is .*{fix}"):
         kernels.flash_attention(q, q, q, **{option: value}, **varlen)
 
 
@@ -509,3 +510,31 @@ def test_no_kv_heads_in_attention_is_a_clear_error(rng):
     q, k = randn(rng, 1, 0, 8, 16), randn(rng, 1, 0, 8, 16)
     with pytest.raises(ValueError, match=r"k has H_kv = 0 heads"):
         kernels.flash_attention(q, k, k)
+
+
+@pytest.mark.parametrize("return_lse", ["no", 1, None])
+def test_return_lse_is_a_bool(rng, return_lse):
+    """return_lse="no" returned (o, lse) (its truth), 1 too: a bool, as SDPA's flags, or a TypeError."""
+    q = randn(rng, 1, 2, 8, 16)
+    with pytest.raises(TypeError, match="return_lse is"):
+        kernels.flash_attention(q, q, q, return_lse=return_lse)
+
+
+def test_max_seqlen_without_cu_seqlens_is_refused(rng):
+    """max_seqlen_q sizes flash-attn's varlen grid and means nothing without cu_seqlens_q: it was ignored without
+    a word, whatever its value."""
+    q = randn(rng, 1, 2, 8, 16)
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        with pytest.raises(ValueError, match=f"{name} is given without cu_seqlens"):
+            kernels.flash_attention(q, q, q, **{name: -5})
+
+
+@pytest.mark.parametrize("causal", ["yes", 1, "bottom_left"])
+def test_ring_attention_checks_causal_as_the_kernels_do(rng, causal):
+    """ring_attention took any truthy causal for True ("yes", 1), where ulysses_attention and the kernels refuse
+    them; checked before the process group is asked, so no group is needed here."""
+    from flashcourse import distributed
+
+    q = randn(rng, 1, 2, 8, 16)
+    with pytest.raises((TypeError, ValueError), match="causal is"):
+        distributed.ring_attention(q, q, q, causal=causal)

@@ -103,7 +103,7 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
     options = parse_options(causal, window, softcap, dropout_p)
     call = plan = None
     if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
-            and varlen[0] is None and varlen[1] is None and not tracing
+            and varlen[0] is None and varlen[1] is None and varlen[2] is None and varlen[3] is None and not tracing
             and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             # layout, then the options: Call's fields, written out (a call of a function costs more than this)
@@ -181,6 +181,8 @@ def attention_call(q, k, v, causal, scale, window, softcap, alibi_slopes, docume
                    enable_gqa, is_causal, return_lse, forward_version, backward_version, varlen, dropout_p):
     """``kernels.flash_attention`` (``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)): described
     here, then dispatched by ``ops.dispatch_attention``. Arguments come positionally: this is on every call."""
+    if return_lse.__class__ is not bool:  # its truth would pick the return type: "no" returned (o, lse)
+        raise TypeError(f"return_lse is {return_lse!r}: expected True (return (o, lse)) or False (o alone)")
     tracing = _is_compiling()
     if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
         return _outside_graph(attention_call, q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids,

@@ -337,6 +337,12 @@ def with_call_tensors(options: Rules, q: torch.Tensor, k: torch.Tensor, *, alibi
     ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), as document ids) and a ``mask_mod``."""
     if varlen[0] is not None or varlen[1] is not None:
         document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    else:
+        for name, longest in (("max_seqlen_q", varlen[2]), ("max_seqlen_k", varlen[3])):
+            if longest is not None:  # else ignored without a word, whatever its value
+                raise ValueError(f"{name} is given without cu_seqlens_q or cu_seqlens_k: it is the longest of the "
+                                 "packed sequences that cu_seqlens delimits (flash-attn's varlen convention); pass "
+                                 "cu_seqlens too, or drop it")
     if alibi_slopes is None and document_ids is None and mask_mod is None:
         return options
     return replace(options, alibi_slopes=check_alibi_slopes(alibi_slopes, q),
