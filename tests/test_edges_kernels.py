@@ -17,6 +17,9 @@ from flashcourse import device
 
 device.setup()
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402  (in scope of every jit function, the mask_mods below too)
+
 from flashcourse import kernels, reference  # noqa: E402
 from flashcourse.kernels import _checks, decode, forward  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
@@ -352,3 +355,35 @@ def test_gradients_at_scores_near_4e8(rng):
     do = randn(rng, *o.shape)
     dv = torch.autograd.grad(o, v, do)[0]
     assert_close(dv, do.double().sum(2, keepdim=True).expand(dv.shape) / 20, what="dV = P^T dO with P = 1/20")
+
+
+# ------------------------------------------------------------------------------------------ mask_mod's answer
+# Causal written three ways: as a comparison (bool), as an int tile of 0 and 2, and as a float tile.
+@triton.jit
+def causal_as_bool(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@triton.jit
+def causal_as_int(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx).to(tl.int32) * 2
+
+
+@triton.jit
+def causal_as_float(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx).to(tl.float32)
+
+
+def test_a_mask_mod_must_answer_in_booleans(rng):
+    """The kernels AND a mask_mod's answer into the mask bitwise: an int tile of 0 and 2 hid every key (error
+    2.8, where its truth is causal), a float one failed with "invalid operands of type float32". Both are now one
+    error at compile time that says what to return (an InterpreterError here, a CompilationError on a GPU); the
+    reference refuses them too."""
+    q, k, v = (randn(rng, 1, 2, 20, 16) for _ in range(3))
+    o = kernels.flash_attention(q, k, v, mask_mod=causal_as_bool)
+    causal = torch.ones(20, 20, dtype=torch.bool, device=DEVICE).tril()
+    s = (q.double() @ k.double().transpose(-1, -2) / 4).masked_fill(~causal, float("-inf"))
+    assert_close(o, torch.softmax(s, -1) @ v.double(), what="mask_mod as a comparison")
+    for mask_mod in (causal_as_int, causal_as_float):
+        with pytest.raises(Exception, match="mask_mod returned a tile that is not boolean"):
+            kernels.flash_attention(q, k, v, mask_mod=mask_mod)

@@ -179,7 +179,11 @@ def visible(b, h, q_idx, kv_idx, N_Q, N_KV, UPPER, LOWER, doc_ids,
         doc_k = tl.load(doc_ids + kv_idx, mask=kv_idx < N_KV, other=0)
         ok = ok & (doc_q == doc_k)
     if MASK_MOD is not None:
-        ok = ok & MASK_MOD(b, h, q_idx, kv_idx)
+        keep = MASK_MOD(b, h, q_idx, kv_idx)
+        # `ok & keep` is bitwise: an int answer (0 or 2, say) would hide keys its truth shows, without a word
+        tl.static_assert(keep.dtype == tl.int1, "mask_mod returned a tile that is not boolean: return a "
+                         "comparison (True = the query sees the key), e.g. q_idx >= kv_idx, as FlexAttention's")
+        ok = ok & keep
     return ok
 
 
