@@ -538,3 +538,9 @@ def test_ring_attention_checks_causal_as_the_kernels_do(rng, causal):
     q = randn(rng, 1, 2, 8, 16)
     with pytest.raises((TypeError, ValueError), match="causal is"):
         distributed.ring_attention(q, q, q, causal=causal)
+
+
+def test_dropout_mask_names_the_shape_it_takes():
+    """A (H, N_q, N_k) shape raised "not enough values to unpack (expected 4, got 3)"."""
+    with pytest.raises(ValueError, match=r"shape is \(1, 4, 4\): expected \(B, H_q, N_q, N_k\)"):
+        kernels.dropout_mask(5, (1, 4, 4), 0.3)

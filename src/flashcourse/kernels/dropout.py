@@ -112,6 +112,8 @@ def dropout_mask(seed, shape, dropout_p: float, device=None) -> torch.Tensor:
     store). ``seed``: an int or the (1,) int64 tensor :func:`draw_seed` gave; ``device``: where to compute it
     (default: the seed tensor's, else the CPU)."""
     p = check_dropout_p(dropout_p)
+    if len(shape) != 4:  # else an unpacking error that names nothing
+        raise ValueError(f"shape is {tuple(shape)}: expected (B, H_q, N_q, N_k), the attention weights' shape")
     batch, heads, n_q, n_kv = shape
     if device is None:
         device = seed.device if isinstance(seed, torch.Tensor) else torch.device("cpu")
