@@ -544,3 +544,12 @@ def test_dropout_mask_names_the_shape_it_takes():
     """A (H, N_q, N_k) shape raised "not enough values to unpack (expected 4, got 3)"."""
     with pytest.raises(ValueError, match=r"shape is \(1, 4, 4\): expected \(B, H_q, N_q, N_k\)"):
         kernels.dropout_mask(5, (1, 4, 4), 0.3)
+
+
+def test_a_window_side_past_int64_is_unbounded_in_the_reference_too():
+    """The reference (and the ops' int64 schema under torch.compile) held a side in int64: (2**70, 0) raised
+    "Python int too large to convert to C long". A side that large reaches past any sequence: unbounded, -1."""
+    q, k = np.ones((5, 8)), np.arange(56.0).reshape(7, 8) / 50
+    assert np.array_equal(reference.attention(q, k, k, window=(2**70, 2**64)), reference.attention(q, k, k))
+    assert np.array_equal(reference.attention(q, k, k, window=(2**70, 0), causal=True),
+                          reference.attention(q, k, k, causal=True))
