@@ -406,17 +406,24 @@ def test_a_decode_window_past_the_cache_is_the_whole_cache(rng, window):
 
 
 @pytest.mark.parametrize("decode", [False, True])
-def test_a_softcap_past_float32_is_refused(rng, decode):
+def test_a_softcap_outside_float32s_range_is_refused(rng, decode):
     """The kernels hold the cap as softcap * log2(e) in float32: past 2.35e38 it is inf, and every score became
-    NaN (softcap=2.4e38 and 1e300). Caps past 1e30 are refused with the fix (None is the same answer there);
-    1e30 still runs, and is no cap (test_a_huge_softcap_is_no_cap)."""
-    q, k = randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16)
-    run = ((lambda c: kernels.flash_decode(q[:, :, 0], k, k, softcap=c)) if decode
-           else (lambda c: kernels.flash_attention(q, k, k, softcap=c)))
+    NaN (softcap=2.4e38 and 1e300); 1e-300 is 0 there, and a score of 0 became 0 / 0 = NaN. Caps outside 1e-30 ..
+    1e30 are refused with the fix; 1e30 still runs and is no cap (test_a_huge_softcap_is_no_cap), and 1e-30
+    gives uniform weights, the float64 answer, for a query of zeros as for any other."""
+    q, k, v = randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16)
+    q[:, :, 0] = 0.0  # scores of exactly 0
+    run = ((lambda c: kernels.flash_decode(q[:, :, 0], k, v, softcap=c)[:, :, None]) if decode
+           else (lambda c: kernels.flash_attention(q, k, v, softcap=c)))
     for cap in (2.4e38, 1e300, 1.01e30):
         with pytest.raises(ValueError, match=r"softcap is .*: expected at most 1e\+30.*pass None"):
             run(cap)
+    for cap in (1e-300, 0.99e-30):
+        with pytest.raises(ValueError, match=r"softcap is .*: expected at least 1e-30.*uniform weights"):
+            run(cap)
     assert torch.isfinite(run(1e30)).all()
+    o = run(1e-30)
+    assert_close(o, v.double().mean(2, keepdim=True).expand(o.shape), what="softcap=1e-30: uniform weights")
 
 
 @pytest.mark.parametrize("through_block_mask", [False, True])

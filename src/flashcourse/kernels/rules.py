@@ -132,11 +132,12 @@ def causal_alignment(causal) -> str | None:
                      "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
 
 
-# The largest softcap taken. Past 2.35e38, softcap * log2(e) is inf in float32; and from about 1e31 the kernels'
+# The softcaps taken. Past 2.35e38, softcap * log2(e) is inf in float32; and from about 1e31 the kernels'
 # score / (softcap * log2(e)) is a subnormal number for scores of a few units, which a GPU may flush to zero. Up
 # to 1e30, softcap * tanh(s / softcap) differs from s by s^3 / (3 softcap^2), under float32's rounding for every
-# |s| < 1e26: the cap is then no cap, and None says so exactly.
-MAX_SOFTCAP = 1e30
+# |s| < 1e26: the cap is then no cap, and None says so exactly. At the other end, 1e-300 is 0 in float32 and a
+# score of 0 became 0 / 0 = NaN; below 1e-30 every capped score is 0 to float32's rounding anyway.
+MIN_SOFTCAP, MAX_SOFTCAP = 1e-30, 1e30
 
 
 def check_softcap(softcap) -> float | None:
@@ -152,6 +153,10 @@ def check_softcap(softcap) -> float | None:
         raise ValueError(f"softcap is {softcap:g}: expected at most {MAX_SOFTCAP:g}. The kernels hold the cap in "
                          "float32 (past 2.35e38 it is inf, and every score NaN), and a cap this large changes no "
                          "score below 1e26 by as much as float32 resolves: pass None for no cap")
+    if softcap < MIN_SOFTCAP:
+        raise ValueError(f"softcap is {softcap:g}: expected at least {MIN_SOFTCAP:g}. The kernels hold the cap in "
+                         "float32 (1e-300 is 0 there, and a score of 0 became 0 / 0 = NaN), and a cap this small "
+                         "makes every score 0 to float32's rounding: uniform weights over the visible keys")
     return float(softcap)
 
 
