@@ -182,6 +182,31 @@ def test_fp8_forward_descales_of_any_sign(rng, causal, descales):
     assert_close(lse, want_lse, dtype="float32", what=f"FP8 forward lse with descales {descales}")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
+                    reason="needs a GPU of compute capability 9.0 or newer (FP8 tensor cores)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("use_descriptors", [None, False])  # TMA where usable, and pointer tiles
+def test_gpu_fp8_forward_descales_of_any_sign(rng, causal, use_descriptors):
+    """The same in float8_e4m3fn on a Hopper GPU, where q's sign flip is a conversion to e4m3: a negative k descale
+    gives exactly what the positive one gives with k's values negated (the same products), and a zero one
+    uniform weights over the visible keys."""
+    from flashcourse.kernels import fp8
+
+    x = fp8.quantize_fp8(randn(rng, 2, 4, 300, 128), randn(rng, 2, 2, 300, 128), randn(rng, 2, 2, 300, 128))
+    sign = torch.tensor([[1.0, -1.0], [-1.0, 0.0]], device="cuda")  # per (batch, KV head)
+    o, _ = fp8.flash_attention_forward_fp8(x.q, x.k, x.v, q_descale=x.q_descale, k_descale=x.k_descale * sign,
+                                           v_descale=x.v_descale, causal=causal, use_descriptors=use_descriptors)
+    flipped_k = (x.k.float() * torch.where(sign < 0, -1.0, 1.0)[:, :, None, None]).to(x.k.dtype)  # exact in e4m3
+    want, _ = fp8.flash_attention_forward_fp8(x.q, flipped_k, x.v, q_descale=x.q_descale, k_descale=x.k_descale,
+                                              v_descale=x.v_descale, causal=causal, use_descriptors=use_descriptors)
+    assert torch.equal(o[0], want[0]) and torch.equal(o[1, :2], want[1, :2]), "negative descales: k negated"
+    true_v = x.v[1, 1].double() * x.v_descale[1, 1].double()  # (N, D): the zero head's values
+    counts = torch.arange(1, 301, device="cuda", dtype=torch.float64)[:, None]
+    uniform = true_v.cumsum(0) / counts if causal else true_v.mean(0, keepdim=True).expand(300, -1)
+    torch.testing.assert_close(o[1, 2:].double(), uniform.expand(2, -1, -1), atol=0.05, rtol=0.05)
+
+
 # ------------------------------------------------------------------------------------------ the starting max
 def far_below_minus_1e30(rng, n_q=5, n_kv=37, d=16):
     """q . k * scale about -4e30 for every pair, finite: the softmax is uniform, o is the mean of v, and the lse is
