@@ -560,3 +560,16 @@ def test_a_window_side_past_int64_is_unbounded_in_the_reference_too():
     assert np.array_equal(reference.attention(q, k, k, window=(2**70, 2**64)), reference.attention(q, k, k))
     assert np.array_equal(reference.attention(q, k, k, window=(2**70, 0), causal=True),
                           reference.attention(q, k, k, causal=True))
+
+
+@pytest.mark.parametrize("right", [0, 1])
+def test_decode_refuses_a_right_window_side_it_would_drop(rng, right):
+    """Several new tokens with causal=False: the kernel bounds a token's keys on the right only causally, so a
+    window's right side was dropped (error 1.31 at (5, 0), 0.60 at (5, 1)). Refused where it would hide a key
+    (right < n_new - 1; right = 0 is causal=True, which the error names); from n_new - 1 on it hides none and runs."""
+    q, k, v = randn(rng, 2, 4, 3, 16), randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    with pytest.raises(ValueError, match=rf"window = \(5, {right}\) with causal=False.*causal=True"):
+        kernels.flash_decode(q, k, v, window=(5, right), causal=False, cache_seqlens=[40, 13])
+    o = kernels.flash_decode(q, k, v, window=(5, 2), causal=False, cache_seqlens=[40, 13], num_splits=2)
+    want = kernels.flash_decode(q, k, v, window=(5, -1), causal=False, cache_seqlens=[40, 13])
+    assert_close(o, want.double(), what="window (5, 2) over 3 new tokens: the right side hides no key")

@@ -454,6 +454,13 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
     window = check_window(window)
     check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal)
     n_new = 1 if q.dim() == 3 else q.shape[2]
+    if window is not None and not causal and 0 <= window[1] < n_new - 1:
+        # The kernel bounds a new token's keys on the right only causally (its own position); a right side that
+        # stops short of the last token's position would hide keys from the earlier tokens, and was dropped.
+        raise ValueError(f"window = {window} with causal=False over n_new = {n_new} new tokens: decode bounds a "
+                         "token's keys on the right only at its own position, with causal=True (the same mask as "
+                         "right = 0); pass causal=True for right = 0, or a right side of -1 or at least n_new - 1 "
+                         f"= {n_new - 1} (which hides no key), or use flash_attention for other right sides")
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     if lengths is None and cache_seqlens is not None and not capturing:
