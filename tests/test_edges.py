@@ -362,3 +362,214 @@ def test_cu_seqlens_refuses_what_it_cannot_express(rng):
     with pytest.raises(ValueError, match=r"packed along one row"):
         kernels.flash_attention(q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1), q.expand(2, -1, -1, -1),
                                 cu_seqlens_q=cu)
+
+
+# ------------------------------------------------------------------------------------------------- third search
+# Each case below was found by the third search at the API's edges and failed on the code before its fix (the
+# commit that adds it says how).
+def window_mask(n_q, n_kv, left, right, shift):
+    """(N_q, N_kv) visible where c - left <= j <= c + right, c = i + shift; -1 leaves a side unbounded. In Python
+    ints, which hold any side exactly."""
+    return torch.tensor([[(left < 0 or j >= i + shift - left) and (right < 0 or j <= i + shift + right)
+                          for j in range(n_kv)] for i in range(n_q)], device=DEVICE)
+
+
+@pytest.mark.parametrize(("window", "n_q", "n_kv", "causal"), [
+    ((2**31 - 1, 0), 19, 23, False), ((2**31, 0), 19, 23, False), ((2**31, 0), 19, 19, True),
+    ((0, 2**31), 23, 19, False), ((2**70, 2**70), 19, 23, False),
+])
+def test_a_window_side_past_int32_is_unbounded(rng, window, n_q, n_kv, causal):
+    """A side larger than the sequence reaches every key: the answer of no bound on that side. The kernels add
+    the bounds to row and key indices in 32 bits, and a side near 2**31 wrapped (dK error 0.71, dV 1.1 at
+    (2**31 - 1, 0); the forward 3.1 at (0, 2**31) with N_q > N_k); 2**70 raised an OverflowError."""
+    q = randn(rng, 1, 2, n_q, 16).requires_grad_()
+    k, v = (randn(rng, 1, 2, n_kv, 16).requires_grad_() for _ in range(2))
+    o = kernels.flash_attention(q, k, v, window=window, causal=causal)
+    do = randn(rng, *o.shape)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    left, right = window
+    mask = window_mask(n_q, n_kv, left, 0 if causal else right, 0 if causal else n_kv - n_q)
+    expected, _ = float64_attention(q, k, v, mask=mask)
+    want = torch.autograd.grad(expected, (q, k, v), do.double())
+    assert_close(o, expected, what=f"window={window} forward")
+    for name, got, spec in zip("qkv", grads, want, strict=True):
+        assert_close(got, spec, what=f"d{name} with window={window}")
+
+
+@pytest.mark.parametrize("window", [(2**70, 0), (40, 0)])
+def test_a_decode_window_past_the_cache_is_the_whole_cache(rng, window):
+    """Decode's window reaches back from each new token: a side past the cache holds every key (2**70 raised an
+    OverflowError inside the launch; 40, the cache's length, is a guard on the edge of the rule)."""
+    q, k, v = randn(rng, 2, 4, 16), randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    o = kernels.flash_decode(q, k, v, window=window, cache_seqlens=[40, 13], num_splits=2)
+    assert_close(o, kernels.flash_decode(q, k, v, cache_seqlens=[40, 13]).double(), what=f"decode window={window}")
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_softcap_outside_float32s_range_is_refused(rng, decode):
+    """The kernels hold the cap as softcap * log2(e) in float32: past 2.35e38 it is inf, and every score became
+    NaN (softcap=2.4e38 and 1e300); 1e-300 is 0 there, and a score of 0 became 0 / 0 = NaN. Caps outside 1e-30 ..
+    1e30 are refused with the fix; 1e30 still runs and is no cap (test_a_huge_softcap_is_no_cap), and 1e-30
+    gives uniform weights, the float64 answer, for a query of zeros as for any other."""
+    q, k, v = randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16), randn(rng, 1, 2, 8, 16)
+    q[:, :, 0] = 0.0  # scores of exactly 0
+    run = ((lambda c: kernels.flash_decode(q[:, :, 0], k, v, softcap=c)[:, :, None]) if decode
+           else (lambda c: kernels.flash_attention(q, k, v, softcap=c)))
+    for cap in (2.4e38, 1e300, 1.01e30):
+        with pytest.raises(ValueError, match=r"softcap is .*: expected at most 1e\+30.*pass None"):
+            run(cap)
+    for cap in (1e-300, 0.99e-30):
+        with pytest.raises(ValueError, match=r"softcap is .*: expected at least 1e-30.*uniform weights"):
+            run(cap)
+    assert torch.isfinite(run(1e30)).all()
+    o = run(1e-30)
+    assert_close(o, v.double().mean(2, keepdim=True).expand(o.shape), what="softcap=1e-30: uniform weights")
+
+
+@pytest.mark.parametrize("through_block_mask", [False, True])
+def test_int64_document_ids_of_any_layout(rng, through_block_mask):
+    """int64 ids taken from a (N, B) buffer, a transposed view: their ranks came out laid out as the view, which
+    the kernels read as rows of unit stride (error 1.67); int32 ids were made contiguous already."""
+    q, k, v = (randn(rng, 3, 2, 40, 16) for _ in range(3))
+    ids = torch.zeros(40, 3, dtype=torch.int64, device=DEVICE)
+    ids[17:] = 2**40
+    ids[30:, 1] = 5
+    ids = ids.T  # (3, 40), strides (1, 3)
+    if through_block_mask:
+        bm = kernels.create_block_mask(None, None, None, 40, 40, document_ids=ids, BLOCK_SIZE=16)
+        o = kernels.flash_attention(q, k, v, block_mask=bm)
+    else:
+        o = kernels.flash_attention(q, k, v, document_ids=ids)
+    expected, _ = float64_attention(q, k, v, mask=document_mask(ids))
+    assert_close(o, expected, what="transposed int64 document ids")
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), "0.1"])
+def test_the_fp8_forward_checks_the_scale_as_every_entry_point(scale):
+    """The FP8 forward passed any scale to its kernel (0 and negatives gave NaN there): the same rule as attention
+    and decode, checked before the device is asked, so it shows on a CPU too."""
+    q8 = torch.zeros(1, 2, 16, 64, dtype=torch.float8_e4m3fn, device=DEVICE)
+    with pytest.raises((ValueError, TypeError), match="scale is"):
+        kernels.flash_attention_forward(q8, q8, q8, scale=scale)
+
+
+@pytest.mark.parametrize("lengths", [[True, 13], True, [np.True_, 13]])
+def test_cache_seqlens_refuses_bools(rng, lengths):
+    """True is a length of 1 to operator.index: a mask passed as lengths ran as one key (error 2.56)."""
+    q, k = randn(rng, 2, 4, 16), randn(rng, 2, 2, 40, 16)
+    with pytest.raises(TypeError, match="cache_seqlens is"):
+        kernels.flash_decode(q, k, k, cache_seqlens=lengths)
+
+
+@pytest.mark.parametrize(("option", "value"), [("num_warps", 0), ("num_warps", 1.5), ("num_stages", 0),
+                                               ("num_stages", 1.5), ("num_stages", True)])
+def test_decode_launch_overrides_are_checked(rng, option, value):
+    """num_warps=0 and num_stages=0 silently meant "chosen per call", num_stages=1.5 reached Triton, and
+    num_warps=1.5 raised a TypeError about '&': each is now a ValueError naming the option, as num_splits is."""
+    q, k = randn(rng, 1, 2, 16), randn(rng, 1, 2, 40, 16)
+    with pytest.raises(ValueError, match=f"{option} is"):
+        kernels.flash_decode(q, k, k, **{option: value})
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k_cache"])
+def test_decode_refuses_inputs_that_need_gradients(rng, needs_grad):
+    """flash_decode has no backward: with q (or the cache) requiring grad, its output came back detached, so a
+    loss that used it silently lost that term's gradient. Refused, naming torch.no_grad(); under no_grad it runs."""
+    tensors = {"q": randn(rng, 2, 4, 16), "k_cache": randn(rng, 2, 2, 40, 16), "v_cache": randn(rng, 2, 2, 40, 16)}
+    tensors[needs_grad].requires_grad_()
+    with pytest.raises(RuntimeError, match=f"{needs_grad} requires grad.*torch.no_grad"):
+        kernels.flash_decode(tensors["q"], tensors["k_cache"], tensors["v_cache"])
+    with torch.no_grad():
+        o = kernels.flash_decode(tensors["q"], tensors["k_cache"], tensors["v_cache"])
+    assert_close(o, kernels.flash_decode(*(t.detach() for t in tensors.values())).double(), what="decode, no_grad")
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_alibi_slopes_that_need_gradients_are_refused(rng, decode):
+    """The kernels take the slopes as constants (flash-attn too): learnable slopes got no gradient, without a
+    word (loss.backward() left slopes.grad None). Refused, naming .detach()."""
+    slopes = torch.tensor([0.5, 0.25], device=DEVICE, requires_grad=True)
+    q = randn(rng, 1, 2, 8, 16).requires_grad_()
+    with pytest.raises(ValueError, match=r"alibi_slopes requires grad.*alibi_slopes\.detach\(\)"):
+        if decode:  # decode has no gradients at all: only the slopes need one here
+            kernels.flash_decode(q[:, :, 0].detach(), q.detach(), q.detach(), alibi_slopes=slopes)
+        else:
+            kernels.flash_attention(q, q, q, alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("scale", np.float32(0.2)), ("scale", np.int64(2)), ("scale", torch.tensor(0.2)), ("softcap", np.float32(5.0)),
+    ("dropout_p", np.float32(0.1)), ("max_seqlen_q", np.int64(19)),
+])
+def test_a_number_of_another_library_is_told_how_to_pass(rng, option, value):
+    """np.float32(0.2) is a number, and "expected a number" (what the error said) did not say what was wrong:
+    the error now names the type and the fix, float(...) or int(...)."""
+    q = randn(rng, 1, 2, 19, 16)
+    varlen = {"cu_seqlens_q": torch.tensor([0, 19], dtype=torch.int32, device=DEVICE)} if "seqlen" in option else {}
+    fix = rf"not a Python number: pass (float|int)\({option}\)"
+    with pytest.raises((TypeError, ValueError), match=rf"{option} is .*{fix}"):
+        kernels.flash_attention(q, q, q, **{option: value}, **varlen)
+
+
+def test_no_kv_heads_in_attention_is_a_clear_error(rng):
+    """k with 0 heads: the error said "H_q must be a multiple of H_kv", which 0 heads of q are; it now names
+    H_kv = 0, as decode's does."""
+    q, k = randn(rng, 1, 0, 8, 16), randn(rng, 1, 0, 8, 16)
+    with pytest.raises(ValueError, match=r"k has H_kv = 0 heads"):
+        kernels.flash_attention(q, k, k)
+
+
+@pytest.mark.parametrize("return_lse", ["no", 1, None])
+def test_return_lse_is_a_bool(rng, return_lse):
+    """return_lse="no" returned (o, lse) (its truth), 1 too: a bool, as SDPA's flags, or a TypeError."""
+    q = randn(rng, 1, 2, 8, 16)
+    with pytest.raises(TypeError, match="return_lse is"):
+        kernels.flash_attention(q, q, q, return_lse=return_lse)
+
+
+def test_max_seqlen_without_cu_seqlens_is_refused(rng):
+    """max_seqlen_q sizes flash-attn's varlen grid and means nothing without cu_seqlens_q: it was ignored without
+    a word, whatever its value."""
+    q = randn(rng, 1, 2, 8, 16)
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        with pytest.raises(ValueError, match=f"{name} is given without cu_seqlens"):
+            kernels.flash_attention(q, q, q, **{name: -5})
+
+
+@pytest.mark.parametrize("causal", ["yes", 1, "bottom_left"])
+def test_ring_attention_checks_causal_as_the_kernels_do(rng, causal):
+    """ring_attention took any truthy causal for True ("yes", 1), where ulysses_attention and the kernels refuse
+    them; checked before the process group is asked, so no group is needed here."""
+    from flashcourse import distributed
+
+    q = randn(rng, 1, 2, 8, 16)
+    with pytest.raises((TypeError, ValueError), match="causal is"):
+        distributed.ring_attention(q, q, q, causal=causal)
+
+
+def test_dropout_mask_names_the_shape_it_takes():
+    """A (H, N_q, N_k) shape raised "not enough values to unpack (expected 4, got 3)"."""
+    with pytest.raises(ValueError, match=r"shape is \(1, 4, 4\): expected \(B, H_q, N_q, N_k\)"):
+        kernels.dropout_mask(5, (1, 4, 4), 0.3)
+
+
+def test_a_window_side_past_int64_is_unbounded_in_the_reference_too():
+    """The reference (and the ops' int64 schema under torch.compile) held a side in int64: (2**70, 0) raised
+    "Python int too large to convert to C long". A side that large reaches past any sequence: unbounded, -1."""
+    q, k = np.ones((5, 8)), np.arange(56.0).reshape(7, 8) / 50
+    assert np.array_equal(reference.attention(q, k, k, window=(2**70, 2**64)), reference.attention(q, k, k))
+    assert np.array_equal(reference.attention(q, k, k, window=(2**70, 0), causal=True),
+                          reference.attention(q, k, k, causal=True))
+
+
+@pytest.mark.parametrize("right", [0, 1])
+def test_decode_refuses_a_right_window_side_it_would_drop(rng, right):
+    """Several new tokens with causal=False: the kernel bounds a token's keys on the right only causally, so a
+    window's right side was dropped (error 1.31 at (5, 0), 0.60 at (5, 1)). Refused where it would hide a key
+    (right < n_new - 1; right = 0 is causal=True, which the error names); from n_new - 1 on it hides none and runs."""
+    q, k, v = randn(rng, 2, 4, 3, 16), randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    with pytest.raises(ValueError, match=rf"window = \(5, {right}\) with causal=False.*causal=True"):
+        kernels.flash_decode(q, k, v, window=(5, right), causal=False, cache_seqlens=[40, 13])
+    o = kernels.flash_decode(q, k, v, window=(5, 2), causal=False, cache_seqlens=[40, 13], num_splits=2)
+    want = kernels.flash_decode(q, k, v, window=(5, -1), causal=False, cache_seqlens=[40, 13])
+    assert_close(o, want.double(), what="window (5, 2) over 3 new tokens: the right side hides no key")

@@ -17,6 +17,9 @@ from flashcourse import device
 
 device.setup()
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402  (in scope of every jit function, the mask_mods below too)
+
 from flashcourse import kernels, reference  # noqa: E402
 from flashcourse.kernels import _checks, decode, forward  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
@@ -119,6 +122,89 @@ def test_a_negative_fp8_k_scale_is_a_scale(rng, num_splits):
     true_v = (v8.double() * v_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
     want = torch.softmax((true_k @ q.double()[..., None]).squeeze(-1) / 4.0, -1)[:, :, None, :] @ true_v
     assert_close(o, want.squeeze(2), what="decode with negative k_scale")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("zero", [0.0, -0.0, 1e-45])
+def test_a_zero_fp8_k_scale_gives_uniform_weights(rng, num_splits, zero):
+    """k_scale 0 makes every score 0 (true K = k8 * 0): the weights are uniform over the sequence's keys. The
+    kernel multiplied the masked scores' -inf by 0 (NaN, for every row of that KV head); a scale that rounds to 0
+    in the exponent's factor (1e-45, a float32 subnormal) did the same."""
+    q, k, v = randn(rng, 2, 4, 16) * 3, randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
+    k8, v8, k_scale, v_scale = decode.quantize_kv_cache(k, v)
+    k_scale[0, 1] = zero
+    lengths = [40, 13]  # the second sequence's tail is masked: -inf scores beside the zero ones
+    o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lengths,
+                             num_splits=num_splits)
+    true_k = (k8.double() * k_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    true_v = (v8.double() * v_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
+    for b, n in enumerate(lengths):
+        weights = torch.softmax(true_k[b, :, :n] @ q[b].double()[:, :, None] / 4.0, dim=1)  # (H_q, n, 1)
+        assert_close(o[b], (weights * true_v[b, :, :n]).sum(1), what=f"decode with k_scale {zero}, sequence {b}")
+
+
+def fp8_kernel_inputs(rng, causal):
+    """16-bit q, k, v for the FP8 forward's kernel (the interpreter runs it so, as test_fp8.py does) and the
+    float64 answer for descales (B = 1, H_kv = 2): true X = x * x_descale."""
+    from flashcourse.kernels import fp8
+    from flashcourse.kernels.rules import parse_rules
+
+    q, k, v = (randn(rng, 1, 2, 20, 64).to(torch.float16) for _ in range(3))
+
+    def run(q_descale, k_descale, v_descale):
+        o, lse = fp8.run_fp8_forward(q, k, v, q_descale, k_descale, v_descale, out_dtype=torch.float16,
+                                     rules=parse_rules(q, k, causal=causal))
+        true = [x.double() * d.double()[:, :, None, None] for x, d in ((q, q_descale), (k, k_descale),
+                                                                         (v, v_descale))]
+        s = true[0] @ true[1].transpose(-1, -2) / 8.0
+        if causal:
+            s = s.masked_fill(torch.ones(20, 20, dtype=torch.bool, device=DEVICE).triu(1), float("-inf"))
+        return o, lse, torch.softmax(s, -1) @ true[2], torch.logsumexp(s, -1)
+
+    return run
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("descales", ["k negative", "q negative", "mixed signs", "k zero", "q -0.0"])
+def test_fp8_forward_descales_of_any_sign(rng, causal, descales):
+    """True q.k = q8.k8 * q_descale * k_descale for any finite descales: a negative product flips every score of
+    its (batch, KV head), a zero one makes them all 0 (uniform weights). The kernel's running max took
+    max(qk) * qk_scale, the smallest scaled score under a negative factor, and 0 * -inf for masked keys under a
+    zero one: NaN for every row of that head."""
+    run = fp8_kernel_inputs(rng, causal)
+    one = torch.ones(1, 2, device=DEVICE)
+    factors = {"k negative": (one, -one), "q negative": (-2 * one, one),
+               "mixed signs": (one, torch.tensor([[1.0, -0.5]], device=DEVICE)),
+               "k zero": (one, torch.tensor([[0.0, 1.0]], device=DEVICE)),
+               "q -0.0": (torch.tensor([[1.0, -0.0]], device=DEVICE), one)}[descales]
+    o, lse, want_o, want_lse = run(*factors, one)
+    assert_close(o, want_o, dtype="float16", what=f"FP8 forward with descales {descales}, causal={causal}")
+    assert_close(lse, want_lse, dtype="float16", what=f"FP8 forward lse with descales {descales}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)),
+                    reason="needs a GPU of compute capability 9.0 or newer (FP8 tensor cores)")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("use_descriptors", [None, False])  # TMA where usable, and pointer tiles
+def test_gpu_fp8_forward_descales_of_any_sign(rng, causal, use_descriptors):
+    """The same in float8_e4m3fn on a Hopper GPU, where q's sign flip is a conversion to e4m3: a negative k descale
+    gives exactly what the positive one gives with k's values negated (the same products), and a zero one
+    uniform weights over the visible keys."""
+    from flashcourse.kernels import fp8
+
+    x = fp8.quantize_fp8(randn(rng, 2, 4, 300, 128), randn(rng, 2, 2, 300, 128), randn(rng, 2, 2, 300, 128))
+    sign = torch.tensor([[1.0, -1.0], [-1.0, 0.0]], device="cuda")  # per (batch, KV head)
+    o, _ = fp8.flash_attention_forward_fp8(x.q, x.k, x.v, q_descale=x.q_descale, k_descale=x.k_descale * sign,
+                                           v_descale=x.v_descale, causal=causal, use_descriptors=use_descriptors)
+    flipped_k = (x.k.float() * torch.where(sign < 0, -1.0, 1.0)[:, :, None, None]).to(x.k.dtype)  # exact in e4m3
+    want, _ = fp8.flash_attention_forward_fp8(x.q, flipped_k, x.v, q_descale=x.q_descale, k_descale=x.k_descale,
+                                              v_descale=x.v_descale, causal=causal, use_descriptors=use_descriptors)
+    assert torch.equal(o[0], want[0]) and torch.equal(o[1, :2], want[1, :2]), "negative descales: k negated"
+    true_v = x.v[1, 1].double() * x.v_descale[1, 1].double()  # (N, D): the zero head's values
+    counts = torch.arange(1, 301, device="cuda", dtype=torch.float64)[:, None]
+    uniform = true_v.cumsum(0) / counts if causal else true_v.mean(0, keepdim=True).expand(300, -1)
+    torch.testing.assert_close(o[1, 2:].double(), uniform.expand(2, -1, -1), atol=0.05, rtol=0.05)
 
 
 # ------------------------------------------------------------------------------------------ the starting max
@@ -294,3 +380,35 @@ def test_gradients_at_scores_near_4e8(rng):
     do = randn(rng, *o.shape)
     dv = torch.autograd.grad(o, v, do)[0]
     assert_close(dv, do.double().sum(2, keepdim=True).expand(dv.shape) / 20, what="dV = P^T dO with P = 1/20")
+
+
+# ------------------------------------------------------------------------------------------ mask_mod's answer
+# Causal written three ways: as a comparison (bool), as an int tile of 0 and 2, and as a float tile.
+@triton.jit
+def causal_as_bool(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@triton.jit
+def causal_as_int(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx).to(tl.int32) * 2
+
+
+@triton.jit
+def causal_as_float(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx).to(tl.float32)
+
+
+def test_a_mask_mod_must_answer_in_booleans(rng):
+    """The kernels AND a mask_mod's answer into the mask bitwise: an int tile of 0 and 2 hid every key (error
+    2.8, where its truth is causal), a float one failed with "invalid operands of type float32". Both are now one
+    error at compile time that says what to return (an InterpreterError here, a CompilationError on a GPU); the
+    reference refuses them too."""
+    q, k, v = (randn(rng, 1, 2, 20, 16) for _ in range(3))
+    o = kernels.flash_attention(q, k, v, mask_mod=causal_as_bool)
+    causal = torch.ones(20, 20, dtype=torch.bool, device=DEVICE).tril()
+    s = (q.double() @ k.double().transpose(-1, -2) / 4).masked_fill(~causal, float("-inf"))
+    assert_close(o, torch.softmax(s, -1) @ v.double(), what="mask_mod as a comparison")
+    for mask_mod in (causal_as_int, causal_as_float):
+        with pytest.raises(Exception, match="mask_mod returned a tile that is not boolean"):
+            kernels.flash_attention(q, k, v, mask_mod=mask_mod)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
+from ..kernels.rules import causal_alignment
 from ._group import Ring, current
 from .schedule import block_schedule, chunks_per_rank, kv_source, rank_chunks
 
@@ -172,6 +173,8 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 
         o_local = ring_attention(shard(q), shard(k), shard(v), causal=True)  # zigzag: equal work per rank
     """
+    # The kernels' rule for causal (any truthy value once meant True); top-left and bottom-right coincide here
+    causal = causal_alignment(causal) is not None
     ring = current(group, what="ring_attention")
     if layout not in ("contiguous", "zigzag"):
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")

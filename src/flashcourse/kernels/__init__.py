@@ -182,9 +182,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
-        softcap: None (default) or a float > 0: each score s becomes softcap * tanh(s / softcap) (Gemma 2).
+        softcap: None (default) or a float from 1e-30 to 1e30 (float32 holds the cap; outside, a ValueError):
+            each score s becomes softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
-            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+            -alibi_slopes[h] * |c - j| to each score, after the softcap. Constants to the kernels: slopes that
+            require grad raise a ValueError (no gradient would reach them).
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
             when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
@@ -325,9 +327,11 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
-        softcap: None (default) or a float > 0: each score s becomes softcap * tanh(s / softcap) (Gemma 2).
+        softcap: None (default) or a float from 1e-30 to 1e30 (float32 holds the cap; outside, a ValueError):
+            each score s becomes softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
-            -alibi_slopes[h] * |c - j| to each score, after the softcap.
+            -alibi_slopes[h] * |c - j| to each score, after the softcap. Constants to the kernels: slopes that
+            require grad raise a ValueError (no gradient would reach them).
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
             when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
@@ -491,9 +495,9 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         window: None (default) or (left, right), -1 = unbounded: a new token at position p (``seqlen - 1`` for
             the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
             token); only the windows' keys are read, the splits share out the windows, not the cache.
-        softcap: None (default) or a float > 0: scores s become softcap * tanh(s / softcap).
-        alibi_slopes: None (default) or (H_q,) float32: head h adds -alibi_slopes[h] * (p - j) for the token at
-            position p.
+        softcap: None (default) or a float from 1e-30 to 1e30: scores s become softcap * tanh(s / softcap).
+        alibi_slopes: None (default) or (H_q,) float32, not requiring grad: head h adds -alibi_slopes[h] * (p - j)
+            for the token at position p.
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
         switches: None (default: :func:`default_switches`, chosen by the GPU, the cache's dtype and V's layout) or
@@ -514,6 +518,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             values are read as a tensor's lengths are, once per plan; the kernel clamps each P to 0 .. L on every
             call.
 
+    Not differentiable (decoding is inference): q or a cache that requires grad raises a RuntimeError naming
+    ``torch.no_grad()``, where its output would otherwise come back detached and a loss would lose its gradient.
     Under ``torch.compile`` the call is one custom op, ``flashcourse::decode``.
 
     Returns:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..validation import check_window
+from ..validation import check_window, foreign_number_hint
 from . import configs
 from .decode import DecodeSwitches
 from .rules import check_alibi_slopes, check_softcap
@@ -125,8 +125,8 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q has {q.shape[1]} heads and k has {k.shape[1]}: H_q must be a multiple of H_kv (grouped-query "
-            "attention: query head h uses KV head h // (H_q // H_kv))"
+            f"q has {q.shape[1]} heads and k has H_kv = {k.shape[1]} heads (k.shape[1]): H_q must be a multiple "
+            "of H_kv >= 1 (grouped-query attention: query head h uses KV head h // (H_q // H_kv))"
         )
     check_head_dim(q.shape[3])
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -224,7 +224,7 @@ def check_scale(scale) -> float | None:
         return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
-                        "for 1/sqrt(D)")
+                        f"for 1/sqrt(D){foreign_number_hint('scale', scale)}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
                          "pass None for 1/sqrt(D)")
@@ -395,13 +395,17 @@ def check_new_tokens(lengths: list[int], n_new: int) -> None:
                              f"flash_attn_with_kvcache), so it must be at least {n_new} (or 0 for an empty sequence)")
 
 
-def check_decode_options(num_splits, block_n, switches, causal) -> None:
+def check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal) -> None:
     """The launch options a decode call may force, whole numbers in range, its switches and ``causal``."""
-    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16)):
+    for name, value, least in (("num_splits", num_splits, 1), ("block_n", block_n, 16), ("num_warps", num_warps, 1),
+                               ("num_stages", num_stages, 1)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             raise ValueError(f"{name} is {value!r}: expected an int >= {least} or None (chosen per call)")
     if block_n is not None and block_n & (block_n - 1):
         raise ValueError(f"block_n = {block_n}: expected a power of two >= 16 (tl.arange and tl.dot need it)")
+    if num_warps is not None and num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps is {num_warps}: expected a power of two (1, 2, 4, 8, ...) or None (chosen per "
+                         "call)")
     if switches is not None:
         if not isinstance(switches, DecodeSwitches):
             raise TypeError(f"switches is a {type(switches).__name__}: expected a DecodeSwitches (or None)")
@@ -448,8 +452,15 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
     scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, cache_leftpad)
     window = check_window(window)
-    check_decode_options(num_splits, block_n, switches, causal)
+    check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal)
     n_new = 1 if q.dim() == 3 else q.shape[2]
+    if window is not None and not causal and 0 <= window[1] < n_new - 1:
+        # The kernel bounds a new token's keys on the right only causally (its own position); a right side that
+        # stops short of the last token's position would hide keys from the earlier tokens, and was dropped.
+        raise ValueError(f"window = {window} with causal=False over n_new = {n_new} new tokens: decode bounds a "
+                         "token's keys on the right only at its own position, with causal=True (the same mask as "
+                         "right = 0); pass causal=True for right = 0, or a right side of -1 or at least n_new - 1 "
+                         f"= {n_new - 1} (which hides no key), or use flash_attention for other right sides")
     paged = block_table is not None
     n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     if lengths is None and cache_seqlens is not None and not capturing:
@@ -463,7 +474,8 @@ def check_decode_call(tensors: tuple, options: tuple, lengths: list[int] | None,
         check_leftpad(leftpads, lengths if lengths is not None else [n_max] * q.shape[0], n_new)
     if paged and not capturing:  # read once per plan, as the lengths
         check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0], leftpads)
-    window_left = window[0] if window is not None and window[0] >= 0 else None
+    # A window reaching back past the cache holds every key: no window (the kernel subtracts it in 32 bits)
+    window_left = window[0] if window is not None and 0 <= window[0] < n_max else None
     scale, softcap = check_scale(scale), check_softcap(softcap)
     block_d, precision = padded_head_dim(q.shape[-1]), dot_precision(q.dtype)
     props = check_decode_dtypes(q, k_cache)  # the checks that ask the device, last

@@ -33,6 +33,7 @@ from .plan import PLANS, decode_plan_for, plan_for
 from .rules import parse_options, with_call_tensors
 
 _is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
+_grad_enabled = torch.is_grad_enabled
 _new_tuple = tuple.__new__
 
 
@@ -102,7 +103,7 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
     options = parse_options(causal, window, softcap, dropout_p)
     call = plan = None
     if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
-            and varlen[0] is None and varlen[1] is None and not tracing
+            and varlen[0] is None and varlen[1] is None and varlen[2] is None and varlen[3] is None and not tracing
             and enable_gqa.__class__ is bool and scale.__class__ in _DESCRIBED_SCALES):
         try:
             # layout, then the options: Call's fields, written out (a call of a function costs more than this)
@@ -180,6 +181,8 @@ def attention_call(q, k, v, causal, scale, window, softcap, alibi_slopes, docume
                    enable_gqa, is_causal, return_lse, forward_version, backward_version, varlen, dropout_p):
     """``kernels.flash_attention`` (``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)): described
     here, then dispatched by ``ops.dispatch_attention``. Arguments come positionally: this is on every call."""
+    if return_lse.__class__ is not bool:  # its truth would pick the return type: "no" returned (o, lse)
+        raise TypeError(f"return_lse is {return_lse!r}: expected True (return (o, lse)) or False (o alone)")
     tracing = _is_compiling()
     if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
         return _outside_graph(attention_call, q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids,
@@ -280,8 +283,21 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
     if not _is_compiling():
+        if _grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k_cache, "requires_grad", False)
+                                or getattr(v_cache, "requires_grad", False)):
+            _refuse_gradients(q, k_cache, v_cache)  # inline above: this is on every call
         return decode_eager(tensors, options, lengths)
     return ops.decode_in_graph(tensors, options)  # one op in the graph: tracing our Python (and Triton's) fails
+
+
+def _refuse_gradients(q, k_cache, v_cache) -> None:
+    """Decode has no backward: an input that requires grad would get an output without a gradient, and a loss
+    that uses it would lose that term without a word. A RuntimeError instead (three attribute reads a call)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if getattr(t, "requires_grad", False):
+            raise RuntimeError(f"{name} requires grad, but flash_decode has no backward (decoding is inference): "
+                               "call it under torch.no_grad() (or torch.inference_mode()), or pass "
+                               f"{name}.detach(); for gradients, use flash_attention")
 
 
 def decode_eager(tensors: tuple, options: tuple, lengths: list[int] | None = None) -> torch.Tensor:
@@ -350,10 +366,14 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scal
 
 def host_lengths(lengths, batch: int) -> list[int]:
     """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
-    floats and other types are refused (int32 would truncate them)."""
+    floats and other types are refused (int32 would truncate them), and so are bools (True is 1 to
+    ``operator.index``: a mask passed as lengths would run as one key)."""
     try:
         values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
                   else [operator.index(n) for n in lengths])
+        if isinstance(lengths, bool) or (isinstance(lengths, (list, tuple))
+                                         and any(isinstance(n, bool) for n in lengths)):
+            raise TypeError
     except TypeError:
         raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
                         "or a (B,) int32 tensor") from None

@@ -26,6 +26,10 @@ MASKED_FILL = tl.constexpr(-1.0e30)
 # Every other kernel's initial running max (v2-v7, decode, FP8): -inf, no finite score mistaken for it. Their update
 # (online_softmax_weights) is -inf-safe: a row whose max is still -inf subtracts 0 instead.
 NO_KEY_YET = tl.constexpr(float("-inf"))
+# The least normal float32. A score factor that is 0 (an FP8 descale of 0: every score 0, uniform weights) would
+# turn a masked key's -inf into 0 * -inf = NaN; floored here, its scores are 0 to float32's rounding and masked
+# keys stay -inf. The floor is a normal number, so no GPU flushes it to 0.
+LEAST_SCORE_FACTOR = tl.constexpr(1.1754943508222875e-38)
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
@@ -175,7 +179,11 @@ def visible(b, h, q_idx, kv_idx, N_Q, N_KV, UPPER, LOWER, doc_ids,
         doc_k = tl.load(doc_ids + kv_idx, mask=kv_idx < N_KV, other=0)
         ok = ok & (doc_q == doc_k)
     if MASK_MOD is not None:
-        ok = ok & MASK_MOD(b, h, q_idx, kv_idx)
+        keep = MASK_MOD(b, h, q_idx, kv_idx)
+        # `ok & keep` is bitwise: an int answer (0 or 2, say) would hide keys its truth shows, without a word
+        tl.static_assert(keep.dtype == tl.int1, "mask_mod returned a tile that is not boolean: return a "
+                         "comparison (True = the query sees the key), e.g. q_idx >= kv_idx, as FlexAttention's")
+        ok = ok & keep
     return ok
 
 

@@ -46,6 +46,7 @@ import triton.language as tl
 
 from . import configs
 from .common import (
+    LEAST_SCORE_FACTOR,
     LOG2E_IN_KERNEL,
     NO_KEY_YET,
     modified_scores,
@@ -152,9 +153,10 @@ def _decode_split_kernel(
     h_kv = (pid_bh % H_KV).to(tl.int64)
     if KV_FP8:  # true K = k8 * k_scale: one factor on every score of this (batch, KV head), folded in once.
         # The running max takes max(qk) * qk_scale for the largest scaled score, true only for qk_scale > 0, so
-        # the scale's magnitude goes here and a negative scale's sign to q below (a sign flip is exact)
+        # the scale's magnitude goes here (a zero one floored: LEAST_SCORE_FACTOR; NaN stays NaN) and a negative
+        # scale's sign to q below (a sign flip is exact)
         k_scale = tl.load(K_SCALE + pid_bh)
-        qk_scale = qk_scale * tl.abs(k_scale)
+        qk_scale = tl.maximum(qk_scale * tl.abs(k_scale), LEAST_SCORE_FACTOR, propagate_nan=tl.PropagateNan.ALL)
         q_sign = tl.where(k_scale < 0, -1.0, 1.0)
     seqlen = N_MAX
     if HAS_SEQLENS:  # clamped to the cache: a length past it never reads another sequence's rows or pages

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..validation import foreign_number_hint
 from .common import online_softmax_weights
 
 SEED_RANGE = 2**62  # seeds are drawn from [0, 2**62): any int64 works, this keeps them positive
@@ -36,7 +37,8 @@ def check_dropout_p(dropout_p) -> float | None:
     """``dropout_p`` as a float, None for 0 (no dropout); anything outside [0, 1) or not a number is refused."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p is {dropout_p!r} ({type(dropout_p).__name__}): expected a float in [0, 1), "
-                        "the probability of dropping each attention weight (0.0: no dropout)")
+                        "the probability of dropping each attention weight (0.0: no dropout)"
+                        + foreign_number_hint("dropout_p", dropout_p))
     if math.isnan(dropout_p):
         raise ValueError("dropout_p is nan: expected a float in [0, 1), the probability of dropping each "
                          "attention weight")
@@ -110,6 +112,8 @@ def dropout_mask(seed, shape, dropout_p: float, device=None) -> torch.Tensor:
     store). ``seed``: an int or the (1,) int64 tensor :func:`draw_seed` gave; ``device``: where to compute it
     (default: the seed tensor's, else the CPU)."""
     p = check_dropout_p(dropout_p)
+    if len(shape) != 4:  # else an unpacking error that names nothing
+        raise ValueError(f"shape is {tuple(shape)}: expected (B, H_q, N_q, N_k), the attention weights' shape")
     batch, heads, n_q, n_kv = shape
     if device is None:
         device = seed.device if isinstance(seed, torch.Tensor) else torch.device("cpu")

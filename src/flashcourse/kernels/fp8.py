@@ -42,8 +42,9 @@ import triton
 import triton.language as tl
 
 from . import configs
-from ._checks import check_device, check_head_span, padded_head_dim
+from ._checks import check_device, check_head_span, check_scale, padded_head_dim
 from .common import (
+    LEAST_SCORE_FACTOR,
     LOG2E,
     NO_KEY_YET,
     default_scale,
@@ -119,7 +120,7 @@ def _fp8_attend_tile(acc, l_i, m_i, q, k_src, v_src, start_n, offs_m, stride_kn,
         if HAS_UPPER:
             ok = ok & (cols[None, :] <= offs_m[:, None] + UPPER)
         qk = tl.where(ok, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: descales are positive
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: the kernel moved a descale's sign to q
     # A row with no visible key yet keeps m = -inf; it subtracts 0, so exp2(-inf - 0) = 0 and not NaN.
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(qk * qk_scale - (m_use - P_SHIFT)[:, None])  # p * 2^P_SHIFT: the row max lands on 2^P_SHIFT
@@ -150,9 +151,14 @@ def _fwd_fp8_kernel(
     h_kv = h // GROUP  # grouped-query attention: GROUP consecutive query heads share a K/V head and descales
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    # Descales of this (batch, KV head): q's and k's scale every score, so they join the exponent's scale.
+    # Descales of this (batch, KV head): q's and k's scale every score, so they join the exponent's scale. The
+    # running max takes max(qk) * qk_scale for the largest scaled score, true only for qk_scale > 0: a negative
+    # product's sign goes to q below (a sign flip is exact in float8) and a zero one is floored (LEAST_SCORE_FACTOR;
+    # NaN stays NaN, as in float64).
     descale_at = b * H_KV + h_kv
-    qk_scale = qk_scale * tl.load(Q_DESCALE + descale_at) * tl.load(K_DESCALE + descale_at)
+    score_descale = tl.load(Q_DESCALE + descale_at) * tl.load(K_DESCALE + descale_at)
+    q_sign = tl.where(score_descale < 0, -1.0, 1.0)
+    qk_scale = tl.maximum(qk_scale * tl.abs(score_descale), LEAST_SCORE_FACTOR, propagate_nan=tl.PropagateNan.ALL)
     v_descale = tl.load(V_DESCALE + descale_at)
     if USE_DESC:  # Hopper: TMA copies through one 2-D descriptor per (batch, head), as v6
         q_desc = tl.make_tensor_descriptor(Q + b * stride_qb + h * stride_qh, shape=[N_Q, HEAD_DIM],
@@ -171,6 +177,7 @@ def _fwd_fp8_kernel(
                       offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS=True)
         k_src = K + b * stride_kb + h_kv * stride_kh
         v_src = V + b * stride_vb + h_kv * stride_vh
+    q = (q * q_sign).to(Q.dtype.element_ty)
 
     m_i = tl.full([BLOCK_M], NO_KEY_YET, dtype=tl.float32)  # -inf: no finite score is taken for "no key"
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -339,6 +346,7 @@ def flash_attention_forward_fp8(q, k, v, *, q_descale=None, k_descale=None, v_de
     if out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype is {out_dtype}: an FP8 call returns torch.bfloat16 or torch.float16")
     check_fp8_qkv(q, k, v)
+    scale = check_scale(scale)  # the rule of every entry point: its kernel's running max needs a scale > 0
     rules = parse_rules(q, k, causal=causal)
     descales = [_descale(d, name, q.shape[0], k.shape[1], q.device)
                 for d, name in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale"))]

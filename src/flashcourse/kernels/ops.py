@@ -346,7 +346,7 @@ def _decode_fake(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_sca
     check_softcap(softcap)
     check_alibi_slopes(alibi_slopes, q)
     check_scale(scale)
-    check_decode_options(num_splits, block_n, None, causal)
+    check_decode_options(num_splits, block_n, num_warps, num_stages, None, causal)
     return torch.empty_like(q)
 
 
@@ -354,7 +354,7 @@ def decode_in_graph(tensors: tuple, options: tuple) -> torch.Tensor:
     """``flash_decode`` as the compiler sees it: the ``flashcourse::decode`` op, its options checked here (the
     tensors in the op's fake implementation)."""
     scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal = options
-    check_decode_options(num_splits, block_n, switches, causal)
+    check_decode_options(num_splits, block_n, num_warps, num_stages, switches, causal)
     window = check_window(window)
     window_left, window_right = window if window is not None else (-1, -1)
     programs_per_sm, mask_tail_only = switches if switches is not None else (None, None)

@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.jit import KernelInterface
 
-from ..validation import check_window  # the reference's window rule, written once
+from ..validation import check_window, foreign_number_hint  # the reference's window rule, written once
 from .dropout import check_dropout_p
 
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
@@ -83,7 +83,11 @@ class Rules:
         return 0 if self.causal == "top_left" else n_kv - n_q
 
     def key_bounds(self, n_q: int, n_kv: int) -> tuple[int | None, int | None]:
-        """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side)."""
+        """(upper, lower): query ``i`` sees keys ``i + lower <= j <= i + upper`` (None = no bound on that side).
+
+        A window side longer than the sequences is clamped to one that already reaches every key (upper at most
+        n_kv, lower at least -n_q): the kernels add the bounds to row and key indices in 32 bits, where a side
+        near 2**31 wrapped and hid keys it should have shown."""
         shift = self.shift(n_q, n_kv)
         uppers, lower = [], None
         if self.causal is not None:
@@ -91,9 +95,9 @@ class Rules:
         if self.window is not None:
             left, right = self.window
             if right >= 0:
-                uppers.append(shift + right)
+                uppers.append(min(shift + right, n_kv))
             if left >= 0:
-                lower = shift - left
+                lower = max(shift - left, -n_q)
         return (min(uppers) if uppers else None), lower
 
     def missing_in_numbered_version(self, gqa: bool, n_q: int, n_kv: int) -> str | None:
@@ -128,16 +132,33 @@ def causal_alignment(causal) -> str | None:
                      "(True = 'top_left', as SDPA's is_causal; 'bottom_right' aligns the last query with the last key)")
 
 
+# The softcaps taken. Past 2.35e38, softcap * log2(e) is inf in float32; and from about 1e31 the kernels'
+# score / (softcap * log2(e)) is a subnormal number for scores of a few units, which a GPU may flush to zero. Up
+# to 1e30, softcap * tanh(s / softcap) differs from s by s^3 / (3 softcap^2), under float32's rounding for every
+# |s| < 1e26: the cap is then no cap, and None says so exactly. At the other end, 1e-300 is 0 in float32 and a
+# score of 0 became 0 / 0 = NaN; below 1e-30 every capped score is 0 to float32's rounding anyway.
+MIN_SOFTCAP, MAX_SOFTCAP = 1e-30, 1e30
+
+
 def check_softcap(softcap) -> float | None:
     if softcap is None:
         return None
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap is {softcap!r} ({type(softcap).__name__}): expected a positive number, "
-                        "e.g. softcap=30.0 (Gemma 2's attention cap is 50)")
+                        "e.g. softcap=30.0 (Gemma 2's attention cap is 50)" + foreign_number_hint("softcap", softcap))
     if not (math.isfinite(softcap) and softcap > 0):
         raise ValueError(f"softcap is {softcap}: expected a finite number > 0 (scores become "
                          "softcap * tanh(score / softcap)); pass None for no cap")
+    if softcap > MAX_SOFTCAP:
+        raise ValueError(f"softcap is {softcap:g}: expected at most {MAX_SOFTCAP:g}. The kernels hold the cap in "
+                         "float32 (past 2.35e38 it is inf, and every score NaN), and a cap this large changes no "
+                         "score below 1e26 by as much as float32 resolves: pass None for no cap")
+    if softcap < MIN_SOFTCAP:
+        raise ValueError(f"softcap is {softcap:g}: expected at least {MIN_SOFTCAP:g}. The kernels hold the cap in "
+                         "float32 (1e-300 is 0 there, and a score of 0 became 0 / 0 = NaN), and a cap this small "
+                         "makes every score 0 to float32's rounding: uniform weights over the visible keys")
     return float(softcap)
+
 
 
 def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
@@ -152,6 +173,10 @@ def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
                          f"({heads},) float32, one slope per query head (q has {heads} heads)")
     if slopes.device != q.device:
         raise ValueError(f"alibi_slopes is on {slopes.device}, q on {q.device}: move it with .to(q.device)")
+    if slopes.requires_grad and torch.is_grad_enabled():  # else its gradient would be missing without a word
+        raise ValueError("alibi_slopes requires grad, but the kernels take the slopes as constants (as flash-attn "
+                         "does): no gradient reaches them. Pass alibi_slopes.detach() (fixed slopes, Press et al. "
+                         "2022), or use a float64 reference to learn them")
     return slopes.contiguous()
 
 
@@ -173,7 +198,7 @@ def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.dev
         raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
                          f".to({str(device)!r})")
     if ids.dtype == torch.int64:  # hash-like ids past int32 would be truncated, and two documents merge
-        return document_ranks(ids)
+        return document_ranks(ids).contiguous()  # the ranks come laid out as the ids; the kernels read rows
     return ids.to(torch.int32).contiguous()
 
 
@@ -317,6 +342,12 @@ def with_call_tensors(options: Rules, q: torch.Tensor, k: torch.Tensor, *, alibi
     ``varlen`` = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k), as document ids) and a ``mask_mod``."""
     if varlen[0] is not None or varlen[1] is not None:
         document_ids = varlen_document_ids(q, k, document_ids, *varlen)
+    else:
+        for name, longest in (("max_seqlen_q", varlen[2]), ("max_seqlen_k", varlen[3])):
+            if longest is not None:  # else ignored without a word, whatever its value
+                raise ValueError(f"{name} is given without cu_seqlens_q or cu_seqlens_k: it is the longest of the "
+                                 "packed sequences that cu_seqlens delimits (flash-attn's varlen convention); pass "
+                                 "cu_seqlens too, or drop it")
     if alibi_slopes is None and document_ids is None and mask_mod is None:
         return options
     return replace(options, alibi_slopes=check_alibi_slopes(alibi_slopes, q),
@@ -391,7 +422,8 @@ def varlen_document_ids(q: torch.Tensor, k: torch.Tensor, document_ids, cu_seqle
     total = q.shape[2]
     for name, longest in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if longest is not None and (isinstance(longest, bool) or not isinstance(longest, int) or longest < 0):
-            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence")
+            raise ValueError(f"{name} is {longest!r}: expected an int >= 0, the longest sequence"
+                             + foreign_number_hint(name, longest))
         if longest is not None and longest > total:
             raise ValueError(f"{name} is {longest}, but the packed row holds {total} positions: no sequence is "
                              "longer than the row")
