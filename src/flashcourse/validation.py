@@ -34,7 +34,6 @@ def check_window(window) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-
 def foreign_number_hint(name: str, value) -> str:
     """For an option given as another library's number (NumPy's float32 or int64, a 0-dim tensor), which the
     checks refuse: the words that say so and how to pass it; "" for anything else. Without it, "scale is 0.2:

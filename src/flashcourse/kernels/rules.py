@@ -160,7 +160,6 @@ def check_softcap(softcap) -> float | None:
     return float(softcap)
 
 
-
 def check_alibi_slopes(slopes, q: torch.Tensor) -> torch.Tensor | None:
     if slopes is None:
         return None
