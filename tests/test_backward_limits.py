@@ -219,12 +219,17 @@ def test_backward_designs_profile_of_the_committed_h100_run(tmp_path):
     assert [round(kernels[p]["tensor_pipe_pct"]) for p in ("b7", "b7b", "b7c", "sdpa_cudnn")] == [44, 52, 56, 67]
 
 
-def sites_row(case, kernel, *, grid, block, sites, barrier, cycles=10.0, wavefronts=1e9):
-    """A product kernel's row with Source Counters, as ``ncu_limits.py --by-instruction`` writes it."""
-    return {"case": case, "kernel": kernel, "grid": grid, "block": block, "warp_cycles_per_issued": cycles,
-            "stalls": {"barrier": barrier}, "tensor_pipe_pct": 50.0, "shared_lsu_wavefronts": wavefronts,
-            "stall_sites": [{"sass": sass, "share": share, "executed": executed, "reasons": reasons}
-                            for sass, share, executed, reasons in sites]}
+def sites_row(case, kernel, *, grid, block, sites, barrier, cycles=10.0, wavefronts=1e9, us=100.0):
+    """A kernel's row as ``ncu_limits.py --by-instruction`` writes it, with Source Counters where ``sites`` has any
+    (only the fields the reader uses)."""
+    row = {"case": case, "kernel": kernel, "grid": grid, "block": block, "duration_us": us,
+           "warp_cycles_per_issued": cycles, "inst_executed": 1e6, "issue_active_pct": 30.0,
+           "stalls": {"barrier": barrier}, "tensor_pipe_pct": 50.0, "shared_lsu_wavefronts": wavefronts,
+           "shared_bank_conflicts": 1e6, "waves_per_sm": 1.0, "dram_bytes": 2e6}
+    if sites:
+        row["stall_sites"] = [{"sass": sass, "share": share, "executed": executed, "reasons": reasons}
+                              for sass, share, executed, reasons in sites]
+    return row
 
 
 def test_backward_stall_sites_sets_apart_what_a_warp_waits_at_once(tmp_path):
@@ -249,6 +254,9 @@ def test_backward_stall_sites_sets_apart_what_a_warp_waits_at_once(tmp_path):
     assert b7c["once_per_warp"] == pytest.approx(0.2 * 1.0 * 10.0) and cudnn["once_per_warp"] == 0
     assert [site["reason"] for site in b7c["top_sites"]] == ["barrier", "long_sb"]
     assert found["shape"] == shape and b7c["barrier"] == 3.0
+    # the kernels that compute no product come with the product kernel's entry, by name, in launch order
+    assert b7c["others"] == [("stats (lse, Delta)", 100.0, 2e6)] and cudnn["others"] == []
+    assert summary.backward_stall_sites(tmp_path, run="b7d") is None  # another run's file: not this one
     cases["bwd-cudnn"]["shape"] = dict(shape, n=2000)
     path.write_text(json.dumps({"meta": {"date": "2026-12-06", "device": "H100", "cases": cases}, "rows": rows}))
     with pytest.raises(ValueError, match="2 shapes"):
@@ -305,3 +313,70 @@ def test_backward_tile_step_of_the_committed_h100_run(tmp_path):
     assert [round(x, 2) for x in cases[("float16", 128)]["over_b7c"]] == [1.04, 1.07]
     assert [round(x, 2) for x in cases[("bfloat16", 128)]["over_b7c"]] == [0.98, 1.04]
     assert all(case["over_cudnn"][1] < 1 for case in cases.values())
+
+
+def test_stall_sites_of_the_committed_b7d_profile(tmp_path):
+    """What lesson 08 reads of b7d at D = 128: the same tensor work as b7c, a third fewer instructions than cuDNN,
+    fewer shared-memory requests than b7c but more bank conflicts, and small kernels that take cuDNN's time."""
+    name = "2026-12-07-nvidia-h100-80gb-hbm3-ncu-b7d-by-instruction.json"
+    shutil.copy(results_dir() / name, tmp_path)
+    found = summary.backward_stall_sites(tmp_path, run="b7d")
+    assert found["file"] == name and list(found["kernels"]) == ["b7c", "b7d", "sdpa_cudnn"]
+    b7c, b7d, cudnn = (found["kernels"][p] for p in ("b7c", "b7d", "sdpa_cudnn"))
+    assert [round(k["us"] / 1000, 2) for k in (b7c, b7d, cudnn)] == [10.28, 9.67, 9.19]
+    tensor_ms = [k["us"] / 1000 * k["tensor_pipe_pct"] / 100 for k in (b7c, b7d, cudnn)]
+    assert [round(t, 2) for t in tensor_ms] == [5.77, 5.76, 6.13]
+    assert round(b7d["barrier"] - b7d["once_per_warp"], 2) == 1.30 and b7d["launched_warps"] == 64 * 64 * 12
+    assert b7d["bank_conflicts"] > 9 * cudnn["bank_conflicts"] and b7d["waves"] == 31.03 and cudnn["waves"] == 1.0
+    assert [label for label, _, _ in b7d["others"]] == ["stats (lse, Delta)", "zero-fill of dQ's buffer",
+                                                       "dQ convert"]
+    assert [label for label, _, _ in cudnn["others"]] == ["dot_do_o (Delta)", "dQ convert"]
+    assert round(sum(us for _, us, _ in b7d["others"])) == 312 and round(sum(us for _, us, _ in cudnn["others"])) == 318
+
+
+def test_backward_lengths_reads_another_variant_and_its_prediction(tmp_path):
+    rows = [{"kind": "time", "status": "ok", "provider": provider, "dtype": "bfloat16", "head_dim": 256,
+             "causal": True, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.5}
+            for provider, n, ratio in (("b8", 2048, 0.9), ("b1", 2048, 0.5), ("b7c", 2048, 0.8))]
+    meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0", "b8": {"expected": "0.8x cuDNN"}}
+    (tmp_path / "2026-12-07-h100-b8-lengths.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert summary.backward_lengths(tmp_path) is None  # no b7c run committed there
+    found = summary.backward_lengths(tmp_path, variant="b8")
+    assert found["rows"] == {("bfloat16", 256, True): {"b8": [(2048, 0.9)], "b1": [(2048, 0.5)]}}
+    assert found["vs_b1"] == pytest.approx((1.8, 1.8)) and found["expected"] == "0.8x cuDNN"
+
+
+def test_backward_variant_checks_counts_each_variant_and_pairs_the_timings(tmp_path):
+    assert summary.backward_variant_checks(tmp_path) is None
+    meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0", "variants": ["b8", "b8b"],
+            "b8": {"expected": "0.8x"}, "b8b": {"expected": "b8 within 5%"}}
+    rows = [{"kind": "check", "provider": "b8", "n": 17, "status": "ok"},
+            {"kind": "check", "provider": "b8b", "n": 1, "status": "ok"},
+            {"kind": "check", "provider": "b8b", "n": 17, "status": "max error 0.3"},
+            *(time_row(provider, "float16", 256, False, ratio) for provider, ratio in (("b8", 1.0), ("b8b", 0.9))),
+            time_row("b1", "float16", 256, False, status="timed out")]
+    path = tmp_path / "2026-12-07-h100-b8-checks.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    found = summary.backward_variant_checks(tmp_path)
+    assert found["checks"] == {"b8": {"passed": 1, "of": 1}, "b8b": {"passed": 1, "of": 2}}
+    assert found["checked_n"] == [1, 17] and found["shape"] == {"batch": 4, "heads": 16, "n": 8192}
+    assert found["tflops"] == {("float16", False): {"b8": 400.0, "b8b": 400.0}}  # b1's row did not run
+    assert found["expected"]["b8b"] == "b8 within 5%"
+    path.write_text(json.dumps({"meta": meta, "rows": [*rows, time_row("b8", "float16", 256, True, 1.0, n=4096)]}))
+    with pytest.raises(ValueError, match="2 shapes"):
+        summary.backward_variant_checks(tmp_path)
+
+
+def test_b8_runs_as_committed(tmp_path):
+    """What lesson 08 says of b8 at D = 256: 1.45-1.99x b1 and 0.85-1.05x cuDNN by length, b8b -6% to +3% of b8."""
+    for name in ("2026-12-07-nvidia-h100-80gb-hbm3-b8-lengths.json", "2026-12-07-nvidia-h100-80gb-hbm3-b8-checks.json"):
+        shutil.copy(results_dir() / name, tmp_path)
+    lengths = summary.backward_lengths(tmp_path, variant="b8")
+    assert len(lengths["rows"]) == 4 and all(len(series["b8"]) == 5 for series in lengths["rows"].values())
+    assert [round(x, 2) for x in lengths["vs_b1"]] == [1.45, 1.99]
+    ratios = [r for series in lengths["rows"].values() for _, r in series["b8"]]
+    assert (round(min(ratios), 2), round(max(ratios), 2)) == (0.85, 1.05)
+    checks = summary.backward_variant_checks(tmp_path)
+    assert checks["checks"] == {"b8": {"passed": 20, "of": 20}, "b8b": {"passed": 20, "of": 20}}
+    change = [t["b8b"] / t["b8"] - 1 for t in checks["tflops"].values()]
+    assert (round(min(change), 2), round(max(change), 2)) == (-0.06, 0.03)

@@ -222,7 +222,7 @@ def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None =
 
 # b1 in grey-blue (the separate dQ kernel, the old default), the three steps of FlashAttention-3's design in ever
 # darker oranges: the eye reads b7 -> b7b -> b7c as one family
-DESIGN_COLOURS = {"b1": "#6b8bb0", "b7": "#fdae6b", "b7b": "#f16913", "b7c": "#a63603"}
+DESIGN_COLOURS = {"b1": "#6b8bb0", "b7": "#fdae6b", "b7b": "#f16913", "b7c": "#a63603", "b8": "#54278f"}
 
 
 def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:

@@ -986,19 +986,33 @@ def _launched_warps(row: dict) -> int:
     return grid[0] * grid[1] * grid[2] * (block[0] * block[1] * block[2] // 32)
 
 
-def backward_stall_sites(directory: Path | None = None) -> dict | None:
-    """Where the warps of b7c's and cuDNN's product kernels waited, by instruction, in the newest
-    ``*-ncu-b7c-by-instruction.json`` (``ncu_limits.py --by-instruction``: Nsight Compute's Source Counters); None
-    when none is committed.
+# The small kernels around a backward's product kernel, as lesson 08 names them: text in the kernel's name -> label.
+SMALL_BACKWARD_KERNELS = (("_b7_stats_kernel", "stats (lse, Delta)"), ("FillFunctor", "zero-fill of dQ's buffer"),
+                          ("_dq_convert_kernel", "dQ convert"), ("compute_dot_do_o", "dot_do_o (Delta)"),
+                          ("convert_dq_to_16bits", "dQ convert"))
 
-    Per provider: ``kernel``, ``cycles_per_instruction`` (the warps' cycles between two issued instructions),
-    ``barrier`` (of those, cycles at a barrier), ``tensor_pipe_pct``, ``shared_wavefronts``, ``top_sites`` (the
-    recorded sites, most samples first: {sass, share of the samples, executed, reason}) and ``once_per_warp``: the
+
+def _small_kernel_label(kernel: str) -> str:
+    return next((label for text, label in SMALL_BACKWARD_KERNELS if text in kernel), kernel[:40])
+
+
+def backward_stall_sites(directory: Path | None = None, *, run: str = "b7c") -> dict | None:
+    """Where the warps of each backward's product kernel waited, by instruction, in the newest
+    ``*-ncu-<run>-by-instruction.json`` (``ncu_limits.py --by-instruction``: Nsight Compute's Source Counters; run
+    "b7c" profiled b7c and cuDNN, run "b7d" b7c, b7d and cuDNN); None when none is committed.
+
+    Per provider: ``kernel``, ``us`` (its time), ``instructions`` (warp instructions executed),
+    ``issue_active_pct`` (share of cycles a scheduler issued one), ``cycles_per_instruction`` (the warps' cycles
+    between two issued instructions), ``stalls`` ({reason: those cycles spent waiting for it}), ``barrier`` (the
+    same for barriers), ``tensor_pipe_pct``, ``shared_wavefronts``, ``bank_conflicts`` (shared-memory wavefronts
+    replayed for a bank conflict), ``waves`` (the grid's programs over what the GPU runs at once), ``top_sites``
+    (the recorded sites, most samples first: {sass, share of the samples, executed, reason}), ``others`` (the case's
+    kernels that compute no product, as [(label, us, DRAM bytes)] in launch order) and ``once_per_warp``: the
     barrier cycles, per instruction, at the recorded sites that ran no more often than once per launched warp. A
     warp that reaches such a site once and waits there for the whole kernel does no work while it waits (a warp
     launched to round the program up to whole warpgroups), so ``barrier - once_per_warp`` is what the working
     warps waited. Also ``shape``, ``device``, ``date`` and ``file``."""
-    newest = _newest("*-ncu-b7c-by-instruction.json", directory)
+    newest = _newest(f"*-ncu-{run}-by-instruction.json", directory)
     if newest is None:
         return None
     meta, rows, name = newest
@@ -1015,10 +1029,15 @@ def backward_stall_sites(directory: Path | None = None) -> dict | None:
                   "reason": site["reasons"][0][0], "barrier": dict(site["reasons"]).get("barrier", 0.0)}
                  for site in row["stall_sites"]]
         found[info["provider"]] = {
-            "kernel": row["kernel"], "cycles_per_instruction": per_sample, "barrier": row["stalls"]["barrier"],
+            "kernel": row["kernel"], "us": row["duration_us"], "cycles_per_instruction": per_sample,
+            "instructions": row["inst_executed"], "issue_active_pct": row["issue_active_pct"],
+            "stalls": row["stalls"], "barrier": row["stalls"]["barrier"],
             "once_per_warp": sum(s["share"] * s["barrier"] * per_sample for s in sites if s["executed"] <= warps),
             "tensor_pipe_pct": row["tensor_pipe_pct"], "shared_wavefronts": row["shared_lsu_wavefronts"],
-            "launched_warps": warps, "top_sites": sites, "shape": info["shape"]}
+            "bank_conflicts": row["shared_bank_conflicts"], "waves": row["waves_per_sm"],
+            "launched_warps": warps, "top_sites": sites, "shape": info["shape"],
+            "others": [(_small_kernel_label(r["kernel"]), r["duration_us"], r["dram_bytes"])
+                       for r in rows if r["case"] == case and r is not row]}
     if not found:
         return None
     shapes = {tuple(sorted(entry.pop("shape").items())) for entry in found.values()}
@@ -1028,28 +1047,64 @@ def backward_stall_sites(directory: Path | None = None) -> dict | None:
             "kernels": found}
 
 
-def backward_lengths(directory: Path | None = None) -> dict | None:
-    """b7c and b1 over cuDNN's backward by length, from the newest ``*-b7c-lengths.json`` (``gpu_b7.py
-    --variants b7c``: N = 1024-16384 at B*H*N constant); None when none is committed.
+def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> dict | None:
+    """A Gluon backward (b7c, or b8 at D = 256) and b1 over cuDNN's backward by length, from the newest
+    ``*-<variant>-lengths.json`` (``gpu_b7.py --variants <variant>``: N = 1024-16384 at B*H*N constant); None when
+    none is committed.
 
-    ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for b7c and b1;
-    ``vs_b1``: b7c's ``ratio_vs_b1`` over every timed row, as (least, most); also ``device``, ``date``, ``triton``,
-    ``file``."""
-    newest = _newest("*-b7c-lengths.json", directory)
+    ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant
+    and b1; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed row, as (least, most); ``expected``: its
+    prediction written before the run (``meta.<variant>.expected``, None if the run has none); also ``device``,
+    ``date``, ``triton``, ``file``."""
+    newest = _newest(f"*-{variant}-lengths.json", directory)
     if newest is None:
         return None
     meta, rows, name = newest
     timed = sorted((r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"
-                    and r["provider"] in ("b7c", "b1")), key=lambda r: r["n"])
+                    and r["provider"] in (variant, "b1")), key=lambda r: r["n"])
     table: dict[tuple, dict] = {}
     for row in timed:
-        case = table.setdefault((row["dtype"], row["head_dim"], row["causal"]), {"b7c": [], "b1": []})
+        case = table.setdefault((row["dtype"], row["head_dim"], row["causal"]), {variant: [], "b1": []})
         case[row["provider"]].append((row["n"], row["ratio_vs_sdpa_cudnn"]))
-    over_b1 = [r["ratio_vs_b1"] for r in timed if r["provider"] == "b7c"]
+    over_b1 = [r["ratio_vs_b1"] for r in timed if r["provider"] == variant]
     if not over_b1:
         return None
+    described = meta.get(variant)
     return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
-            "rows": table, "vs_b1": (min(over_b1), max(over_b1))}
+            "rows": table, "vs_b1": (min(over_b1), max(over_b1)),
+            "expected": described.get("expected") if isinstance(described, dict) else None}
+
+
+def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -> dict | None:
+    """The gradient checks and the one-shape timing of a Gluon backward and its variant, from the newest
+    ``*-<run>-checks.json`` (``gpu_b7.py --quick --variants b8,b8b``: checks against float64 at N = 1 to 4096, then
+    one (B, H, N) beside cuDNN and b1); None when none is committed.
+
+    ``checks``: {variant: {passed, of}} for each variant the run describes (``meta.<variant>``); ``checked_n``: the
+    lengths checked; ``tflops``: {(dtype, causal): {provider: TFLOP/s}} of the timed rows; ``expected``: {variant:
+    the prediction written before the run}; also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton``,
+    ``file``."""
+    newest = _newest(f"*-{run}-checks.json", directory)
+    if newest is None:
+        return None
+    meta, rows, name = newest
+    variants = [v for v in meta.get("variants", ()) if isinstance(meta.get(v), dict)]
+    checked = [r for r in rows if r.get("kind") == "check"]
+    timed = [r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"]
+    shapes = {(r["batch"], r["heads"], r["n"]) for r in timed}
+    if len(shapes) != 1:
+        raise ValueError(f"{name}: the timed rows hold {len(shapes)} shapes (batch, heads, n), {sorted(shapes)}; "
+                         "a one-shape comparison needs one")
+    tflops: dict[tuple, dict] = {}
+    for row in timed:
+        tflops.setdefault((row["dtype"], row["causal"]), {})[row["provider"]] = row["tflops"]
+    ((batch, heads, n),) = shapes
+    return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
+            "shape": {"batch": batch, "heads": heads, "n": n}, "tflops": tflops,
+            "checks": {v: {"passed": sum(r["provider"] == v and r.get("status") == "ok" for r in checked),
+                           "of": sum(r["provider"] == v for r in checked)} for v in variants},
+            "checked_n": sorted({r["n"] for r in checked}),
+            "expected": {v: meta[v].get("expected") for v in variants}}
 
 
 
