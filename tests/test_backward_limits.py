@@ -266,7 +266,7 @@ def test_backward_stall_sites_sets_apart_what_a_warp_waits_at_once(tmp_path):
 def test_backward_lengths_orders_each_case_by_length(tmp_path):
     assert summary.backward_lengths(tmp_path) is None
     rows = [{"kind": "time", "status": "ok", "provider": provider, "dtype": "float16", "head_dim": 64,
-             "causal": False, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.8}
+             "causal": False, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.8, "tflops": 500 * ratio}
             for provider, n, ratio in (("b7c", 2048, 0.95), ("b1", 1024, 0.8), ("b7c", 1024, 0.9),
                                        ("sdpa_cudnn", 1024, 1.0))]
     rows.append({"kind": "time", "status": "hang at n=4096", "provider": "b7c", "dtype": "float16", "head_dim": 64,
@@ -275,6 +275,7 @@ def test_backward_lengths_orders_each_case_by_length(tmp_path):
         {"meta": {"date": "2026-12-06", "device": "H100", "triton": "3.9.0"}, "rows": rows}))
     found = summary.backward_lengths(tmp_path)
     assert found["rows"] == {("float16", 64, False): {"b7c": [(1024, 0.9), (2048, 0.95)], "b1": [(1024, 0.8)]}}
+    assert found["rates"][("float16", 64, False)]["b7c"] == [(1024, 450.0), (2048, 475.0)]
     assert found["vs_b1"] == pytest.approx((0.9 / 0.8, 0.95 / 0.8))
 
 
@@ -336,7 +337,7 @@ def test_stall_sites_of_the_committed_b7d_profile(tmp_path):
 
 def test_backward_lengths_reads_another_variant_and_its_prediction(tmp_path):
     rows = [{"kind": "time", "status": "ok", "provider": provider, "dtype": "bfloat16", "head_dim": 256,
-             "causal": True, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.5}
+             "causal": True, "n": n, "ratio_vs_sdpa_cudnn": ratio, "ratio_vs_b1": ratio / 0.5, "tflops": 1.0}
             for provider, n, ratio in (("b8", 2048, 0.9), ("b1", 2048, 0.5), ("b7c", 2048, 0.8))]
     meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0", "b8": {"expected": "0.8x cuDNN"}}
     (tmp_path / "2026-12-07-h100-b8-lengths.json").write_text(json.dumps({"meta": meta, "rows": rows}))

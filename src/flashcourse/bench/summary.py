@@ -1053,7 +1053,8 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
     none is committed.
 
     ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant
-    and b1; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed row, as (least, most); ``expected``: its
+    and b1; ``rates``: the same with TFLOP/s for the ratio; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed
+    row, as (least, most); ``expected``: its
     prediction written before the run (``meta.<variant>.expected``, None if the run has none); also ``device``,
     ``date``, ``triton``, ``file``."""
     newest = _newest(f"*-{variant}-lengths.json", directory)
@@ -1063,15 +1064,17 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
     timed = sorted((r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"
                     and r["provider"] in (variant, "b1")), key=lambda r: r["n"])
     table: dict[tuple, dict] = {}
+    rates: dict[tuple, dict] = {}
     for row in timed:
-        case = table.setdefault((row["dtype"], row["head_dim"], row["causal"]), {variant: [], "b1": []})
-        case[row["provider"]].append((row["n"], row["ratio_vs_sdpa_cudnn"]))
+        key = (row["dtype"], row["head_dim"], row["causal"])
+        table.setdefault(key, {variant: [], "b1": []})[row["provider"]].append((row["n"], row["ratio_vs_sdpa_cudnn"]))
+        rates.setdefault(key, {variant: [], "b1": []})[row["provider"]].append((row["n"], row["tflops"]))
     over_b1 = [r["ratio_vs_b1"] for r in timed if r["provider"] == variant]
     if not over_b1:
         return None
     described = meta.get(variant)
     return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
-            "rows": table, "vs_b1": (min(over_b1), max(over_b1)),
+            "rows": table, "rates": rates, "vs_b1": (min(over_b1), max(over_b1)),
             "expected": described.get("expected") if isinstance(described, dict) else None}
 
 
