@@ -209,46 +209,58 @@ def test_the_backward_is_b3_where_the_call_needs_its_options():
 
 @pytest.fixture
 def b7_tested(monkeypatch):
-    """hopper/fa3_backward_tma.py as if ``make test-gpu`` had run its route under Triton 3.9."""
+    """hopper/fa3_backward_tma.py (b7c) and fa3_backward_d256.py (b8) as if their routes had run under Triton 3.9."""
     b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
     if not b7.HAS_TMA_REDUCE:
         pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
-    monkeypatch.setattr(b7, "TESTED_TRITON", ("3.9",))
+    b8 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_d256")
+    for module in (b7, b8):
+        monkeypatch.setattr(module, "TESTED_TRITON", ("3.9",))
     return b7
 
 
 H100 = configs.KNOWN_DEVICES["H100"]
 
 
+GLUON_STAGE_BY_HEAD_DIM = {64: "b7c", 128: "b7c", 256: "b8"}
+
+
 @pytest.mark.parametrize("causal", [False, True, "bottom_right"])
-@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16)])
 def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested, causal, head_dim, dtype):
     q = t(1, 1, plan.B7_MIN_N, head_dim, dtype=dtype)
+    gluon = plan.GLUON_BACKWARDS[head_dim]
     for props in (H100, H200):
         chosen = route(q, q, q, causal=causal, props=props, triton_version="3.9.1")
-        assert chosen.backward == plan.GLUON_BACKWARD == "b7c", str(chosen)
-        assert "measured faster than b1" in chosen.backward_why and Path(plan.B7_LENGTHS).name in chosen.backward_why
+        assert chosen.backward == gluon.stage == GLUON_STAGE_BY_HEAD_DIM[head_dim], str(chosen)
+        assert "measured faster than b1" in chosen.backward_why and Path(gluon.lengths).name in chosen.backward_why
     made = plan.Plan(chosen, q, q, q, parse_rules(q, q, causal=causal), scale=None, cacheable=False, in_graph=False)
-    assert made._backward_version is None  # b7c plans its own launches
+    assert made._backward_version is None  # a Gluon backward plans its own launches
 
 
-def test_the_gluon_backward_is_held_to_its_runs():
-    """b7c serves N >= B7_MIN_N because it beat b1 at every length timed from there, in every (dtype, head dim,
-    causal) case of the run the dispatch cites (key ratio_vs_b1); B7_MIN_N is that run's shortest length (no band
-    reaches below what was measured); and every gradient check of b7c in B7_CHECKS passed."""
-    rows = json.loads((RESULTS.parent.parent / plan.B7_LENGTHS).read_text())["rows"]
-    timed = [r for r in rows if r["provider"] == plan.GLUON_BACKWARD and r["kind"] == "time"]
+@pytest.mark.parametrize("head_dims", [(64, 128), (256,)])
+def test_the_gluon_backward_is_held_to_its_runs(head_dims):
+    """Each Gluon backward serves N >= B7_MIN_N because it beat b1 at every length timed from there, in every
+    (dtype, head dim, causal) case of the run the dispatch cites (key ratio_vs_b1); B7_MIN_N is that run's shortest
+    length (no band reaches below what was measured); and every gradient check of it in its checks run passed, at
+    N = 1 and 4096 at least, causal and not, in both dtypes."""
+    gluon = plan.GLUON_BACKWARDS[head_dims[0]]
+    assert {d for d, g in plan.GLUON_BACKWARDS.items() if g == gluon} == set(head_dims)
+    rows = json.loads((RESULTS.parent.parent / gluon.lengths).read_text())["rows"]
+    timed = [r for r in rows if r["provider"] == gluon.stage and r["kind"] == "time"]
     lengths = sorted({r["n"] for r in timed})
     assert lengths[0] == plan.B7_MIN_N and len(lengths) >= 4, lengths
-    cases = {(dtype, d, causal) for dtype in ("float16", "bfloat16") for d in (64, 128) for causal in (False, True)}
+    cases = {(dtype, d, causal) for dtype in ("float16", "bfloat16") for d in head_dims for causal in (False, True)}
     for n in lengths:
         at_n = [r for r in timed if r["n"] == n]
         assert {(r["dtype"], r["head_dim"], r["causal"]) for r in at_n} == cases, n
         assert all(r["status"] == "ok" and r["ratio_vs_b1"] > 1.0 for r in at_n), [
             (n, r["head_dim"], r["causal"], r.get("ratio_vs_b1")) for r in at_n]
-    checks = [r for r in json.loads((RESULTS.parent.parent / plan.B7_CHECKS).read_text())["rows"]
-              if r["provider"] == plan.GLUON_BACKWARD and r["kind"] == "check"]
-    assert len(checks) >= 40 and all(r["status"] == "ok" for r in checks)
+    checks = [r for r in json.loads((RESULTS.parent.parent / gluon.checks).read_text())["rows"]
+              if r["provider"] == gluon.stage and r["kind"] == "check"]
+    checked = {(r["dtype"], r["head_dim"], r["causal"], r["n"]) for r in checks}
+    assert {(dtype, d, causal, n) for dtype, d, causal in cases for n in (1, 4096)} <= checked, checked
+    assert all(r["status"] == "ok" for r in checks)
 
 
 @pytest.mark.parametrize(("why", "make"), [
@@ -257,6 +269,8 @@ def test_the_gluon_backward_is_held_to_its_runs():
     ("N_q = 8192, N_kv = 8320", lambda: route(t(1, 1, 8192, 64), t(1, 1, 8320, 64), t(1, 1, 8320, 64),
                                                props=H100, triton_version="3.9.0")),
     ("D = 96", lambda: route(*(t(1, 1, 8192, 96),) * 3, props=H100, triton_version="3.9.0")),
+    ("N_q = 960", lambda: route(*(t(1, 1, 960, 256),) * 3, props=H100, triton_version="3.9.0")),
+    ("N_kv = 8224", lambda: route(*(t(1, 1, 8224, 256),) * 3, props=H100, triton_version="3.9.0")),
     ("float32", lambda: route(*(t(1, 1, 8192, 64, dtype=torch.float32),) * 3, props=H100, triton_version="3.9.0")),
     ("contiguous", lambda: route(*(t(1, 8192, 2, 64).transpose(1, 2),) * 3, props=H100, triton_version="3.9.0")),
     ("this is Triton 3.6.0", lambda: route(*(t(1, 1, 8192, 64),) * 3, props=H100, triton_version="3.6.0")),
@@ -553,23 +567,26 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16)])
+@pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16)])
 # the band's shortest length and a long one (its float64 scores and their softmax, 2 x 8192 x 8192, 1 GiB each)
 @pytest.mark.parametrize("n", [plan.B7_MIN_N, pytest.param(8192, marks=pytest.mark.big_gpu_memory)])
 def test_gpu_the_gluon_backward_route_agrees_with_float64(monkeypatch, causal, head_dim, dtype, n):
-    """flash_attention's gradients through the b7c route (TESTED_TRITON set to the running Triton, as a release
-    it was tested with would be), against float64 autograd, for a loss of o and for one that also uses the lse
-    (b7c has no lse term: that backward runs b1)."""
+    """flash_attention's gradients through the Gluon backward's route (b7c at D 64 and 128, b8 at 256; its
+    TESTED_TRITON set to the running Triton, as a release it was tested with would be), against float64 autograd,
+    for a loss of o and for one that also uses the lse (the Gluon backwards have no lse term: that backward runs
+    b1)."""
     if torch.cuda.get_device_capability() != plan.HOPPER:
-        pytest.skip("b7c is written for Hopper")
+        pytest.skip("the Gluon backwards are written for Hopper")
     b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
     if not b7.HAS_TMA_REDUCE:
         pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
-    monkeypatch.setattr(b7, "TESTED_TRITON", (plan._triton_minor(triton.__version__),))
+    b8 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_d256")
+    for module in (b7, b8):
+        monkeypatch.setattr(module, "TESTED_TRITON", (plan._triton_minor(triton.__version__),))
     plan.PLANS.clear()  # no plan routed before the patch
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, n, head_dim, device="cuda", dtype=dtype) for _ in range(4))
-    assert kernels.explain(q, k, v, causal=causal).backward == "b7c"
+    assert kernels.explain(q, k, v, causal=causal).backward == GLUON_STAGE_BY_HEAD_DIM[head_dim]
     q64, k64, v64 = (x.detach().double().requires_grad_() for x in (q, k, v))
     scores = q64 @ k64.transpose(-1, -2) / math.sqrt(head_dim)
     if causal:

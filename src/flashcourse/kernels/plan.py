@@ -9,8 +9,9 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
   (:data:`FORWARD_BANDS`: a Gluon stage of ``hopper/fa3.py``, or v7 for short causal calls at D = 64), wherever the
   call fits that stage's contract; v7 everywhere else;
 - backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense); on Hopper,
-  for plain or causal calls of N >= 1024 keys under a Triton it was tested with (3.9), the Gluon b7c of
-  ``hopper/fa3_backward_tma.py`` (:func:`gluon_backward`).
+  for plain or causal calls of N >= 1024 keys under a Triton it was tested with (3.9), a Gluon backward with
+  FlashAttention-3's design (:func:`gluon_backward`): b7c of ``hopper/fa3_backward_tma.py`` at head dims 64 and 128,
+  b8 of ``hopper/fa3_backward_d256.py`` at 256.
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
 their grids and argument lists. It is looked up by everything that determines it (shapes, strides, dtype,
@@ -24,8 +25,10 @@ plan for that call alone: their tensors change from call to call (a ``mask_mod``
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import triton
@@ -120,22 +123,48 @@ def band_forward(head_dim: int, causal: bool, n_q: int, bands: dict = FORWARD_BA
 
 HOPPER = (9, 0)
 
-# The backward on Hopper: b7c of hopper/fa3_backward_tma.py (FA3's design, dQ added by a TMA reduce-add; Gluon, Triton
-# >= 3.9). On an H100 80GB (B7_LENGTHS: N = 1024-16384 at B*H*N = 524,288, fp16 and bf16, D 64 and 128, causal and not)
-# it ran at 1.05-1.44x b1 and 0.83-1.04x cuDNN in all 40 cases (keys ratio_vs_b1, ratio_vs_sdpa_cudnn), and its
-# gradients passed every check of B7_CHECKS (N = 1 to 4096 against float64). Shorter lengths are not measured, so it
-# serves N >= B7_MIN_N, the shortest length timed; and only under a Triton in fa3_backward_tma.TESTED_TRITON.
+# The backward on Hopper: FlashAttention-3's design in Gluon, dQ added by a TMA reduce-add (Triton >= 3.9), measured
+# on an H100 80GB at N = 1024-16384 (B*H*N = 524,288, fp16 and bf16, causal and not; keys ratio_vs_b1,
+# ratio_vs_sdpa_cudnn):
+# - b7c of hopper/fa3_backward_tma.py at D 64 and 128 (B7_LENGTHS): 1.05-1.44x b1 and 0.83-1.04x cuDNN in all 40
+#   cases; its gradients passed every check of B7_CHECKS (N = 1 to 4096 against float64);
+# - b8 of hopper/fa3_backward_d256.py at D = 256 (B8_LENGTHS): 1.45-1.99x b1 and 0.85-1.05x cuDNN in all 20 cases;
+#   every check of B8_CHECKS passed (N = 1 to 4096).
+# Shorter lengths are not measured, so each serves N >= B7_MIN_N, the shortest length timed; and only under a Triton in
+# its module's TESTED_TRITON.
 B7_LENGTHS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7c-lengths.json"
 B7_CHECKS = "benchmarks/results/2026-12-06-nvidia-h100-80gb-hbm3-b7-designs.json"
-GLUON_BACKWARD = "b7c"
+B8_LENGTHS = "benchmarks/results/2026-12-07-nvidia-h100-80gb-hbm3-b8-lengths.json"
+B8_CHECKS = "benchmarks/results/2026-12-07-nvidia-h100-80gb-hbm3-b8-checks.json"
 B7_MIN_N = 1024
+
+
+class GluonBackward(NamedTuple):
+    """A Gluon backward the dispatch routes to, and the runs that earned it the route."""
+
+    stage: str  # a key of its module's STAGES, and the name explain() gives
+    module: str  # its module under kernels/hopper/, imported only when a call is routed there
+    entry: str  # the module's function that runs it
+    lengths: str  # the timing run by length: faster than b1 at every length from B7_MIN_N
+    checks: str  # the run whose gradient checks it passed
+
+
+GLUON_BACKWARD = "b7c"  # at head dims 64 and 128
+_B7C = GluonBackward(GLUON_BACKWARD, "fa3_backward_tma", "b7_backward", B7_LENGTHS, B7_CHECKS)
+GLUON_BACKWARDS = {64: _B7C, 128: _B7C, 256: GluonBackward("b8", "fa3_backward_d256", "b8_backward", B8_LENGTHS,
+                                                            B8_CHECKS)}
+
+
+def gluon_backward_module(gluon: GluonBackward):
+    """The module of a Gluon backward, imported on first use: on Hopper, under a Triton whose Gluon has it."""
+    return importlib.import_module(f"{__package__}.hopper.{gluon.module}")
 
 
 @dataclass(frozen=True)
 class Route:
     """Which forward and backward kernels a call runs, and why (what :func:`flashcourse.kernels.explain`
     returns). ``forward`` is a version name of ``FORWARD_VERSIONS`` ("v7") or a Gluon stage ("v8a" ... "v8g");
-    ``backward`` a name of ``BACKWARD_VERSIONS`` or the Gluon backward (``GLUON_BACKWARD``)."""
+    ``backward`` a name of ``BACKWARD_VERSIONS`` or a Gluon backward's stage (``GLUON_BACKWARDS``)."""
 
     forward: str
     backward: str
@@ -212,31 +241,34 @@ def gluon_stage(q, k, v, rules: Rules, *, block_mask: BlockMask | None, props: c
 
 
 def gluon_backward(q, k, v, rules: Rules, *, props: configs.DeviceProps, triton_version: str) -> tuple[str | None, str]:
-    """(stage, why) for the default backward of a call that needs none of b3's options: ``GLUON_BACKWARD`` where
-    it was measured faster than b1, or None and why b1 serves it ("" off Hopper, where nothing else could)."""
+    """(stage, why) for the default backward of a call that needs none of b3's options: the Gluon backward of its
+    head dim (``GLUON_BACKWARDS``) where it was measured faster than b1, or None and why b1 serves it ("" off
+    Hopper, where nothing else could)."""
     if props.interpreter or props.capability != HOPPER:
         return None, ""
-    try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
-        from .hopper import fa3_backward_tma as b7
-    except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
-        return None, f"the Gluon backward does not import under Triton {triton_version} ({type(error).__name__})"
     n_q, head_dim, n_kv = q.shape[2], q.shape[3], k.shape[2]
-    if not b7.HAS_TMA_REDUCE or _triton_minor(triton_version) not in b7.TESTED_TRITON:
-        tested = ", ".join(b7.TESTED_TRITON) or "none yet"
-        return None, f"{GLUON_BACKWARD} is tested with Triton {tested}; this is Triton {triton_version}"
-    if head_dim not in b7.HEAD_DIMS or q.dtype not in FA3_DTYPES:
-        return None, (f"{GLUON_BACKWARD} takes head dims 64 and 128 in float16 or bfloat16; this call is "
-                      f"D = {head_dim}, {str(q.dtype).replace('torch.', '')}")
+    gluon = GLUON_BACKWARDS.get(head_dim)
+    if gluon is None or q.dtype not in FA3_DTYPES:
+        return None, (f"the Gluon backwards take head dims 64 and 128 ({GLUON_BACKWARD}) and 256 "
+                      f"({GLUON_BACKWARDS[256].stage}) in float16 or bfloat16; this call is D = {head_dim}, "
+                      f"{str(q.dtype).replace('torch.', '')}")
+    try:  # imported only here, on Hopper: Gluon's API moves between Triton releases
+        module = gluon_backward_module(gluon)
+    except Exception as error:  # noqa: BLE001 - any failure to import means: not this Triton
+        return None, f"{gluon.stage} does not import under Triton {triton_version} ({type(error).__name__})"
+    if not module.HAS_TMA_REDUCE or _triton_minor(triton_version) not in module.TESTED_TRITON:
+        tested = ", ".join(module.TESTED_TRITON) or "none yet"
+        return None, f"{gluon.stage} is tested with Triton {tested}; this is Triton {triton_version}"
     if any(not t.is_contiguous() or t.data_ptr() % 16 for t in (q, k, v)):
-        return None, f"{GLUON_BACKWARD} reads contiguous, 16-byte aligned (B, H, N, D) tensors through TMA"
-    keys = b7.STAGES[GLUON_BACKWARD].keys()
+        return None, f"{gluon.stage} reads contiguous, 16-byte aligned (B, H, N, D) tensors through TMA"
+    keys = module.STAGES[gluon.stage].keys()
     if n_q != n_kv or n_kv % keys or n_q < B7_MIN_N:
         # A key tile past a head's last row would read the next head's keys (their dP enters dS times P = 0,
         # which is NaN where that V holds an inf); and below B7_MIN_N nothing is measured.
-        return None, (f"{GLUON_BACKWARD} was measured faster than b1 at N_q = N_kv >= {B7_MIN_N} in whole tiles of "
-                      f"{keys} keys (an H100, {Path(B7_LENGTHS).name}); this call is N_q = {n_q}, N_kv = {n_kv}")
-    return GLUON_BACKWARD, (f"measured faster than b1 at N >= {B7_MIN_N} on an H100 ({Path(B7_LENGTHS).name}, "
-                            "key ratio_vs_b1)")
+        return None, (f"{gluon.stage} was measured faster than b1 at N_q = N_kv >= {B7_MIN_N} in whole tiles of "
+                      f"{keys} keys (an H100, {Path(gluon.lengths).name}); this call is N_q = {n_q}, N_kv = {n_kv}")
+    return gluon.stage, (f"measured faster than b1 at N >= {B7_MIN_N} on an H100 ({Path(gluon.lengths).name}, "
+                         "key ratio_vs_b1)")
 
 
 def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, lacks: str | None,
@@ -289,8 +321,9 @@ class Plan:
         self.rules = without_tensors(rules)
         self.scale = scale  # as given: run_forward and fa3 resolve None to 1/sqrt(D) the same way
         self._forward_version = None if route.gluon else FORWARD_VERSIONS[route.forward]
-        # None for the Gluon backward (hopper/fa3_backward_tma.py), which plans its own launches
-        self._backward_version = None if route.backward == GLUON_BACKWARD else BACKWARD_VERSIONS[route.backward]
+        # None for a Gluon backward (GLUON_BACKWARDS), which plans its own launches
+        gluon = route.backward in {gluon.stage for gluon in GLUON_BACKWARDS.values()}
+        self._backward_version = None if gluon else BACKWARD_VERSIONS[route.backward]
         self.in_graph = in_graph  # made by an op's body under torch.compile: keeps no tensor (row_stats_allocator)
         self._new_row_stats = None  # new() -> lse or delta: set by plan_for (common.row_stats_allocator)
         # Launches are repeated only on a GPU, where Triton compiled them, and for rules without tensors.
@@ -335,13 +368,12 @@ class Plan:
         """(dq, dk, dv) from the forward's (o, lse) (and its ``dropout``, the same seed); ``dlse``, the lse's
         gradient where a loss used it, or None."""
         if self._backward_version is None:
-            if dlse is None:
-                from .hopper import fa3_backward_tma  # only on Hopper, with a tested Triton (choose_route said so)
-
-                return fa3_backward_tma.b7_backward(q, k, v, o.contiguous(), lse.contiguous(), do.contiguous(),
-                                                    causal=rules.causal is not None, scale=self.scale,
-                                                    stage=self.route.backward)
-            # b7c has no lse gradient term: b1, which the route would have run without b7c, has
+            if dlse is None:  # only on Hopper, with a tested Triton (choose_route said so)
+                gluon = GLUON_BACKWARDS[q.shape[3]]
+                run = getattr(gluon_backward_module(gluon), gluon.entry)
+                return run(q, k, v, o.contiguous(), lse.contiguous(), do.contiguous(), causal=rules.causal is not None,
+                           scale=self.scale, stage=gluon.stage)
+            # The Gluon backwards have no lse gradient term: b1, which the route would have run without them, has
             return run_backward(BACKWARD_VERSIONS[DENSE_BACKWARD], q, k, v, o, lse, do, rules=rules,
                                 scale=self.scale, dlse=dlse)
         if dlse is not None:  # its term sits between the prepared launches: launched in full
