@@ -209,7 +209,7 @@ class _DqHandoff:
 @gluon.jit
 def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats, slot, handoff, rows, m0, keys,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr,
-             S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+             DQ_TRANSPOSED: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Step i of warpgroup ``wg`` (query tile starting at row m0, in ring slot ``slot``; the caller waited for
     q_tile, do_tile): the five products, dS^T handed to the other warpgroup, this warpgroup's dQ columns handed
     to the writer. With ``STATS_BY_TMA`` lse and Delta came with the tiles (``stats``, a ``_Stats``: b7b);
@@ -263,7 +263,9 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
     # dQ[:, wg*HALF : (wg+1)*HALF] of the tile = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] (both 64-key halves).
     mbarrier.wait(handoff.ds_ready.index(buf), phase)  # the other warpgroup's dS^T too
     dq_tile = handoff.dq_smem.index(buf * 2 + wg)
-    if BLOCK_M == 64:
+    # b7e (DQ_TRANSPOSED) takes the transposed product at 64 rows too, where its M = HALF is 64 (D = 128): wgmma's
+    # M is 64, so at D = 64 it stays b7d's. Why: the bank conflicts of the dQ store (the KERNELS.md entry of b7e).
+    if BLOCK_M == 64 and not (DQ_TRANSPOSED and HALF >= 64):
         DQ_LAYOUT: gl.constexpr = _mma_layout(HALF)
         dq = gl.zeros([BLOCK_M, HALF], gl.float32, DQ_LAYOUT)
         for j in gl.static_range(_CONSUMERS_C):
@@ -290,7 +292,8 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
 @gluon.jit
 def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, i_lo, i_hi, m_lo,
               MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-              LEAN_REGS: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+              LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr, S_LAYOUT: gl.constexpr,
+              KV_LAYOUT: gl.constexpr):
     """Steps [i_lo, i_hi) of warpgroup ``wg``: wait for the (Q, dO) slot, compute, free the slot."""
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
     for i in range(i_lo, i_hi):
@@ -298,7 +301,8 @@ def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, ro
         mbarrier.wait(ring.ready.index(slot), (i // STAGES) & 1)
         dk, dv = _b7_step(wg, i, dk, dv, k_smem, v_smem, ring.q_smem.index(slot), ring.do_smem.index(slot),
                           stats, slot, handoff, rows, (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL,
-                          STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                          STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
+                          S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
         mbarrier.arrive(ring.empty.index(slot))  # every product of the step has landed: Q, dO no longer read
     return dk, dv
 
@@ -306,7 +310,7 @@ def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, ro
 @gluon.jit
 def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0,
                  m_lo, full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr):
+                 STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
     """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program."""
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
@@ -319,32 +323,37 @@ def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, stats, handoff,
     mbarrier.wait(kv_bar, 0)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, 0, full_lo - m_lo, m_lo,
                        MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
+                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_lo - m_lo,
                        full_hi - m_lo, m_lo, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
+                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_hi - m_lo, n_m - m_lo, m_lo,
                        MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
+                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     _store_dkdv(dk, dv, DK, DV, kv_row, first, rows.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=_ROWS_C, KV_LAYOUT=KV_LAYOUT)
 
 
 @gluon.jit
 def _b7_consumer0(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
                   full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-                  LEAN_REGS: gl.constexpr):
+                  LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _b7_consumer(0, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS)
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS,
+                 DQ_TRANSPOSED=DQ_TRANSPOSED)
 
 
 @gluon.jit
 def _b7_consumer1(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
                   full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-                  LEAN_REGS: gl.constexpr):
+                  LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the program's next 64 keys."""
     _b7_consumer(1, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS)
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS,
+                 DQ_TRANSPOSED=DQ_TRANSPOSED)
 
 
 @gluon.jit
@@ -399,7 +408,8 @@ def _b7_dq_writer(dq_desc, handoff, dq_row, m_lo, n_tiles):
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
 def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, LSE, DELTA, qk_scale, scale,
                N_Q, N_KV, N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-               LEAN_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+               LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+               CONSUMER_REGS: gl.constexpr):
     """b7 and its variants: two consumer warpgroups (launch with num_warps=4: the default partition is consumer
     0), a loader warp, a dQ-writer warp; one program per 128 keys of one (batch, head). With ``STATS_BY_TMA``
     (b7b, b7c) the loader brings each tile's lse and Delta through ``lse_desc`` and ``delta_desc`` (1-D, BLOCK_M
@@ -453,9 +463,11 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     gl.warp_specialize([
         (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
-                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS)),
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS,
+                         DQ_TRANSPOSED)),
         (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
-                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS)),
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS,
+                         DQ_TRANSPOSED)),
         (_b7_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats,
                         q_row, dq_row, kv_row, n0, m_lo, n_m - m_lo, STAGES, STATS_BY_TMA)),
         (_b7_dq_writer, (dq_desc, handoff, dq_row, m_lo, n_m - m_lo)),
@@ -498,6 +510,7 @@ class Stage:
     consumer_regs: int = 240
     stats_by_tma: bool = False  # lse and Delta brought by the loader with the tiles (b7b), else loaded by the consumers
     lean_regs: bool = False  # lse and Delta read where used, dS from P in 16 bits (b7d: 64 rows fit at D = 128)
+    dq_transposed: bool = False  # dQ^T = K^T dS^T at 64 rows too, stored a float32 a lane (b7e: no bank conflicts)
     block_m: tuple[tuple[int, int], ...] = tuple(BLOCK_M.items())  # (head dim, query rows a step)
 
     def keys(self) -> int:
@@ -512,7 +525,8 @@ class Stage:
 
     def constexprs(self, causal: bool) -> dict:
         return {"CAUSAL": causal, "STAGES": self.stages, "STATS_BY_TMA": self.stats_by_tma, "LEAN_REGS": self.lean_regs,
-                "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
+                "DQ_TRANSPOSED": self.dq_transposed, "PRODUCER_REGS": self.producer_regs,
+                "CONSUMER_REGS": self.consumer_regs}
 
 
 STAGES = {
@@ -530,6 +544,12 @@ STAGES = {
                  "P in 16 bits",
                  "D = 128: 1.05-1.15x b7c (0.90-1.0x cuDNN); D = 64: b7c within 3%", _b7_kernel,
                  stats_by_tma=True, lean_regs=True, block_m=((64, 64), (128, 64))),
+    "b7e": Stage("b7e", "b7d with dQ computed transposed (dQ^T = K^T dS^T, as b7c's 32-row tiles) and stored one "
+                 "float32 a lane: the 64-row dQ tile's 8-byte stores into the 128-byte swizzle were 2-way bank "
+                 "conflicts in every half-warp, the scalar stores of the transpose have none",
+                 "D = 128: 1.02-1.06x b7d (0.93-1.0x cuDNN fp16, 0.88-0.96x bf16); D = 64: b7d within 3%",
+                 _b7_kernel, stats_by_tma=True, lean_regs=True, dq_transposed=True,
+                 block_m=((64, 64), (128, 64))),
 }
 VARIANTS = tuple(STAGES)
 HEAD_DIMS = (64, 128)
