@@ -29,6 +29,11 @@ tiles at D = 128) beside b7c and cuDNN, about 3 minutes:
     PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 240 --out $OUT
         --only bwd-b7c-d128 --only bwd-b7d-d128 --only bwd-cudnn                   # (one command line)
 
+b7e and b7f (b7d without its dQ store's bank conflicts, two ways) beside b7d, about 3 minutes:
+
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 240 --out $OUT
+        --only bwd-b7d-d128 --only bwd-b7e-d128 --only bwd-b7f-d128                # (one command line)
+
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
 range named after the case. ``--run-ncu`` runs ``ncu --profile-from-start off`` over each case in a process of
@@ -542,6 +547,10 @@ B7_CASES = (
          _backward_b7("b7c")),
     Case("bwd-b7d-d128", B7_GROUP, "b7d", "Gluon b7d: b7b with 64-row query tiles at D = 128", BWD,
          _backward_b7("b7d")),
+    Case("bwd-b7e-d128", B7_GROUP, "b7e", "Gluon b7e: b7d with dQ computed transposed (no bank conflicts storing it)",
+         BWD, _backward_b7("b7e")),
+    Case("bwd-b7f-d128", B7_GROUP, "b7f", "Gluon b7f: b7d with the dQ tiles in a 32-byte swizzle", BWD,
+         _backward_b7("b7f")),
 )
 
 

@@ -52,7 +52,7 @@ def _sibling(name: str):
     return module
 
 
-# What the subprocess below prints: each variant (b7, b7b, b7c) compiled for sm_90 at D 64 and 128 (fp16 not causal,
+# What the subprocess below prints: each variant (b7 to b7f) compiled for sm_90 at D 64 and 128 (fp16 not causal,
 # bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
 _COMPILE = r"""
 import json, os, sys
@@ -81,6 +81,7 @@ for name, head_dim, dtype, causal in cases:
                     "atom": ptx.count("atom.global") + ptx.count("red.global"),
                     "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
                     "wgmma": ptx.count("wgmma.mma_async"),
+                    "st_shared_v2": ptx.count("st.shared.v2.b32"), "st_shared_b32": ptx.count("st.shared.b32"),
                     "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
 stats = []  # the preprocess that pads lse (log2 units) and Delta per head for the 1-D TMA copies
 for head_dim in b7.HEAD_DIMS:
@@ -96,7 +97,7 @@ print(json.dumps({"stages": records, "stats": stats}))
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # one to three minutes on two shared cores: twelve compiles to cubin
+@pytest.mark.slow  # two to five minutes on two shared cores: 24 compiles to cubin
 def test_b7_compiles_for_sm90(tmp_path):
     env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -105,7 +106,7 @@ def test_b7_compiles_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     records = printed["stages"]
-    assert len(records) == 4 * 4  # b7, b7b, b7c, b7d
+    assert len(records) == 6 * 4  # b7, b7b, b7c, b7d, b7e, b7f
     for r in printed["stats"]:
         assert r["local"] == 0 and r["st_global"] >= 2, r  # lse2 and Delta stored, nothing spilled
     for r in records:
@@ -133,6 +134,20 @@ def test_b7_compiles_for_sm90(tmp_path):
         assert shared["b7c", d] - shared["b7b", d] >= 2 * block_m * d * 2, shared
     # b7d takes 64 query rows at D = 128 too: two ring slots of 64-row Q and dO tiles, more than b7c's three of 32
     assert shared["b7d", 128] - shared["b7b", 128] >= 2 * 2 * 32 * 128 * 2, shared
+    # b7e and b7f change how the dQ tiles are written, not what is allocated
+    assert shared["b7e", 128] == shared["b7f", 128] == shared["b7d", 128], shared
+    by = {(r["variant"], r["head_dim"], r["causal"]): r for r in records}
+    for causal in (False, True):
+        b7d, b7e, b7f = (by[v, 128, causal] for v in ("b7d", "b7e", "b7f"))
+        # b7e at D = 128: each warpgroup's 64 x 64 float32 dQ tile leaves the registers by 32 one-word stores a
+        # thread instead of 16 two-word ones (in each of the kernel's copies of the step), as bank_model counts them
+        copies = (b7d["st_shared_v2"] - b7e["st_shared_v2"]) // 16
+        assert copies > 0 and b7e["st_shared_b32"] - b7d["st_shared_b32"] == 32 * copies, (b7d, b7e)
+        # b7f: b7d's stores, the writer's reduce-add split into 32-byte wide copies (256 / 32 = 8 a tile, not 2)
+        assert b7f["st_shared_v2"] == b7d["st_shared_v2"] and b7f["reduce_add"] == 4 * b7d["reduce_add"], (b7d, b7f)
+    for causal in (False, True):  # at D = 64 b7e is b7d (wgmma's M of 64 rules out a 32-column transposed dQ)
+        assert {k: v for k, v in by["b7e", 64, causal].items() if k != "variant"} == \
+            {k: v for k, v in by["b7d", 64, causal].items() if k != "variant"}
 
 
 def test_kernels_package_does_not_import_b7():
@@ -161,7 +176,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c, b7d \(got 'b8'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c, b7d, b7e, b7f \(got 'b8'\)"):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
     # dispatched only under releases whose Gluon has the TMA reduce-add (3.9 on): an older one would fail at compile
     assert all(tuple(map(int, v.split("."))) >= (3, 9) for v in fa3_backward_tma.TESTED_TRITON)
@@ -393,3 +408,96 @@ def test_gpu_script_plans_the_issue_s_cases_and_answers_without_a_gpu():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_b7.py")], capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------ shared-memory banks
+def _bank_layouts():
+    """bank_model and b7's layouts, or a skip where this Triton's Gluon cannot give linear layouts."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    try:
+        from flashcourse.kernels.hopper import fa3_backward_tma
+        from triton._C.libtriton.gluon_ir import GluonOpBuilder  # noqa: F401
+        from triton.experimental.gluon import language as gl
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"no linear layouts from this Triton's Gluon: {error}")
+    return _sibling("bank_model"), fa3_backward_tma, gl
+
+
+def _tile(model, register_layout, shared_layout, shape, element_bytes, vector, transposed=False):
+    """(wavefronts, ideal) of one warp storing its share of a tile; ``transposed``: the registers hold the
+    buffer's transpose (b7c's and b7e's ``dq_tile.permute((1, 0)).store``)."""
+    regs, lanes, offsets = model.layouts(register_layout, shared_layout, shape[::-1] if transposed else shape)
+    if transposed:
+        offsets = {coord[::-1]: offset for coord, offset in offsets.items()}
+    return model.tile_wavefronts(regs, lanes, offsets, element_bytes, vector)
+
+
+def test_the_bank_model_counts_known_cases():
+    """A row-major float32 tile written by a layout whose lanes walk rows puts all 32 lanes in one bank: 32
+    wavefronts an instruction; the same tile written by lanes walking columns takes one. Broadcast: 32 lanes
+    reading one word take one wavefront. Eight-byte accesses are served a half-warp at a time."""
+    model, _, gl = _bank_layouts()
+    plain = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    lanes_down = gl.BlockedLayout([1, 32], [32, 1], [4, 1], [1, 0])
+    lanes_across = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])
+    assert _tile(model, lanes_down, plain, [128, 32], 4, 1) == (32 * 32, 32)
+    assert _tile(model, lanes_across, plain, [128, 32], 4, 1) == (32, 32)
+    assert model.wavefronts([], [[0, 0]] * 5, {(0, 0): 0}, 4, 1) == (1, 1)
+    pairs = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])  # a warp: one 256-byte row, two half-warps
+    assert _tile(model, pairs, plain, [4, 64], 4, 2) == (2, 2)
+    # 8 bytes a lane, a half-warp over two 64-byte halves of rows 128 bytes apart: the same 16 banks twice
+    row_major = model.shared_offsets([[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [1, 0], [2, 0]], [4, 32])
+    lanes = [[0, 2], [0, 4], [0, 8], [1, 0], [2, 0]]
+    assert model.wavefronts([[0, 1]], lanes, row_major, 4, 2) == (2 * 2, 2)
+    # one word a lane (the even columns of four rows): the whole warp at once, 32 words on 8 banks, 4-way
+    assert model.wavefronts([[0, 1]], lanes, row_major, 4, 1) == (4, 1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_b7d_s_dq_store_is_the_2_way_bank_conflict(head_dim):
+    """b7d (and b7b, b7c at D = 64) stores each warpgroup's 64 x D/2 float32 dQ tile from wgmma's accumulator
+    layout with 8-byte stores (``st.shared.v2.b32`` in the PTX) into the 128-byte swizzle the TMA reduce-add
+    reads. A thread's two columns and four lanes span 32 bytes of a row, eight lanes go down eight rows; the swizzle
+    moves a row's 16-byte chunks by the row's low three bits, so a half-warp (four rows) lands on four chunks
+    twice: 2 wavefronts where 1 would do, in every instruction. The profile (H100, 2026-12-07) saw 153 million
+    conflicts in b7d against b7c's 12 million at D = 128; 32 extra wavefronts a warp a step x 4 warps x 2
+    warpgroups x 4,096 programs x 128 steps is 134 million."""
+    model, b7, _ = _bank_layouts()
+    half = head_dim // 2
+    per_warp = 16 * half * 4 // 128  # wavefronts a warp's 16 rows of float32 need at 128 bytes each
+    assert _tile(model, b7._mma_layout(half), b7._dq_layout(64, head_dim), [64, half], 4, 2) == (2 * per_warp,
+                                                                                                per_warp)
+
+
+def test_b7e_and_b7f_store_dq_without_bank_conflicts():
+    """The two fixes, each at the ideal count: b7e computes dQ^T (wgmma's M = D/2 = 64 at D = 128) and stores it
+    one float32 a lane through the transposed view, as b7c does with its 32-row tiles (lanes then spread over
+    eight rows and four columns, 32 banks); b7f keeps b7d's 8-byte stores and gives the dQ tiles a 32-byte swizzle
+    (a row's two 16-byte chunks exchanged by one row bit, the next rows one 128-byte line further: a half-warp
+    covers 128 distinct bytes)."""
+    model, b7, _ = _bank_layouts()
+    per_warp = 16 * 64 * 4 // 128  # wavefronts of a warp's 16 x 64 float32 share at 128 bytes each
+    assert _tile(model, b7._mma_layout(64), b7._dq_layout(64, 128), [64, 64], 4, 1, transposed=True) == (
+        per_warp, per_warp)
+    assert _tile(model, b7._mma_layout(32), b7._dq_layout(32, 128), [32, 64], 4, 1, transposed=True) == (
+        per_warp // 2, per_warp // 2)  # b7c at D = 128: the store b7e extends
+    for head_dim in (64, 128):
+        half = head_dim // 2
+        per_warp = 16 * half * 4 // 128
+        assert _tile(model, b7._mma_layout(half), b7._dq_layout(64, head_dim, 32), [64, half], 4, 2) == (
+            per_warp, per_warp), head_dim
+
+
+@pytest.mark.parametrize("block_m", [32, 64])
+def test_ds_and_the_stats_reads_do_not_conflict(block_m):
+    """The other accesses of the math warps: dS^T (64 keys x BLOCK_M, 16-bit) as 4-byte pairs (the compiler
+    emits ``stmatrix`` there, whose 8 x 16-byte rows the swizzle keeps on distinct chunks too), and lse or Delta
+    read in S^T's column layout (``ld.shared.v2.b32``; lanes sharing a column share the word)."""
+    model, b7, gl = _bank_layouts()
+    ds_layout = gl.NVMMASharedLayout.get_default_for([64, block_m], gl.float16)
+    got, ideal = _tile(model, b7._mma_layout(block_m), ds_layout, [64, block_m], 2, 2)
+    assert got == ideal == 16 * block_m * 2 // 128  # a warp's 16 keys
+    regs, lanes, offsets = model.layouts(gl.SliceLayout(0, b7._mma_layout(block_m)), b7._stats_layout(block_m),
+                                         [block_m])
+    for start in model.instruction_starts(regs, 2):
+        assert model.wavefronts(regs, lanes, offsets, 4, 2, first_register=start) == (2, 2)

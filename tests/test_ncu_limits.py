@@ -87,7 +87,7 @@ GAP_NAMES = ("fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn", "fwd-d128-n4096-caus
              "fp8-fwd-cudnn-fp16", "bwd-d256-causal-ours", "bwd-d256-causal-cudnn")
 H100_NAMES = ("fwd-d64-n1024-causal-ours", "fwd-d64-n1024-causal-cudnn", "fwd-d64-n1024-causal-v8a",
               "fa4-d64-n4096-v8f", "fa4-d64-n4096-v9a", "fa4-d64-n4096-v9b_1of16", "fa4-d64-n4096-v9b_1of4")
-B7_NAMES = ("bwd-b7-d128", "bwd-b7b-d128", "bwd-b7c-d128", "bwd-b7d-d128")
+B7_NAMES = ("bwd-b7-d128", "bwd-b7b-d128", "bwd-b7c-d128", "bwd-b7d-d128", "bwd-b7e-d128", "bwd-b7f-d128")
 
 
 def test_list_prints_every_case_in_order(limits, capsys):

@@ -511,6 +511,7 @@ class Stage:
     stats_by_tma: bool = False  # lse and Delta brought by the loader with the tiles (b7b), else loaded by the consumers
     lean_regs: bool = False  # lse and Delta read where used, dS from P in 16 bits (b7d: 64 rows fit at D = 128)
     dq_transposed: bool = False  # dQ^T = K^T dS^T at 64 rows too, stored a float32 a lane (b7e: no bank conflicts)
+    dq_swizzle: int = 0  # bytes of the dQ tiles' swizzle; 0: the default for the tile (128), 32 for b7f
     block_m: tuple[tuple[int, int], ...] = tuple(BLOCK_M.items())  # (head dim, query rows a step)
 
     def keys(self) -> int:
@@ -550,13 +551,22 @@ STAGES = {
                  "D = 128: 1.02-1.06x b7d (0.93-1.0x cuDNN fp16, 0.88-0.96x bf16); D = 64: b7d within 3%",
                  _b7_kernel, stats_by_tma=True, lean_regs=True, dq_transposed=True,
                  block_m=((64, 64), (128, 64))),
+    "b7f": Stage("b7f", "b7d with the dQ tiles in a 32-byte swizzle (b7d's 8-byte stores conflict-free at D 64 and "
+                 "128, no change to the math warps' code); the writer's reduce-add split into 32-byte wide copies",
+                 "D = 128: as b7e within 3%, unless the narrow reduce-adds cost; D = 64: 1.0-1.04x b7d",
+                 _b7_kernel, stats_by_tma=True, lean_regs=True, dq_swizzle=32, block_m=((64, 64), (128, 64))),
 }
 VARIANTS = tuple(STAGES)
 HEAD_DIMS = (64, 128)
 
 
-def _dq_layout(block_m: int, head_dim: int):
-    return gl.NVMMASharedLayout.get_default_for([block_m, head_dim // 2], gl.float32)
+def _dq_layout(block_m: int, head_dim: int, swizzle: int = 0):
+    """A warpgroup's float32 dQ tile in shared memory, as the writer's TMA reduce-add reads it: the default
+    swizzle for the tile (128 bytes) or ``swizzle`` bytes (b7f: 32; TMA then copies 32-byte wide columns, the
+    compiler splitting each tile's reduce-add into HALF / 8 copies)."""
+    if not swizzle:
+        return gl.NVMMASharedLayout.get_default_for([block_m, head_dim // 2], gl.float32)
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
 def _stats_layout(block_m: int):
@@ -572,7 +582,8 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
                  "k_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
                  "v_desc": tensor_descriptor_signature(ROWS, head_dim, dtype),
                  "do_desc": tensor_descriptor_signature(block_m, head_dim, dtype),
-                 "dq_desc": f"tensordesc<fp32[{block_m},{head_dim // 2}],{_dq_layout(block_m, head_dim)!r}>",
+                 "dq_desc": f"tensordesc<fp32[{block_m},{head_dim // 2}],"
+                            f"{_dq_layout(block_m, head_dim, stage.dq_swizzle)!r}>",
                  "lse_desc": f"tensordesc<fp32[{block_m}],{_stats_layout(block_m)!r}>",
                  "delta_desc": f"tensordesc<fp32[{block_m}],{_stats_layout(block_m)!r}>",
                  "DK": f"*{name}", "DV": f"*{name}", "LSE": "*fp32", "DELTA": "*fp32",
@@ -656,7 +667,7 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dv = torch.empty_like(v)
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
     dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
-                               _dq_layout(block_m, head_dim))
+                               _dq_layout(block_m, head_dim, spec.dq_swizzle))
     lse_desc, delta_desc = stats_descriptors(lse2, delta, block_m)  # b7 passes them unused
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
     spec.kernel[grid](rows_descriptor(q, block_m), rows_descriptor(k, ROWS), rows_descriptor(v, ROWS),
