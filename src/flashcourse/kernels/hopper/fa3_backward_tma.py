@@ -98,6 +98,34 @@ near cuDNN's, and the N = 32 wgmma (the 62% ceiling above) are gone: 1.05-1.15x 
 tiles are b7b's, so b7c within 3% (one ring slot fewer). What could hold it back: two ring slots where b7c has three
 (the loader waits when L2 is slow), and twice the dQ tile (64 x 64 float32) per reduce-add.
 
+Variants b7e and b7f (b7d without its bank conflicts; prediction written before any GPU run of them).
+b7d's profile (docs/KERNELS.md, "Backward b7", H100, 2026-12-07) counted 153 million shared-memory bank conflicts
+against b7c's 12 million, and 5.0 billion warp-cycles of waits on shared memory against 2.2, without naming the
+instructions. Counted exactly from Gluon's linear layouts (``tests/bank_model.py``, the tests of
+``tests/test_b7_compile.py``: each lane's byte address, 4-byte banks, 8-byte accesses served a half-warp at a
+time): b7d's dS^T store (``stmatrix``), its lse and Delta reads and b7c's transposed dQ store have none; b7d's
+64 x 64 float32 dQ store has a 2-way conflict in every instruction. wgmma's accumulator layout gives a thread two
+adjacent columns (one 8-byte ``st.shared.v2.b32``), four lanes a 32-byte piece of a row and eight lanes eight
+rows; the 128-byte swizzle moves a row's 16-byte chunks by the row's three low bits, so a half-warp's four rows
+land on four chunks twice: 64 wavefronts a warp a step where 32 would do. 32 extra wavefronts x 4 warps x 2
+warpgroups x 128 steps x 4,096 programs = 134 million, the growth the profile saw (141 million). b7c at D = 128
+stored dQ^T (32-row tiles) one float32 a lane, which spreads the lanes over eight rows and four columns: no
+conflict. The same store at D = 64, where every variant has 64-row tiles, conflicts the same way (16 extra a warp
+a step).
+
+**b7e** computes dQ transposed at 64 rows too (dQ^T = K^T dS^T, b7c's product: wgmma's M is D/2 = 64, so only at
+D = 128; at D = 64 b7e is b7d) and stores it one float32 a lane: 32 instructions of 1 wavefront where b7d has 16
+of 2 (the same registers, 0 spills, the same 230,896 B). **b7f** keeps b7d's code and gives the dQ tiles a 32-byte
+swizzle, under which b7d's 8-byte stores reach 32 distinct banks in each half-warp, at D 64 and 128; TMA then
+copies columns 32 bytes wide, so the writer's reduce-add becomes D/16 copies a tile (8 at D = 128, not 2).
+Expected at D = 128: the shared-memory pipe of an SM does 8 x 32 = 256 fewer wavefronts a step (both warpgroups),
+6% of b7d's 4,300 cycles a step (9.67 ms over 31 waves of 128 steps at 1.755 GHz); the stores come just before the
+warpgroup hands its tile to the writer, so most of that is exposed: b7e 1.02-1.06x b7d, 0.92-1.0x cuDNN in fp16
+and 0.88-0.96x in bf16 (b7d: 0.90-0.95x and 0.86-0.91x). Not cuDNN's pace yet: b7d's waits on shared memory were
+2.3x b7c's, and conflicts explain part of them; the grid's last round (31.03 waves) stays. b7f the same within 3%
+at D = 128 unless the narrow reduce-adds slow the writer (``dq_empty`` waits would show it in the profile); at
+D = 64 b7f 1.0-1.04x b7d, b7e as b7d.
+
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
