@@ -415,9 +415,10 @@ def _bank_layouts():
     """bank_model and b7's layouts, or a skip where this Triton's Gluon cannot give linear layouts."""
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
     try:
-        from flashcourse.kernels.hopper import fa3_backward_tma
         from triton._C.libtriton.gluon_ir import GluonOpBuilder  # noqa: F401
         from triton.experimental.gluon import language as gl
+
+        from flashcourse.kernels.hopper import fa3_backward_tma
     except (ImportError, AttributeError) as error:
         pytest.skip(f"no linear layouts from this Triton's Gluon: {error}")
     return _sibling("bank_model"), fa3_backward_tma, gl
