@@ -103,7 +103,7 @@ b7d's profile (docs/KERNELS.md, "Backward b7", H100, 2026-12-07) counted 153 mil
 against b7c's 12 million, and 5.0 billion warp-cycles of waits on shared memory against 2.2, without naming the
 instructions. Counted exactly from Gluon's linear layouts (``tests/bank_model.py``, the tests of
 ``tests/test_b7_compile.py``: each lane's byte address, 4-byte banks, 8-byte accesses served a half-warp at a
-time): b7d's dS^T store (``stmatrix``), its lse and Delta reads and b7c's transposed dQ store have none; b7d's
+time, an assumption the count below bears out): b7d's dS^T store (``stmatrix``), its lse and Delta reads and b7c's transposed dQ store have none; b7d's
 64 x 64 float32 dQ store has a 2-way conflict in every instruction. wgmma's accumulator layout gives a thread two
 adjacent columns (one 8-byte ``st.shared.v2.b32``), four lanes a 32-byte piece of a row and eight lanes eight
 rows; the 128-byte swizzle moves a row's 16-byte chunks by the row's three low bits, so a half-warp's four rows
