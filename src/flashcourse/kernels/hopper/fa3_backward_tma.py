@@ -102,16 +102,15 @@ Variants b7e and b7f (b7d without its bank conflicts; prediction written before 
 b7d's profile (docs/KERNELS.md, "Backward b7", H100, 2026-12-07) counted 153 million shared-memory bank conflicts
 against b7c's 12 million, and 5.0 billion warp-cycles of waits on shared memory against 2.2, without naming the
 instructions. Counted exactly from Gluon's linear layouts (``tests/bank_model.py``, the tests of
-``tests/test_b7_compile.py``: each lane's byte address, 4-byte banks, 8-byte accesses served a half-warp at a
-time, an assumption the count below bears out): b7d's dS^T store (``stmatrix``), its lse and Delta reads and b7c's transposed dQ store have none; b7d's
-64 x 64 float32 dQ store has a 2-way conflict in every instruction. wgmma's accumulator layout gives a thread two
-adjacent columns (one 8-byte ``st.shared.v2.b32``), four lanes a 32-byte piece of a row and eight lanes eight
-rows; the 128-byte swizzle moves a row's 16-byte chunks by the row's three low bits, so a half-warp's four rows
-land on four chunks twice: 64 wavefronts a warp a step where 32 would do. 32 extra wavefronts x 4 warps x 2
-warpgroups x 128 steps x 4,096 programs = 134 million, the growth the profile saw (141 million). b7c at D = 128
-stored dQ^T (32-row tiles) one float32 a lane, which spreads the lanes over eight rows and four columns: no
-conflict. The same store at D = 64, where every variant has 64-row tiles, conflicts the same way (16 extra a warp
-a step).
+``tests/test_b7_compile.py``: each lane's byte address, 4-byte banks, 8-byte accesses served a half-warp at a time, an
+assumption the count below bears out): b7d's dS^T store (``stmatrix``), its lse and Delta reads and b7c's transposed dQ
+store have none; b7d's 64 x 64 float32 dQ store has a 2-way conflict in every instruction. wgmma's accumulator layout
+gives a thread two adjacent columns (one 8-byte ``st.shared.v2.b32``), four lanes a 32-byte piece of a row and eight
+lanes eight rows; the 128-byte swizzle moves a row's 16-byte chunks by the row's three low bits, so a half-warp's four
+rows land on four chunks twice: 64 wavefronts a warp a step where 32 would do. 32 extra wavefronts x 4 warps x 2
+warpgroups x 128 steps x 4,096 programs = 134 million, the growth the profile saw (141 million). b7c at D = 128 stored
+dQ^T (32-row tiles) one float32 a lane, which spreads the lanes over eight rows and four columns: no conflict. The same
+store at D = 64, where every variant has 64-row tiles, conflicts the same way (16 extra a warp a step).
 
 **b7e** computes dQ transposed at 64 rows too (dQ^T = K^T dS^T, b7c's product: wgmma's M is D/2 = 64, so only at
 D = 128; at D = 64 b7e is b7d) and stores it one float32 a lane: 32 instructions of 1 wavefront where b7d has 16
