@@ -216,27 +216,30 @@ class _DqHandoff:
     """dS and the dQ tiles between the warpgroups and the writer. Step i uses buffer b = i % DQ_BUFFERS:
     ``ds_smem.index(b * 2 + w)`` holds warpgroup w's dS^T (64 keys x M), ``ds_ready.index(b)`` completes once
     both warpgroups wrote theirs; ``dq_smem.index(b * 2 + w)`` holds warpgroup w's dQ columns (M x D/2, float32),
-    ``dq_full`` / ``dq_empty`` (same index) hand it to the writer and back."""
+    ``dq_full`` / ``dq_empty`` (same index) hand it to the writer and back. ``transposed``: the warpgroups compute
+    dQ^T at 64 rows too (b7e), a flag carried here so that the partitions' argument lists stay short."""
 
     ds_smem: gl.shared_memory_descriptor
     ds_ready: gl.shared_memory_descriptor
     dq_smem: gl.shared_memory_descriptor
     dq_full: gl.shared_memory_descriptor
     dq_empty: gl.shared_memory_descriptor
+    transposed: gl.constexpr
 
     @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
-    def __init__(self, ds_smem, ds_ready, dq_smem, dq_full, dq_empty):
+    def __init__(self, ds_smem, ds_ready, dq_smem, dq_full, dq_empty, transposed):
         self.ds_smem = ds_smem
         self.ds_ready = ds_ready
         self.dq_smem = dq_smem
         self.dq_full = dq_full
         self.dq_empty = dq_empty
+        self.transposed = gl.constexpr(transposed)
 
 
 @gluon.jit
 def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats, slot, handoff, rows, m0, keys,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr,
-             DQ_TRANSPOSED: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+             S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Step i of warpgroup ``wg`` (query tile starting at row m0, in ring slot ``slot``; the caller waited for
     q_tile, do_tile): the five products, dS^T handed to the other warpgroup, this warpgroup's dQ columns handed
     to the writer. With ``STATS_BY_TMA`` lse and Delta came with the tiles (``stats``, a ``_Stats``: b7b);
@@ -290,9 +293,9 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
     # dQ[:, wg*HALF : (wg+1)*HALF] of the tile = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] (both 64-key halves).
     mbarrier.wait(handoff.ds_ready.index(buf), phase)  # the other warpgroup's dS^T too
     dq_tile = handoff.dq_smem.index(buf * 2 + wg)
-    # b7e (DQ_TRANSPOSED) takes the transposed product at 64 rows too, where its M = HALF is 64 (D = 128): wgmma's
+    # b7e (handoff.transposed) takes the transposed product at 64 rows too, where its M = HALF is 64 (D = 128): wgmma's
     # M is 64, so at D = 64 it stays b7d's. Why: the bank conflicts of the dQ store (the KERNELS.md entry of b7e).
-    if BLOCK_M == 64 and not (DQ_TRANSPOSED and HALF >= 64):
+    if BLOCK_M == 64 and not (handoff.transposed and HALF >= 64):
         DQ_LAYOUT: gl.constexpr = _mma_layout(HALF)
         dq = gl.zeros([BLOCK_M, HALF], gl.float32, DQ_LAYOUT)
         for j in gl.static_range(_CONSUMERS_C):
@@ -319,8 +322,7 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
 @gluon.jit
 def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, i_lo, i_hi, m_lo,
               MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-              LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr, S_LAYOUT: gl.constexpr,
-              KV_LAYOUT: gl.constexpr):
+              LEAN_REGS: gl.constexpr, S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     """Steps [i_lo, i_hi) of warpgroup ``wg``: wait for the (Q, dO) slot, compute, free the slot."""
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
     for i in range(i_lo, i_hi):
@@ -328,8 +330,7 @@ def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, ro
         mbarrier.wait(ring.ready.index(slot), (i // STAGES) & 1)
         dk, dv = _b7_step(wg, i, dk, dv, k_smem, v_smem, ring.q_smem.index(slot), ring.do_smem.index(slot),
                           stats, slot, handoff, rows, (m_lo + i) * BLOCK_M, keys, MASKED=MASKED, CAUSAL=CAUSAL,
-                          STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
-                          S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                          STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
         mbarrier.arrive(ring.empty.index(slot))  # every product of the step has landed: Q, dO no longer read
     return dk, dv
 
@@ -337,7 +338,7 @@ def _b7_steps(wg: gl.constexpr, dk, dv, k_smem, v_smem, ring, stats, handoff, ro
 @gluon.jit
 def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0,
                  m_lo, full_lo, full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-                 STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
+                 STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr):
     """Consumer warpgroup ``wg``: keys [n0 + 64 wg, n0 + 64 wg + 64), every query tile of the program."""
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     BLOCK_M: gl.constexpr = ring.q_smem.shape[1]
@@ -350,37 +351,32 @@ def _b7_consumer(wg: gl.constexpr, k_smem, v_smem, kv_bar, ring, stats, handoff,
     mbarrier.wait(kv_bar, 0)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, 0, full_lo - m_lo, m_lo,
                        MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
-                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_lo - m_lo,
                        full_hi - m_lo, m_lo, MASKED=False, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
-                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     dk, dv = _b7_steps(wg, dk, dv, k_smem, v_smem, ring, stats, handoff, rows, keys, full_hi - m_lo, n_m - m_lo, m_lo,
                        MASKED=True, CAUSAL=CAUSAL, STAGES=STAGES,
-                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, DQ_TRANSPOSED=DQ_TRANSPOSED,
-                       S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
+                       STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS, S_LAYOUT=S_LAYOUT, KV_LAYOUT=KV_LAYOUT)
     _store_dkdv(dk, dv, DK, DV, kv_row, first, rows.N_KV, scale, HEAD_DIM=HEAD_DIM, KEYS=_ROWS_C, KV_LAYOUT=KV_LAYOUT)
 
 
 @gluon.jit
 def _b7_consumer0(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
                   full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-                  LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
+                  LEAN_REGS: gl.constexpr):
     """The default partition: consumer warpgroup 0."""
     _b7_consumer(0, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS,
-                 DQ_TRANSPOSED=DQ_TRANSPOSED)
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS)
 
 
 @gluon.jit
 def _b7_consumer1(k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
                   full_hi, n_m, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-                  LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr):
+                  LEAN_REGS: gl.constexpr):
     """A worker partition of 4 warps: consumer warpgroup 1, the program's next 64 keys."""
     _b7_consumer(1, k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo, full_lo,
-                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS,
-                 DQ_TRANSPOSED=DQ_TRANSPOSED)
+                 full_hi, n_m, CAUSAL=CAUSAL, STAGES=STAGES, STATS_BY_TMA=STATS_BY_TMA, LEAN_REGS=LEAN_REGS)
 
 
 @gluon.jit
@@ -485,16 +481,14 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
         mbarrier.init(dq_empty.index(i), count=1)
 
     ring = _Ring(q_smem, do_smem, ready, empty)
-    handoff = _DqHandoff(ds_smem, ds_ready, dq_smem, dq_full, dq_empty)
+    handoff = _DqHandoff(ds_smem, ds_ready, dq_smem, dq_full, dq_empty, DQ_TRANSPOSED)
     rows = _Rows(LSE, DELTA, stat_row, N_Q, N_KV, qk_scale)
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     gl.warp_specialize([
         (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
-                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS,
-                         DQ_TRANSPOSED)),
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS)),
         (_b7_consumer1, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
-                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS,
-                         DQ_TRANSPOSED)),
+                         full_lo, full_hi, n_m, CAUSAL, STAGES, STATS_BY_TMA, LEAN_REGS)),
         (_b7_producer, (q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc, k_smem, v_smem, kv_bar, ring, stats,
                         q_row, dq_row, kv_row, n0, m_lo, n_m - m_lo, STAGES, STATS_BY_TMA)),
         (_b7_dq_writer, (dq_desc, handoff, dq_row, m_lo, n_m - m_lo)),
