@@ -10,7 +10,7 @@ of 8-byte words a half-warp at a time, of 16-byte words a quarter-warp at a time
 against a GPU so far agrees: under this rule b7d's dQ store predicts 134 million extra wavefronts, where Nsight
 Compute counted 141 million more conflicts in b7d than in b7c (H100, 2026-12-07); served whole-warp, the store
 would have none. A phase costs as many wavefronts as its busiest bank has distinct words; ``ideal`` is what its
-bytes need at 128 bytes a wavefront. Used by tests/test_b7_compile.py for b7's dS and dQ tiles (issue 54).
+bytes need at 128 bytes a wavefront. Used by tests/test_b7_compile.py for b7's dS and dQ tiles.
 """
 
 from __future__ import annotations

@@ -369,7 +369,6 @@ def test_the_kernels_arithmetic_gives_the_gradients(causal, variant):
             np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9, err_msg=f"{name} n_q={n_q} n_kv={n_kv}")
 
 
-
 # ------------------------------------------------------------------------------------------ the GPU script
 def test_gpu_script_plans_b8_at_d256_beside_the_references():
     """``benchmarks/gpu_b7.py --variants b8`` times and checks b8 at D = 256 only (both dtypes, causal and not, one

@@ -511,7 +511,6 @@ def test_gpu_run_gaps_stage_runs_the_gap_cases_in_one_call(limits, tmp_path):
     assert "ncu-limits-raw.tgz" in left and "ncu-limits" not in left and len(left) <= 7
 
 
-
 def test_h100_cases_profile_the_gaps_each_beside_its_reference(limits):
     cases = {c.name: c for c in limits.H100_CASES}
     assert tuple(cases) == H100_NAMES

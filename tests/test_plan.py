@@ -438,7 +438,6 @@ def test_gluon_descriptor_templates_keep_no_tensor_and_take_each_calls():
     assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == ([768, 64], [64, 1], [64, 64])
 
 
-
 def _tensors_kept(obj, seen=None) -> list:
     """Every tensor reachable from ``obj`` through attributes (``__dict__`` and ``__slots__``), lists, tuples,
     dicts and the arguments bound by ``functools.partial``."""

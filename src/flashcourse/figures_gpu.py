@@ -260,7 +260,6 @@ def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
     return fig
 
 
-
 def backward_lengths(rows: Mapping[tuple, Mapping], *, title: str) -> Figure:
     """Lesson 08: a Gluon backward's (b7c, or b8 at D = 256) and b1's speed over cuDNN's against N, one panel per
     (head dim, mask), fp16 solid and bf16 dashed, a line at 1.0 (as fast as cuDNN).

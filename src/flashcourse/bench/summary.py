@@ -1110,7 +1110,6 @@ def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -
             "expected": {v: meta[v].get("expected") for v in variants}}
 
 
-
 def backward_tile_step(directory: Path | None = None) -> dict | None:
     """b7d (64-row query tiles at D = 128) against b7c, from the newest ``*-b7d-lengths.json`` (``gpu_b7.py
     --variants b7c,b7d``, both timed at every length in one run); None when none is committed.

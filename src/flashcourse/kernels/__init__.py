@@ -74,7 +74,6 @@ __all__ = [
 ]
 
 
-
 def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: int, *, document_ids=None,
                       causal=False, window=None, BLOCK_SIZE: int | tuple[int, int] = 128,
                       device=None) -> BlockMask:
