@@ -181,7 +181,8 @@ def attention_call(q, k, v, causal, scale, window, softcap, alibi_slopes, docume
                    enable_gqa, is_causal, return_lse, forward_version, backward_version, varlen, dropout_p):
     """``kernels.flash_attention`` (``varlen``: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)): described
     here, then dispatched by ``ops.dispatch_attention``. Arguments come positionally: this is on every call."""
-    if return_lse.__class__ is not bool:  # its truth would pick the return type: "no" returned (o, lse)
+    # isinstance, not a class check: torch 2.11's dynamo cannot trace a bool's __class__ (a graph break)
+    if not isinstance(return_lse, bool):  # its truth would pick the return type: "no" returned (o, lse)
         raise TypeError(f"return_lse is {return_lse!r}: expected True (return (o, lse)) or False (o alone)")
     tracing = _is_compiling()
     if tracing and (mask_mod is not None or block_mask is not None):  # they fit no op schema: a graph break
