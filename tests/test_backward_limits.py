@@ -361,7 +361,7 @@ def test_backward_variant_checks_counts_each_variant_and_pairs_the_timings(tmp_p
     found = summary.backward_variant_checks(tmp_path)
     assert found["checks"] == {"b8": {"passed": 1, "of": 1}, "b8b": {"passed": 1, "of": 2}}
     assert found["checked_n"] == [1, 17] and found["shape"] == {"batch": 4, "heads": 16, "n": 8192}
-    assert found["tflops"] == {("float16", False): {"b8": 400.0, "b8b": 400.0}}  # b1's row did not run
+    assert found["tflops"] == {("float16", 256, False): {"b8": 400.0, "b8b": 400.0}}  # b1's row did not run
     assert found["expected"]["b8b"] == "b8 within 5%"
     path.write_text(json.dumps({"meta": meta, "rows": [*rows, time_row("b8", "float16", 256, True, 1.0, n=4096)]}))
     with pytest.raises(ValueError, match="2 shapes"):
@@ -381,3 +381,21 @@ def test_b8_runs_as_committed(tmp_path):
     assert checks["checks"] == {"b8": {"passed": 20, "of": 20}, "b8b": {"passed": 20, "of": 20}}
     change = [t["b8b"] / t["b8"] - 1 for t in checks["tflops"].values()]
     assert (round(min(change), 2), round(max(change), 2)) == (-0.06, 0.03)
+
+
+def test_b7e_runs_as_committed(tmp_path):
+    """What lesson 08 says of b7e at D = 128: 1.03-1.12x b7c by length (b7c timed beside it, read with it), 120 of 120
+    checks for b7d, b7e and b7f, and a profile with 51 million fewer bank conflicts than b7d's."""
+    for run in ("b7e-lengths", "b7e-checks", "ncu-b7e-by-instruction"):
+        name = f"2026-12-07-nvidia-h100-80gb-hbm3-{run}.json"
+        shutil.copy(results_dir() / name, tmp_path)
+    lengths = summary.backward_lengths(tmp_path, variant="b7e")
+    assert all(set(series) == {"b7e", "b7c", "b1"} and len(series["b7c"]) == 5 for series in lengths["rates"].values())
+    over_b7c = [dict(series["b7e"])[n] / rate for (_, d, _), series in lengths["rates"].items() if d == 128
+                for n, rate in series["b7c"]]
+    assert (round(min(over_b7c), 2), round(max(over_b7c), 2)) == (1.03, 1.12)
+    checks = summary.backward_variant_checks(tmp_path, run="b7e")
+    assert checks["checks"] == {v: {"passed": 40, "of": 40} for v in ("b7d", "b7e", "b7f")}
+    assert {head_dim for _, head_dim, _ in checks["tflops"]} == {64, 128} and len(checks["tflops"]) == 8
+    kernels = summary.backward_stall_sites(tmp_path, run="b7e")["kernels"]
+    assert round((kernels["b7d"]["bank_conflicts"] - kernels["b7e"]["bank_conflicts"]) / 1e6) == 51

@@ -209,7 +209,7 @@ def test_the_backward_is_b3_where_the_call_needs_its_options():
 
 @pytest.fixture
 def b7_tested(monkeypatch):
-    """hopper/fa3_backward_tma.py (b7c) and fa3_backward_d256.py (b8) as if their routes had run under Triton 3.9."""
+    """hopper/fa3_backward_tma.py (b7c, b7e) and fa3_backward_d256.py (b8) as if their routes had run under 3.9."""
     b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
     if not b7.HAS_TMA_REDUCE:
         pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
@@ -222,7 +222,7 @@ def b7_tested(monkeypatch):
 H100 = configs.KNOWN_DEVICES["H100"]
 
 
-GLUON_STAGE_BY_HEAD_DIM = {64: "b7c", 128: "b7c", 256: "b8"}
+GLUON_STAGE_BY_HEAD_DIM = {64: "b7c", 128: "b7e", 256: "b8"}
 
 
 @pytest.mark.parametrize("causal", [False, True, "bottom_right"])
@@ -238,19 +238,25 @@ def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested
     assert made._backward_version is None  # a Gluon backward plans its own launches
 
 
-@pytest.mark.parametrize("head_dims", [(64, 128), (256,)])
-def test_the_gluon_backward_is_held_to_its_runs(head_dims):
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_gluon_backward_is_held_to_its_runs(head_dim):
     """Each Gluon backward serves N >= B7_MIN_N because it beat b1 at every length timed from there, in every
     (dtype, head dim, causal) case of the run the dispatch cites (key ratio_vs_b1); B7_MIN_N is that run's shortest
-    length (no band reaches below what was measured); and every gradient check of it in its checks run passed, at
-    N = 1 and 4096 at least, causal and not, in both dtypes."""
-    gluon = plan.GLUON_BACKWARDS[head_dims[0]]
-    assert {d for d, g in plan.GLUON_BACKWARDS.items() if g == gluon} == set(head_dims)
-    rows = json.loads((RESULTS.parent.parent / gluon.lengths).read_text())["rows"]
-    timed = [r for r in rows if r["provider"] == gluon.stage and r["kind"] == "time"]
+    length (no band reaches below what was measured); it beat every other stage timed in that run; and every
+    gradient check of it in its checks run passed, at N = 1 and 4096 at least, causal and not, in both dtypes."""
+    gluon = plan.GLUON_BACKWARDS[head_dim]
+    run = json.loads((RESULTS.parent.parent / gluon.lengths).read_text())
+    rows = [r for r in run["rows"] if r["kind"] == "time" and r["head_dim"] == head_dim]
+    timed = [r for r in rows if r["provider"] == gluon.stage]
+    # a stage timed beside it in the same run (b7c beside b7e) must have been slower at every length
+    mine = {(r["dtype"], r["causal"], r["n"]): r["tflops"] for r in timed}
+    rivals = [r for r in rows if r["provider"] in run["meta"]["variants"] and r["provider"] != gluon.stage]
+    assert all(r["tflops"] < mine[r["dtype"], r["causal"], r["n"]] for r in rivals if r["status"] == "ok"), [
+        (r["provider"], r["dtype"], r["causal"], r["n"]) for r in rivals
+        if r["status"] == "ok" and r["tflops"] >= mine[r["dtype"], r["causal"], r["n"]]]
     lengths = sorted({r["n"] for r in timed})
     assert lengths[0] == plan.B7_MIN_N and len(lengths) >= 4, lengths
-    cases = {(dtype, d, causal) for dtype in ("float16", "bfloat16") for d in head_dims for causal in (False, True)}
+    cases = {(dtype, head_dim, causal) for dtype in ("float16", "bfloat16") for causal in (False, True)}
     for n in lengths:
         at_n = [r for r in timed if r["n"] == n]
         assert {(r["dtype"], r["head_dim"], r["causal"]) for r in at_n} == cases, n
@@ -570,7 +576,7 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
 # the band's shortest length and a long one (its float64 scores and their softmax, 2 x 8192 x 8192, 1 GiB each)
 @pytest.mark.parametrize("n", [plan.B7_MIN_N, pytest.param(8192, marks=pytest.mark.big_gpu_memory)])
 def test_gpu_the_gluon_backward_route_agrees_with_float64(monkeypatch, causal, head_dim, dtype, n):
-    """flash_attention's gradients through the Gluon backward's route (b7c at D 64 and 128, b8 at 256; its
+    """flash_attention's gradients through the Gluon backward's route (b7c at D = 64, b7e at 128, b8 at 256; its
     TESTED_TRITON set to the running Triton, as a release it was tested with would be), against float64 autograd,
     for a loss of o and for one that also uses the lse (the Gluon backwards have no lse term: that backward runs
     b1)."""

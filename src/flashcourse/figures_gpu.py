@@ -222,7 +222,8 @@ def loss_curves(losses: Mapping[str, Sequence[float]], *, chance: float | None =
 
 # b1 in grey-blue (the separate dQ kernel, the old default), the three steps of FlashAttention-3's design in ever
 # darker oranges: the eye reads b7 -> b7b -> b7c as one family
-DESIGN_COLOURS = {"b1": "#6b8bb0", "b7": "#fdae6b", "b7b": "#f16913", "b7c": "#a63603", "b8": "#54278f"}
+DESIGN_COLOURS = {"b1": "#6b8bb0", "b7": "#fdae6b", "b7b": "#f16913", "b7c": "#a63603", "b7e": "#238b45",
+                  "b8": "#54278f"}
 
 
 def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
@@ -261,7 +262,7 @@ def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
 
 
 def backward_lengths(rows: Mapping[tuple, Mapping], *, title: str) -> Figure:
-    """Lesson 08: a Gluon backward's (b7c, or b8 at D = 256) and b1's speed over cuDNN's against N, one panel per
+    """Lesson 08: a Gluon backward's (b7c, b7e, or b8 at D = 256) and b1's speed over cuDNN's against N, one panel per
     (head dim, mask), fp16 solid and bf16 dashed, a line at 1.0 (as fast as cuDNN).
 
     rows: :func:`flashcourse.bench.summary.backward_lengths`' ``rows`` ({(dtype, head_dim, causal): {provider:

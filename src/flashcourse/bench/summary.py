@@ -1048,27 +1048,30 @@ def backward_stall_sites(directory: Path | None = None, *, run: str = "b7c") -> 
 
 
 def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> dict | None:
-    """A Gluon backward (b7c, or b8 at D = 256) and b1 over cuDNN's backward by length, from the newest
+    """A Gluon backward (b7c, b7e, or b8 at D = 256) and b1 over cuDNN's backward by length, from the newest
     ``*-<variant>-lengths.json`` (``gpu_b7.py --variants <variant>``: N = 1024-16384 at B*H*N constant); None when
     none is committed.
 
-    ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant
-    and b1; ``rates``: the same with TFLOP/s for the ratio; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed
-    row, as (least, most); ``expected``: its
+    ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant,
+    the other Gluon stages the run timed beside it (``meta.variants``: b7c beside b7e) and b1; ``rates``: the same
+    with TFLOP/s for the ratio; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed row, as (least, most);
+    ``expected``: its
     prediction written before the run (``meta.<variant>.expected``, None if the run has none); also ``device``,
     ``date``, ``triton``, ``file``."""
     newest = _newest(f"*-{variant}-lengths.json", directory)
     if newest is None:
         return None
     meta, rows, name = newest
+    providers = tuple(dict.fromkeys((variant, *meta.get("variants", ()), "b1")))
     timed = sorted((r for r in rows if r.get("kind") == "time" and r.get("status") == "ok"
-                    and r["provider"] in (variant, "b1")), key=lambda r: r["n"])
+                    and r["provider"] in providers), key=lambda r: r["n"])
     table: dict[tuple, dict] = {}
     rates: dict[tuple, dict] = {}
     for row in timed:
         key = (row["dtype"], row["head_dim"], row["causal"])
-        table.setdefault(key, {variant: [], "b1": []})[row["provider"]].append((row["n"], row["ratio_vs_sdpa_cudnn"]))
-        rates.setdefault(key, {variant: [], "b1": []})[row["provider"]].append((row["n"], row["tflops"]))
+        table.setdefault(key, {p: [] for p in providers})[row["provider"]].append((row["n"],
+                                                                                   row["ratio_vs_sdpa_cudnn"]))
+        rates.setdefault(key, {p: [] for p in providers})[row["provider"]].append((row["n"], row["tflops"]))
     over_b1 = [r["ratio_vs_b1"] for r in timed if r["provider"] == variant]
     if not over_b1:
         return None
@@ -1080,11 +1083,12 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
 
 def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -> dict | None:
     """The gradient checks and the one-shape timing of a Gluon backward and its variant, from the newest
-    ``*-<run>-checks.json`` (``gpu_b7.py --quick --variants b8,b8b``: checks against float64 at N = 1 to 4096, then
-    one (B, H, N) beside cuDNN and b1); None when none is committed.
+    ``*-<run>-checks.json`` (``gpu_b7.py --quick --variants b8,b8b``, or ``b7d,b7e,b7f``: checks against float64 at
+    N = 1 to 4096, then one (B, H, N) beside cuDNN and b1); None when none is committed.
 
     ``checks``: {variant: {passed, of}} for each variant the run describes (``meta.<variant>``); ``checked_n``: the
-    lengths checked; ``tflops``: {(dtype, causal): {provider: TFLOP/s}} of the timed rows; ``expected``: {variant:
+    lengths checked; ``tflops``: {(dtype, head_dim, causal): {provider: TFLOP/s}} of the timed rows; ``expected``:
+    {variant:
     the prediction written before the run}; also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton``,
     ``file``."""
     newest = _newest(f"*-{run}-checks.json", directory)
@@ -1100,7 +1104,7 @@ def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -
                          "a one-shape comparison needs one")
     tflops: dict[tuple, dict] = {}
     for row in timed:
-        tflops.setdefault((row["dtype"], row["causal"]), {})[row["provider"]] = row["tflops"]
+        tflops.setdefault((row["dtype"], row["head_dim"], row["causal"]), {})[row["provider"]] = row["tflops"]
     ((batch, heads, n),) = shapes
     return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "file": name,
             "shape": {"batch": batch, "heads": heads, "n": n}, "tflops": tflops,

@@ -133,8 +133,11 @@ into arrays padded to whole 64-row tiles per head (``_b7_stats_kernel``), so no 
 each starts on a 256-byte boundary, as b7b's 1-D TMA copies need.
 
 The dispatch (``plan.gluon_backward``; ``plan.py`` is the only module of the package that imports this one) routes
-plain and causal calls of N >= 1024 on Hopper to b7c under a Triton listed in ``TESTED_TRITON``. b7's runs, b7b's and
-b7c's against the prediction above and their profile, are in docs/KERNELS.md ("Backward b7");
+plain and causal calls of N >= 1024 on Hopper to b7c at D = 64 and b7e at D = 128, under a Triton listed in
+``TESTED_TRITON``. Measured on an H100 (2026-12-07, Triton 3.9): b7e 1.05-1.12x b7d at D = 128 and N = 8192
+(0.99x cuDNN in fp16, 0.90-0.91x in bf16), b7f 0.97-0.98x b7e; by length b7e 1.03-1.12x b7c at D = 128 and
+0.82-0.97x at D = 64. Each variant's runs against its prediction, and the profiles, are in docs/KERNELS.md
+("Backward b7");
 ``benchmarks/gpu_b7.py`` checks and times each variant (``--variants``).
 """
 
@@ -157,8 +160,9 @@ from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor
 from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _row_tile_layout, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
-# The Triton releases (major.minor) under which `make test-gpu` ran the dispatched b7c (plan.gluon_backward, the GPU
-# test of its route, passed at N = 1024 and 8192 under 3.9.0 on an H100, 2026-12-06). Elsewhere the dispatch runs b1.
+# The Triton releases (major.minor) under which the dispatched stages ran on a GPU: the GPU test of the route
+# (plan.gluon_backward) passed with b7c at D 64 and 128 under 3.9.0 on an H100 (2026-12-06 and -07); b7e, routed at
+# D = 128 since, passed its 40 gradient checks there under 3.9.0 (benchmarks/gpu_b7.py). Elsewhere the dispatch runs b1.
 # Compiled for sm_90 under 3.9 (tests/test_b7_compile.py), checked and timed on an H100 (benchmarks/gpu_b7.py).
 TESTED_TRITON = ("3.9",)
 # Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
