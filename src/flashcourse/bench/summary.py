@@ -1055,9 +1055,8 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
     ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant,
     the other Gluon stages the run timed beside it (``meta.variants``: b7c beside b7e) and b1; ``rates``: the same
     with TFLOP/s for the ratio; ``vs_b1``: the variant's ``ratio_vs_b1`` over every timed row, as (least, most);
-    ``expected``: its
-    prediction written before the run (``meta.<variant>.expected``, None if the run has none); also ``device``,
-    ``date``, ``triton``, ``file``."""
+    ``expected``: its prediction written before the run (``meta.<variant>.expected``, None if the run has none);
+    also ``device``, ``date``, ``triton``, ``file``."""
     newest = _newest(f"*-{variant}-lengths.json", directory)
     if newest is None:
         return None
@@ -1088,9 +1087,8 @@ def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -
 
     ``checks``: {variant: {passed, of}} for each variant the run describes (``meta.<variant>``); ``checked_n``: the
     lengths checked; ``tflops``: {(dtype, head_dim, causal): {provider: TFLOP/s}} of the timed rows; ``expected``:
-    {variant:
-    the prediction written before the run}; also ``shape`` (batch, heads, n), ``device``, ``date``, ``triton``,
-    ``file``."""
+    {variant: the prediction written before the run}; also ``shape`` (batch, heads, n), ``device``, ``date``,
+    ``triton``, ``file``."""
     newest = _newest(f"*-{run}-checks.json", directory)
     if newest is None:
         return None
