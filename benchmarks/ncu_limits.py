@@ -57,8 +57,10 @@ the reason each is not issuing, and per-instruction counts). Their report is kep
 GUI's source view) and exported a third time, ``--page source --print-source sass`` (``<case>-source.csv``); the
 row of the case's main kernel (its longest launch) gets ``stall_sites``: the :data:`TOP_STALL_SITES`
 instructions with the most samples, each with its SASS text, share of the kernel's samples and dominant stall
-reasons; and ``stall_families``: every sample grouped by :data:`OPCODE_FAMILIES` (BAR, SYNCS, WARPGROUP/HGMMA,
-LDS/STS, other).
+reasons; ``stall_families``: every sample grouped by :data:`OPCODE_FAMILIES` (BAR, SYNCS, WARPGROUP/HGMMA,
+LDS/STS, other); and ``shared_excess`` with ``conflict_sites``: the shared-memory wavefronts its instructions took
+beyond the ideal, and the instructions that took them (so the JSON names the conflicting instructions even when
+the source CSV does not come back from the GPU machine).
 """
 
 from __future__ import annotations
@@ -128,6 +130,13 @@ TOP_SITE_REASONS = 3
 SAMPLES_COLUMNS = ("Warp Stall Sampling (All Samples)", "Sampling Data (All)")
 NOT_ISSUED_COLUMNS = ("Warp Stall Sampling (Not-issued Samples)", "Sampling Data (Not Issued)")
 EXECUTED_COLUMN = "Instructions Executed"
+# Per instruction, the shared-memory wavefronts it took and the fewest its bytes need (an HGMMA's operand reads
+# count too); the difference is the replays its bank conflicts cost (the UI manual's "L1 Wavefronts Shared
+# Excessive"). The kernel-wide counter ``l1tex__data_bank_conflicts_pipe_lsu_mem_shared`` can exceed their sum:
+# b7d's 154 million against 134 million on its instructions (H100, 2026-12-07).
+SHARED_WAVEFRONTS_COLUMN = "L1 Wavefronts Shared"
+SHARED_IDEAL_COLUMN = "L1 Wavefronts Shared Ideal"
+TOP_CONFLICT_SITES = 12
 # One column of samples per stall reason (stall_barrier, stall_long_sb, ...); a not-issued twin of a reason, should
 # an ncu print one, is left out so that a site's reasons stay shares of its samples.
 REASON_COLUMN = re.compile(r"^stall_((?![a-z_]*not_issued$)[a-z_]+)$")
@@ -803,7 +812,8 @@ def _count(row: list[str], index: int | None) -> float:
 
 def parse_source(text: str) -> list[dict]:
     """``--page source --print-source sass`` CSV: one entry per kernel table, in the report's order:
-    {kernel, instructions: [{address, sass, samples, not_issued, executed, reasons: {reason: samples}}]}. A table
+    {kernel, instructions: [{address, sass, samples, not_issued, executed, shared_wavefronts, shared_ideal, reasons:
+    {reason: samples}}]} (a count whose column the export lacks is 0). A table
     is a ``"Kernel Name","<name>"`` line, a header row with "Address" and "Source", then one row per instruction;
     banner lines (==PROF==, ==WARNING==) and anything before the first header are skipped."""
     tables: list[dict] = []
@@ -827,6 +837,8 @@ def parse_source(text: str) -> list[dict]:
             "samples": _count(row, _first_column(header, SAMPLES_COLUMNS)),
             "not_issued": _count(row, _first_column(header, NOT_ISSUED_COLUMNS)),
             "executed": _count(row, header.get(EXECUTED_COLUMN)),
+            "shared_wavefronts": _count(row, header.get(SHARED_WAVEFRONTS_COLUMN)),
+            "shared_ideal": _count(row, header.get(SHARED_IDEAL_COLUMN)),
             "reasons": {m.group(1): _count(row, i) for column, i in header.items()
                         if (m := REASON_COLUMN.match(column))}})
     return tables
@@ -882,6 +894,21 @@ def stall_sites(table: dict, top: int = TOP_STALL_SITES) -> dict:
                                for name in order if name in families and families[name]["samples"] > 0}}
 
 
+def conflict_sites(table: dict, top: int = TOP_CONFLICT_SITES) -> dict:
+    """Which instructions of one kernel paid for shared-memory bank conflicts: ``shared_excess``, the wavefronts
+    beyond the ideal over all its instructions, and ``conflict_sites``, the ``top`` instructions by that excess
+    (SASS text, times executed, wavefronts, ideal, excess), most first; none where the export has no such columns."""
+    instructions = table["instructions"]
+    start = min((int(i["address"], 16) for i in instructions), default=0)
+    paying = sorted((i for i in instructions if i["shared_wavefronts"] > i["shared_ideal"]),
+                    key=lambda i: i["shared_ideal"] - i["shared_wavefronts"])
+    return {"shared_excess": sum(i["shared_wavefronts"] - i["shared_ideal"] for i in paying),
+            "conflict_sites": [{"offset": hex(int(i["address"], 16) - start), "sass": i["sass"],
+                                "executed": i["executed"], "wavefronts": i["shared_wavefronts"],
+                                "ideal": i["shared_ideal"], "excess": i["shared_wavefronts"] - i["shared_ideal"]}
+                               for i in paying[:top]]}
+
+
 def _base_name(kernel: str) -> str:
     return kernel.split("(")[0].strip()
 
@@ -898,8 +925,8 @@ def source_table_for(tables: list[dict], rows: list[dict], row: dict) -> dict | 
 
 
 def add_stall_sites(rows: list[dict], source_text: str) -> str:
-    """Puts the stall sites of a case's main kernel (its longest launch) on that kernel's row; returns a note
-    for the case's status when the source page does not have them."""
+    """Puts the stall and conflict sites of a case's main kernel (its longest launch) on that kernel's row; returns
+    a note for the case's status when the source page does not have them."""
     timed = [r for r in rows if r["duration_us"] is not None]
     if not timed:
         return "; source page: no kernel has a duration to pick the main one by"
@@ -909,6 +936,7 @@ def add_stall_sites(rows: list[dict], source_text: str) -> str:
     if table is None:
         return f"; source page: no table for {main['kernel'][:60]} among {len(tables)}"
     main.update(stall_sites(table))
+    main.update(conflict_sites(table))
     return "" if main["stall_samples"] else f"; source page: no warp samples for {main['kernel'][:60]}"
 
 

@@ -8,9 +8,10 @@ word a wavefront, lanes touching the same word sharing it (CUDA C++ Programming 
 capability 5.x and later). Assumed, not stated by the guide: a request of 4-byte words is served for the whole warp,
 of 8-byte words a half-warp at a time, of 16-byte words a quarter-warp at a time (128 bytes a phase). The one check
 against a GPU so far agrees: under this rule b7d's dQ store predicts 134 million extra wavefronts, where Nsight
-Compute counted 141 million more conflicts in b7d than in b7c (H100, 2026-12-07); served whole-warp, the store
-would have none. A phase costs as many wavefronts as its busiest bank has distinct words; ``ideal`` is what its
-bytes need at 128 bytes a wavefront. Used by tests/test_b7_compile.py for b7's dS and dQ tiles.
+Compute counted 141 million more conflicts in b7d than in b7c (H100, 2026-12-07), and its per-instruction view
+charged 134.2 million excess wavefronts to that store's 32 STS.64 and to no other instruction; served whole-warp,
+the store would have none. A phase costs as many wavefronts as its busiest bank has distinct words; ``ideal`` is
+what its bytes need at 128 bytes a wavefront. Used by tests/test_b7_compile.py for b7's dS and dQ tiles.
 """
 
 from __future__ import annotations

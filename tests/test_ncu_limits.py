@@ -686,3 +686,23 @@ def test_by_instruction_end_to_end_through_an_ncu_binary(limits, tmp_path, monke
     assert main_row["stall_sites"][0]["sass"] == "BAR.SYNC.DEFER_BLOCKING 0x0"
     assert main_row["stall_families"]["BAR"]["share"] == 0.6
     assert "BAR 60% (barrier)" in capsys.readouterr().out
+
+
+def test_conflict_sites_name_the_instructions_that_replayed_shared_memory(limits):
+    """The shape of b7d's export (H100, 2026-12-07): its 32 STS.64 of the dQ tile each took twice their ideal
+    wavefronts, the HGMMA operand reads and the STSM none beyond it; an export without the columns gives none."""
+    header = ["Address", "Source", "Instructions Executed", "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"]
+    sass = [(0x00, "HGMMA.64x64x16.F32 R152, gdesc[UR16], RZ, !UPT", "2,097,152", "16,777,216", "16,777,216"),
+            (0x10, "STSM.16.M88.4 [R156+0x30000], R152", "2,097,152", "8,388,608", "8,388,608"),
+            (0x20, "STS.64 [R8+UR9], R152", "2,097,152", "8,388,608", "4,194,304"),
+            (0x30, "STS.64 [R8+UR9+0x400], R154", "2,097,152", "12,582,912", "4,194,304"),
+            (0x40, "EXIT", "4,096", "", "")]
+    page = csv_lines([["Kernel Name", "_b7_kernel"], header] +
+                     [[hex(0x7F0000000000 + offset), *rest] for offset, *rest in sass])
+    (table,) = limits.parse_source(page)
+    found = limits.conflict_sites(table)
+    assert found["shared_excess"] == 4_194_304 + 8_388_608
+    assert [(site["offset"], site["excess"]) for site in found["conflict_sites"]] == [("0x30", 8_388_608),
+                                                                                     ("0x20", 4_194_304)]
+    assert found["conflict_sites"][1]["sass"] == "STS.64 [R8+UR9], R152"
+    assert limits.conflict_sites(limits.parse_source(source_page())[0]) == {"shared_excess": 0, "conflict_sites": []}
