@@ -18,6 +18,8 @@ beside the timings' reserve is refused at once, naming one that would do:
                                    # b8 and b8b at D = 256, checked: about 3 minutes (estimated, not yet run)
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --variants b8 --no-checks --budget 330 --out $OUT
                                    # b8 by length, N = 1024-16384: about 2.5 minutes (estimated)
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b8,b8c --budget 330 --out $OUT
+                                   # b8c (the dQ chunks without bank conflicts) beside b8, checked
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
@@ -90,9 +92,9 @@ CHECK_NS = (1, 17, 130, 1000, 4096)
 TIME_SHAPES = ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384))
 QUICK_TIME_SHAPES = ((4, 16, 8192),)
 HEAD_DIMS = (64, 128)
-# Variants of another module, each at the head dims it takes: b8 and b8b (hopper/fa3_backward_d256.py), D = 256
-# only. Named here, not imported, so that the plan is read on a machine whose Triton has no Gluon.
-OTHER_HEAD_DIMS = {"b8": (256,), "b8b": (256,)}
+# Variants of another module, each at the head dims it takes: b8, b8b and b8c (hopper/fa3_backward_d256.py),
+# D = 256 only. Named here, not imported, so that the plan is read on a machine whose Triton has no Gluon.
+OTHER_HEAD_DIMS = {"b8": (256,), "b8b": (256,), "b8c": (256,)}
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "b1", "fa4")
 # What the phases after the compiles need, kept from the budget: a child's start (torch, CUDA; about 5 s on the
@@ -489,7 +491,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-checks", action="store_true", help="skip the gradient checks (a timing-only rerun)")
     parser.add_argument("--variants", default=BASE,
                         help="comma-separated variants of fa3_backward_tma.STAGES (D 64, 128) or of "
-                             "fa3_backward_d256.STAGES (b8, b8b: D = 256) to time and check (default: b7)")
+                             "fa3_backward_d256.STAGES (b8, b8b, b8c: D = 256) to time and check (default: b7)")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds for the whole run, the JSON written")
     parser.add_argument("--compile-timeout", type=float, default=120.0,
                         help="seconds for one variant's first calls (its child's start included)")

@@ -41,8 +41,9 @@ def _sibling(name: str):
 
 needs_tma_reduce = _sibling("test_b7_compile").needs_tma_reduce
 
-# What the subprocess prints: b8 and b8b compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the cubin's
-# resources (scripts/fa3_compile.py's reader) and what the PTX holds; and the preprocess and dQ convert at D = 256.
+# What the subprocess prints: b8, b8b and b8c compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the
+# cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds; and the preprocess and dQ convert at
+# D = 256.
 _COMPILE = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -69,7 +70,7 @@ for name, dtype, causal in ((n, dt, c) for n in b8.STAGES for dt in (torch.float
                     "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
                     "atom": ptx.count("atom.global") + ptx.count("red.global"),
                     "ld_global": ptx.count("ld.global"), "tma_1d": ptx.count("cp.async.bulk.tensor.1d"),
-                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "wgmma": ptx.count("wgmma.mma_async"), "st_shared_v2": ptx.count("st.shared.v2.b32"),
                     "setmaxnreg": sorted({l.strip().rstrip(";") for l in ptx.splitlines() if "setmaxnreg" in l})})
 helpers = []
 for kernel, signature, block in (
@@ -97,7 +98,7 @@ def test_b8_compiles_for_sm90_without_spills(tmp_path):
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in printed["helpers"]:  # the preprocess and the dQ convert, whose row layout now also serves D = 256
         assert r["local"] == 0 and r["st_global"] >= 1, r
-    assert len(printed["stages"]) == 8
+    assert len(printed["stages"]) == 12
     for r in printed["stages"]:
         where = f"{r['variant']} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
@@ -114,6 +115,13 @@ def test_b8_compiles_for_sm90_without_spills(tmp_path):
         budgets = " ".join(r["setmaxnreg"])
         assert "setmaxnreg.dec.sync.aligned.u32 \t24" in budgets, f"{where}: {budgets}"  # loader and writer
         assert "setmaxnreg.inc.sync.aligned.u32 \t240" in budgets, f"{where}: {budgets}"  # the consumers
+    by = {(r["variant"], r["dtype"], r["causal"]): r for r in printed["stages"]}
+    for (variant, dtype, causal), r in by.items():
+        if variant == "b8c":  # b8's code and buffers; only the dQ chunks' swizzle and the writer's copies differ
+            b8 = by["b8", dtype, causal]
+            assert (r["shared"], r["st_shared_v2"], r["wgmma"]) == (b8["shared"], b8["st_shared_v2"], b8["wgmma"]), (
+                r, b8)
+            assert r["reduce_add"] == 4 * b8["reduce_add"], (r, b8)  # 32-byte wide copies: 8 a chunk, not 2
 
 
 def test_unsupported_inputs_say_what_to_use(monkeypatch):
@@ -135,7 +143,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
     monkeypatch.setattr(fa3_backward_tma, "HAS_TMA_REDUCE", True)
     with pytest.raises(ValueError, match="Hopper.*flash_attention_backward"):  # b6's rules hold, D = 256 passes
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q)
-    with pytest.raises(ValueError, match=r"stage must be one of b8, b8b \(got 'b9'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b8, b8b, b8c \(got 'b9'\)"):
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q, stage="b9")
     assert fa3_backward_d256.TESTED_TRITON == fa3_backward_tma.TESTED_TRITON  # both need 3.9's TMA reduce-add
 
@@ -254,11 +262,11 @@ def _run_b8_protocol(n_tiles: int, q_stages: int, pds_buffers: int, chunks: int,
     assert sorted(added) == [(i, c, w) for i in range(n_tiles) for c in range(chunks) for w in range(2)]
 
 
-@pytest.mark.parametrize("variant", ["b8", "b8b"])
+@pytest.mark.parametrize("variant", ["b8", "b8b", "b8c"])
 @pytest.mark.parametrize("n_tiles", [0, 1, 2, 3, 7])
 def test_the_four_partitions_hand_over_without_deadlock_or_overwrite(n_tiles, variant):
-    """As each variant is built: two Q slots, one dO buffer, P and dS twice; b8 two dQ chunks a warpgroup a step
-    through one buffer, b8b four through two."""
+    """As each variant is built: two Q slots, one dO buffer, P and dS twice; b8 (and b8c) two dQ chunks a warpgroup
+    a step through one buffer, b8b four through two."""
     from flashcourse.kernels.hopper import fa3_backward_d256 as b8
 
     stage = b8.STAGES[variant]
@@ -350,7 +358,7 @@ def _emulate_b8(q, k, v, o, lse, do, causal, keys=64, block_m=64, chunk=64):
     return (dq_acc[:, :n_q] * scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
-@pytest.mark.parametrize("variant", ["b8", "b8b"])
+@pytest.mark.parametrize("variant", ["b8", "b8b", "b8c"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_kernels_arithmetic_gives_the_gradients(causal, variant):
     """The emulation at D = 256 equals float64 gradients (to rounding) at lengths that end mid-tile, with fewer and
@@ -395,3 +403,34 @@ def test_gpu_script_plans_b8_at_d256_beside_the_references():
     both = plans["b7c,b8"]
     assert {(i["provider"], i["head_dim"]) for i in both["time"]} == {("b7c", 64), ("b7c", 128), ("b8", 256)}
     assert both["references"] == [64, 128, 256]
+
+
+def test_b8s_dq_chunk_store_conflicts_and_b8cs_does_not():
+    """b8 stores each warpgroup's 64 x 64 float32 dQ chunk from wgmma's accumulator with 8-byte stores into the
+    128-byte swizzle, b7d's 2-way conflict (a half-warp's four rows land on four 16-byte chunks twice); b8c's 32-byte
+    swizzle takes the same stores at the ideal count."""
+    b7_test = _sibling("test_b7_compile")
+    model, _, _ = b7_test._bank_layouts()
+    from flashcourse.kernels.hopper import fa3_backward_d256 as b8
+
+    per_warp = 16 * 64 * 4 // 128  # wavefronts a warp's 16 rows of a 64-column float32 chunk need
+    for variant, expected in (("b8", 2 * per_warp), ("b8c", per_warp)):
+        stage = b8.STAGES[variant]
+        layout = b8._dq_chunk_layout(stage.dq_chunk, stage.dq_swizzle)
+        assert b7_test._tile(model, b8._mma_layout(stage.dq_chunk), layout, [b8.BLOCK_M, stage.dq_chunk], 4, 2) == (
+            expected, per_warp), variant
+
+
+def test_gpu_script_names_every_b8_variant():
+    """``benchmarks/gpu_b7.py`` names b8's variants without importing their module (a Triton without Gluon reads
+    its plan): the names must be the module's."""
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    try:
+        from flashcourse.kernels.hopper import fa3_backward_d256 as b8
+    except (ImportError, AttributeError) as error:
+        pytest.skip(f"fa3_backward_d256.py does not import under this Triton: {error}")
+
+    spec = importlib.util.spec_from_file_location("_gpu_b7_names", ROOT / "benchmarks" / "gpu_b7.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert set(script.OTHER_HEAD_DIMS) == set(b8.STAGES) and set(script.OTHER_HEAD_DIMS.values()) == {(256,)}

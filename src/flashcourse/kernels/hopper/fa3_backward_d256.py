@@ -87,6 +87,18 @@ that a consumer writes its next chunk while the writer's TMA unit still reads th
 chunk's wait for the writer is a TMA read of 16 KB from shared memory, short beside a 1.4 us step, and b8b pays four
 handoffs a step for two; if b8b gains more, the single chunk buffer was a limit.
 
+Variant b8c (prediction written before any GPU run, 2026-12-07): b8 with its dQ chunks in a 32-byte swizzle, b7f's
+fix. Each warpgroup stores its 64 x 64 float32 chunk from wgmma's accumulator with 8-byte stores, into the 128-byte
+swizzle that b7d's dQ tile had: 2 wavefronts where 1 would do in every instruction (``tests/bank_model.py``; b7d's
+per-instruction profile charged exactly that store). Counted for the causal profile of 2026-12-07 (4, 16, 8192):
+32 extra wavefronts a warp a chunk x 2 chunks x 8 warps x 64.5 steps on average x 8,192 programs = 271 million of
+the 400 million conflicts Nsight Compute counted in b8 (cuDNN's kernel: 50 million). A step's extra wavefronts,
+512 an SM, are about 8% of a step's cycles at b8's 375 TFLOP/s (10.5 million FLOP a step: about 6,500 cycles at
+1.755 GHz), partly hidden behind the tensor cores. Under the 32-byte swizzle TMA copies columns 32 bytes wide, so
+the writer issues 8 reduce-adds a chunk instead of 2 (b7f, the same change at D = 128, ran at 0.97-0.98x b7e, which
+removed the conflict without it). Expected: **b8c 1.03-1.08x b8** at N >= 4096, causal and not, fp16 and bf16; the
+same registers and shared memory.
+
 Layout contract (b7's): q, k, v, o, do (B, H, N, 256) contiguous, one dtype (float16 / bfloat16), no GQA; lse
 (B, H, N_q) float32 natural log; ``causal=True`` top-left. ``benchmarks/gpu_b7.py --variants b8,b8b`` checks and
 times them.
@@ -471,6 +483,7 @@ class Stage:
     stages: int = 2  # Q (with lse, Delta) ring depth; dO has one buffer
     dq_chunk: int = 64  # dQ columns a handoff to the writer (64 x 64 float32: 16 KB)
     dq_buffers: int = 1  # chunk buffers a warpgroup
+    dq_swizzle: int = 0  # bytes of the dQ chunks' swizzle; 0: the default for the chunk (128), 32 for b8c
     producer_regs: int = 24  # the loader's and the writer's warps
     consumer_regs: int = 240
     head_dims: tuple[int, ...] = HEAD_DIMS
@@ -502,12 +515,19 @@ STAGES = {
                  "writes a chunk while the writer's TMA unit reads the one before",
                  "b8 within 5% (its chunk waits are short beside a 1.4 us step)", _b8_kernel, dq_chunk=32,
                  dq_buffers=2),
+    "b8c": Stage("b8c", "b8 with the dQ chunks in a 32-byte swizzle (b7f's fix: the 8-byte stores of the float32 "
+                 "chunk conflict-free, 2-way under the 128-byte swizzle); the writer's reduce-add split into 32-byte "
+                 "wide copies", "1.03-1.08x b8 at N >= 4096 (D = 256), causal and not", _b8_kernel, dq_swizzle=32),
 }
 VARIANTS = tuple(STAGES)
 
 
-def _dq_chunk_layout(chunk: int):
-    return gl.NVMMASharedLayout.get_default_for([BLOCK_M, chunk], gl.float32)
+def _dq_chunk_layout(chunk: int, swizzle: int = 0):
+    """A dQ chunk in shared memory as the writer's TMA reduce-add reads it: the default swizzle for the chunk (128
+    bytes) or ``swizzle`` bytes (b8c: 32; TMA then copies 32-byte wide columns)."""
+    if not swizzle:
+        return gl.NVMMASharedLayout.get_default_for([BLOCK_M, chunk], gl.float32)
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
 
 
 def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bool) -> tuple[dict, dict]:
@@ -517,7 +537,8 @@ def kernel_signature(stage: Stage, head_dim: int, dtype: torch.dtype, causal: bo
                  "k_desc": tensor_descriptor_signature(HALF_KEYS, head_dim, dtype),
                  "v_desc": tensor_descriptor_signature(HALF_KEYS, head_dim, dtype),
                  "do_desc": tensor_descriptor_signature(BLOCK_M, head_dim, dtype),
-                 "dq_desc": f"tensordesc<fp32[{BLOCK_M},{stage.dq_chunk}],{_dq_chunk_layout(stage.dq_chunk)!r}>",
+                 "dq_desc": (f"tensordesc<fp32[{BLOCK_M},{stage.dq_chunk}],"
+                             f"{_dq_chunk_layout(stage.dq_chunk, stage.dq_swizzle)!r}>"),
                  "lse_desc": f"tensordesc<fp32[{BLOCK_M}],{_stats_layout(BLOCK_M)!r}>",
                  "delta_desc": f"tensordesc<fp32[{BLOCK_M}],{_stats_layout(BLOCK_M)!r}>",
                  "DK": f"*{name}", "DV": f"*{name}", "qk_scale": "fp32", "scale": "fp32", "N_Q": "i32", "N_KV": "i32",
@@ -560,7 +581,7 @@ def b8_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
     dv = torch.empty_like(v)
     dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
     dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [BLOCK_M, spec.dq_chunk],
-                               _dq_chunk_layout(spec.dq_chunk))
+                               _dq_chunk_layout(spec.dq_chunk, spec.dq_swizzle))
     lse_desc, delta_desc = stats_descriptors(lse2, delta, BLOCK_M)
     grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
     spec.kernel[grid](rows_descriptor(q, BLOCK_M), rows_descriptor(k, HALF_KEYS), rows_descriptor(v, HALF_KEYS),
