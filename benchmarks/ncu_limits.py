@@ -34,6 +34,11 @@ b7e and b7f (b7d without its dQ store's bank conflicts, two ways) beside b7d, ab
     PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 240 --out $OUT
         --only bwd-b7d-d128 --only bwd-b7e-d128 --only bwd-b7f-d128                # (one command line)
 
+b8 and b8c at D = 256 (:data:`B8_CASES`; b8c: b8's dQ chunk store without its bank conflicts), by instruction:
+
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/ncu_limits.py --run-ncu --by-instruction --budget 240 --out $OUT
+        --only bwd-b8-d256 --only bwd-b8c-d256                                     # (one command line)
+
 A case builds its inputs, calls what it measures twice (compilation and autotuning stay out of the profile), then
 calls it once more between ``cudaProfilerStart`` and ``cudaProfilerStop`` (``torch.cuda.profiler``), inside an NVTX
 range named after the case. ``--run-ncu`` runs ``ncu --profile-from-start off`` over each case in a process of
@@ -51,16 +56,16 @@ printed) and ``--page raw`` (every metric by name), both kept as CSV under ``<ou
 that answer "what limits this kernel" (:data:`COUNTERS`) go to ``<out>/<date>-<device>-ncu-limits.json``, one row
 per (case, kernel launch), with ``meta.cases``: each case's shape, status, seconds and kernel count.
 
-With ``--by-instruction`` the ``bwd-b7*`` and ``bwd-cudnn`` cases (:func:`wants_source_counters`) also collect the
-section SourceCounters in the same ncu run (a few more replay passes: the warps' program counters sampled with
-the reason each is not issuing, and per-instruction counts). Their report is kept (``<case>.ncu-rep``, for the
-GUI's source view) and exported a third time, ``--page source --print-source sass`` (``<case>-source.csv``); the
-row of the case's main kernel (its longest launch) gets ``stall_sites``: the :data:`TOP_STALL_SITES`
+With ``--by-instruction`` the ``bwd-b7*``, ``bwd-b8*`` and ``bwd-cudnn`` cases (:func:`wants_source_counters`) also
+collect the section SourceCounters in the same ncu run (a few more replay passes: the warps' program counters
+sampled with the reason each is not issuing, and per-instruction counts). Their report is kept (``<case>.ncu-rep``,
+for the GUI's source view) and exported a third time, ``--page source --print-source sass`` (``<case>-source.csv``);
+the row of the case's main kernel (its longest launch) gets ``stall_sites``: the :data:`TOP_STALL_SITES`
 instructions with the most samples, each with its SASS text, share of the kernel's samples and dominant stall
-reasons; ``stall_families``: every sample grouped by :data:`OPCODE_FAMILIES` (BAR, SYNCS, WARPGROUP/HGMMA,
-LDS/STS, other); and ``shared_excess`` with ``conflict_sites``: the shared-memory wavefronts its instructions took
-beyond the ideal, and the instructions that took them (so the JSON names the conflicting instructions even when
-the source CSV does not come back from the GPU machine).
+reasons; ``stall_families``: every sample grouped by :data:`OPCODE_FAMILIES` (BAR, SYNCS, WARPGROUP/HGMMA, LDS/STS,
+other); and ``shared_excess`` with ``conflict_sites``: the shared-memory wavefronts its instructions took beyond the
+ideal, and the instructions that took them (so the JSON names the conflicting instructions even when the source CSV
+does not come back from the GPU machine).
 """
 
 from __future__ import annotations
@@ -258,18 +263,18 @@ def _backward_b1():
     return lambda: kernels.flash_attention_backward(q, k, v, o, lse, do, causal=False, version="b1")
 
 
-def _gluon_backward(module: str, entry: str, stage: str):
-    """A Gluon backward stage, ``hopper.<module>.<entry>``, from v7's (o, lse) at BWD's shape; the module is
-    imported on the GPU machine only (b6 needs Gluon's Hopper API, b7 Triton >= 3.9)."""
+def _gluon_backward(module: str, entry: str, stage: str, shape: dict = BWD):
+    """A Gluon backward stage, ``hopper.<module>.<entry>``, from v7's (o, lse) at ``shape`` (BWD's by default); the
+    module is imported on the GPU machine only (b6 needs Gluon's Hopper API, b7 and b8 Triton >= 3.9)."""
     def build():
         import importlib
 
         from flashcourse import kernels
 
         backward = getattr(importlib.import_module(f"flashcourse.kernels.hopper.{module}"), entry)
-        q, k, v, do = _inputs(BWD, 4)
-        o, lse = kernels.flash_attention_forward(q, k, v, causal=False, version="v7")
-        return lambda: backward(q, k, v, o, lse, do, causal=False, stage=stage)
+        q, k, v, do = _inputs(shape, 4)
+        o, lse = kernels.flash_attention_forward(q, k, v, causal=shape["causal"], version="v7")
+        return lambda: backward(q, k, v, o, lse, do, causal=shape["causal"], stage=stage)
     return build
 
 
@@ -563,6 +568,19 @@ B7_CASES = (
 )
 
 
+# b8 (hopper/fa3_backward_d256.py) and b8c at D = 256, causal, the shape of the backward gap's cases
+# (``bwd-d256-causal-ours``, where the route takes b8 under 3.9, and ``bwd-d256-causal-cudnn``): b8's dQ chunk store
+# is b7d's 2-way bank conflict by the bank model, b8c its 32-byte swizzle fix. Triton >= 3.9 first on the path.
+B8_GROUP = "b8 at D = 256"
+B8_SHAPE = {**BWD, "head_dim": 256, "causal": True}
+B8_CASES = (
+    Case("bwd-b8-d256", B8_GROUP, "b8", "Gluon b8: FA3's D = 256 backward, the head dim split between the warpgroups",
+         B8_SHAPE, _gluon_backward("fa3_backward_d256", "b8_backward", "b8", B8_SHAPE)),
+    Case("bwd-b8c-d256", B8_GROUP, "b8c", "Gluon b8c: b8 with the dQ chunks in a 32-byte swizzle", B8_SHAPE,
+         _gluon_backward("fa3_backward_d256", "b8_backward", "b8c", B8_SHAPE)),
+)
+
+
 CASES = (
     Case("bwd-b1", "backward", "b1", "b1's dK/dV and dQ kernels (Triton) and their preprocess", BWD, _backward_b1),
     Case("bwd-cudnn", "backward", "sdpa_cudnn", "cuDNN's backward through SDPA (autograd.grad)", BWD,
@@ -587,7 +605,8 @@ CASES = (
     Case(f"{_slug(name)}-{mode}-{'ours' if provider == 'flashcourse' else _slug(provider)}", "variant gap", provider,
          f"bench variants' {name!r} {mode}, {provider}", _variant_shape(name, mode),
          _variant_case(name, provider, mode))
-    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES + H100_CASES + B7_CASES
+    for name, mode, ours, theirs in VARIANT_GAPS for provider in (ours, theirs)) + GAP_CASES + H100_CASES + B7_CASES \
+    + B8_CASES
 CASES_BY_NAME = {case.name: case for case in CASES}
 
 
@@ -659,9 +678,9 @@ def extra_metrics(available: set[str] | None) -> list[str]:
 
 
 def wants_source_counters(case: Case) -> bool:
-    """The cases --by-instruction adds the source counters to: b7 and its variants, and cuDNN's backward beside
-    them (the other cases would pay the extra replay pass for a question nobody asked of them)."""
-    return case.name.startswith("bwd-b7") or case.name == "bwd-cudnn"
+    """The cases --by-instruction adds the source counters to: b7, b8 and their variants, and cuDNN's backward
+    beside them (the other cases would pay the extra replay pass for a question nobody asked of them)."""
+    return case.name.startswith(("bwd-b7", "bwd-b8")) or case.name == "bwd-cudnn"
 
 
 def ncu_command(ncu: str, case: str, report: Path, metrics: list[str], *, by_instruction: bool = False) -> list[str]:
@@ -1167,8 +1186,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds for one case")
     parser.add_argument("--keep-reports", action="store_true", help="keep the .ncu-rep files beside the CSVs")
     parser.add_argument("--by-instruction", action="store_true",
-                        help="with --run-ncu: the bwd-b7* and bwd-cudnn cases also collect the source counters, "
-                             "and their main kernel's row gets the top stall sites by SASS instruction")
+                        help="with --run-ncu: the bwd-b7*, bwd-b8* and bwd-cudnn cases also collect the source "
+                             "counters, and their main kernel's row gets the top stall sites by SASS instruction")
     args = parser.parse_args(argv)
     if args.run_ncu and args.out is None:
         parser.error("--run-ncu needs --out DIR")
@@ -1178,8 +1197,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.by_instruction and not args.run_ncu:
         parser.error("--by-instruction needs --run-ncu (it changes what ncu collects)")
     if args.by_instruction and not any(wants_source_counters(c) for c in selected):
-        parser.error("--by-instruction applies to the bwd-b7* cases and bwd-cudnn only: add --only bwd-b7c-d128 "
-                     "(or another of them)")
+        parser.error("--by-instruction applies to the bwd-b7*, bwd-b8* cases and bwd-cudnn only: add --only "
+                     "bwd-b7c-d128 (or another of them)")
     return args
 
 

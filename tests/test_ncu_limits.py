@@ -88,6 +88,7 @@ GAP_NAMES = ("fwd-d128-n4096-ours", "fwd-d128-n4096-cudnn", "fwd-d128-n4096-caus
 H100_NAMES = ("fwd-d64-n1024-causal-ours", "fwd-d64-n1024-causal-cudnn", "fwd-d64-n1024-causal-v8a",
               "fa4-d64-n4096-v8f", "fa4-d64-n4096-v9a", "fa4-d64-n4096-v9b_1of16", "fa4-d64-n4096-v9b_1of4")
 B7_NAMES = ("bwd-b7-d128", "bwd-b7b-d128", "bwd-b7c-d128", "bwd-b7d-d128", "bwd-b7e-d128", "bwd-b7f-d128")
+B8_NAMES = ("bwd-b8-d256", "bwd-b8c-d256")
 
 
 def test_list_prints_every_case_in_order(limits, capsys):
@@ -99,7 +100,7 @@ def test_list_prints_every_case_in_order(limits, capsys):
             "mask-mod-chunked-local-fwd-flex", "window-1024-bwd-ours", "window-1024-bwd-flex",
             "8-documents-causal-bwd-ours", "8-documents-causal-bwd-flex", "head-dim-256-fwd-ours",
             "head-dim-256-fwd-sdpa-cudnn", "gqa-32-8-causal-bwd-ours", "gqa-32-8-causal-bwd-flex",
-            *GAP_NAMES, *H100_NAMES, *B7_NAMES} == set(shown)
+            *GAP_NAMES, *H100_NAMES, *B7_NAMES, *B8_NAMES} == set(shown)
 
 
 def test_arguments_are_checked_before_anything_runs(limits, capsys):
@@ -368,7 +369,8 @@ def test_variant_gap_cases_take_their_shape_from_bench_variants(limits):
 
 def test_gap_cases_are_listed_last_by_group(limits, capsys):
     assert limits.main(["--list"]) == 0
-    lines = capsys.readouterr().out.splitlines()[:-len(H100_NAMES) - len(B7_NAMES)]  # the H100 and b7 cases follow
+    # the H100, b7 and b8 cases follow
+    lines = capsys.readouterr().out.splitlines()[:-len(H100_NAMES) - len(B7_NAMES) - len(B8_NAMES)]
     assert [line.split()[0] for line in lines[-len(GAP_NAMES):]] == list(GAP_NAMES)
     assert [c.name for c in limits.GAP_CASES] == list(GAP_NAMES)
     assert [c.name for c in limits.CASES if c.group in limits.GAP_GROUPS] == list(GAP_NAMES)
@@ -466,7 +468,8 @@ def test_the_script_imports_no_gluon_module(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=child_pythonpath()), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == f"[] {31 + len(H100_NAMES) + len(B7_NAMES)}", proc.stdout
+    cases = 31 + len(H100_NAMES) + len(B7_NAMES) + len(B8_NAMES)
+    assert proc.stdout.strip().splitlines()[-1] == f"[] {cases}", proc.stdout
 
 
 STUB_PYTHON = '''#!{python}
@@ -539,7 +542,12 @@ def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
                                      dict(zip(c.build.__code__.co_freevars,
                                               (cell.cell_contents for cell in c.build.__closure__)))["stage"]]
                                     for c in module.B7_CASES],
-                          "shape": cudnn.shape, "listed": [c.name for c in module.CASES][-len(module.B7_CASES):]}))
+                          "shape": cudnn.shape,
+                          "listed": [c.name for c in module.CASES if c.group == module.B7_GROUP],
+                          "b8": [[c.name, c.provider, c.shape,
+                                  dict(zip(c.build.__code__.co_freevars,
+                                           (cell.cell_contents for cell in c.build.__closure__)))["stage"]]
+                                 for c in module.B8_CASES]}))
     """)
     proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=child_pythonpath()))
@@ -550,6 +558,10 @@ def test_b7_cases_profile_each_variant_at_cudnn_s_shape():
         assert name == f"bwd-{provider}-d128" and stage == provider, (name, provider, stage)
         assert same_shape and group == "b7 at D = 128"
     assert out["shape"]["head_dim"] == 128 and not out["shape"]["causal"]
+    # b8 and b8c at D = 256, causal, each building its own stage (the backward gap's shape)
+    assert [(name, provider, stage) for name, provider, _, stage in out["b8"]] == [
+        ("bwd-b8-d256", "b8", "b8"), ("bwd-b8c-d256", "b8c", "b8c")]
+    assert all(shape == {**out["shape"], "head_dim": 256, "causal": True} for _, _, shape, _ in out["b8"])
 
 
 # `ncu --import R --csv --page source --print-source sass` of a report with the Source Counters section, two kernels
