@@ -1000,7 +1000,8 @@ def _small_kernel_label(kernel: str) -> str:
 def backward_stall_sites(directory: Path | None = None, *, run: str = "b7c") -> dict | None:
     """Where the warps of each backward's product kernel waited, by instruction, in the newest
     ``*-ncu-<run>-by-instruction.json`` (``ncu_limits.py --by-instruction``: Nsight Compute's Source Counters; run
-    "b7c" profiled b7c and cuDNN, run "b7d" b7c, b7d and cuDNN); None when none is committed.
+    "b7c" profiled b7c and cuDNN, run "b7d" b7c, b7d and cuDNN, run "b7e" b7d and b7e); None when none is
+    committed.
 
     Per provider: ``kernel``, ``us`` (its time), ``instructions`` (warp instructions executed),
     ``issue_active_pct`` (share of cycles a scheduler issued one), ``cycles_per_instruction`` (the warps' cycles

@@ -10,8 +10,8 @@ The route is decided in one place, :func:`choose_route`, which ``flash_attention
   call fits that stage's contract; v7 everywhere else;
 - backward: b3 (every option), or b1 where the call needs none of b3's options (measured faster, dense); on Hopper,
   for plain or causal calls of N >= 1024 keys under a Triton it was tested with (3.9), a Gluon backward with
-  FlashAttention-3's design (:func:`gluon_backward`): b7c of ``hopper/fa3_backward_tma.py`` at head dims 64 and 128,
-  b8 of ``hopper/fa3_backward_d256.py`` at 256.
+  FlashAttention-3's design (:func:`gluon_backward`): b7c of ``hopper/fa3_backward_tma.py`` at head dim 64, b7e of
+  the same module at 128, b8 of ``hopper/fa3_backward_d256.py`` at 256.
 
 A plan (:class:`Plan`) is what a call's shapes already decide: the route, the resolved scale, the launches with
 their grids and argument lists. It is looked up by everything that determines it (shapes, strides, dtype,
