@@ -20,6 +20,8 @@ beside the timings' reserve is refused at once, naming one that would do:
                                    # b8 by length, N = 1024-16384: about 2.5 minutes (estimated)
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b8,b8c --budget 330 --out $OUT
                                    # b8c (the dQ chunks without bank conflicts) beside b8, checked
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --short --variants b7c,b7e --no-checks --budget 330 --out $OUT
+                                   # short calls: where host time makes b1 the faster backward (not yet run)
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
@@ -28,7 +30,8 @@ and 128, b8's at 256), and the references at every head dim of the run's variant
 
 ``--quick`` times one shape, (B, H, N) = (4, 16, 8192), for each head dim and dtype, causal and not (8 rows of
 each provider); the default times N = 1024 to 16384 at B*H*N = 524,288 (40 rows), the lengths a band of the
-dispatch needs. ``--no-checks`` skips the gradient checks (a
+dispatch needs; ``--short`` times calls of little work, N 1024 and 2048 at B*H = 16 to 128 (40 rows), where the
+host's time per call can outlast the kernels' (``SHAPE_SETS``). ``--no-checks`` skips the gradient checks (a
 timing-only rerun). The JSON is rewritten after each phase, so a run cut short keeps what it measured.
 
 Why it is built this way: the first run (H100, 2026-12-06) gave b7's whole child 109 s; its checks compiled b7,
@@ -89,8 +92,12 @@ os.environ.pop("TRITON_INTERPRET", None)
 BASE = "b7"  # the variant the others are compared with (``ratio_vs_b7``)
 CHECK_NS = (1, 17, 130, 1000, 4096)
 # (B, H, N), B*H*N constant: the lengths a band of the dispatch needs (plan.B7_MIN_N is the one measured so far)
-TIME_SHAPES = ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384))
-QUICK_TIME_SHAPES = ((4, 16, 8192),)
+# "short": a call's work small enough that the host's time per call (Python, descriptors, launches) can exceed the
+# kernels' (B = 4 and 32 heads at N = 1024, the attention grid's first column, ran at 0.35-0.46x cuDNN on an H100
+# under 3.9 while its kernels matched cuDNN's time): where a Gluon backward stops paying against b1.
+SHAPE_SETS = {"lengths": ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384)),
+              "quick": ((4, 16, 8192),),
+              "short": ((1, 16, 1024), (4, 16, 1024), (4, 32, 1024), (4, 16, 2048), (4, 32, 2048))}
 HEAD_DIMS = (64, 128)
 # Variants of another module, each at the head dims it takes: b8, b8b and b8c (hopper/fa3_backward_d256.py),
 # D = 256 only. Named here, not imported, so that the plan is read on a machine whose Triton has no Gluon.
@@ -122,10 +129,11 @@ def log(message: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the plan
-def time_shapes(quick: bool, head_dims=HEAD_DIMS):
-    """(B, H, N, D, dtype, causal) of every timed shape at ``head_dims``."""
-    shapes = QUICK_TIME_SHAPES if quick else TIME_SHAPES
-    return [(b, h, n, d, dt, c) for dt in DTYPES for d in head_dims for (b, h, n) in shapes for c in (False, True)]
+def time_shapes(shape_set: str, head_dims=HEAD_DIMS):
+    """(B, H, N, D, dtype, causal) of every timed shape of ``shape_set`` (a key of ``SHAPE_SETS``) at
+    ``head_dims``."""
+    return [(b, h, n, d, dt, c) for dt in DTYPES for d in head_dims for (b, h, n) in SHAPE_SETS[shape_set]
+            for c in (False, True)]
 
 
 def variant_head_dims(name: str) -> tuple[int, ...]:
@@ -173,11 +181,11 @@ def by_compile_key(items: list[dict]) -> list[list[dict]]:
     return list(jobs.values())
 
 
-def plan(quick: bool, checks: bool, variants=(BASE,)) -> dict:
+def plan(shape_set: str, checks: bool, variants=(BASE,)) -> dict:
     """The items of each phase, each item naming its variant (``provider``): ``compile`` and ``check`` as jobs
     (lists of items, one job a child, run side by side), ``time`` as one job (shapes timed one after another,
     nothing else on the GPU; each shape's variants side by side in time)."""
-    timed = [{"provider": name, **_item(*case)} for case in time_shapes(quick, reference_head_dims(variants))
+    timed = [{"provider": name, **_item(*case)} for case in time_shapes(shape_set, reference_head_dims(variants))
              for name in variants if case[3] in variant_head_dims(name)]
     check_items = [{"provider": name, **_item(*((1, 2) if n >= 4096 else (2, 2)), n, d, dt, c)}
                    for dt in DTYPES for d in reference_head_dims(variants) for c in (False, True) for name in variants
@@ -253,11 +261,15 @@ def compile_item(item: dict) -> dict:
 
 
 def variant_call(stage: str):
-    """The maker ``time_case`` takes: the forward once, then the variant's backward as the timed call."""
+    """The maker ``time_case`` takes: the forward once, then the variant's backward as the timed call, from a plan
+    kept for the shape (``backward_plan``: the launches prepared after the first call) as ``flash_attention``
+    keeps it, and as b1's timed call keeps its launches. Before 2026-12-07 (late morning) each timed call launched
+    through Triton: the same kernels, more host time, hidden behind the kernels at the lengths' B*H*N = 524,288."""
     def make(q, k, v, do, causal):
-        _, backward = backward_of(stage)
+        module, _ = backward_of(stage)
         o, lse = _forward(q, k, v, causal)
-        return lambda: backward(q, k, v, o, lse, do, causal=causal, stage=stage)
+        plan = module.backward_plan(q, k, causal=causal, stage=stage)
+        return lambda: plan(q, k, v, o, lse, do)
     return make
 
 
@@ -449,11 +461,11 @@ def fa4(q, k, v, do, causal):
     return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
 
-def reference_rows(quick: bool, deadline: float = math.inf, head_dims=HEAD_DIMS) -> list[dict]:
+def reference_rows(shape_set: str, deadline: float = math.inf, head_dims=HEAD_DIMS) -> list[dict]:
     makers = {"sdpa_cudnn": sdpa_backward("sdpa_cudnn"), "b1": b1, "fa4": fa4}
     _, fa4_missing = _fa4_interface()
     rows = []
-    for batch, heads, n, head_dim, dtype, causal in time_shapes(quick, head_dims):
+    for batch, heads, n, head_dim, dtype, causal in time_shapes(shape_set, head_dims):
         for provider in REFERENCES:
             base = {"kind": "time", "provider": provider, "dtype": dtype, "head_dim": head_dim, "n": n,
                     "causal": causal, "batch": batch, "heads": heads, "mode": "bwd"}
@@ -487,7 +499,11 @@ def mark_checks(rows: list[dict], variants=(BASE,)) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="results folder (default: the checkout's benchmarks/results)")
-    parser.add_argument("--quick", action="store_true", help="N = 8192 only (one shape per head dim and dtype)")
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--quick", action="store_const", dest="shape_set", const="quick", default="lengths",
+                        help="N = 8192 only (one shape per head dim and dtype)")
+    shapes.add_argument("--short", action="store_const", dest="shape_set", const="short",
+                        help="calls of little work (N 1024 and 2048, B*H 16-128), where host time can decide")
     parser.add_argument("--no-checks", action="store_true", help="skip the gradient checks (a timing-only rerun)")
     parser.add_argument("--variants", default=BASE,
                         help="comma-separated variants of fa3_backward_tma.STAGES (D 64, 128) or of "
@@ -519,8 +535,8 @@ def main(argv=None) -> int:
     start = _RUN_START
     deadline = start + args.budget
     variants = tuple(dict.fromkeys(v.strip() for v in args.variants.split(",") if v.strip()))
-    work = plan(args.quick, checks=not args.no_checks, variants=variants)
-    n_shapes = len(time_shapes(args.quick, reference_head_dims(variants)))
+    work = plan(args.shape_set, checks=not args.no_checks, variants=variants)
+    n_shapes = len(time_shapes(args.shape_set, reference_head_dims(variants)))
     reserved = reserved_after_compiles(len(work["time"][0]), n_shapes)
     if args.budget < reserved + MIN_COMPILE_S:
         print(f"--budget {args.budget:.0f} s is too short: the timings keep {reserved:.0f} s and the compiles need "
@@ -531,7 +547,8 @@ def main(argv=None) -> int:
         print("gpu_b7.py needs a CUDA GPU (Hopper)")
         return 2
     meta = environment_info()
-    meta.update(capability=list(torch.cuda.get_device_capability()), quick=args.quick, checks=not args.no_checks,
+    meta.update(capability=list(torch.cuda.get_device_capability()), shape_set=args.shape_set,
+                quick=args.shape_set == "quick", checks=not args.no_checks,
                 triton_path=triton.__file__, budget_s=args.budget, variants=list(variants))
     try:
         from flashcourse.kernels.hopper import fa3_backward_tma
@@ -611,7 +628,7 @@ def main(argv=None) -> int:
     log("references: SDPA cuDNN, b1, FA4")
     began = time.time()
     try:
-        rows.extend(reference_rows(args.quick, deadline=deadline, head_dims=reference_head_dims(variants)))
+        rows.extend(reference_rows(args.shape_set, deadline=deadline, head_dims=reference_head_dims(variants)))
         phases["references"] = {"seconds": round(time.time() - began, 1)}
     except Exception as error:  # noqa: BLE001
         log(f"references failed: {_error_text(error)}")

@@ -386,7 +386,7 @@ def test_gpu_script_plans_b8_at_d256_beside_the_references():
             "spec = importlib.util.spec_from_file_location('gpu_b7', sys.argv[1])\n"
             "script = importlib.util.module_from_spec(spec); spec.loader.exec_module(script)\n"
             "runs = ('b8', 'b7c,b8')\n"
-            "plans = {v: script.plan(quick=True, checks=True, variants=tuple(v.split(','))) for v in runs}\n"
+            "plans = {v: script.plan('quick', checks=True, variants=tuple(v.split(','))) for v in runs}\n"
             "print(json.dumps({v: {'time': p['time'][0], 'check': [i for job in p['check'] for i in job],\n"
             "                      'references': script.reference_head_dims(v.split(','))}\n"
             "                  for v, p in plans.items()}))")

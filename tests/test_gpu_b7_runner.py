@@ -119,8 +119,9 @@ def test_the_budget_cuts_the_running_item_and_skips_the_rest(tmp_path):
 
 def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_head_dim_and_dtype(tmp_path):
     code = _LOAD + textwrap.dedent("""
-        plans = {f"{quick} {checks} {','.join(variants)}": script.plan(quick, checks, variants)
-                 for quick in (True, False) for checks in (True, False) for variants in (("b7",), ("b7", "b7b"))}
+        plans = {f"{shape_set} {checks} {','.join(variants)}": script.plan(shape_set, checks, variants)
+                 for shape_set in ("quick", "lengths", "short") for checks in (True, False)
+                 for variants in (("b7",), ("b7", "b7b"))}
         rows = [{"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 64, "status": "ok"},
                 {"kind": "check", "provider": "b7", "dtype": "float16", "head_dim": 128, "status": "wrong"},
                 {"kind": "check", "provider": "b7b", "dtype": "float16", "head_dim": 128, "status": "ok"},
@@ -135,8 +136,8 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for key, plan in out["plans"].items():
-        quick, checks, names = key.split()
-        quick, checks, names = quick == "True", checks == "True", names.split(",")
+        shape_set, checks, names = key.split()
+        checks, names = checks == "True", names.split(",")
         timed = plan["time"][0]
         variants = {(i["dtype"], i["head_dim"], i["causal"]) for i in timed}
         assert variants == {(dt, d, c) for dt in ("float16", "bfloat16") for d in (64, 128) for c in (False, True)}
@@ -148,8 +149,11 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
             json.dumps(i, sort_keys=True) for i in timed)
         assert all(len({(i["dtype"], i["head_dim"], i["causal"]) for i in job}) == 1 for job in plan["compile"])
         shapes = {(i["batch"], i["heads"], i["n"]) for i in timed}
-        assert shapes == ({(4, 16, 8192)} if quick else {(16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192),
-                                                          (2, 16, 16384)}), key
+        assert shapes == {"quick": {(4, 16, 8192)},
+                          "lengths": {(16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 8192), (2, 16, 16384)},
+                          # short: little work a call, B*H 16-128 at N 1024 and 2048
+                          "short": {(1, 16, 1024), (4, 16, 1024), (4, 32, 1024), (4, 16, 2048), (4, 32, 2048)},
+                          }[shape_set], key
         assert len(timed) == len(variants) * len(shapes) * len(names)
         checked = [i for job in plan["check"] for i in job]
         if checks:

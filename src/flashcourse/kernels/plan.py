@@ -148,7 +148,7 @@ class GluonBackward(NamedTuple):
 
     stage: str  # a key of its module's STAGES, and the name explain() gives
     module: str  # its module under kernels/hopper/, imported only when a call is routed there
-    entry: str  # the module's function that runs it
+    entry: str  # the module's function that runs it once; its ``backward_plan`` keeps the launches for a layout
     lengths: str  # the timing run by length: faster than b1 at every length from B7_MIN_N
     checks: str  # the run whose gradient checks it passed
 
@@ -337,6 +337,7 @@ class Plan:
         self._allocator = None  # set by plan_for where v7 builds TMA descriptors (needs_descriptors)
         self._forward_launch = None
         self._gluon = None  # hopper/fa3.py's ForwardPlan
+        self._gluon_backward = None  # hopper/fa3_backward_tma.py's BackwardPlan (b7's variants and b8)
         self._backward_launches: dict = {}  # (do's strides, do aligned) -> (preprocess, dK/dV, dQ) launches
         self.repeat_description = None  # the front door's description of a repeat call (call.describe)
 
@@ -374,10 +375,15 @@ class Plan:
         gradient where a loss used it, or None."""
         if self._backward_version is None:
             if dlse is None:  # only on Hopper, with a tested Triton (choose_route said so)
-                gluon = GLUON_BACKWARDS[q.shape[3]]
-                run = getattr(gluon_backward_module(gluon), gluon.entry)
-                return run(q, k, v, o.contiguous(), lse.contiguous(), do.contiguous(), causal=rules.causal is not None,
-                           scale=self.scale, stage=gluon.stage)
+                o, lse, do = o.contiguous(), lse.contiguous(), do.contiguous()
+                if self._gluon_backward is None:
+                    gluon = GLUON_BACKWARDS[q.shape[3]]
+                    module = gluon_backward_module(gluon)
+                    module.check_inputs(q, k, v, o, lse, do)  # once: a plan holds one layout
+                    self._gluon_backward = module.backward_plan(q, k, causal=rules.causal is not None,
+                                                                scale=self.scale, stage=gluon.stage,
+                                                                prepare=self._repeat)
+                return self._gluon_backward(q, k, v, o, lse, do)
             # The Gluon backwards have no lse gradient term: b1, which the route would have run without them, has
             return run_backward(BACKWARD_VERSIONS[DENSE_BACKWARD], q, k, v, o, lse, do, rules=rules,
                                 scale=self.scale, dlse=dlse)

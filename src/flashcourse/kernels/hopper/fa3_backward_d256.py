@@ -41,7 +41,7 @@ The design (one Gluon program per 64 keys of one (batch, head); a step is one ti
   buffer with one TMA reduce-add (as b7's writer, per chunk); a small kernel scales it into dQ's dtype (b6's
   convert). lse and Delta are b7b's: padded per head by ``_b7_stats_kernel``, brought by 1-D TMA copies.
 
-Reused by import: b7's preprocess (``padded_stats``), TMA descriptors and dQ convert (``dq_from_buffer``), b7's
+Reused by import: b7's host side (``BackwardPlan``: the preprocess, TMA descriptors, dQ convert, launches), b7's
 ``_Stats`` bundle, b6's query-tile ranges (``_query_tiles``) and dK/dV store (``_store_dkdv``, which
 now takes a tile narrower than a row), the input checks (b7's with ``head_dims``).
 
@@ -110,7 +110,6 @@ its gradients passed every check (N = 1 to 4096); b8b was 6% slower to 3% faster
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.
-import math
 from dataclasses import dataclass
 
 import torch
@@ -124,17 +123,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LOG2E, _mma_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
+from .fa3 import _mma_layout, _tma_load, aggregate, tensor_descriptor_signature
 from .fa3_backward import _query_tiles, _store_dkdv
 from .fa3_backward_tma import HAS_TMA_REDUCE as HAS_TMA_REDUCE  # dQ's reduce-add is b7's: the dispatch asks here
-from .fa3_backward_tma import (
-    _Stats,
-    _stats_layout,
-    dq_from_buffer,
-    padded_stats,
-    rows_descriptor,
-    stats_descriptors,
-)
+from .fa3_backward_tma import BackwardPlan, _Stats, _stats_layout
 from .fa3_backward_tma import check_inputs as _check_b7_inputs
 
 # The Triton releases (major.minor) under which b8's gradients were checked on a GPU (gpu_b7.py), where the dispatch
@@ -562,29 +554,20 @@ def b8_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 stage: str = "b8") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention at head dim 256 by b8 (see the module docstring) from the forward's o and
     natural-log lse. ``causal=True`` is top-left aligned. Hopper and Triton >= 3.9 only; ``check_inputs`` says what
-    it takes."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+    it takes. Each call prepares its launches anew; ``flash_attention`` keeps a plan per layout
+    (``backward_plan``)."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)} (got {stage!r})")
     check_inputs(q, k, v, o, lse, do)
+    return backward_plan(q, k, causal=causal, scale=scale, stage=stage, prepare=False)(q, k, v, o, lse, do)
+
+
+def backward_plan(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+                  stage: str = "b8", prepare: bool = True) -> BackwardPlan:
+    """b8's (or a variant's) launches for calls of q's and k's layout (b7's ``BackwardPlan`` with b8's tiles: 64
+    query rows, K and V copied 64 keys at a time as two 32-key halves, dQ added in chunks), inputs already
+    checked."""
     spec = STAGES[stage]
-    batch, heads, n_q, head_dim = q.shape
-    n_kv = k.shape[2]
-    if batch * heads * n_q == 0 or n_kv == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    n_qpad = triton_cdiv(n_q, BLOCK_M) * BLOCK_M  # whole tiles per head: no copy or reduce-add reaches the next head
-    lse2, delta = padded_stats(o, do, lse, n_qpad)
-    dq_acc = torch.zeros((batch * heads, n_qpad, head_dim), device=q.device, dtype=torch.float32)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
-    dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [BLOCK_M, spec.dq_chunk],
-                               _dq_chunk_layout(spec.dq_chunk, spec.dq_swizzle))
-    lse_desc, delta_desc = stats_descriptors(lse2, delta, BLOCK_M)
-    grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
-    spec.kernel[grid](rows_descriptor(q, BLOCK_M), rows_descriptor(k, HALF_KEYS), rows_descriptor(v, HALF_KEYS),
-                      rows_descriptor(do, BLOCK_M), dq_desc, lse_desc, delta_desc, dk, dv, scale * _LOG2E, scale,
-                      n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
-    return dq_from_buffer(dq_acc, q, scale), dk, dv
+    return BackwardPlan(spec, q, k, causal=causal, scale=scale, block_m=BLOCK_M, kv_rows=HALF_KEYS, pad_rows=BLOCK_M,
+                        dq_box=(BLOCK_M, spec.dq_chunk), dq_layout=_dq_chunk_layout(spec.dq_chunk, spec.dq_swizzle),
+                        stats_pointers=False, prepare=prepare)

@@ -156,7 +156,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .fa3 import _LOG2E, _mma_layout, _smem_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
+from ..launch import prepare_launch
+from .fa3 import _LOG2E, _mma_layout, _on, _smem_layout, _tma_load, aggregate, tensor_descriptor_signature, triton_cdiv
 from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring, _row_tile_layout, _store_dkdv
 from .fa3_backward import check_inputs as _check_b6_inputs
 
@@ -630,41 +631,96 @@ def check_inputs(q, k, v, o, lse, do, head_dims: tuple[int, ...] = HEAD_DIMS) ->
     _check_b6_inputs(q, k, v, o, lse, do, head_dims=head_dims)
 
 
-def padded_stats(o: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
-                 n_qpad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lse in log2 units, Delta = rowsum(dO * O)) as (B*H, n_qpad) float32 arrays, zeros past N_q
-    (``_b7_stats_kernel``): what the loader's 1-D TMA copies read, b7's variants and b8 alike."""
-    batch, heads, n_q, head_dim = o.shape
-    lse2, delta = (torch.empty((batch * heads, n_qpad), device=o.device, dtype=torch.float32) for _ in range(2))
-    _b7_stats_kernel[(n_qpad // STATS_ROWS, batch * heads)](o, do, lse, lse2, delta, n_q, n_qpad,
-                                                            HEAD_DIM=head_dim, BLOCK=STATS_ROWS, num_warps=4)
-    return lse2, delta
+class BackwardPlan:
+    """The host work of a Gluon backward's three launches (lse and Delta padded per head, the products with dQ's
+    reduce-adds, dQ's convert) done once for a layout, what ``flash_attention``'s plan keeps on Hopper as
+    ``fa3.ForwardPlan`` does for the forward: grid, scale, constexprs and shared-memory layouts; from the first call,
+    one TMA descriptor per tensor validated by Triton (kept as templates without their tensor) and each kernel's
+    compiled launch (``launch.prepare_launch``). A later call allocates its buffers, puts its tensors into copies of
+    the templates and launches, with no argument binding and no descriptor checks. Why: on an H100 under Triton 3.9
+    the plain launches cost about 0.75 ms of host time a call, while (4, 32, 1024, 64)'s kernels take 0.28 ms (the
+    KERNELS.md entry "Host time").
 
+    b7's variants and b8 differ in the tiles: ``block_m`` query rows a tile (Q, dO, lse and Delta copies),
+    ``kv_rows`` keys a copy of K and V, ``pad_rows`` the rows each head's lse, Delta and dQ are padded to, and
+    dQ's reduce-add box ``dq_box`` in ``dq_layout``; ``stats_pointers``: whether the kernel also takes lse and
+    Delta as pointers (b7's; b8's reads them by TMA only). ``prepare=False`` (a plan used once) launches every
+    call through Triton and prepares nothing."""
 
-def stats_descriptors(lse2: torch.Tensor, delta: torch.Tensor, block_m: int) -> tuple:
-    """1-D TMA descriptors over every head's padded lse and Delta, ``block_m`` values a copy."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    def __init__(self, spec, q: torch.Tensor, k: torch.Tensor, *, causal: bool, scale: float | None, block_m: int,
+                 kv_rows: int, pad_rows: int, dq_box: tuple[int, int], dq_layout, stats_pointers: bool,
+                 prepare: bool = True):
+        batch, heads, n_q, head_dim = q.shape
+        n_kv = k.shape[2]
+        self.spec = spec
+        self.empty = batch * heads * n_q == 0 or n_kv == 0
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+        self.n_qpad = triton_cdiv(n_q, pad_rows) * pad_rows  # whole tiles: a reduce-add never reaches the next head
+        self.rows = batch * heads * self.n_qpad
+        self.boxes = (block_m, kv_rows, kv_rows, block_m)  # rows a TMA copy of q, k, v, dO
+        self.dq_box, self.dq_layout, self.block_m = list(dq_box), dq_layout, block_m
+        self.grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
+        self.stats_grid = (self.n_qpad // STATS_ROWS, batch * heads)
+        self.convert_grid = (triton_cdiv(n_q, 64), batch * heads)
+        self.arguments = dict(qk_scale=self.scale * _LOG2E, scale=self.scale, N_Q=n_q, N_KV=n_kv, N_QPAD=self.n_qpad,
+                              **spec.constexprs(bool(causal)))
+        self.stats_arguments = dict(N_Q=n_q, N_QPAD=self.n_qpad, HEAD_DIM=head_dim, BLOCK=STATS_ROWS)
+        self.convert_arguments = dict(scale=self.scale, N_Q=n_q, N_QPAD=self.n_qpad, HEAD_DIM=head_dim, BLOCK=64)
+        self.stats_pointers, self.prepare = stats_pointers, prepare
+        self._templates = None  # q, k, v, dO, dQ buffer, lse, Delta descriptors, after the first call
+        self._launches = None  # the three prepared launches, after the first call (None where Triton has none)
 
-    return tuple(TensorDescriptor(t.view(-1), [t.numel()], [1], [block_m], _stats_layout(block_m))
-                 for t in (lse2, delta))
+    def __call__(self, q, k, v, o, lse, do) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.empty:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        lse2, delta = (torch.empty(self.rows, device=q.device, dtype=torch.float32) for _ in range(2))
+        dq_acc = torch.zeros((self.rows, q.shape[3]), device=q.device, dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # Triton specialises a pointer on its 16-byte alignment and TMA needs it: the launches were prepared on
+        # aligned tensors, so a call on another alignment (a view at an odd offset) takes the plain launches
+        if self._launches is not None and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()
+                                               | o.data_ptr() | lse.data_ptr()) % 16:
+            stats, main, convert = self._launches
+            stats((o, do, lse, lse2, delta))
+            # the launcher reads only a descriptor's base address from its tensor: q itself serves for its rows
+            main(tuple(_on(template, t) for template, t in zip(self._templates, (q, k, v, do, dq_acc, lse2, delta),
+                                                                strict=True))
+                 + ((dk, dv, lse2, delta) if self.stats_pointers else (dk, dv)))
+            convert((dq_acc, dq))
+            return dq, dk, dv
+        self._first_launches(q, k, v, o, lse, do, lse2, delta, dq_acc, dq, dk, dv)
+        return dq, dk, dv
 
+    def _first_launches(self, q, k, v, o, lse, do, lse2, delta, dq_acc, dq, dk, dv) -> None:
+        """The three launches through Triton (binding, descriptor checks), then prepared for the next calls."""
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-def rows_descriptor(t: torch.Tensor, block_rows: int):
-    """A (B, H, N, D) tensor seen as (B*H*N, D) rows for TMA, ``block_rows`` rows a copy."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    flat = t.view(-1, t.shape[-1])
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [block_rows, t.shape[-1]],
-                            _smem_layout(block_rows, t.shape[-1], t.dtype))
-
-
-def dq_from_buffer(dq_acc: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
-    """dQ = scale * the float32 buffer (B*H, n_qpad, D) the reduce-adds filled, in q's dtype and shape."""
-    batch, heads, n_q, head_dim = q.shape
-    dq = torch.empty_like(q)
-    _dq_convert_kernel[(triton_cdiv(n_q, 64), batch * heads)](dq_acc, dq, scale, n_q, dq_acc.shape[1],
-                                                              HEAD_DIM=head_dim, BLOCK=64, num_warps=4)
-    return dq
+        stats_kwargs = dict(O=o, DO=do, LSE=lse, LSE2=lse2, DELTA=delta, **self.stats_arguments)
+        stats = _b7_stats_kernel[self.stats_grid](**stats_kwargs, num_warps=4)
+        descriptors = [TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, flat.shape[1]],
+                                        _smem_layout(rows, flat.shape[1], flat.dtype))
+                       for flat, rows in zip((t.view(-1, t.shape[3]) for t in (q, k, v, do)), self.boxes, strict=True)]
+        descriptors.append(TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), self.dq_box,
+                                            self.dq_layout))
+        descriptors += [TensorDescriptor(t, [t.numel()], [1], [self.block_m], _stats_layout(self.block_m))
+                        for t in (lse2, delta)]
+        names = ("q_desc", "k_desc", "v_desc", "do_desc", "dq_desc", "lse_desc", "delta_desc", "DK", "DV")
+        names += ("LSE", "DELTA") if self.stats_pointers else ()
+        tensors = (*descriptors, dk, dv, *((lse2, delta) if self.stats_pointers else ()))
+        kwargs = dict(zip(names, tensors, strict=True), **self.arguments)
+        main = self.spec.kernel[self.grid](**kwargs, **self.spec.options())
+        convert_kwargs = dict(DQ_ACC=dq_acc, DQ=dq, **self.convert_arguments)
+        convert = _dq_convert_kernel[self.convert_grid](**convert_kwargs, num_warps=4)
+        if self._templates is not None or not self.prepare:
+            return
+        launches = (prepare_launch(_b7_stats_kernel, stats, self.stats_grid, stats_kwargs,
+                                   ("O", "DO", "LSE", "LSE2", "DELTA")),
+                    prepare_launch(self.spec.kernel, main, self.grid, kwargs, names),
+                    prepare_launch(_dq_convert_kernel, convert, self.convert_grid, convert_kwargs, ("DQ_ACC", "DQ")))
+        for descriptor in descriptors:
+            descriptor.base = None  # a template keeps no call's tensor alive
+        self._templates = tuple(descriptors)
+        self._launches = launches if None not in launches else None
 
 
 def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -672,30 +728,20 @@ def b7_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tens
                 stage: str = "b7") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention by b7 or one of its variants (``stage``, a key of ``STAGES``; see the module
     docstring) from the forward's o and natural-log lse. ``causal=True`` is top-left aligned. Hopper and
-    Triton >= 3.9 only; ``check_inputs`` says what it takes."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
+    Triton >= 3.9 only; ``check_inputs`` says what it takes. Each call prepares its launches anew;
+    ``flash_attention`` keeps a :class:`BackwardPlan` per layout instead (``backward_plan``)."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {', '.join(STAGES)} (got {stage!r})")
     check_inputs(q, k, v, o, lse, do)
+    return backward_plan(q, k, causal=causal, scale=scale, stage=stage, prepare=False)(q, k, v, o, lse, do)
+
+
+def backward_plan(q: torch.Tensor, k: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+                  stage: str = "b7", prepare: bool = True) -> BackwardPlan:
+    """b7's (or a variant's) :class:`BackwardPlan` for calls of q's and k's layout, inputs already checked."""
     spec = STAGES[stage]
-    batch, heads, n_q, head_dim = q.shape
+    head_dim = q.shape[3]
     block_m = spec.rows(head_dim)
-    n_kv = k.shape[2]
-    if batch * heads * n_q == 0 or n_kv == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    n_qpad = triton_cdiv(n_q, ROWS) * ROWS  # whole 64-row tiles: a reduce-add never reaches the next head's rows
-    lse2, delta = padded_stats(o, do, lse, n_qpad)
-    dq_acc = torch.zeros((batch * heads, n_qpad, head_dim), device=q.device, dtype=torch.float32)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    dq_flat = dq_acc.view(batch * heads * n_qpad, head_dim)
-    dq_desc = TensorDescriptor(dq_flat, list(dq_flat.shape), list(dq_flat.stride()), [block_m, head_dim // 2],
-                               _dq_layout(block_m, head_dim, spec.dq_swizzle))
-    lse_desc, delta_desc = stats_descriptors(lse2, delta, block_m)  # b7 passes them unused
-    grid = (triton_cdiv(n_kv, spec.keys()), batch * heads)
-    spec.kernel[grid](rows_descriptor(q, block_m), rows_descriptor(k, ROWS), rows_descriptor(v, ROWS),
-                      rows_descriptor(do, block_m), dq_desc, lse_desc, delta_desc, dk, dv, lse2, delta,
-                      scale * _LOG2E, scale, n_q, n_kv, n_qpad, **spec.constexprs(bool(causal)), **spec.options())
-    return dq_from_buffer(dq_acc, q, scale), dk, dv
+    return BackwardPlan(spec, q, k, causal=causal, scale=scale, block_m=block_m, kv_rows=ROWS, pad_rows=ROWS,
+                        dq_box=(block_m, head_dim // 2), dq_layout=_dq_layout(block_m, head_dim, spec.dq_swizzle),
+                        stats_pointers=True, prepare=prepare)
