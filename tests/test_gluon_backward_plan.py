@@ -4,8 +4,9 @@ three kernels and Triton's launch preparation stubbed.
 The first call launches through Triton, with TMA descriptors of the tiles each kernel copies, and keeps them as
 templates that hold no tensor; a later call repeats the prepared launches on its own tensors and new buffers, in
 the order the kernels take them; a call on a tensor at another 16-byte alignment, or a plan made with
-``prepare=False``, launches through Triton again. Whether the launches compute the gradients is the GPU's job
-(``tests/test_plan.py``'s route test; ``benchmarks/gpu_b7.py``).
+``prepare=False``, launches through Triton again. On a Hopper GPU under Triton >= 3.9, the last test holds a
+repeat call's prepared launches to the same call launched through Triton (``PREPARED_TRITON`` lists the releases it
+passed under; until then ``flash_attention`` does not prepare them).
 """
 
 from __future__ import annotations
@@ -141,3 +142,35 @@ def test_an_empty_call_launches_nothing(monkeypatch):
     q, k, v, o, lse, do = _inputs(1, 2, 0, 64)
     dq, dk, dv = fa3_backward_tma.backward_plan(q, k, stage="b7c")(q, k, v, o, lse, do)
     assert log == [] and dq.shape == q.shape and dk.shape == k.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("stage", "head_dim", "causal"), [("b7c", 64, True), ("b7e", 128, False), ("b8", 256, True)])
+def test_gpu_prepared_launches_give_the_plain_launches_gradients(stage, head_dim, causal):
+    """A plan's repeat call (prepared launches, new tensors of the same layout) against the same call launched
+    through Triton, which the route test and benchmarks/gpu_b7.py hold to float64: dK and dV bit for bit (each
+    program writes its own), dQ to float32 rounding (its reduce-adds land in any order). N = 1000 ends mid-tile."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon backwards are written for Hopper")
+    if not fa3_backward_tma.HAS_TMA_REDUCE:
+        pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
+    from flashcourse import kernels
+
+    module = fa3_backward_d256 if stage == "b8" else fa3_backward_tma
+    torch.manual_seed(0)
+
+    def inputs():
+        q, k, v, do = (torch.randn(2, 3, 1000, head_dim, device="cuda", dtype=torch.float16) for _ in range(4))
+        return (q, k, v, *kernels.flash_attention_forward(q, k, v, causal=causal, version="v7"), do)
+
+    first = inputs()
+    plan = module.backward_plan(first[0], first[1], causal=causal, stage=stage)
+    plan(*first)  # through Triton; the launches prepared
+    assert plan._launches is not None, "this Triton's compiled kernels do not take a prepared launch"
+    for _ in range(2):
+        args = inputs()
+        got = plan(*args)
+        want = module.backward_plan(args[0], args[1], causal=causal, stage=stage, prepare=False)(*args)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        assert torch.allclose(got[0].float(), want[0].float(), rtol=1e-3, atol=1e-3)

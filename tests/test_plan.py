@@ -577,17 +577,18 @@ def test_gpu_every_route_agrees_with_float64(name, forward, n_q, n_kv, head_dim,
 @pytest.mark.parametrize("n", [plan.B7_MIN_N, pytest.param(8192, marks=pytest.mark.big_gpu_memory)])
 def test_gpu_the_gluon_backward_route_agrees_with_float64(monkeypatch, causal, head_dim, dtype, n):
     """flash_attention's gradients through the Gluon backward's route (b7c at D = 64, b7e at 128, b8 at 256; its
-    TESTED_TRITON set to the running Triton, as a release it was tested with would be), against float64 autograd,
-    for a loss of o and for one that also uses the lse (the Gluon backwards have no lse term: that backward runs
-    b1)."""
+    TESTED_TRITON and PREPARED_TRITON set to the running Triton, as a release it was tested with would be), against
+    float64 autograd, for a loss of o and for one that also uses the lse (the Gluon backwards have no lse term: that
+    backward runs b1)."""
     if torch.cuda.get_device_capability() != plan.HOPPER:
         pytest.skip("the Gluon backwards are written for Hopper")
     b7 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_tma")
     if not b7.HAS_TMA_REDUCE:
         pytest.skip("this Triton's Gluon has no tma.async_atomic_add (Triton >= 3.9 has)")
     b8 = pytest.importorskip("flashcourse.kernels.hopper.fa3_backward_d256")
-    for module in (b7, b8):
-        monkeypatch.setattr(module, "TESTED_TRITON", (plan._triton_minor(triton.__version__),))
+    for module in (b7, b8):  # and the prepared launches, which the plan's repeat below runs
+        for name in ("TESTED_TRITON", "PREPARED_TRITON"):
+            monkeypatch.setattr(module, name, (plan._triton_minor(triton.__version__),))
     plan.PLANS.clear()  # no plan routed before the patch
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, n, head_dim, device="cuda", dtype=dtype) for _ in range(4))

@@ -380,9 +380,10 @@ class Plan:
                     gluon = GLUON_BACKWARDS[q.shape[3]]
                     module = gluon_backward_module(gluon)
                     module.check_inputs(q, k, v, o, lse, do)  # once: a plan holds one layout
+                    prepared = _triton_minor(triton.__version__) in module.PREPARED_TRITON
                     self._gluon_backward = module.backward_plan(q, k, causal=rules.causal is not None,
                                                                 scale=self.scale, stage=gluon.stage,
-                                                                prepare=self._repeat)
+                                                                prepare=self._repeat and prepared)
                 return self._gluon_backward(q, k, v, o, lse, do)
             # The Gluon backwards have no lse gradient term: b1, which the route would have run without them, has
             return run_backward(BACKWARD_VERSIONS[DENSE_BACKWARD], q, k, v, o, lse, do, rules=rules,

@@ -166,6 +166,10 @@ from .fa3_backward import check_inputs as _check_b6_inputs
 # D = 128 since, passed its 40 gradient checks there under 3.9.0 (benchmarks/gpu_b7.py). Elsewhere the dispatch runs b1.
 # Compiled for sm_90 under 3.9 (tests/test_b7_compile.py), checked and timed on an H100 (benchmarks/gpu_b7.py).
 TESTED_TRITON = ("3.9",)
+# The Triton releases under which BackwardPlan's prepared launches (a repeat call of one layout) were checked on a
+# GPU: none yet, so flash_attention's plan launches through Triton on every call there (the path checked above)
+# until tests/test_gluon_backward_plan.py's GPU test and the route test pass with them on.
+PREPARED_TRITON: tuple[str, ...] = ()
 # Triton 3.6's Gluon has no TMA reduce-add; 3.9's has (``tma.async_atomic_add``).
 HAS_TMA_REDUCE = hasattr(tma, "async_atomic_add")
 CONSUMERS = 2  # consumer warpgroups, ROWS keys each (FA3's kBlockN = 128 as 2 x 64)
@@ -639,7 +643,7 @@ class BackwardPlan:
     compiled launch (``launch.prepare_launch``). A later call allocates its buffers, puts its tensors into copies of
     the templates and launches, with no argument binding and no descriptor checks. Why: on an H100 under Triton 3.9
     the plain launches cost about 0.75 ms of host time a call, while (4, 32, 1024, 64)'s kernels take 0.28 ms (the
-    KERNELS.md entry "Host time").
+    KERNELS.md entry "Host time"). ``flash_attention`` prepares them only under a Triton in ``PREPARED_TRITON``.
 
     b7's variants and b8 differ in the tiles: ``block_m`` query rows a tile (Q, dO, lse and Delta copies),
     ``kv_rows`` keys a copy of K and V, ``pad_rows`` the rows each head's lse, Delta and dQ are padded to, and
