@@ -16,10 +16,14 @@ that context alone costs tens of microseconds a call, which made an earlier comp
 - ``*_decode``: one token, q (1, 32, 128), against a (1, 8, 128, 128) cache (SDPA with ``enable_gqa=True``),
   under ``torch.no_grad()``;
 - ``*_train_step``: causal attention on (1, 16, 128, 64) inputs that require grad, forward and backward through
-  autograd (``torch.autograd.grad``, so no gradient accumulates from call to call).
+  autograd (``torch.autograd.grad``, so no gradient accumulates from call to call);
+- ``*_train_step_1024``: the same at N = 1024, (1, 16, 1024, 64), the shortest length the Gluon backwards take on
+  Hopper under Triton 3.9 (``plan.B7_MIN_N``), whose launches are the host's longest (about 0.75 ms a backward on
+  an H100, docs/KERNELS.md "Host time"); elsewhere b1, as at 128. Its kernels take tens of microseconds.
 
 Expected time on an H200: at the 2026-12-02 medians (ours + SDPA's per call: forward 67 us, decode 49 us, training
-step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles.
+step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles; the step at
+N = 1024 adds about 30 x 500 x 1.5 ms, 23 s, where the Gluon backward runs (estimated, not yet run).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ CALLS = 500  # calls in one block: a round of the training-step pair lasts about
 WARMUP = 50  # calls of each before the rounds: compile, fill the launch caches
 REPEATS = 5  # us_per_call's default repeats (a provider timed alone, not in the alternating rounds)
 PAIRS = (("flashcourse_forward", "sdpa_forward"), ("flashcourse_decode", "sdpa_decode"),
-         ("flashcourse_train_step", "sdpa_train_step"))
-TRAINING = ("flashcourse_train_step", "sdpa_train_step")  # timed with autograd on; the others under no_grad
+         ("flashcourse_train_step", "sdpa_train_step"), ("flashcourse_train_step_1024", "sdpa_train_step_1024"))
+# timed with autograd on; the others under no_grad
+TRAINING = ("flashcourse_train_step", "sdpa_train_step", "flashcourse_train_step_1024", "sdpa_train_step_1024")
 
 
 def meta() -> dict:
@@ -62,19 +67,27 @@ def providers(device: str = "cuda") -> dict[str, Callable[[], object]]:
     q = randn(1, 32, 128)
     q_rows = q[:, :, None]  # (1, 32, 1, 128): SDPA wants a query axis; made once, outside the timed call
     cache = randn(1, 8, 128, 128)
-    tq, tk, tv = (randn(1, 16, 128, 64, grad=True) for _ in range(3))
-    do = randn(1, 16, 128, 64)
+    steps = {n: ((*(randn(1, 16, n, 64, grad=True) for _ in range(3)),), randn(1, 16, n, 64)) for n in (128, 1024)}
 
-    def train_step(attend):
+    def train_step(attend, n=128):
+        (tq, tk, tv), do = steps[n]
         return lambda: torch.autograd.grad(attend(tq, tk, tv), (tq, tk, tv), do)
+
+    def ours(q, k, v):
+        return kernels.flash_attention(q, k, v, causal=True)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     return {
         "flashcourse_forward": lambda: kernels.flash_attention(x, x, x),
         "sdpa_forward": lambda: F.scaled_dot_product_attention(x, x, x),
         "flashcourse_decode": lambda: kernels.flash_decode(q, cache, cache),
         "sdpa_decode": lambda: F.scaled_dot_product_attention(q_rows, cache, cache, enable_gqa=True),
-        "flashcourse_train_step": train_step(lambda q, k, v: kernels.flash_attention(q, k, v, causal=True)),
-        "sdpa_train_step": train_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "flashcourse_train_step": train_step(ours),
+        "sdpa_train_step": train_step(sdpa),
+        "flashcourse_train_step_1024": train_step(ours, 1024),
+        "sdpa_train_step_1024": train_step(sdpa, 1024),
     }
 
 
@@ -83,9 +96,11 @@ def kernels_run(device: str = "cuda") -> dict[str, str]:
     Hopper the forward is a Gluon stage, whose launch builds TMA descriptors, so a row says which it timed."""
     from flashcourse import kernels
 
-    x = torch.zeros(1, 16, 128, 64, device=device, dtype=torch.float16)
+    x, x1024 = (torch.zeros(1, 16, n, 64, device=device, dtype=torch.float16) for n in (128, 1024))
     forward, step = kernels.explain(x, x, x), kernels.explain(x, x, x, causal=True)
-    return {"flashcourse_forward": forward.forward, "flashcourse_train_step": f"{step.forward} + {step.backward}"}
+    step1024 = kernels.explain(x1024, x1024, x1024, causal=True)
+    return {"flashcourse_forward": forward.forward, "flashcourse_train_step": f"{step.forward} + {step.backward}",
+            "flashcourse_train_step_1024": f"{step1024.forward} + {step1024.backward}"}
 
 
 def block_us(fn: Callable[[], object], calls: int, sync: Callable[[], None],
