@@ -279,6 +279,37 @@ def test_backward_lengths_orders_each_case_by_length(tmp_path):
     assert found["vs_b1"] == pytest.approx((0.9 / 0.8, 0.95 / 0.8))
 
 
+def test_default_backward_grid_reads_both_head_dims_beside_cudnn(tmp_path):
+    """Lesson 08's grid as a user calls it: our backward rows by kernel and length, each beside cuDNN's time at the
+    same shape; the forward, other providers and failed rows left out; the newest file of each head dim."""
+    assert summary.default_backward_grid(tmp_path) is None
+
+    def row(provider, head_dim, n, ms, mode="bwd", status="ok", kernel="b7c"):
+        found = {"provider": provider, "dtype": "float16", "head_dim": head_dim, "causal": False, "n": n, "mode": mode,
+                 "status": status, "ms": ms}
+        if provider == "flashcourse":
+            found.update(backward_kernel=kernel, ratio_vs_sdpa_cudnn=0.5 / ms)
+        return found
+
+    meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0"}
+    files = {"2026-12-06-h100-attention-t39-d64.json": [row("flashcourse", 64, 1024, 9.0)],  # older: not read
+             "2026-12-07-h100-attention-t39-d64.json": [
+                 row("flashcourse", 64, 2048, 1.0), row("flashcourse", 64, 1024, 0.8), row("sdpa_cudnn", 64, 1024, 0.3),
+                 row("sdpa_cudnn", 64, 2048, 0.9), row("flashcourse", 64, 1024, 0.1, mode="fwd"),
+                 row("flashcourse", 64, 4096, 3.0, status="oom"), row("sdpa_flash", 64, 1024, 0.4)],
+             "2026-12-07-h100-attention-t39-d128.json": [row("flashcourse", 128, 1024, 0.5, kernel="b7e"),
+                                                         row("sdpa_cudnn", 128, 1024, 0.25)]}
+    for name, rows in files.items():
+        (tmp_path / name).write_text(json.dumps({"meta": meta, "rows": rows}))
+    grid = summary.default_backward_grid(tmp_path)
+    assert grid["files"] == ["2026-12-07-h100-attention-t39-d64.json", "2026-12-07-h100-attention-t39-d128.json"]
+    assert grid["rows"] == {("float16", 64, False): {"b7c": [(1024, 0.5 / 0.8), (2048, 0.5)]},
+                            ("float16", 128, False): {"b7e": [(1024, 1.0)]}}
+    assert grid["ms"][("float16", 64, False)] == [(1024, 0.8, 0.3), (2048, 1.0, 0.9)]
+    assert (grid["device"], grid["triton"]) == ("H100", "3.9.0")
+    assert summary.default_backward_grid(tmp_path, tag="t36") is None
+
+
 def test_backward_lengths_and_stall_sites_of_the_committed_h100_runs(tmp_path):
     """The numbers lesson 08 reads: b7c over b1 at every length, and the two spare warps' wait set apart."""
     for name in ("2026-12-06-nvidia-h100-80gb-hbm3-b7c-lengths.json",

@@ -1082,6 +1082,33 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
             "expected": described.get("expected") if isinstance(described, dict) else None}
 
 
+def default_backward_grid(directory: Path | None = None, *, tag: str = "t39") -> dict | None:
+    """The backward ``flash_attention`` ran (b7c, b7e, or b1 where no Gluon backward serves) over cuDNN's by length,
+    as a user calls it: B = 4 and 2048 / D heads at every N, so a short call is little work. From the newest
+    ``*-attention-<tag>-d64.json`` and ``*-attention-<tag>-d128.json`` (``python -m flashcourse.bench attention
+    --head-dim 64 --tag=-<tag>-d64``, and 128; "t39": under Triton 3.9); None when neither is committed.
+
+    ``rows``: {(dtype, head_dim, causal): {backward kernel: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} (the form
+    ``figures_gpu.backward_lengths`` draws); ``ms``: {(dtype, head_dim, causal): [(n, our ms, cuDNN's ms), ...]};
+    also ``device``, ``date``, ``triton`` (the first file's) and ``files``."""
+    found = [f for f in (_newest(f"*-attention-{tag}-d{d}.json", directory) for d in (64, 128)) if f]
+    if not found:
+        return None
+    ours = [r for _, rows, _ in found for r in rows if r.get("provider") == "flashcourse" and r.get("mode") == "bwd"
+            and r.get("status") == "ok" and "ratio_vs_sdpa_cudnn" in r]
+    cudnn = {(r["dtype"], r["head_dim"], r["causal"], r["n"]): r["ms"] for _, rows, _ in found for r in rows
+             if r.get("provider") == "sdpa_cudnn" and r.get("mode") == "bwd" and r.get("status") == "ok"}
+    table: dict[tuple, dict] = {}
+    ms: dict[tuple, list] = {}
+    for row in sorted(ours, key=lambda r: r["n"]):
+        key = (row["dtype"], row["head_dim"], row["causal"])
+        table.setdefault(key, {}).setdefault(row["backward_kernel"], []).append((row["n"], row["ratio_vs_sdpa_cudnn"]))
+        ms.setdefault(key, []).append((row["n"], row["ms"], cudnn[(*key, row["n"])]))
+    meta = found[0][0]
+    return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"),
+            "files": [name for _, _, name in found], "rows": table, "ms": ms}
+
+
 def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -> dict | None:
     """The gradient checks and the one-shape timing of a Gluon backward and its variant, from the newest
     ``*-<run>-checks.json`` (``gpu_b7.py --quick --variants b8,b8b``, or ``b7d,b7e,b7f``: checks against float64 at
