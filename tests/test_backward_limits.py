@@ -292,17 +292,17 @@ def test_default_backward_grid_reads_both_head_dims_beside_cudnn(tmp_path):
         return found
 
     meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0"}
-    files = {"2026-12-06-h100-attention-t39-d64.json": [row("flashcourse", 64, 1024, 9.0)],  # older: not read
-             "2026-12-07-h100-attention-t39-d64.json": [
+    files = {"2026-12-06-h100-grid-t39-d64.json": [row("flashcourse", 64, 1024, 9.0)],  # older: not read
+             "2026-12-07-h100-grid-t39-d64.json": [
                  row("flashcourse", 64, 2048, 1.0), row("flashcourse", 64, 1024, 0.8), row("sdpa_cudnn", 64, 1024, 0.3),
                  row("sdpa_cudnn", 64, 2048, 0.9), row("flashcourse", 64, 1024, 0.1, mode="fwd"),
                  row("flashcourse", 64, 4096, 3.0, status="oom"), row("sdpa_flash", 64, 1024, 0.4)],
-             "2026-12-07-h100-attention-t39-d128.json": [row("flashcourse", 128, 1024, 0.5, kernel="b7e"),
+             "2026-12-07-h100-grid-t39-d128.json": [row("flashcourse", 128, 1024, 0.5, kernel="b7e"),
                                                          row("sdpa_cudnn", 128, 1024, 0.25)]}
     for name, rows in files.items():
         (tmp_path / name).write_text(json.dumps({"meta": meta, "rows": rows}))
     grid = summary.default_backward_grid(tmp_path)
-    assert grid["files"] == ["2026-12-07-h100-attention-t39-d64.json", "2026-12-07-h100-attention-t39-d128.json"]
+    assert grid["files"] == ["2026-12-07-h100-grid-t39-d64.json", "2026-12-07-h100-grid-t39-d128.json"]
     assert grid["rows"] == {("float16", 64, False): {"b7c": [(1024, 0.5 / 0.8), (2048, 0.5)]},
                             ("float16", 128, False): {"b7e": [(1024, 1.0)]}}
     assert grid["ms"][("float16", 64, False)] == [(1024, 0.8, 0.3), (2048, 1.0, 0.9)]

@@ -1085,13 +1085,15 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
 def default_backward_grid(directory: Path | None = None, *, tag: str = "t39") -> dict | None:
     """The backward ``flash_attention`` ran (b7c, b7e, or b1 where no Gluon backward serves) over cuDNN's by length,
     as a user calls it: B = 4 and 2048 / D heads at every N, so a short call is little work. From the newest
-    ``*-attention-<tag>-d64.json`` and ``*-attention-<tag>-d128.json`` (``python -m flashcourse.bench attention
-    --head-dim 64 --tag=-<tag>-d64``, and 128; "t39": under Triton 3.9); None when neither is committed.
+    ``*-grid-<tag>-d64.json`` and ``*-grid-<tag>-d128.json`` (``python -m flashcourse.bench attention --head-dim 64
+    --tag=-<tag>-d64``, and 128, each file renamed from ``attention-<tag>-...``: the forward's lessons read every
+    ``*-attention*.json`` as one grid of the Triton 3.6 dispatch; "t39": under Triton 3.9); None when neither is
+    committed.
 
     ``rows``: {(dtype, head_dim, causal): {backward kernel: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} (the form
     ``figures_gpu.backward_lengths`` draws); ``ms``: {(dtype, head_dim, causal): [(n, our ms, cuDNN's ms), ...]};
     also ``device``, ``date``, ``triton`` (the first file's) and ``files``."""
-    found = [f for f in (_newest(f"*-attention-{tag}-d{d}.json", directory) for d in (64, 128)) if f]
+    found = [f for f in (_newest(f"*-grid-{tag}-d{d}.json", directory) for d in (64, 128)) if f]
     if not found:
         return None
     ours = [r for _, rows, _ in found for r in rows if r.get("provider") == "flashcourse" and r.get("mode") == "bwd"

@@ -147,16 +147,15 @@ class GluonBackward(NamedTuple):
     """A Gluon backward the dispatch routes to, and the runs that earned it the route."""
 
     stage: str  # a key of its module's STAGES, and the name explain() gives
-    module: str  # its module under kernels/hopper/, imported only when a call is routed there
-    entry: str  # the module's function that runs it once; its ``backward_plan`` keeps the launches for a layout
+    module: str  # under kernels/hopper/, imported when a call is routed there; a plan keeps its backward_plan
     lengths: str  # the timing run by length: faster than b1 at every length from B7_MIN_N
     checks: str  # the run whose gradient checks it passed
 
 
 GLUON_BACKWARDS = {
-    64: GluonBackward("b7c", "fa3_backward_tma", "b7_backward", B7_LENGTHS, B7_CHECKS),
-    128: GluonBackward("b7e", "fa3_backward_tma", "b7_backward", B7E_LENGTHS, B7E_CHECKS),
-    256: GluonBackward("b8", "fa3_backward_d256", "b8_backward", B8_LENGTHS, B8_CHECKS),
+    64: GluonBackward("b7c", "fa3_backward_tma", B7_LENGTHS, B7_CHECKS),
+    128: GluonBackward("b7e", "fa3_backward_tma", B7E_LENGTHS, B7E_CHECKS),
+    256: GluonBackward("b8", "fa3_backward_d256", B8_LENGTHS, B8_CHECKS),
 }
 
 

@@ -126,7 +126,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .fa3 import _mma_layout, _tma_load, aggregate, tensor_descriptor_signature
 from .fa3_backward import _query_tiles, _store_dkdv
 from .fa3_backward_tma import HAS_TMA_REDUCE as HAS_TMA_REDUCE  # dQ's reduce-add is b7's: the dispatch asks here
-from .fa3_backward_tma import PREPARED_TRITON as PREPARED_TRITON  # b7's host side, so b7's record
+from .fa3_backward_tma import PREPARED_TRITON as PREPARED_TRITON  # its launches are b7's BackwardPlan's
 from .fa3_backward_tma import BackwardPlan, _Stats, _stats_layout
 from .fa3_backward_tma import check_inputs as _check_b7_inputs
 
