@@ -18,8 +18,8 @@ that context alone costs tens of microseconds a call, which made an earlier comp
 - ``*_train_step``: causal attention on (1, 16, 128, 64) inputs that require grad, forward and backward through
   autograd (``torch.autograd.grad``, so no gradient accumulates from call to call);
 - ``*_train_step_1024``: the same at N = 1024, (1, 16, 1024, 64), the shortest length the Gluon backwards take on
-  Hopper under Triton 3.9 (``plan.B7_MIN_N``), whose launches are the host's longest (about 0.75 ms a backward on
-  an H100, docs/KERNELS.md "Host time"); elsewhere b1, as at 128. Its kernels take tens of microseconds.
+  Hopper under Triton 3.9 (``plan.B7_MIN_N``), whose launches are the host's longest (docs/KERNELS.md, "Host
+  time"); elsewhere b1, as at 128.
 
 Expected time on an H200: at the 2026-12-02 medians (ours + SDPA's per call: forward 67 us, decode 49 us, training
 step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles; the step at

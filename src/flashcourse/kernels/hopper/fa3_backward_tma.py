@@ -642,8 +642,9 @@ class BackwardPlan:
     one TMA descriptor per tensor validated by Triton (kept as templates without their tensor) and each kernel's
     compiled launch (``launch.prepare_launch``). A later call allocates its buffers, puts its tensors into copies of
     the templates and launches, with no argument binding and no descriptor checks. Why: on an H100 under Triton 3.9
-    the plain launches cost about 0.75 ms of host time a call, while (4, 32, 1024, 64)'s kernels take 0.28 ms (the
-    KERNELS.md entry "Host time"). ``flash_attention`` prepares them only under a Triton in ``PREPARED_TRITON``.
+    a backward at (4, 32, 1024, 64) took 0.76 ms and at N = 2048, four times the work, 0.92 ms: a fixed cost per
+    call, on the host (docs/KERNELS.md, "Host time"). ``flash_attention`` prepares them only under a Triton in
+    ``PREPARED_TRITON``.
 
     b7's variants and b8 differ in the tiles: ``block_m`` query rows a tile (Q, dO, lse and Delta copies),
     ``kv_rows`` keys a copy of K and V, ``pad_rows`` the rows each head's lse, Delta and dQ are padded to, and
