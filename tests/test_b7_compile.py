@@ -180,6 +180,8 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
     # dispatched only under releases whose Gluon has the TMA reduce-add (3.9 on): an older one would fail at compile
     assert all(tuple(map(int, v.split("."))) >= (3, 9) for v in fa3_backward_tma.TESTED_TRITON)
+    # prepared launches only where the route itself ran on a GPU
+    assert set(fa3_backward_tma.PREPARED_TRITON) <= set(fa3_backward_tma.TESTED_TRITON)
 
 
 def test_one_compile_serves_every_shape():

@@ -310,6 +310,34 @@ def test_default_backward_grid_reads_both_head_dims_beside_cudnn(tmp_path):
     assert summary.default_backward_grid(tmp_path, tag="t36") is None
 
 
+def test_prepared_launches_pairs_the_two_runs_beside_cudnn(tmp_path):
+    """Lesson 08's fix, measured: each backward row of the run launched through Triton beside the same shape's row of
+    the prepared run and cuDNN's, up to max_n; a head dim with only one of the two runs, the forward, failed rows and
+    other providers left out."""
+    assert summary.prepared_launches(tmp_path) is None
+
+    def row(provider, n, ms, *, causal=False, mode="bwd", status="ok"):
+        return {"provider": provider, "dtype": "bfloat16", "head_dim": 64, "causal": causal, "n": n, "mode": mode,
+                "status": status, "ms": ms, "backward_kernel": "b7c" if provider == "flashcourse" else None}
+
+    meta = {"date": "2026-12-07", "device": "H100", "triton": "3.9.0"}
+    runs = {"through-triton": [row("flashcourse", 1024, 0.9), row("flashcourse", 1024, 0.8, causal=True),
+                               row("flashcourse", 4096, 3.0), row("sdpa_cudnn", 1024, 9.9)],
+            "prepared": [row("flashcourse", 1024, 0.3), row("flashcourse", 1024, 0.2, causal=True, status="oom"),
+                         row("flashcourse", 4096, 3.1), row("sdpa_cudnn", 1024, 0.25), row("sdpa_cudnn", 4096, 3.2),
+                         row("flashcourse", 1024, 0.1, mode="fwd"), row("sdpa_flash", 1024, 0.4)]}
+    for path, rows in runs.items():
+        (tmp_path / f"2026-12-07-h100-grid-t39-d64-{path}.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    (tmp_path / "2026-12-07-h100-grid-t39-d128-prepared.json").write_text(json.dumps(
+        {"meta": meta, "rows": [row("flashcourse", 1024, 0.3) | {"head_dim": 128}]}))
+    found = summary.prepared_launches(tmp_path)
+    assert found["ms"] == {"bf16, D = 64, no mask, N = 1024": {"through Triton": 0.9, "prepared": 0.3, "cuDNN": 0.25}}
+    assert found["kernels"] == ["b7c"] and found["files"] == [
+        "2026-12-07-h100-grid-t39-d64-through-triton.json", "2026-12-07-h100-grid-t39-d64-prepared.json"]
+    assert list(summary.prepared_launches(tmp_path, max_n=4096)["ms"]) == [
+        "bf16, D = 64, no mask, N = 1024", "bf16, D = 64, no mask, N = 4096"]
+
+
 def test_backward_lengths_and_stall_sites_of_the_committed_h100_runs(tmp_path):
     """The numbers lesson 08 reads: b7c over b1 at every length, and the two spare warps' wait set apart."""
     for name in ("2026-12-06-nvidia-h100-80gb-hbm3-b7c-lengths.json",

@@ -1111,6 +1111,45 @@ def default_backward_grid(directory: Path | None = None, *, tag: str = "t39") ->
             "files": [name for _, _, name in found], "rows": table, "ms": ms}
 
 
+def prepared_launches(directory: Path | None = None, *, tag: str = "t39", max_n: int = 2048) -> dict | None:
+    """The default backward's time per call with its launches made through Triton on every call, and from the
+    launches its plan prepared once (``fa3_backward_tma.PREPARED_TRITON``), beside cuDNN's: the newest
+    ``*-grid-<tag>-d<D>-through-triton.json`` and ``*-grid-<tag>-d<D>-prepared.json`` of D 64 and 128, two runs of
+    ``python -m flashcourse.bench attention`` in one lease, at N <= ``max_n``; None unless both runs of a head dim
+    are committed.
+
+    ``ms``: {case label ("fp16, D = 64, causal, N = 1024"): {"through Triton": ms, "prepared": ms, "cuDNN": ms}} in
+    the order (head dim, N, dtype, mask), cuDNN's from the prepared run; ``kernels``: the backward kernels that ran;
+    also ``device``, ``date``, ``triton`` and ``files``."""
+    pairs = []
+    for head_dim in (64, 128):
+        runs = [_newest(f"*-grid-{tag}-d{head_dim}-{path}.json", directory) for path in ("through-triton", "prepared")]
+        if all(runs):
+            pairs.append(runs)
+    if not pairs:
+        return None
+
+    def times(rows, provider):
+        return {(r["head_dim"], r["n"], r["dtype"], r["causal"]): r for r in rows if r.get("provider") == provider
+                and r.get("mode") == "bwd" and r.get("status") == "ok" and r["n"] <= max_n}
+
+    ms: dict[str, dict[str, float]] = {}
+    kernels: set[str] = set()
+    for (_, through_rows, _), (_, prepared_rows, _) in pairs:
+        through, prepared = times(through_rows, "flashcourse"), times(prepared_rows, "flashcourse")
+        cudnn = times(prepared_rows, "sdpa_cudnn")
+        for key in sorted(set(through) & set(prepared) & set(cudnn)):
+            head_dim, n, dtype, causal = key
+            mask = "causal" if causal else "no mask"
+            label = f"{'fp16' if dtype == 'float16' else 'bf16'}, D = {head_dim}, {mask}, N = {n}"
+            ms[label] = {"through Triton": through[key]["ms"], "prepared": prepared[key]["ms"],
+                         "cuDNN": cudnn[key]["ms"]}
+            kernels |= {through[key]["backward_kernel"], prepared[key]["backward_kernel"]}
+    meta = pairs[0][1][0]
+    return {"device": meta["device"], "date": meta["date"], "triton": meta.get("triton"), "ms": ms,
+            "kernels": sorted(kernels), "files": [run[2] for pair in pairs for run in pair]}
+
+
 def backward_variant_checks(directory: Path | None = None, *, run: str = "b8") -> dict | None:
     """The gradient checks and the one-shape timing of a Gluon backward and its variant, from the newest
     ``*-<run>-checks.json`` (``gpu_b7.py --quick --variants b8,b8b``, or ``b7d,b7e,b7f``: checks against float64 at
