@@ -19,6 +19,7 @@ from flashcourse import kernels  # noqa: E402  (sets the interpreter up before t
 from flashcourse.bench import __main__ as cli  # noqa: E402
 from flashcourse.bench import overhead, save_results, train_step  # noqa: E402
 from flashcourse.bench.attention import Shape, make_inputs  # noqa: E402
+from flashcourse.kernels import plan  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 
@@ -57,7 +58,8 @@ def test_overhead_times_each_call_beside_plain_sdpa(sdpa_kernels):
     assert overhead.meta()["sdpa_call"] == "plain" and "alternating" in overhead.meta()["method"]
     ran = {r["provider"]: r.get("kernels") for r in rows}  # which of our kernels each row timed (kernels.explain)
     assert (ran["flashcourse_forward"], ran["flashcourse_train_step"]) == ("v7", "v7 + b1")
-    assert ran["flashcourse_train_step_1024"] == "v7 + b1"  # off Hopper; the Gluon backward's length there
+    assert ran["flashcourse_train_step_1024"] == "v7 + b1"  # off Hopper; the Gluon backward's least work there
+    assert overhead.HEADS_1024 * 1024 == plan.B7_MIN_ROWS and plan.B7_MIN_N == 1024
 
 
 class DriftingHost:

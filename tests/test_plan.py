@@ -228,7 +228,7 @@ GLUON_STAGE_BY_HEAD_DIM = {64: "b7c", 128: "b7e", 256: "b8"}
 @pytest.mark.parametrize("causal", [False, True, "bottom_right"])
 @pytest.mark.parametrize(("head_dim", "dtype"), [(64, torch.float16), (128, torch.bfloat16), (256, torch.float16)])
 def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested, causal, head_dim, dtype):
-    q = t(1, 1, plan.B7_MIN_N, head_dim, dtype=dtype)
+    q = t(1, plan.B7_MIN_ROWS // plan.B7_MIN_N, plan.B7_MIN_N, head_dim, dtype=dtype)  # the least work it serves
     gluon = plan.GLUON_BACKWARDS[head_dim]
     for props in (H100, H200):
         chosen = route(q, q, q, causal=causal, props=props, triton_version="3.9.1")
@@ -236,6 +236,36 @@ def test_on_hopper_long_plain_and_causal_calls_take_the_gluon_backward(b7_tested
         assert "measured faster than b1" in chosen.backward_why and Path(gluon.lengths).name in chosen.backward_why
     made = plan.Plan(chosen, q, q, q, parse_rules(q, q, causal=causal), scale=None, cacheable=False, in_graph=False)
     assert made._backward_version is None  # a Gluon backward plans its own launches
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_calls_of_little_work_keep_b1(b7_tested, head_dim):
+    """Below B7_MIN_ROWS query rows (B * H * N_q) b1 serves even a length the Gluon backward takes, and says why."""
+    for shape in ((1, 16, plan.B7_MIN_N), (1, 1, 4 * plan.B7_MIN_N), (2, 8, 2 * plan.B7_MIN_N - 128)):
+        q = t(*shape, head_dim)
+        chosen = route(q, q, q, causal=True, props=H100, triton_version="3.9.1")
+        assert chosen.backward == "b1" and f"from {plan.B7_MIN_ROWS:,} query rows" in chosen.backward_why, str(chosen)
+        assert Path(plan.B7_SHORT).name in chosen.backward_why
+
+
+def test_the_floor_of_little_work_is_held_to_its_run():
+    """B7_MIN_ROWS is the least work of B7_SHORT at which the dispatched stage (b7c at D = 64, b7e at 128) beat b1 in
+    every case, both dtypes, causal and not; at the next smaller work timed b1 won at least one case (so the floor is
+    not set lower than the run supports, nor higher than it needs)."""
+    run = json.loads((RESULTS.parent.parent / plan.B7_SHORT).read_text())
+    rows = [r for r in run["rows"] if r["kind"] == "time" and r["status"] == "ok"]
+    b1 = {(r["batch"], r["heads"], r["n"], r["dtype"], r["head_dim"], r["causal"]): r["tflops"]
+          for r in rows if r["provider"] == "b1"}
+    wins: dict[int, list[bool]] = {}
+    for r in rows:
+        if r["provider"] == plan.GLUON_BACKWARDS[r["head_dim"]].stage:
+            key = (r["batch"], r["heads"], r["n"], r["dtype"], r["head_dim"], r["causal"])
+            wins.setdefault(r["batch"] * r["heads"] * r["n"], []).append(r["tflops"] > b1[key])
+    assert all(len(cases) >= 8 for cases in wins.values()), {work: len(cases) for work, cases in wins.items()}
+    serving = sorted(work for work, cases in wins.items() if all(cases))
+    below = [work for work in wins if work < plan.B7_MIN_ROWS]
+    assert serving[0] == plan.B7_MIN_ROWS and all(work in serving for work in wins if work >= plan.B7_MIN_ROWS)
+    assert below and not any(all(wins[work]) for work in below)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -589,6 +619,7 @@ def test_gpu_the_gluon_backward_route_agrees_with_float64(monkeypatch, causal, h
     for module in (b7, b8):  # and the prepared launches, which the plan's repeat below runs
         for name in ("TESTED_TRITON", "PREPARED_TRITON"):
             monkeypatch.setattr(module, name, (plan._triton_minor(triton.__version__),))
+    monkeypatch.setattr(plan, "B7_MIN_ROWS", 0)  # two heads: the route's numbers, not its floor of little work
     plan.PLANS.clear()  # no plan routed before the patch
     torch.manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, n, head_dim, device="cuda", dtype=dtype) for _ in range(4))

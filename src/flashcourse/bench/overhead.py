@@ -17,14 +17,15 @@ that context alone costs tens of microseconds a call, which made an earlier comp
   under ``torch.no_grad()``;
 - ``*_train_step``: causal attention on (1, 16, 128, 64) inputs that require grad, forward and backward through
   autograd (``torch.autograd.grad``, so no gradient accumulates from call to call);
-- ``*_train_step_1024``: the same at N = 1024, (1, 16, 1024, 64), the shortest length the Gluon backwards take on
-  Hopper under Triton 3.9 (``plan.B7_MIN_N``), whose launches are the host's longest (docs/KERNELS.md, "Host
-  time"); elsewhere b1, as at 128.
+- ``*_train_step_1024``: the same at N = 1024 with ``HEADS_1024`` heads, (1, 64, 1024, 64): the least work the Gluon
+  backwards take on Hopper under Triton 3.9 (``plan.B7_MIN_N`` and ``plan.B7_MIN_ROWS``), whose launches are the
+  host's longest (docs/KERNELS.md, "Host time"); elsewhere b1, as at 128.
 
 Expected time on an H200: at the 2026-12-02 medians (ours + SDPA's per call: forward 67 us, decode 49 us, training
 step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles; the step at
-N = 1024 adds about 30 x 500 x 0.9 ms, 14 s, where the Gluon backward runs (an H100 under Triton 3.9, 2026-12-07:
-ours 0.55-0.62 ms a step with the backward's prepared launches, 1.1-1.16 ms without, SDPA's 0.26-0.39 ms).
+N = 1024 adds about 30 x 500 x 1.5 ms, 23 s, where the Gluon backward runs (estimated from an H100 under Triton 3.9,
+2026-12-07, at 16 heads: ours 0.55-0.62 ms a step with the backward's prepared launches, 1.1-1.16 ms without, SDPA's
+0.26-0.39 ms; at 64 heads not yet run).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ REPEATS = 5  # us_per_call's default repeats (a provider timed alone, not in the
 PAIRS = (("flashcourse_forward", "sdpa_forward"), ("flashcourse_decode", "sdpa_decode"),
          ("flashcourse_train_step", "sdpa_train_step"), ("flashcourse_train_step_1024", "sdpa_train_step_1024"))
 # timed with autograd on; the others under no_grad
+HEADS_1024 = 64  # x 1024 rows = plan.B7_MIN_ROWS, the least work a Gluon backward serves
 TRAINING = ("flashcourse_train_step", "sdpa_train_step", "flashcourse_train_step_1024", "sdpa_train_step_1024")
 
 
@@ -68,7 +70,8 @@ def providers(device: str = "cuda") -> dict[str, Callable[[], object]]:
     q = randn(1, 32, 128)
     q_rows = q[:, :, None]  # (1, 32, 1, 128): SDPA wants a query axis; made once, outside the timed call
     cache = randn(1, 8, 128, 128)
-    steps = {n: ((*(randn(1, 16, n, 64, grad=True) for _ in range(3)),), randn(1, 16, n, 64)) for n in (128, 1024)}
+    steps = {n: ((*(randn(1, heads, n, 64, grad=True) for _ in range(3)),), randn(1, heads, n, 64))
+             for n, heads in ((128, 16), (1024, HEADS_1024))}
 
     def train_step(attend, n=128):
         (tq, tk, tv), do = steps[n]
@@ -97,7 +100,8 @@ def kernels_run(device: str = "cuda") -> dict[str, str]:
     Hopper the forward is a Gluon stage, whose launch builds TMA descriptors, so a row says which it timed."""
     from flashcourse import kernels
 
-    x, x1024 = (torch.zeros(1, 16, n, 64, device=device, dtype=torch.float16) for n in (128, 1024))
+    x, x1024 = (torch.zeros(1, heads, n, 64, device=device, dtype=torch.float16)
+                for n, heads in ((128, 16), (1024, HEADS_1024)))
     forward, step = kernels.explain(x, x, x), kernels.explain(x, x, x, causal=True)
     step1024 = kernels.explain(x1024, x1024, x1024, causal=True)
     return {"flashcourse_forward": forward.forward, "flashcourse_train_step": f"{step.forward} + {step.backward}",

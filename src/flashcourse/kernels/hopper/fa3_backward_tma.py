@@ -133,7 +133,8 @@ into arrays padded to whole 64-row tiles per head (``_b7_stats_kernel``), so no 
 each starts on a 256-byte boundary, as b7b's 1-D TMA copies need.
 
 The dispatch (``plan.gluon_backward``; ``plan.py`` is the only module of the package that imports this one) routes
-plain and causal calls of N >= 1024 on Hopper to b7c at D = 64 and b7e at D = 128, under a Triton listed in
+plain and causal calls of N >= 1024 and at least 65,536 query rows (``plan.B7_MIN_ROWS``) on Hopper to b7c at
+D = 64 and b7e at D = 128, under a Triton listed in
 ``TESTED_TRITON``. Measured on an H100 (2026-12-07, Triton 3.9): b7e 1.05-1.12x b7d at D = 128 and N = 8192
 (0.99x cuDNN in fp16, 0.90-0.91x in bf16), b7f 0.97-0.98x b7e; by length b7e 1.03-1.12x b7c at D = 128 and
 0.82-0.97x at D = 64. Each variant's runs against its prediction, and the profiles, are in docs/KERNELS.md
