@@ -23,9 +23,9 @@ that context alone costs tens of microseconds a call, which made an earlier comp
 
 Expected time on an H200: at the 2026-12-02 medians (ours + SDPA's per call: forward 67 us, decode 49 us, training
 step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles; the step at
-N = 1024 adds about 30 x 500 x 1.5 ms, 23 s, where the Gluon backward runs (estimated from an H100 under Triton 3.9,
-2026-12-07, at 16 heads: ours 0.55-0.62 ms a step with the backward's prepared launches, 1.1-1.16 ms without, SDPA's
-0.26-0.39 ms; at 64 heads not yet run).
+N = 1024 adds about 30 x 500 x 0.6 ms, 9 s (an H100 under Triton 3.9, 2026-12-07, b7c's backward: ours 0.26-0.43 ms
+a step, SDPA's 0.15-0.21 ms; ``benchmarks/results/2026-12-07-nvidia-h100-80gb-hbm3-overhead-t39-gluon-forwards-*``
+and ``-t39-step-b7c-*``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ WARMUP = 50  # calls of each before the rounds: compile, fill the launch caches
 REPEATS = 5  # us_per_call's default repeats (a provider timed alone, not in the alternating rounds)
 PAIRS = (("flashcourse_forward", "sdpa_forward"), ("flashcourse_decode", "sdpa_decode"),
          ("flashcourse_train_step", "sdpa_train_step"), ("flashcourse_train_step_1024", "sdpa_train_step_1024"))
-# timed with autograd on; the others under no_grad
 HEADS_1024 = 64  # x 1024 rows = plan.B7_MIN_ROWS, the least work a Gluon backward serves
+# timed with autograd on; the others under no_grad
 TRAINING = ("flashcourse_train_step", "sdpa_train_step", "flashcourse_train_step_1024", "sdpa_train_step_1024")
 
 
