@@ -75,7 +75,8 @@ for name, dtype, causal in ((n, dt, c) for n in b8.STAGES for dt in (torch.float
 helpers = []
 for kernel, signature, block in (
         (b7._b7_stats_kernel, {"O": "*fp16", "DO": "*fp16", "LSE": "*fp32", "LSE2": "*fp32", "DELTA": "*fp32",
-                               "N_Q": "i32", "N_QPAD": "i32", "HEAD_DIM": "constexpr", "BLOCK": "constexpr"},
+                               "DQ_ACC": "*fp32", "N_Q": "i32", "N_QPAD": "i32", "HEAD_DIM": "constexpr",
+                               "BLOCK": "constexpr"},
          b7.STATS_ROWS),
         (b6._dq_convert_kernel, {"DQ_ACC": "*fp32", "DQ": "*bf16", "scale": "fp32", "N_Q": "i32", "N_QPAD": "i32",
                                  "HEAD_DIM": "constexpr", "BLOCK": "constexpr"}, 64)):
