@@ -23,9 +23,9 @@ that context alone costs tens of microseconds a call, which made an earlier comp
 
 Expected time on an H200: at the 2026-12-02 medians (ours + SDPA's per call: forward 67 us, decode 49 us, training
 step 476 us) the rounds take 30 x 500 x 592 us, about 9 s, plus imports and the first calls' compiles; the step at
-N = 1024 adds about 30 x 500 x 0.6 ms, 9 s (an H100 under Triton 3.9, 2026-12-07, b7c's backward: ours 0.26-0.43 ms
-a step, SDPA's 0.15-0.21 ms; ``benchmarks/results/2026-12-07-nvidia-h100-80gb-hbm3-overhead-t39-gluon-forwards-*``
-and ``-t39-step-b7c-*``).
+N = 1024 adds about 30 x 500 x 0.6 ms, 9 s (an H100 under Triton 3.9, 2026-12-07, b7c's backward: ours 0.22-0.43 ms
+a step, SDPA's 0.15-0.21 ms; ``benchmarks/results/2026-12-07-nvidia-h100-80gb-hbm3-overhead-t39-gluon-forwards-*``,
+``-t39-step-b7c-*`` and ``-51281df-t39-*``).
 """
 
 from __future__ import annotations

@@ -642,16 +642,16 @@ def check_inputs(q, k, v, o, lse, do, head_dims: tuple[int, ...] = HEAD_DIMS) ->
 
 
 class BackwardPlan:
-    """The host work of a Gluon backward's three launches (lse and Delta padded per head, the products with dQ's
-    reduce-adds, dQ's convert) done once for a layout, what ``flash_attention``'s plan keeps on Hopper as
-    ``fa3.ForwardPlan`` does for the forward: grid, scale, constexprs and shared-memory layouts; from the first call,
-    one TMA descriptor per tensor validated by Triton (kept as templates without their tensor) and each kernel's
-    compiled launch (``launch.prepare_launch``). A later call allocates its buffers, puts its tensors into copies of
-    the templates and launches, with no argument binding and no descriptor checks. Why: on an H100 under Triton 3.9
-    a backward at (4, 32, 1024, 64) took 0.76 ms and at N = 2048, four times the work, 0.92 ms: a fixed cost per
-    call, on the host (docs/KERNELS.md, "Host time"). With the prepared launches the causal call at that shape took
-    0.36 ms, against 0.77 ms launched through Triton in the same session. ``flash_attention`` prepares them only
-    under a Triton in ``PREPARED_TRITON``.
+    """The host work of a Gluon backward's three launches (lse and Delta padded per head with dQ's float32 buffer
+    zeroed, the products with dQ's reduce-adds, dQ's convert) done once for a layout, what ``flash_attention``'s
+    plan keeps on Hopper as ``fa3.ForwardPlan`` does for the forward: grid, scale, constexprs and shared-memory
+    layouts; from the first call, one TMA descriptor per tensor validated by Triton (kept as templates without their
+    tensor) and each kernel's compiled launch (``launch.prepare_launch``). A later call allocates its buffers, puts
+    its tensors into copies of the templates and launches, with no argument binding and no descriptor checks. Why:
+    on an H100 under Triton 3.9 a backward at (4, 32, 1024, 64) took 0.76 ms and at N = 2048, four times the work,
+    0.92 ms: a fixed cost per call, on the host (docs/KERNELS.md, "Host time"). With the prepared launches the causal
+    call at that shape took 0.36 ms, against 0.77 ms launched through Triton in the same session.
+    ``flash_attention`` prepares them only under a Triton in ``PREPARED_TRITON``.
 
     b7's variants and b8 differ in the tiles: ``block_m`` query rows a tile (Q, dO, lse and Delta copies),
     ``kv_rows`` keys a copy of K and V, ``pad_rows`` the rows each head's lse, Delta and dQ are padded to, and
