@@ -52,8 +52,9 @@ def _sibling(name: str):
     return module
 
 
-# What the subprocess below prints: each variant (b7 to b7f) compiled for sm_90 at D 64 and 128 (fp16 not causal,
-# bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds.
+# What the subprocess below prints: each variant (b7 to b7g) compiled for sm_90 at D 64 and 128 (fp16 not causal,
+# bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader), what the PTX holds and, from the SASS, the
+# scalar conversions (F2F) and exponentials (MUFU.EX2).
 _COMPILE = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -64,6 +65,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import fa3_compile
+from fa3_fp8_compile import sass
 from flashcourse.kernels.hopper import fa3_backward_tma as b7
 records = []
 cases = ((name, head_dim, dtype, causal) for name in b7.STAGES for head_dim in b7.HEAD_DIMS
@@ -75,7 +77,9 @@ for name, head_dim, dtype, causal in cases:
                               target=GPUTarget("cuda", 90, 32), options=stage.options())
     usage = fa3_compile.resource_usage(compiled.asm["cubin"])
     ptx = compiled.asm["ptx"]
-    records.append({"variant": name, "head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
+    ops = [line.split()[1 if line.startswith("@") else 0] for line in sass(compiled.asm["cubin"])]
+    records.append({"f2f": sum(op.startswith("F2F.") for op in ops), "ex2": ops.count("MUFU.EX2"),
+                    "variant": name, "head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
                     "shared": compiled.metadata.shared,
                     "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
                     "atom": ptx.count("atom.global") + ptx.count("red.global"),
@@ -97,7 +101,7 @@ print(json.dumps({"stages": records, "stats": stats}))
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # two to five minutes on two shared cores: 24 compiles to cubin
+@pytest.mark.slow  # two to five minutes on two shared cores: 28 compiles to cubin
 def test_b7_compiles_for_sm90(tmp_path):
     env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -106,7 +110,7 @@ def test_b7_compiles_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     records = printed["stages"]
-    assert len(records) == 6 * 4  # b7, b7b, b7c, b7d, b7e, b7f
+    assert len(records) == 7 * 4  # b7, b7b, b7c, b7d, b7e, b7f, b7g
     for r in printed["stats"]:
         # lse2 and Delta stored, and dQ's buffer zeroed (16 rows of D float32, at least 2 stores of 4 a thread)
         assert r["local"] == 0 and r["st_global"] >= 4, r
@@ -149,6 +153,16 @@ def test_b7_compiles_for_sm90(tmp_path):
     for causal in (False, True):  # at D = 64 b7e is b7d (wgmma's M of 64 rules out a 32-column transposed dQ)
         assert {k: v for k, v in by["b7e", 64, causal].items() if k != "variant"} == \
             {k: v for k, v in by["b7d", 64, causal].items() if k != "variant"}
+    for d in (64, 128):
+        # float16: b7g is b7e, instruction for instruction counted; no scalar conversions in either
+        assert {k: v for k, v in by["b7g", d, False].items() if k != "variant"} == \
+            {k: v for k, v in by["b7e", d, False].items() if k != "variant"}
+        assert by["b7e", d, False]["f2f"] == 0
+        # bfloat16, where P is kept in 16 bits and widened for dS: ptxas rounds b7e's P one value at a time (F2F,
+        # on the exponentials' pipe), one per exponential; b7g's paired rounding leaves none, b7c never had any
+        b7c, b7e, b7g = (by[v, d, True] for v in ("b7c", "b7e", "b7g"))
+        assert b7e["f2f"] == b7e["ex2"] > 0 and b7g["f2f"] == 0 and b7c["f2f"] == 0, (b7c, b7e, b7g)
+        assert b7g["ex2"] == b7e["ex2"] and b7g["shared"] == b7e["shared"], (b7e, b7g)
 
 
 def test_kernels_package_does_not_import_b7():
@@ -177,7 +191,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q)
     with pytest.raises(ValueError, match=r"head dims \(64, 128\)"):
         fa3_backward_tma.b7_backward(q[..., :40], q[..., :40], q[..., :40], q[..., :40], lse, q[..., :40])
-    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c, b7d, b7e, b7f \(got 'b8'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b7, b7b, b7c, b7d, b7e, b7f, b7g \(got 'b8'\)"):
         fa3_backward_tma.b7_backward(q, q, q, q, lse, q, stage="b8")
     # dispatched only under releases whose Gluon has the TMA reduce-add (3.9 on): an older one would fail at compile
     assert all(tuple(map(int, v.split("."))) >= (3, 9) for v in fa3_backward_tma.TESTED_TRITON)

@@ -125,6 +125,19 @@ and 0.88-0.96x in bf16 (b7d: 0.90-0.95x and 0.86-0.91x). Not cuDNN's pace yet: b
 at D = 128 unless the narrow reduce-adds slow the writer (``dq_empty`` waits would show it in the profile); at
 D = 64 b7f 1.0-1.04x b7d, b7e as b7d.
 
+Variant b7g (bfloat16's P rounded in pairs; prediction written before any GPU run, 2026-12-07). b7e in bfloat16 ran
+at 0.90-0.92x cuDNN where float16 ran at 0.97-1.00x, and b7c showed no such gap. Their SASS (sm_90, Triton 3.9)
+says why: where P is kept in 16 bits and widened again for dS (``LEAN_REGS``), ptxas pairs float16's roundings
+(F2FP.F16.F32.PACK_AB, widened by HADD2.F32, ALU instructions) but rounds bfloat16's one value at a time with
+F2F.BF16.F32: 128 in the kernel, one beside each MUFU.EX2. F2F issues on the same pipe as the exponentials, 16
+results a clock an SM, so in bfloat16 that pipe does twice the work: 8,192 exponentials and 8,192 roundings a step
+(two warpgroups of 64 keys x 64 queries), 512 cycles each, against about 2,460 cycles of tensor work. **b7g**
+rounds P with inline ``cvt.rn.bf16x2.f32`` (``_bf16_pairs``): two values an instruction on the ALUs, the same bits
+(both round to nearest even); the SASS then has no F2F and 64 more packed conversions, and float16's code is
+b7e's. Expected: bfloat16 at D = 128 1.03-1.07x b7e (0.94-0.99x cuDNN, float16's pace), float16 b7e within 2%.
+What could hold it back: the extra byte permutes that widen a packed bfloat16 (PRMT, LOP3) on the ALUs, which the
+softmax already loads.
+
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
 Tensors are seen as 2-D (B*H*N, D) for TMA: rows past a head's end belong to the next head and are masked
@@ -188,7 +201,8 @@ _ROWS_C = gl.constexpr(ROWS)
 class _Rows:
     """What a step reads about its query rows: lse (in log2 units) and Delta from row ``stat_row`` of their
     (B*H, N_QPAD) arrays (``_b7_stats_kernel``), N_Q and N_KV for the masks, ``qk_scale`` (the softmax scale
-    times log2(e))."""
+    times log2(e)); ``paired_p``: a bfloat16 P is rounded two values an instruction (b7g, ``_bf16_pairs``), a flag
+    carried here so that the partitions' argument lists stay short."""
 
     LSE: gl.tensor
     DELTA: gl.tensor
@@ -196,15 +210,17 @@ class _Rows:
     N_Q: gl.tensor
     N_KV: gl.tensor
     qk_scale: gl.tensor
+    paired_p: gl.constexpr
 
     @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
-    def __init__(self, LSE, DELTA, stat_row, N_Q, N_KV, qk_scale):
+    def __init__(self, LSE, DELTA, stat_row, N_Q, N_KV, qk_scale, paired_p):
         self.LSE = LSE
         self.DELTA = DELTA
         self.stat_row = stat_row
         self.N_Q = N_Q
         self.N_KV = N_KV
         self.qk_scale = qk_scale
+        self.paired_p = gl.constexpr(paired_p)
 
 
 @aggregate
@@ -248,6 +264,17 @@ class _DqHandoff:
 
 
 @gluon.jit
+def _bf16_pairs(x):
+    """float32 x rounded to bfloat16 by ``cvt.rn.bf16x2.f32``, two values an instruction (F2FP.PACK_AB, an ALU
+    instruction). Why: where P is kept in 16 bits and widened again for dS (b7d-b7f), ptxas rounds a bfloat16 P one
+    value at a time with F2F, which issues on the pipe of the exponentials (one F2F per MUFU.EX2 in b7e's SASS),
+    while a float16 P is paired (F2FP.F16.F32.PACK_AB) and widened by HADD2.F32. The bits are those of
+    ``x.to(gl.bfloat16)``: both round to nearest even."""
+    return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                     is_pure=True, pack=2)
+
+
+@gluon.jit
 def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats, slot, handoff, rows, m0, keys,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, STATS_BY_TMA: gl.constexpr, LEAN_REGS: gl.constexpr,
              S_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
@@ -288,7 +315,10 @@ def _b7_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
         if CAUSAL:
             ok = ok & (keys[:, None] <= cols[None, :])
         p = gl.where(ok, p, 0.0)
-    p_half = p.to(q_tile.dtype)
+    if rows.paired_p and q_tile.dtype == gl.bfloat16:
+        p_half = _bf16_pairs(p)
+    else:
+        p_half = p.to(q_tile.dtype)
     if LEAN_REGS:
         p = p_half.to(gl.float32)
     dv = warpgroup_mma(gl.convert_layout(p_half, op_layout), do_tile, dv, is_async=True)
@@ -442,8 +472,8 @@ def _b7_dq_writer(dq_desc, handoff, dq_row, m_lo, n_tiles):
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
 def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, LSE, DELTA, qk_scale, scale,
                N_Q, N_KV, N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, STATS_BY_TMA: gl.constexpr,
-               LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-               CONSUMER_REGS: gl.constexpr):
+               LEAN_REGS: gl.constexpr, DQ_TRANSPOSED: gl.constexpr, PAIRED_P: gl.constexpr,
+               PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """b7 and its variants: two consumer warpgroups (launch with num_warps=4: the default partition is consumer
     0), a loader warp, a dQ-writer warp; one program per 128 keys of one (batch, head). With ``STATS_BY_TMA``
     (b7b, b7c) the loader brings each tile's lse and Delta through ``lse_desc`` and ``delta_desc`` (1-D, BLOCK_M
@@ -493,7 +523,7 @@ def _b7_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
 
     ring = _Ring(q_smem, do_smem, ready, empty)
     handoff = _DqHandoff(ds_smem, ds_ready, dq_smem, dq_full, dq_empty, DQ_TRANSPOSED)
-    rows = _Rows(LSE, DELTA, stat_row, N_Q, N_KV, qk_scale)
+    rows = _Rows(LSE, DELTA, stat_row, N_Q, N_KV, qk_scale, PAIRED_P)
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     gl.warp_specialize([
         (_b7_consumer0, (k_smem, v_smem, kv_bar, ring, stats, handoff, rows, DK, DV, scale, kv_row, n0, m_lo,
@@ -548,6 +578,7 @@ class Stage:
     lean_regs: bool = False  # lse and Delta read where used, dS from P in 16 bits (b7d: 64 rows fit at D = 128)
     dq_transposed: bool = False  # dQ^T = K^T dS^T at 64 rows too, stored a float32 a lane (b7e: no bank conflicts)
     dq_swizzle: int = 0  # bytes of the dQ tiles' swizzle; 0: the default for the tile (128), 32 for b7f
+    paired_p: bool = False  # a bfloat16 P rounded two values an instruction (b7g: no F2F beside the exponentials)
     block_m: tuple[tuple[int, int], ...] = tuple(BLOCK_M.items())  # (head dim, query rows a step)
 
     def keys(self) -> int:
@@ -562,7 +593,7 @@ class Stage:
 
     def constexprs(self, causal: bool) -> dict:
         return {"CAUSAL": causal, "STAGES": self.stages, "STATS_BY_TMA": self.stats_by_tma, "LEAN_REGS": self.lean_regs,
-                "DQ_TRANSPOSED": self.dq_transposed, "PRODUCER_REGS": self.producer_regs,
+                "DQ_TRANSPOSED": self.dq_transposed, "PAIRED_P": self.paired_p, "PRODUCER_REGS": self.producer_regs,
                 "CONSUMER_REGS": self.consumer_regs}
 
 
@@ -591,6 +622,12 @@ STAGES = {
                  "128, no change to the math warps' code); the writer's reduce-add split into 32-byte wide copies",
                  "D = 128: as b7e within 3%, unless the narrow reduce-adds cost; D = 64: 1.0-1.04x b7d",
                  _b7_kernel, stats_by_tma=True, lean_regs=True, dq_swizzle=32, block_m=((64, 64), (128, 64))),
+    "b7g": Stage("b7g", "b7e with a bfloat16 P rounded two values an instruction (inline cvt.rn.bf16x2.f32): ptxas "
+                 "rounded b7e's one value at a time with F2F, one per exponential and on the same pipe (MUFU's "
+                 "16 a clock an SM), where float16's were paired on the ALUs; float16 code unchanged",
+                 "bf16 at D = 128: 1.03-1.07x b7e (0.94-0.98x cuDNN); fp16: b7e within 2%", _b7_kernel,
+                 stats_by_tma=True, lean_regs=True, dq_transposed=True, paired_p=True,
+                 block_m=((64, 64), (128, 64))),
 }
 VARIANTS = tuple(STAGES)
 HEAD_DIMS = (64, 128)
