@@ -24,6 +24,8 @@ beside the timings' reserve is refused at once, naming one that would do:
                                    # short calls: where host time makes b1 the faster backward (92 s on an H100)
     PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7e,b7g --budget 330 --out $OUT
                                    # b7g (bfloat16's P rounded in pairs) beside b7e, checked
+    PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --variants b7e,b7g,b8,b8d --budget 400 --out $OUT
+                                   # the same fix at D = 256 (b8d) too, in one run
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
@@ -103,7 +105,7 @@ SHAPE_SETS = {"lengths": ((16, 32, 1024), (8, 32, 2048), (4, 32, 4096), (4, 16, 
 HEAD_DIMS = (64, 128)
 # Variants of another module, each at the head dims it takes: b8, b8b and b8c (hopper/fa3_backward_d256.py),
 # D = 256 only. Named here, not imported, so that the plan is read on a machine whose Triton has no Gluon.
-OTHER_HEAD_DIMS = {"b8": (256,), "b8b": (256,), "b8c": (256,)}
+OTHER_HEAD_DIMS = {"b8": (256,), "b8b": (256,), "b8c": (256,), "b8d": (256,)}
 DTYPES = ("float16", "bfloat16")
 REFERENCES = ("sdpa_cudnn", "b1", "fa4")
 # What the phases after the compiles need, kept from the budget: a child's start (torch, CUDA; about 5 s on the

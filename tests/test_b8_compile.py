@@ -41,9 +41,9 @@ def _sibling(name: str):
 
 needs_tma_reduce = _sibling("test_b7_compile").needs_tma_reduce
 
-# What the subprocess prints: b8, b8b and b8c compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the
-# cubin's resources (scripts/fa3_compile.py's reader) and what the PTX holds; and the preprocess and dQ convert at
-# D = 256.
+# What the subprocess prints: b8 to b8d compiled for sm_90 at D = 256 in fp16 and bf16, causal and not, the cubin's
+# resources (scripts/fa3_compile.py's reader), what the PTX holds and, from the SASS, the scalar conversions (F2F)
+# and exponentials (MUFU.EX2); and the preprocess and dQ convert at D = 256.
 _COMPILE = r"""
 import json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
@@ -54,6 +54,7 @@ import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import fa3_compile
+from fa3_fp8_compile import sass
 from flashcourse.kernels.hopper import fa3_backward_d256 as b8, fa3_backward as b6, fa3_backward_tma as b7
 target = GPUTarget("cuda", 90, 32)
 records = []
@@ -64,7 +65,9 @@ for name, dtype, causal in ((n, dt, c) for n in b8.STAGES for dt in (torch.float
     compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs), target=target,
                               options=stage.options())
     ptx = compiled.asm["ptx"]
+    ops = [line.split()[1 if line.startswith("@") else 0] for line in sass(compiled.asm["cubin"])]
     records.append({"variant": name, "dtype": str(dtype), "causal": causal,
+                    "f2f": sum(op.startswith("F2F.") for op in ops), "ex2": ops.count("MUFU.EX2"),
                     **fa3_compile.resource_usage(compiled.asm["cubin"]),
                     "shared": compiled.metadata.shared,
                     "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),
@@ -89,7 +92,7 @@ print(json.dumps({"stages": records, "helpers": helpers}))
 
 
 @needs_tma_reduce
-@pytest.mark.slow  # about a minute on two shared cores: eight compiles to cubin and two small kernels
+@pytest.mark.slow  # about a minute on two shared cores: sixteen compiles to cubin and two small kernels
 def test_b8_compiles_for_sm90_without_spills(tmp_path):
     env = dict(os.environ, PYTHONPATH=child_pythonpath(), TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
     env.pop("TRITON_INTERPRET", None)
@@ -99,7 +102,7 @@ def test_b8_compiles_for_sm90_without_spills(tmp_path):
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in printed["helpers"]:  # the preprocess and the dQ convert, whose row layout now also serves D = 256
         assert r["local"] == 0 and r["st_global"] >= 1, r
-    assert len(printed["stages"]) == 12
+    assert len(printed["stages"]) == 16
     for r in printed["stages"]:
         where = f"{r['variant']} {r['dtype']} causal={r['causal']}"
         assert r["shared"] <= 232448, f"{where} allocates {r['shared']} bytes of shared memory (sm_90: 227 KB)"
@@ -123,6 +126,14 @@ def test_b8_compiles_for_sm90_without_spills(tmp_path):
             assert (r["shared"], r["st_shared_v2"], r["wgmma"]) == (b8["shared"], b8["st_shared_v2"], b8["wgmma"]), (
                 r, b8)
             assert r["reduce_add"] == 4 * b8["reduce_add"], (r, b8)  # 32-byte wide copies: 8 a chunk, not 2
+        if variant == "b8d":  # b8 with a bfloat16 P rounded in pairs: float16 unchanged, bfloat16 without F2F
+            b8 = by["b8", dtype, causal]
+            if dtype == "torch.float16":
+                assert {k: v for k, v in r.items() if k != "variant"} == \
+                    {k: v for k, v in b8.items() if k != "variant"}
+                assert b8["f2f"] == 0, b8
+            else:  # b8 rounds one value at a time on the exponentials' pipe, one per exponential
+                assert b8["f2f"] == b8["ex2"] > 0 and r["f2f"] == 0 and r["ex2"] == b8["ex2"], (r, b8)
 
 
 def test_unsupported_inputs_say_what_to_use(monkeypatch):
@@ -144,7 +155,7 @@ def test_unsupported_inputs_say_what_to_use(monkeypatch):
     monkeypatch.setattr(fa3_backward_tma, "HAS_TMA_REDUCE", True)
     with pytest.raises(ValueError, match="Hopper.*flash_attention_backward"):  # b6's rules hold, D = 256 passes
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q)
-    with pytest.raises(ValueError, match=r"stage must be one of b8, b8b, b8c \(got 'b9'\)"):
+    with pytest.raises(ValueError, match=r"stage must be one of b8, b8b, b8c, b8d \(got 'b9'\)"):
         fa3_backward_d256.b8_backward(q, q, q, q, lse, q, stage="b9")
     assert fa3_backward_d256.TESTED_TRITON == fa3_backward_tma.TESTED_TRITON  # both need 3.9's TMA reduce-add
 

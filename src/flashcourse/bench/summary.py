@@ -899,7 +899,7 @@ BACKWARD_DESIGNS = ("b1", "b7", "b7b", "b7c")
 # the five products (the others of a case, Delta's preprocess, zeroing dQ's buffer, dQ's conversion, compute none).
 DESIGN_PROFILE_KERNELS = {"sdpa_cudnn": "flash_bprop", "b7": "_b7_kernel", "b7b": "_b7_kernel", "b7c": "_b7_kernel",
                           "b7d": "_b7_kernel", "b7e": "_b7_kernel", "b7f": "_b7_kernel", "b7g": "_b7_kernel",
-                          "b8": "_b8_kernel", "b8c": "_b8_kernel"}
+                          "b8": "_b8_kernel", "b8c": "_b8_kernel", "b8d": "_b8_kernel"}
 
 
 def backward_designs(directory: Path | None = None) -> dict | None:

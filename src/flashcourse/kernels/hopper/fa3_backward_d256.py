@@ -99,6 +99,13 @@ the writer issues 8 reduce-adds a chunk instead of 2 (b7f, the same change at D 
 removed the conflict without it). Expected: **b8c 1.03-1.08x b8** at N >= 4096, causal and not, fp16 and bf16; the
 same registers and shared memory.
 
+Variant b8d (prediction written before any GPU run, 2026-12-07): b8 with b7g's fix. b8 keeps P in 16 bits and widens
+it for dS, so its bfloat16 SASS has one F2F.BF16.F32 beside each MUFU.EX2 (64 each), on the exponentials' pipe (16
+a clock an SM), where float16's roundings are paired on the ALUs. A step's 4,096 exponentials (two warpgroups of 64
+queries x 32 keys) take 256 cycles of that pipe and the roundings 256 more, about 4% of a step's 6,500 cycles, and
+the quick run of 2026-12-07 timed b8 at 375 / 358 TFLOP/s in bf16 (non-causal / causal) against 380 / 359 in fp16:
+little to win. Expected: **b8d 1.00-1.03x b8** in bf16, fp16 b8 within 2%.
+
 Layout contract (b7's): q, k, v, o, do (B, H, N, 256) contiguous, one dtype (float16 / bfloat16), no GQA; lse
 (B, H, N_q) float32 natural log; ``causal=True`` top-left. ``benchmarks/gpu_b7.py --variants b8,b8b`` checks and
 times them.
@@ -128,7 +135,7 @@ from .fa3 import _mma_layout, _tma_load, aggregate, tensor_descriptor_signature
 from .fa3_backward import _query_tiles, _store_dkdv
 from .fa3_backward_tma import HAS_TMA_REDUCE as HAS_TMA_REDUCE  # dQ's reduce-add is b7's: the dispatch asks here
 from .fa3_backward_tma import PREPARED_TRITON as PREPARED_TRITON  # its launches are b7's BackwardPlan's
-from .fa3_backward_tma import BackwardPlan, _Stats, _stats_layout
+from .fa3_backward_tma import BackwardPlan, _bf16_pairs, _Stats, _stats_layout
 from .fa3_backward_tma import check_inputs as _check_b7_inputs
 
 # The Triton releases (major.minor) under which b8's gradients were checked on a GPU (gpu_b7.py), where the dispatch
@@ -145,17 +152,20 @@ _PDS_BUFFERS_C = gl.constexpr(2)  # P and dS: step i+1 writes while the other wa
 
 @aggregate
 class _Bounds:
-    """What a step's masks and exponentials read: N_Q and N_KV, ``qk_scale`` (the softmax scale times log2(e))."""
+    """What a step's masks and exponentials read: N_Q and N_KV, ``qk_scale`` (the softmax scale times log2(e));
+    ``paired_p``: a bfloat16 P is rounded two values an instruction (b8d, b7g's ``_bf16_pairs``)."""
 
     N_Q: gl.tensor
     N_KV: gl.tensor
     qk_scale: gl.tensor
+    paired_p: gl.constexpr
 
     @gluon.constexpr_function  # runs while the kernel is traced: it only names the values
-    def __init__(self, N_Q, N_KV, qk_scale):
+    def __init__(self, N_Q, N_KV, qk_scale, paired_p):
         self.N_Q = N_Q
         self.N_KV = N_KV
         self.qk_scale = qk_scale
+        self.paired_p = gl.constexpr(paired_p)
 
 
 @aggregate
@@ -235,7 +245,10 @@ def _b8_step(wg: gl.constexpr, i, dk, dv, k_smem, v_smem, q_tile, do_tile, stats
         if CAUSAL:
             ok = ok & (keys[None, :] <= queries[:, None])
         p = gl.where(ok, p, 0.0)
-    p_half = p.to(q_tile.dtype)
+    if rows.paired_p and q_tile.dtype == gl.bfloat16:
+        p_half = _bf16_pairs(p)
+    else:
+        p_half = p.to(q_tile.dtype)
     p_tile.slice(wg * HALF, HALF, dim=1).store(p_half)
     fence_async_shared()  # P written by the threads, read by the tensor cores (the async proxy)
     mbarrier.arrive(exchange.p_ready.index(buf))
@@ -401,7 +414,7 @@ def _b8_dq_writer(dq_desc, exchange, dq_row, m_lo, n_tiles, COLS: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["N_Q", "N_KV", "N_QPAD"])
 def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV, qk_scale, scale, N_Q, N_KV,
-               N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_BUFFERS: gl.constexpr,
+               N_QPAD, CAUSAL: gl.constexpr, STAGES: gl.constexpr, DQ_BUFFERS: gl.constexpr, PAIRED_P: gl.constexpr,
                PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """b8: two consumer warpgroups (launch with num_warps=4: the default partition is consumer 0), a loader warp, a
     dQ-writer warp; one program per 64 keys of one (batch, head)."""
@@ -452,7 +465,7 @@ def _b8_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, D
 
     buffers = _QdOBuffers(q_smem, q_ready, q_empty, do_smem, do_ready, do_empty)
     exchange = _Exchange(p_smem, ds_smem, p_ready, ds_ready, dq_smem, dq_full, dq_empty)
-    rows = _Bounds(N_Q, N_KV, qk_scale)
+    rows = _Bounds(N_Q, N_KV, qk_scale, PAIRED_P)
     # The argument tuples are written out in each call (a tuple held in a variable loses its constexprs).
     gl.warp_specialize([
         (_b8_consumer0, (k_smem, v_smem, kv_bar, buffers, stats, exchange, rows, DK, DV, scale, kv_row, n0, m_lo,
@@ -478,6 +491,7 @@ class Stage:
     dq_chunk: int = 64  # dQ columns a handoff to the writer (64 x 64 float32: 16 KB)
     dq_buffers: int = 1  # chunk buffers a warpgroup
     dq_swizzle: int = 0  # bytes of the dQ chunks' swizzle; 0: the default for the chunk (128), 32 for b8c
+    paired_p: bool = False  # a bfloat16 P rounded two values an instruction (b8d, as b7g)
     producer_regs: int = 24  # the loader's and the writer's warps
     consumer_regs: int = 240
     head_dims: tuple[int, ...] = HEAD_DIMS
@@ -495,7 +509,7 @@ class Stage:
         return {"num_warps": 4}
 
     def constexprs(self, causal: bool) -> dict:
-        return {"CAUSAL": causal, "STAGES": self.stages, "DQ_BUFFERS": self.dq_buffers,
+        return {"CAUSAL": causal, "STAGES": self.stages, "DQ_BUFFERS": self.dq_buffers, "PAIRED_P": self.paired_p,
                 "PRODUCER_REGS": self.producer_regs, "CONSUMER_REGS": self.consumer_regs}
 
 
@@ -512,6 +526,9 @@ STAGES = {
     "b8c": Stage("b8c", "b8 with the dQ chunks in a 32-byte swizzle (b7f's fix: the 8-byte stores of the float32 "
                  "chunk conflict-free, 2-way under the 128-byte swizzle); the writer's reduce-add split into 32-byte "
                  "wide copies", "1.03-1.08x b8 at N >= 4096 (D = 256), causal and not", _b8_kernel, dq_swizzle=32),
+    "b8d": Stage("b8d", "b8 with a bfloat16 P rounded two values an instruction (b7g's fix: b8's SASS rounds it by "
+                 "one F2F per exponential, on the exponentials' pipe); float16 code unchanged",
+                 "bf16: 1.01-1.04x b8 at N >= 4096 (D = 256); fp16: b8 within 2%", _b8_kernel, paired_p=True),
 }
 VARIANTS = tuple(STAGES)
 
