@@ -126,17 +126,18 @@ at D = 128 unless the narrow reduce-adds slow the writer (``dq_empty`` waits wou
 D = 64 b7f 1.0-1.04x b7d, b7e as b7d.
 
 Variant b7g (bfloat16's P rounded in pairs; prediction written before any GPU run, 2026-12-07). b7e in bfloat16 ran
-at 0.90-0.92x cuDNN where float16 ran at 0.97-1.00x, and b7c showed no such gap. Their SASS (sm_90, Triton 3.9)
-says why: where P is kept in 16 bits and widened again for dS (``LEAN_REGS``), ptxas pairs float16's roundings
+at 0.90-0.92x cuDNN where float16 ran at 0.97-1.00x, and b7c showed no such gap. Their SASS (sm_90, Triton 3.9) says
+why: where P is kept in 16 bits and widened again for dS (``LEAN_REGS``), ptxas pairs float16's roundings
 (F2FP.F16.F32.PACK_AB, widened by HADD2.F32, ALU instructions) but rounds bfloat16's one value at a time with
-F2F.BF16.F32: 128 in the kernel, one beside each MUFU.EX2. F2F issues on the same pipe as the exponentials, 16
-results a clock an SM, so in bfloat16 that pipe does twice the work: 8,192 exponentials and 8,192 roundings a step
-(two warpgroups of 64 keys x 64 queries), 512 cycles each, against about 2,460 cycles of tensor work. **b7g**
-rounds P with inline ``cvt.rn.bf16x2.f32`` (``_bf16_pairs``): two values an instruction on the ALUs, the same bits
-(both round to nearest even); the SASS then has no F2F and 64 more packed conversions, and float16's code is
-b7e's. Expected: bfloat16 at D = 128 1.03-1.07x b7e (0.94-0.99x cuDNN, float16's pace), float16 b7e within 2%.
-What could hold it back: the extra byte permutes that widen a packed bfloat16 (PRMT, LOP3) on the ALUs, which the
-softmax already loads.
+F2F.BF16.F32: 128 in the kernel, one beside each MUFU.EX2. F2F runs at 16 results a clock an SM, MUFU.EX2's rate
+(CUDA C++ Programming Guide, throughput of arithmetic instructions: "all other type conversions", compute capability
+9.0), and by our reading on the same unit (Nsight Compute's XU pipe, which its counters on a GPU can confirm): in
+bfloat16 that unit then does twice the work, 8,192 exponentials and 8,192 roundings a step (two warpgroups of 64 keys
+x 64 queries), 512 cycles each, against about 2,460 cycles of tensor work. **b7g** rounds P with inline
+``cvt.rn.bf16x2.f32`` (``_bf16_pairs``): two values an instruction on the ALUs, the same bits (both round to nearest
+even); the SASS then has no F2F and 64 more packed conversions, and float16's code is b7e's. Expected: bfloat16 at D
+= 128 1.03-1.07x b7e (0.94-0.99x cuDNN, float16's pace), float16 b7e within 2%. What could hold it back: the extra
+byte permutes that widen a packed bfloat16 (PRMT, LOP3) on the ALUs, which the softmax already loads.
 
 Layout contract (as ``fa3_backward``): q, k, v, o, do (B, H, N, D) contiguous, one dtype (float16 / bfloat16),
 D 64 or 128, no GQA; lse (B, H, N_q) float32 natural log as the forward writes it; ``causal=True`` top-left.
@@ -267,7 +268,8 @@ class _DqHandoff:
 def _bf16_pairs(x):
     """float32 x rounded to bfloat16 by ``cvt.rn.bf16x2.f32``, two values an instruction (F2FP.PACK_AB, an ALU
     instruction). Why: where P is kept in 16 bits and widened again for dS (b7d-b7f), ptxas rounds a bfloat16 P one
-    value at a time with F2F, which issues on the pipe of the exponentials (one F2F per MUFU.EX2 in b7e's SASS),
+    value at a time with F2F, at the exponentials' rate and by our reading on their unit (one F2F per MUFU.EX2 in
+    b7e's SASS),
     while a float16 P is paired (F2FP.F16.F32.PACK_AB) and widened by HADD2.F32. The bits are those of
     ``x.to(gl.bfloat16)``: both round to nearest even."""
     return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
@@ -542,10 +544,9 @@ def _b7_stats_kernel(O, DO, LSE, LSE2, DELTA, DQ_ACC, N_Q, N_QPAD, HEAD_DIM: gl.
     """Rows [pid * BLOCK, ...) of head program_id(1): Delta = rowsum(dO * O) and lse2 = lse * log2(e), written
     into (B*H, N_QPAD) arrays with zeros past N_Q, and the same rows of the float32 dQ buffer (B*H*N_QPAD,
     HEAD_DIM) set to 0 for the reduce-adds, which saves a fill launch a call, as cuDNN's preprocess does (launch
-    with 4 warps over N_QPAD / BLOCK programs). FA3's
-    preprocess pads its LSE and dPsum to whole tiles too: each tile's values then start on a 256-byte boundary,
-    which a 1-D TMA copy needs (b7b's first run faulted, "illegal instruction", where a head began at a 4-byte
-    offset), and no tile reaches the next head's rows."""
+    with 4 warps over N_QPAD / BLOCK programs). FA3's preprocess pads its LSE and dPsum to whole tiles too: each
+    tile's values then start on a 256-byte boundary, which a 1-D TMA copy needs (b7b's first run faulted, "illegal
+    instruction", where a head began at a 4-byte offset), and no tile reaches the next head's rows."""
     layout: gl.constexpr = _row_tile_layout(HEAD_DIM)
     bh = gl.program_id(1).to(gl.int64)
     rows = gl.program_id(0) * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, layout))
@@ -623,9 +624,9 @@ STAGES = {
                  "D = 128: as b7e within 3%, unless the narrow reduce-adds cost; D = 64: 1.0-1.04x b7d",
                  _b7_kernel, stats_by_tma=True, lean_regs=True, dq_swizzle=32, block_m=((64, 64), (128, 64))),
     "b7g": Stage("b7g", "b7e with a bfloat16 P rounded two values an instruction (inline cvt.rn.bf16x2.f32): ptxas "
-                 "rounded b7e's one value at a time with F2F, one per exponential and on the same pipe (MUFU's "
-                 "16 a clock an SM), where float16's were paired on the ALUs; float16 code unchanged",
-                 "bf16 at D = 128: 1.03-1.07x b7e (0.94-0.98x cuDNN); fp16: b7e within 2%", _b7_kernel,
+                 "rounded b7e's one value at a time with F2F, one per exponential and at its rate (16 a clock an "
+                 "SM), where float16's were paired on the ALUs; float16 code unchanged",
+                 "bf16 at D = 128: 1.03-1.07x b7e (0.94-0.99x cuDNN); fp16: b7e within 2%", _b7_kernel,
                  stats_by_tma=True, lean_regs=True, dq_transposed=True, paired_p=True,
                  block_m=((64, 64), (128, 64))),
 }
