@@ -56,7 +56,7 @@ def _sibling(name: str):
 # bf16 causal), the cubin's resources (scripts/fa3_compile.py's reader), what the PTX holds and, from the SASS, the
 # scalar conversions (F2F) and exponentials (MUFU.EX2).
 _COMPILE = r"""
-import json, os, sys
+import hashlib, json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, sys.argv[1])
 import flashcourse.device
@@ -77,8 +77,10 @@ for name, head_dim, dtype, causal in cases:
                               target=GPUTarget("cuda", 90, 32), options=stage.options())
     usage = fa3_compile.resource_usage(compiled.asm["cubin"])
     ptx = compiled.asm["ptx"]
-    ops = [line.split()[1 if line.startswith("@") else 0] for line in sass(compiled.asm["cubin"])]
-    records.append({"f2f": sum(op.startswith("F2F.") for op in ops), "ex2": ops.count("MUFU.EX2"),
+    lines = sass(compiled.asm["cubin"])
+    ops = [line.split()[1 if line.startswith("@") else 0] for line in lines]
+    records.append({"sass": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+                    "f2f": sum(op.startswith("F2F.") for op in ops), "ex2": ops.count("MUFU.EX2"),
                     "variant": name, "head_dim": head_dim, "dtype": str(dtype), "causal": causal, **usage,
                     "shared": compiled.metadata.shared,
                     "reduce_add": ptx.count("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add"),

@@ -45,7 +45,7 @@ needs_tma_reduce = _sibling("test_b7_compile").needs_tma_reduce
 # resources (scripts/fa3_compile.py's reader), what the PTX holds and, from the SASS, the scalar conversions (F2F)
 # and exponentials (MUFU.EX2); and the preprocess and dQ convert at D = 256.
 _COMPILE = r"""
-import json, os, sys
+import hashlib, json, os, sys
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, sys.argv[1])
 import flashcourse.device
@@ -65,8 +65,10 @@ for name, dtype, causal in ((n, dt, c) for n in b8.STAGES for dt in (torch.float
     compiled = triton.compile(GluonASTSource(stage.kernel, signature, constexprs=constexprs), target=target,
                               options=stage.options())
     ptx = compiled.asm["ptx"]
-    ops = [line.split()[1 if line.startswith("@") else 0] for line in sass(compiled.asm["cubin"])]
-    records.append({"variant": name, "dtype": str(dtype), "causal": causal,
+    lines = sass(compiled.asm["cubin"])
+    ops = [line.split()[1 if line.startswith("@") else 0] for line in lines]
+    records.append({"sass": hashlib.sha256("\n".join(lines).encode()).hexdigest(),
+                    "variant": name, "dtype": str(dtype), "causal": causal,
                     "f2f": sum(op.startswith("F2F.") for op in ops), "ex2": ops.count("MUFU.EX2"),
                     **fa3_compile.resource_usage(compiled.asm["cubin"]),
                     "shared": compiled.metadata.shared,

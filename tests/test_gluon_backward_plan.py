@@ -121,6 +121,27 @@ def test_b8_plan_takes_b8_s_tiles_and_no_stats_pointers(monkeypatch):
     assert tuple(log[1]["args"]) == MAIN_NAMES
 
 
+@pytest.mark.parametrize(("module", "stage", "paired", "head_dim"),
+                         [(fa3_backward_tma, "b7e", "b7g", 128), (fa3_backward_d256, "b8", "b8d", 256)])
+def test_the_paired_rounding_stages_launch_as_their_bases_do(monkeypatch, module, stage, paired, head_dim):
+    """b7g and b8d are b7e and b8 with one constexpr set (PAIRED_P): the same kernels, grids, tiles and arguments
+    otherwise, so a run that timed the base's launches at little work (the dispatch's floor) holds for them."""
+    launches = {}
+    for name in (stage, paired):
+        log = _stub(monkeypatch, module, name)
+        torch.manual_seed(0)
+        q, k, v, o, lse, do = _inputs(2, 3, 130, head_dim)
+        module.backward_plan(q, k, causal=True, scale=0.3, stage=name)(q, k, v, o, lse, do)
+        launches[name] = [(e["kernel"], e["grid"], {key: getattr(value, "block_shape", None) if hasattr(value, "base")
+                                                    else tuple(value.shape) if torch.is_tensor(value) else value
+                                                    for key, value in e["args"].items()}) for e in log]
+    base, other = launches[stage], launches[paired]
+    assert [(kernel, grid) for kernel, grid, _ in base] == [(kernel, grid) for kernel, grid, _ in other]
+    (_, _, base_main), (_, _, paired_main) = base[1], other[1]
+    assert base_main.pop("PAIRED_P") is False and paired_main.pop("PAIRED_P") is True
+    assert base_main == paired_main and base[0] == other[0] and base[2] == other[2]
+
+
 def test_a_misaligned_tensor_or_a_plan_used_once_launches_through_triton(monkeypatch):
     log = _stub(monkeypatch, fa3_backward_tma, "b7c")
     q, k, v, o, lse, do = _inputs(1, 2, 64, 64)

@@ -262,8 +262,8 @@ def backward_design_ratios(rows: Sequence[Mapping], *, title: str) -> Figure:
 
 
 def backward_lengths(rows: Mapping[tuple, Mapping], *, title: str) -> Figure:
-    """Lesson 08: a Gluon backward's (b7c, b7e, or b8 at D = 256) and b1's speed over cuDNN's against N, one panel per
-    (head dim, mask), fp16 solid and bf16 dashed, a line at 1.0 (as fast as cuDNN).
+    """Lesson 08: a Gluon backward's (b7c, b7e, b7g, or b8 at D = 256) and b1's speed over cuDNN's against N, one panel
+    per (head dim, mask), fp16 solid and bf16 dashed, a line at 1.0 (as fast as cuDNN).
 
     rows: :func:`flashcourse.bench.summary.backward_lengths`' ``rows`` ({(dtype, head_dim, causal): {provider:
     [(n, ratio), ...]}})."""

@@ -1050,9 +1050,9 @@ def backward_stall_sites(directory: Path | None = None, *, run: str = "b7c") -> 
 
 
 def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> dict | None:
-    """A Gluon backward (b7c, b7e, or b8 at D = 256) and b1 over cuDNN's backward by length, from the newest
-    ``*-<variant>-lengths.json`` (``gpu_b7.py --variants <variant>``: N = 1024-16384 at B*H*N constant); None when
-    none is committed.
+    """A Gluon backward (b7c, b7e, b7g; b8 or b8d at D = 256) and b1 over cuDNN's backward by length, from the
+    newest ``*-<variant>-lengths.json`` (``gpu_b7.py --variants <variant>``: N = 1024-16384 at B*H*N constant); None
+    when none is committed.
 
     ``rows``: {(dtype, head_dim, causal): {provider: [(n, ratio_vs_sdpa_cudnn), ...] in N's order}} for the variant,
     the other Gluon stages the run timed beside it (``meta.variants``: b7c beside b7e) and b1; ``rates``: the same
@@ -1083,8 +1083,8 @@ def backward_lengths(directory: Path | None = None, *, variant: str = "b7c") -> 
 
 
 def default_backward_grid(directory: Path | None = None, *, tag: str = "t39") -> dict | None:
-    """The backward ``flash_attention`` ran (b7c, b7e, or b1 where no Gluon backward serves) over cuDNN's by length,
-    as a user calls it: B = 4 and 2048 / D heads at every N, so a short call is little work. From the newest
+    """The backward ``flash_attention`` ran (b7c, b7e or b7g, or b1 where no Gluon backward serves) over cuDNN's by
+    length, as a user calls it: B = 4 and 2048 / D heads at every N, so a short call is little work. From the newest
     ``*-grid-<tag>-d64.json`` and ``*-grid-<tag>-d128.json`` (``python -m flashcourse.bench attention --head-dim 64
     --tag=-<tag>-d64``, and 128, each file renamed from ``attention-<tag>-...``: the forward's lessons read every
     ``*-attention*.json`` as one grid of the Triton 3.6 dispatch; "t39": under Triton 3.9); None when neither is

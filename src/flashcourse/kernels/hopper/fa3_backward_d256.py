@@ -112,9 +112,9 @@ times them.
 
 Measured (an H100 80GB, Triton 3.9.0, 2026-12-07; docs/KERNELS.md, "Backward b8 at head dim 256"): b8 ran at
 1.45-1.99x b1 and 0.85-1.05x cuDNN from N = 1024 to 16384, fp16 and bf16, causal and not, above its prediction, and
-its gradients passed every check (N = 1 to 4096); b8b was 6% slower to 3% faster than b8, as predicted. So
-``plan.gluon_backward`` routes D = 256 here from N = 1024 (and 65,536 query rows, ``plan.B7_MIN_ROWS``) under a
-Triton in ``TESTED_TRITON``.
+its gradients passed every check (N = 1 to 4096); b8b was 6% slower to 3% faster than b8, as predicted; b8d
+1.00-1.04x b8 in bf16 (fp16 the same code), 0.93-1.05x cuDNN by length. So ``plan.gluon_backward`` routes D = 256
+here, to b8d, from N = 1024 (and 65,536 query rows, ``plan.B7_MIN_ROWS``) under a Triton in ``TESTED_TRITON``.
 """
 
 # No ``from __future__ import annotations``: Gluon's ``aggregate`` checks each field against its annotation.

@@ -148,11 +148,11 @@ each starts on a 256-byte boundary, as b7b's 1-D TMA copies need.
 
 The dispatch (``plan.gluon_backward``; ``plan.py`` is the only module of the package that imports this one) routes
 plain and causal calls of N >= 1024 and at least 65,536 query rows (``plan.B7_MIN_ROWS``) on Hopper to b7c at
-D = 64 and b7e at D = 128, under a Triton listed in
-``TESTED_TRITON``. Measured on an H100 (2026-12-07, Triton 3.9): b7e 1.05-1.12x b7d at D = 128 and N = 8192
-(0.99x cuDNN in fp16, 0.90-0.91x in bf16), b7f 0.97-0.98x b7e; by length b7e 1.03-1.12x b7c at D = 128 and
-0.82-0.97x at D = 64. Each variant's runs against its prediction, and the profiles, are in docs/KERNELS.md
-("Backward b7");
+D = 64 and b7g at D = 128, under a Triton listed in ``TESTED_TRITON``. Measured on an H100 (2026-12-07, Triton 3.9):
+b7e 1.05-1.12x b7d at D = 128 and N = 8192 (0.99x cuDNN in fp16, 0.90-0.91x in bf16), b7f 0.97-0.98x b7e; by length
+b7e 1.03-1.12x b7c at D = 128 and 0.82-0.97x at D = 64; b7g, by length, bf16 1.00-1.07x b7e net of the leases'
+drift (fp16 the same code), 0.92-0.99x cuDNN in both dtypes. Each variant's runs against its prediction, and the
+profiles, are in docs/KERNELS.md ("Backward b7");
 ``benchmarks/gpu_b7.py`` checks and times each variant (``--variants``).
 """
 
@@ -177,8 +177,9 @@ from .fa3_backward import BLOCK_M, ROWS, _dq_convert_kernel, _query_tiles, _Ring
 from .fa3_backward import check_inputs as _check_b6_inputs
 
 # The Triton releases (major.minor) under which the dispatched stages ran on a GPU: the GPU test of the route
-# (plan.gluon_backward) passed with b7c at D 64 and 128 under 3.9.0 on an H100 (2026-12-06 and -07); b7e, routed at
-# D = 128 since, passed its 40 gradient checks there under 3.9.0 (benchmarks/gpu_b7.py). Elsewhere the dispatch runs b1.
+# (plan.gluon_backward) passed with b7c at D 64 and 128 under 3.9.0 on an H100 (2026-12-06 and -07), and with b7g at
+# D = 128, routed there since, which passed its 40 gradient checks under 3.9.0 (benchmarks/gpu_b7.py), as b7e had.
+# Elsewhere the dispatch runs b1.
 # Compiled for sm_90 under 3.9 (tests/test_b7_compile.py), checked and timed on an H100 (benchmarks/gpu_b7.py).
 TESTED_TRITON = ("3.9",)
 # The Triton releases under which BackwardPlan's prepared launches (a repeat call of one layout) were checked on a
