@@ -1,17 +1,18 @@
 """Carry a wheel larger than one call's 64 MiB to a remote GPU machine in parts (Triton 3.9, for backward b7).
 
 The GPU machines have Triton 3.6 and no network; Triton 3.9's wheel for CPython 3.12 is about 272 MiB, and each
-call to the GPU machine carries the working tree (about 12 MiB) plus at most 64 MiB in all. So, on this machine:
+call to the GPU machine carries at most 64 MiB in all, the working tree (about 18 MiB on 2026-12-07, and growing
+with every committed result) included. So, on this machine:
 
     python3 scripts/wheel_parts.py download          # pip download triton==3.9.* (cp312, manylinux x86-64) into .t39/
     python3 scripts/wheel_parts.py slim              # .t39/<wheel stem>-slim.tar.xz: the files less SLIM_DROPPED
-    python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 46)
+    python3 scripts/wheel_parts.py split             # .t39/part1/ .. .t39/partK/, each <= --part-mib (default 40)
     python3 scripts/wheel_parts.py commands          # prints the K back-to-back calls below
 
 `slim` is optional and worth it: it leaves out what a Hopper machine never opens (SLIM_DROPPED: the AMD backend's
 libraries, CUPTI, proton, a test library; 411 MiB of 994 unpacked) and packs the rest with xz, so Triton 3.9.0's
-272.4 MiB wheel becomes a 110.2 MiB archive: 3 parts of 46 MiB where the wheel needs 6 (measured 2026-12-06: 347 s
-to pack on a shared 2-core machine, 10 s to check and extract).
+272.4 MiB wheel becomes a 110.2 MiB archive: 3 parts of at most 40 MiB where the wheel needs 7 (measured
+2026-12-06: 347 s to pack on a shared 2-core machine, 10 s to check and extract).
 `split` takes the slim archive when --dir holds one (else the wheel; or --artifact). On the GPU machine, one call
 per part while it stays warm (the parts live in its /tmp, which a machine gone idle loses: keep the calls back to
 back). Call i (1 <= i < K) carries ``.t39/part<i>`` and runs ``mkdir -p /tmp/t39parts && cp .t39/part<i>/*
@@ -37,7 +38,8 @@ Its ``install.sh`` unpacks the wheels and installs them all with ``pip install -
 first: each part folder brings an ``install.sh`` into /tmp/t39parts, and the last one copied is the one run.
 
 Why not one call: 64 MiB a call (device README, "Limits"). Why not fewer, larger parts: the part rides beside the
-tree, so 64 MiB minus the tree (12 MiB) minus room for the tree to grow.
+tree, so 64 MiB minus the tree minus room for the tree to grow (46 MiB parts stopped fitting beside the tree of
+2026-12-07: the device refused the call).
 """
 
 from __future__ import annotations
@@ -281,7 +283,7 @@ def main(argv=None) -> int:
     parser.add_argument("--requirement", default=DEFAULT_REQUIREMENT)
     parser.add_argument("--artifact", type=Path,
                         help="split this file instead of --dir's slim archive (or its wheel where there is none)")
-    parser.add_argument("--part-mib", type=float, default=46.0,
+    parser.add_argument("--part-mib", type=float, default=40.0,
                         help="largest part in MiB (64 MiB a call, less the working tree)")
     parser.add_argument("--run", default="PYTHONPATH=/tmp/t39:src python3 benchmarks/gpu_b7.py --quick --out $OUT",
                         help="what the last call runs once Triton is installed (default: b7's quick run, about "
