@@ -30,8 +30,10 @@ beside the timings' reserve is refused at once, naming one that would do:
 
 ``--variants`` names the variants timed and checked, each beside the same references in the same run (default:
 b7 alone, the first run's plan; the times above are for b7 alone, and each further variant adds about 25 s with
-its checks, 10 s without). Each variant runs at the head dims it takes (``variant_head_dims``: b7's family at D 64
-and 128, b8's at 256), and the references at every head dim of the run's variants.
+its checks, 10 s without; since 2026-12-07 (evening) two or more variants at a shape are each timed twice, once in
+each order, which the times above, measured before, do not count). Each variant runs at the head dims it takes
+(``variant_head_dims``: b7's family at D 64 and 128, b8's at 256), and the references at every head dim of the
+run's variants.
 
 ``--quick`` times one shape, (B, H, N) = (4, 16, 8192), for each head dim and dtype, causal and not (8 rows of
 each provider); the default times N = 1024 to 16384 at B*H*N = 524,288 (40 rows), the lengths a band of the
@@ -49,6 +51,7 @@ v7's forward and the small kernels anew for each (D, dtype, causal), about 14 s 
    registers, spills and shared memory) and land in Triton's cache on disk, which the later children and the
    parent read instead of compiling;
 2. **time**: each variant at every timing shape, one child taking them in turn (nothing else runs on the GPU);
+   where a shape has several variants, in two sweeps of opposite order, each variant's row their mean (``sweeps``);
 3. **references**, in this process: SDPA's cuDNN backward, our b1 and FlashAttention-4's backward (the
    ``flash_attn.cute`` interface of ``flash-attn-4``, if it imports; else one row saying why) on the same shapes;
 4. **checks** (unless ``--no-checks``): each variant's gradients against float64 autograd, as ``gpu_fa3_backward.py``
@@ -186,16 +189,27 @@ def by_compile_key(items: list[dict]) -> list[list[dict]]:
     return list(jobs.values())
 
 
+def sweeps(names: list[str]) -> list[tuple[int, str]]:
+    """(sweep, variant) in the order one shape's variants are timed: as named, then, where there are several, in
+    the reverse order. Two runs of identical code timed one after the other at (4, 16, 8192) differed by up to 15%
+    by their place alone, and the side the gap fell on flipped with the order (H100, Triton 3.9, 2026-12-07): each
+    variant is therefore timed at both ends and its row is the two sweeps' mean (``merge_sweeps``)."""
+    order = [(0, name) for name in names]
+    return order + [(1, name) for name in reversed(names)] if len(names) > 1 else order
+
+
 def plan(shape_set: str, checks: bool, variants=(BASE,)) -> dict:
     """The items of each phase, each item naming its variant (``provider``): ``compile`` and ``check`` as jobs
     (lists of items, one job a child, run side by side), ``time`` as one job (shapes timed one after another,
-    nothing else on the GPU; each shape's variants side by side in time)."""
-    timed = [{"provider": name, **_item(*case)} for case in time_shapes(shape_set, reference_head_dims(variants))
-             for name in variants if case[3] in variant_head_dims(name)]
+    nothing else on the GPU; each shape's variants side by side in time, in two sweeps of opposite order where a
+    shape has several: ``sweeps``). A compile serves both sweeps."""
+    timed = [{"provider": name, **_item(*case), "sweep": sweep}
+             for case in time_shapes(shape_set, reference_head_dims(variants))
+             for sweep, name in sweeps([v for v in variants if case[3] in variant_head_dims(v)])]
     check_items = [{"provider": name, **_item(*((1, 2) if n >= 4096 else (2, 2)), n, d, dt, c)}
                    for dt in DTYPES for d in reference_head_dims(variants) for c in (False, True) for name in variants
                    if d in variant_head_dims(name) for n in CHECK_NS]
-    return {"compile": by_compile_key(timed), "time": [timed],
+    return {"compile": by_compile_key([item for item in timed if item["sweep"] == 0]), "time": [timed],
             "check": by_compile_key(check_items) if checks else []}
 
 
@@ -280,8 +294,8 @@ def variant_call(stage: str):
 
 def time_item(item: dict) -> dict:
     log(f"time {label(item)}")
-    row = time_case(item["provider"], variant_call(item["provider"]), item["batch"], item["heads"], item["n"],
-                    item["head_dim"], item["dtype"], item["causal"])
+    row = {**time_case(item["provider"], variant_call(item["provider"]), item["batch"], item["heads"], item["n"],
+                       item["head_dim"], item["dtype"], item["causal"]), "sweep": item["sweep"]}
     log(f"timed {label(item)}: "
         + (f"{row['tflops']:.0f} TFLOP/s ({row['tflops_min']:.0f}-{row['tflops_max']:.0f})"
            if row["status"] == "ok" else row["status"]))
@@ -487,6 +501,32 @@ def reference_rows(shape_set: str, deadline: float = math.inf, head_dims=HEAD_DI
     return rows
 
 
+def merge_sweeps(rows: list[dict]) -> list[dict]:
+    """One timing row per variant and shape from its sweeps' rows (``sweeps``): ``ms`` the mean of the sweeps'
+    medians, ``ms_min`` / ``ms_max`` the fastest and slowest repeat of any, ``repeats`` their sum, the rates from
+    those, and each sweep's median kept (``ms_by_sweep``). A sweep that failed is left out (its status kept in
+    ``sweep_status`` when another succeeded); with none ok, the first sweep's row stands. Rows in the first
+    sweep's order."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["provider"], *_shape(r)), []).append(r)
+    merged = []
+    for group in groups.values():
+        ok = [r for r in group if r["status"] == "ok"]
+        row = {key: value for key, value in (ok or group)[0].items() if key != "sweep"}
+        if len(ok) > 1:
+            ms = sum(r["ms"] for r in ok) / len(ok)
+            flops = ok[0]["tflops"] * 1e12 * ok[0]["ms"] * 1e-3
+            row.update(ms=ms, ms_min=min(r["ms_min"] for r in ok), ms_max=max(r["ms_max"] for r in ok),
+                       repeats=sum(r["repeats"] for r in ok), ms_by_sweep=[r["ms"] for r in ok])
+            row.update(tflops=flops / (ms * 1e-3) / 1e12, tflops_min=flops / (row["ms_max"] * 1e-3) / 1e12,
+                       tflops_max=flops / (row["ms_min"] * 1e-3) / 1e12)
+        if ok and len(ok) < len(group):
+            row["sweep_status"] = [r["status"] for r in group]
+        merged.append(row)
+    return merged
+
+
 def mark_checks(rows: list[dict], variants=(BASE,)) -> None:
     """Each variant's timing rows' ``checks_passed``: every check of its variant, dtype and head dim ok (None
     where none ran)."""
@@ -618,14 +658,14 @@ def main(argv=None) -> int:
         failed = {compiled_key(r): r["status"] for r in compiled if r["status"] != "ok"}
         to_time = [item for item in work["time"][0] if compiled_key(item) in ready]
         for item in work["time"][0]:
-            if compiled_key(item) not in ready:
+            if compiled_key(item) not in ready and item["sweep"] == 0:
                 why = failed.get(compiled_key(item), "no first call")
                 rows.append({**_row("time", item), "mode": "bwd", "status": f"not run: its compile: {why}"})
         log(f"time: {len(to_time)} shapes of {', '.join(variants)}, one after another")
         began = time.time()
         timed = run_jobs("time", [to_time], command("time"), parallel=1, item_timeout=args.shape_timeout,
                          deadline=deadline - reserved_after_compiles(0, n_shapes), env=env)  # the references' time kept
-        rows.extend({"mode": "bwd", **r} for r in timed)
+        rows.extend({"mode": "bwd", **r} for r in merge_sweeps(timed))
         phases["time"] = {"seconds": round(time.time() - began, 1),
                           "ok": sum(r["status"] == "ok" for r in timed), "of": len(timed)}
         save()
@@ -671,8 +711,9 @@ def main(argv=None) -> int:
         if r["provider"] in (*variants, "b1"):
             ratios = "".join(f"  {r[f'ratio_vs_{p}']:.2f}x {p}" for p in ("sdpa_cudnn", "b1", "fa4", BASE)
                              if r.get(f"ratio_vs_{p}"))
+            sweep_ms = "/".join(f"{ms:.3f}" for ms in r.get("ms_by_sweep", ()))
             text = (f"{r['tflops']:.0f} ({r['tflops_min']:.0f}-{r['tflops_max']:.0f}){ratios}"
-                    if r["status"] == "ok" else r["status"])
+                    + (f"  sweeps {sweep_ms} ms" if sweep_ms else "") if r["status"] == "ok" else r["status"])
             print(f"{r['provider']:4} {r['dtype']:8} D={r['head_dim']:<3} N={r['n']:<5} causal={r['causal']!s:5} "
                   f"{text}")
     for name in variants:

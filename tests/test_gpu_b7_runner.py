@@ -142,11 +142,11 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
         variants = {(i["dtype"], i["head_dim"], i["causal"]) for i in timed}
         assert variants == {(dt, d, c) for dt in ("float16", "bfloat16") for d in (64, 128) for c in (False, True)}
         assert {i["provider"] for i in timed} == set(names)
-        # One compile job a (dtype, D, causal), holding exactly its timed shapes of every named variant: the
-        # timings then compile nothing.
+        # One compile job a (dtype, D, causal), holding exactly its timed shapes of every named variant, once
+        # (the first sweep's): the timings then compile nothing.
         assert len(plan["compile"]) == len(variants)
         assert sorted(json.dumps(i, sort_keys=True) for job in plan["compile"] for i in job) == sorted(
-            json.dumps(i, sort_keys=True) for i in timed)
+            json.dumps(i, sort_keys=True) for i in timed if i["sweep"] == 0)
         assert all(len({(i["dtype"], i["head_dim"], i["causal"]) for i in job}) == 1 for job in plan["compile"])
         shapes = {(i["batch"], i["heads"], i["n"]) for i in timed}
         assert shapes == {"quick": {(4, 16, 8192)},
@@ -154,7 +154,11 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
                           # short: little work a call, B*H 16-128 at N 1024 and 2048
                           "short": {(1, 16, 1024), (4, 16, 1024), (4, 32, 1024), (4, 16, 2048), (4, 32, 2048)},
                           }[shape_set], key
-        assert len(timed) == len(variants) * len(shapes) * len(names)
+        sweeps = 2 if len(names) > 1 else 1
+        assert len(timed) == len(variants) * len(shapes) * len(names) * sweeps
+        # Several variants: each shape's in the order named, then reversed, one after the other.
+        first = [(i["provider"], i["sweep"]) for i in timed[:len(names) * sweeps]]
+        assert first == [(n, 0) for n in names] + [(n, 1) for n in reversed(names)][:len(names) * (sweeps - 1)]
         checked = [i for job in plan["check"] for i in job]
         if checks:
             assert len(checked) == 40 * len(names) and {i["n"] for i in checked} == {1, 17, 130, 1000, 4096}
@@ -167,16 +171,50 @@ def test_the_plan_compiles_every_timed_variant_first_and_quick_is_one_shape_a_he
 
 
 def test_a_budget_that_leaves_the_compiles_no_time_is_refused_before_any_work():
-    """The timings' reserve grows with the rows: two variants by length keep 138 s. A run given --budget 330 when the
-    reserve was 2 s a row (330 s) compiled nothing and timed nothing, each variant's row "budget spent", on the H100
-    (2026-12-06); now a budget short of the reserve plus MIN_COMPILE_S stops at once and names one that does."""
+    """The timings' reserve grows with the rows: two variants by length, each timed in two sweeps, keep 202 s. A
+    run given --budget 330 when the reserve was 2 s a row (330 s) compiled nothing and timed nothing, each variant's
+    row "budget spent", on the H100 (2026-12-06); now a budget short of the reserve plus MIN_COMPILE_S stops at
+    once and names one that does."""
     def run(budget):
         return subprocess.run([sys.executable, str(SCRIPT), "--variants", "b7c,b7d", "--budget", str(budget)],
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, PYTHONPATH=child_pythonpath(), CUDA_VISIBLE_DEVICES=""))
-    short = run(150)
-    assert short.returncode == 2 and "--budget 150 s is too short: the timings keep 138 s" in short.stdout, (
+    short = run(150)  # two variants are timed in two sweeps: 160 rows of theirs and 80 of the references
+    assert short.returncode == 2 and "--budget 150 s is too short: the timings keep 202 s" in short.stdout, (
         short.stdout + short.stderr[-2000:])
-    assert "give --budget 258 or more" in short.stdout
+    assert "give --budget 322 or more" in short.stdout
     enough = run(330)  # past the budget's check: on this CPU it then stops for want of a GPU
     assert enough.returncode == 2 and "needs a CUDA GPU" in enough.stdout, enough.stdout + enough.stderr[-2000:]
+
+
+def test_sweeps_merge_into_one_row_a_variant_whose_time_is_their_mean():
+    """Two variants at a shape: b7 then b7b, then b7b then b7: each row's time the mean of its two sweeps'
+    medians, its range the widest, its rate recomputed from them; a failed sweep is left out and said; one variant
+    alone is timed once and its row passes unchanged."""
+    code = _LOAD + textwrap.dedent("""
+        shape = {"dtype": "float16", "head_dim": 64, "n": 8192, "causal": False, "batch": 4, "heads": 16}
+        def timed(provider, sweep, ms, status="ok"):
+            row = {"kind": "time", "provider": provider, **shape, "sweep": sweep, "status": status}
+            if status == "ok":  # 1e12 FLOPs: ms milliseconds are 1000 / ms TFLOP/s
+                row.update(ms=ms, ms_min=ms - 0.1, ms_max=ms + 0.1, repeats=3, tflops=1e3 / ms,
+                           tflops_min=1e3 / (ms + 0.1), tflops_max=1e3 / (ms - 0.1))
+            return row
+        rows = [timed("b7", 0, 2.0), timed("b7b", 0, 1.0), timed("b7b", 1, 1.5), timed("b7", 1, 1.0),
+                timed("b7c", 0, 4.0), timed("b7c", 1, 0, status="hang at b7c after 45 s")]
+        print(json.dumps({"order": script.sweeps(["b7", "b7b", "b7c"]), "one": script.sweeps(["b7"]),
+                          "merged": script.merge_sweeps(rows)}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=child_pythonpath()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["order"] == [[0, "b7"], [0, "b7b"], [0, "b7c"], [1, "b7c"], [1, "b7b"], [1, "b7"]]
+    assert out["one"] == [[0, "b7"]]
+    b7, b7b, b7c = out["merged"]
+    assert [r["provider"] for r in out["merged"]] == ["b7", "b7b", "b7c"]
+    assert not any("sweep" in r for r in out["merged"])
+    assert (b7["ms"], b7["ms_min"], b7["ms_max"], b7["repeats"], b7["ms_by_sweep"]) == (1.5, 0.9, 2.1, 6, [2.0, 1.0])
+    assert abs(b7["tflops"] - 1e3 / 1.5) < 1e-9 and abs(b7["tflops_min"] - 1e3 / 2.1) < 1e-9
+    assert abs(b7["tflops_max"] - 1e3 / 0.9) < 1e-9
+    assert b7b["ms"] == 1.25 and b7b["ms_by_sweep"] == [1.0, 1.5]
+    assert b7c["ms"] == 4.0 and "ms_by_sweep" not in b7c and b7c["sweep_status"] == ["ok", "hang at b7c after 45 s"]
