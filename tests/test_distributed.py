@@ -130,14 +130,14 @@ def _attention_float64(q, k, v, do, causal):
     return o.detach(), q.grad, k.grad, v.grad
 
 
-def _compare_across_ranks(device: str, dtype_name: str) -> None:
+def _compare_across_ranks(device: str, dtype_name: str, head_dim: int = 16) -> None:
     """In every rank: ring (both layouts) and Ulysses, causal and not, against one process's float64 attention;
     then the errors for inputs that cannot be split."""
     from flashcourse import distributed
 
     world = torch.distributed.get_world_size()
     dtype = getattr(torch, dtype_name)
-    n, heads, head_dim = 12 * world, 6, 16  # 6 heads: Ulysses divides them over 2 or 3 ranks
+    n, heads = 12 * world, 6  # 6 heads: Ulysses divides them over 2 or 3 ranks
     generator = torch.Generator().manual_seed(world)
     q, k, v, do = (torch.randn(1, heads, n, head_dim, generator=generator) for _ in range(4))
     cases = [("ring", layout, causal) for layout in LAYOUTS for causal in (False, True)]
@@ -164,17 +164,18 @@ def _compare_across_ranks(device: str, dtype_name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_ring_and_ulysses_equal_one_process_attention_on_cpu(world):
-    launch.run(_compare_across_ranks, world, "cpu", "float32")
+@pytest.mark.parametrize("world, head_dim", [(2, 16), (3, 16), (2, 59)])
+def test_ring_and_ulysses_equal_one_process_attention_on_cpu(world, head_dim):
+    """Head dim 59: the per-chunk kernels the ring and Ulysses call take any head dim from 8 to 256."""
+    launch.run(_compare_across_ranks, world, "cpu", "float32", head_dim)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_ring_and_ulysses_equal_one_process_attention_on_two_gpus_with_nccl(dtype_name):
+@pytest.mark.parametrize("dtype_name, head_dim", [("float32", 16), ("bfloat16", 16), ("bfloat16", 59)])
+def test_ring_and_ulysses_equal_one_process_attention_on_two_gpus_with_nccl(dtype_name, head_dim):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA GPUs")
-    launch.run(_compare_across_ranks, 2, "cuda", dtype_name, backend="nccl")
+    launch.run(_compare_across_ranks, 2, "cuda", dtype_name, head_dim, backend="nccl")
 
 
 def _exchange_by_pairs() -> None:
