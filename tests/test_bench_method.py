@@ -142,22 +142,25 @@ def test_head_dim_filter_splits_the_grid():
         _with_head_dims(((32, 64), (16, 128)), [96])
 
 
-def test_the_attention_grid_reverses_the_providers_order_from_one_shape_to_the_next(monkeypatch):
-    """Whichever is timed first gains a little (H100, 2026-12-07): the grid alternates, and each row says where
-    its provider ran."""
+def test_the_attention_grid_reverses_the_providers_order_along_each_series_and_between_masks(monkeypatch):
+    """Whichever is timed first gains a little (H100, 2026-12-07): the grid alternates the order along each length
+    series and between a length's masked and unmasked shape, and each row says where its provider ran."""
     from flashcourse.bench import attention
 
     timed = []
     monkeypatch.setattr(attention, "warm_up_gpu", lambda: None)
     monkeypatch.setattr(attention, "validate_ours", lambda shape: {"ok": True})
-    monkeypatch.setattr(attention, "measure_shape", lambda shape, provider, **kw: timed.append(provider) or [
-        {"provider": provider, **shape.__dict__, "mode": "fwd", "tflops": 1.0, "status": "ok"}])
-    shapes = attention.shape_grid(("float16",), (1024, 2048, 4096), ((16, 128),), (False,))
-    rows = attention.run(shapes, providers=("flashcourse", "sdpa_flash", "sdpa_cudnn"), log=lambda text: None)
-    assert timed == ["flashcourse", "sdpa_flash", "sdpa_cudnn", "sdpa_cudnn", "sdpa_flash", "flashcourse",
-                     "flashcourse", "sdpa_flash", "sdpa_cudnn"]
-    assert [(r["provider"], r["position"]) for r in rows if r["n"] == 2048] == [
-        ("sdpa_cudnn", 0), ("sdpa_flash", 1), ("flashcourse", 2)]
+    monkeypatch.setattr(attention, "measure_shape", lambda shape, provider, **kw: timed.append(
+        (shape.n, shape.causal, provider)) or [{"provider": provider, **shape.__dict__, "mode": "fwd", "tflops": 1.0,
+                                                "status": "ok"}])
+    providers = ("flashcourse", "sdpa_cudnn")
+    shapes = attention.shape_grid(("float16",), (1024, 2048, 4096), ((16, 128),), (False, True))
+    rows = attention.run(shapes, providers=providers, log=lambda text: None)
+    first = {(n, causal): provider for n, causal, provider in timed[::2]}
+    ours_first = {key for key, provider in first.items() if provider == "flashcourse"}
+    assert ours_first == {(1024, False), (2048, True), (4096, False)}
+    assert [(r["provider"], r["position"]) for r in rows if (r["n"], r["causal"]) == (2048, False)] == [
+        ("sdpa_cudnn", 0), ("flashcourse", 1)]
 
 
 # ------------------------------------------------------------------------------------------ tables

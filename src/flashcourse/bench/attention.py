@@ -2,8 +2,8 @@
 
 Every provider runs the same shapes in the same process; a provider that runs out of memory or does not
 support a shape is recorded as such (``status``), never skipped silently. Our kernel is validated against
-SDPA before it is timed. The providers' order is reversed from one shape to the next (``provider_order``). Every
-time is the median of ``bench.REPEATS`` CUDA-event timings
+SDPA before it is timed. The providers' order is reversed at every other shape, along each length series and
+between masks (``provider_order``). Every time is the median of ``bench.REPEATS`` CUDA-event timings
 (``triton.testing.do_bench``, each with its warm-up), stored with the repeats' range (``ms_min``, ``ms_max``,
 ``tflops_min``, ``tflops_max``; :func:`flashcourse.bench.time_repeats`).
 """
@@ -176,12 +176,15 @@ def warm_up_gpu(seconds: float = 1.0) -> None:
         torch.cuda.synchronize()
 
 
-def provider_order(providers, index: int) -> list[str]:
-    """The order the providers are timed in at the ``index``-th shape: as given, then reversed, shape by shape.
+def provider_order(providers, shape: Shape, lengths: list[int]) -> list[str]:
+    """The order the providers are timed in at ``shape``: as given or reversed, in a checkerboard over the grid's
+    ``lengths`` and the mask, so that along each length series and between the masked and unmasked shape of a
+    length the order changes (a plain alternation over the grid would time every causal shape in one order).
     Timed first, our kernel read 0-3% faster against cuDNN than timed after it (the median over the shapes of an
     H100 grid at N >= 4096, run both ways in one lease, 2026-12-07: the forward at D = 128 3%, the backward at
     D = 128 0%); alternating lets that cancel over a grid."""
-    return list(providers) if index % 2 == 0 else list(reversed(providers))
+    reverse = (lengths.index(shape.n) + int(shape.causal)) % 2
+    return list(reversed(providers)) if reverse else list(providers)
 
 
 def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=print, on_shape=None) -> list[dict]:
@@ -191,12 +194,13 @@ def run(shapes: list[Shape], providers=PROVIDERS, modes=("fwd", "bwd"), log=prin
     ``on_shape(rows)`` is called after each shape (to save partial results of a run cut short)."""
     warm_up_gpu()
     rows = []
-    for index, shape in enumerate(shapes):
+    lengths = sorted({shape.n for shape in shapes})
+    for shape in shapes:
         check = validate_ours(shape)
         log(f"validate {shape}: {check}")
         if not check["ok"]:
             raise AssertionError(f"flashcourse kernel is wrong on {shape}: relative errors {check}")
-        for position, provider in enumerate(provider_order(providers, index)):
+        for position, provider in enumerate(provider_order(providers, shape, lengths)):
             memory = shape.n in MEMORY_SEQ_LENS
             rows += [{**row, "position": position}
                      for row in measure_shape(shape, provider, modes=modes, memory=memory)]
