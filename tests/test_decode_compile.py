@@ -17,7 +17,8 @@ device.setup()  # before triton is imported
 import torch  # noqa: E402
 
 from flashcourse import kernels  # noqa: E402
-from flashcourse.kernels.decode import DecodeSwitches, quantize_kv_cache  # noqa: E402
+from flashcourse.kernels import quantize_kv_cache  # noqa: E402
+from flashcourse.kernels.decode import DecodeSwitches  # noqa: E402
 from flashcourse.tolerance import assert_close  # noqa: E402
 
 DEVICE = "cuda" if device.setup() == "cuda" else "cpu"

@@ -115,7 +115,7 @@ def test_a_negative_fp8_k_scale_is_a_scale(rng, num_splits):
     running max took max(qk) * qk_scale for the largest score, the smallest under a negative scale (the answer was
     NaN); the sign now goes to q."""
     q, k, v = randn(rng, 2, 4, 16) * 3, randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
-    k8, v8, k_scale, v_scale = decode.quantize_kv_cache(k, v)
+    k8, v8, k_scale, v_scale = kernels.quantize_kv_cache(k, v)
     k_scale = k_scale * torch.tensor([[1.0, -1.0], [-1.0, 1.0]], device=DEVICE)
     o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, num_splits=num_splits)
     true_k = (k8.double() * k_scale.double()[:, :, None, None]).repeat_interleave(2, dim=1)
@@ -131,7 +131,7 @@ def test_a_zero_fp8_k_scale_gives_uniform_weights(rng, num_splits, zero):
     kernel multiplied the masked scores' -inf by 0 (NaN, for every row of that KV head); a scale that rounds to 0
     in the exponent's factor (1e-45, a float32 subnormal) did the same."""
     q, k, v = randn(rng, 2, 4, 16) * 3, randn(rng, 2, 2, 40, 16), randn(rng, 2, 2, 40, 16)
-    k8, v8, k_scale, v_scale = decode.quantize_kv_cache(k, v)
+    k8, v8, k_scale, v_scale = kernels.quantize_kv_cache(k, v)
     k_scale[0, 1] = zero
     lengths = [40, 13]  # the second sequence's tail is masked: -inf scores beside the zero ones
     o = kernels.flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale, cache_seqlens=lengths,

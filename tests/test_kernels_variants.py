@@ -324,12 +324,18 @@ def test_heads_must_divide(rng):
 def test_numbered_versions_refuse_what_they_lack(rng, options, missing):
     q, k, v, do = make(rng, 1, 2, 2, 8, 12, 16)
     options = {n: slopes(2) if o == "slopes" else o for n, o in options.items()}
-    with pytest.raises(ValueError, match=f"forward version v3 has no {missing}.*default version \\(v7\\) or "
-                                         "version='v7'"):
+    with pytest.raises(ValueError, match=f"forward version v3 has no {missing}.*the default, v7, runs every"):
         kernels.flash_attention_forward(q, k, v, version="v3", **options)
     o, lse = kernels.flash_attention_forward(q, k, v, **options)
-    with pytest.raises(ValueError, match=f"backward version b1 has no {missing}.*backward_version='b3'"):
+    with pytest.raises(ValueError, match=f"backward version b1 has no {missing}.*the default, b3, runs every"):
         kernels.flash_attention_backward(q, k, v, o, lse, do, version="b1", **options)
+    # explain names no route the call would refuse, and flash_attention refuses a backward it lacks at the call,
+    # before its forward runs, not first inside .backward()
+    for versions in ({"forward_version": "v3"}, {"backward_version": "b1"}):
+        with pytest.raises(ValueError, match=f"has no {missing}"):
+            kernels.explain(q, k, v, **versions, **options)
+        with pytest.raises(ValueError, match=f"has no {missing}"):
+            kernels.flash_attention(q.requires_grad_(), k, v, **versions, **options)
 
 
 def test_numbered_versions_refuse_grouped_query_attention(rng):

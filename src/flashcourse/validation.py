@@ -34,6 +34,15 @@ def check_window(window) -> tuple[int, int] | None:
     return None if (left, right) == (-1, -1) else (left, right)
 
 
+def shown_number(value: int | float) -> str:
+    """A number as an error message shows it: as Python prints it, or for an int too long to read (10**400) its
+    first digits and length."""
+    text = str(value)
+    if isinstance(value, float) or len(text) <= 24:
+        return text
+    return f"{text[:4]}... (an int of {len(text.lstrip('-'))} digits)"
+
+
 def foreign_number_hint(name: str, value) -> str:
     """For an option given as another library's number (NumPy's float32 or int64, a 0-dim tensor), which the
     checks refuse: the words that say so and how to pass it; "" for anything else. Without it, "scale is 0.2:

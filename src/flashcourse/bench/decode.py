@@ -129,7 +129,7 @@ def provider_fn(provider: str, q, k, v, *, page_size: int = PAGE_SIZE, kv_dtype:
     ``kv_dtype`` "float8_e4m3fn": our kernel on the cache quantised by ``quantize_kv_cache``, done here, outside
     the timed call)."""
     from flashcourse import kernels
-    from flashcourse.kernels.decode import quantize_kv_cache
+    from flashcourse.kernels import quantize_kv_cache
 
     if kv_dtype not in KV_DTYPES or (kv_dtype != "float16" and provider not in OURS):
         raise ValueError(f"kv_dtype {kv_dtype!r} for {provider}: float16 for every provider, float8_e4m3fn for "
@@ -200,7 +200,7 @@ def run(shapes=DECODE_SHAPES, providers=PROVIDERS, page_sizes=PAGE_SIZES, kv_dty
     the share of the best bandwidth seen in this run (a ceiling or, should a kernel beat both, that kernel), so it
     never exceeds 1. Each timed call reads the next of ``caches_rotated`` distinct caches (``rotate_bytes`` of
     others between two reads of one; 0: one cache, which the L2 may partly hold between calls)."""
-    from flashcourse.kernels.decode import quantize_kv_cache
+    from flashcourse.kernels import quantize_kv_cache
 
     if repeats < 3:
         raise ValueError(f"repeats={repeats}: a spread needs at least 3 repeats")
@@ -426,7 +426,8 @@ def _caches(q, k, v, kv_dtype: str, page_size: int | None, v_layouts) -> dict:
     """One cache as the candidates read it: K, V in each layout of ``v_layouts``, and ``flash_decode``'s options
     (block table, lengths, scales); float8_e4m3fn quantised by ``quantize_kv_cache``, through the block table
     when paged."""
-    from flashcourse.kernels.decode import quantize_kv_cache, v_keys_adjacent
+    from flashcourse.kernels import quantize_kv_cache
+    from flashcourse.kernels.decode import v_keys_adjacent
 
     options = {}
     if page_size is not None:
@@ -543,7 +544,7 @@ def _exact(cache: dict, q, k, v, kv_dtype: str) -> torch.Tensor:
     on the contiguous cache (a paged cache holds the same values)."""
     if kv_dtype == "float16":
         return reference_decode(q, k, v)
-    from flashcourse.kernels.decode import quantize_kv_cache
+    from flashcourse.kernels import quantize_kv_cache
 
     k8, v8, k_scale, v_scale = quantize_kv_cache(k, v)  # the paged quantisation gives these values too
     return reference_decode(q, k8.double() * k_scale.double()[:, :, None, None],

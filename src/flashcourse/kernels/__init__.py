@@ -50,7 +50,7 @@ from . import backward, call, configs, forward, fp8, ops  # noqa: E402, F401
 from ._checks import check_head_dim, check_qkv, check_saved, padded_head_dim  # noqa: E402, F401
 from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD, run_backward  # noqa: E402, F401
 from .blockmask import BlockMask  # noqa: E402
-from .decode import DecodeSwitches, quantize_kv_cache  # noqa: E402
+from .decode import DecodeSwitches, Fp8KVCache  # noqa: E402
 from .dropout import draw_seed, dropout_mask, seed_tensor  # noqa: E402, F401
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, run_forward  # noqa: E402, F401
 from .plan import Route  # noqa: E402
@@ -146,6 +146,10 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
     if device is None:
         device = document_ids.device if isinstance(document_ids, torch.Tensor) else _device.setup()
     device = torch.device(device)
+    if device.type not in ("cuda", "cpu") or (device.type == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"device is {str(device)!r}: a block mask is classified by a kernel, on a CUDA GPU or (in "
+                         "Triton's interpreter) on the CPU" + ("; this machine has no CUDA GPU" if device.type == "cuda"
+                                                               else ""))
     if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" must compare equal to q.device
         device = torch.device("cuda", torch.cuda.current_device())
     rules = parse_mask_rules(B, N_q, N_kv, device, causal=causal, window=window, document_ids=document_ids,
@@ -176,8 +180,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
             ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
             j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
             With N_q = N_k the two are the same mask.
-        scale: the factor on q.k before the softmax, a finite number > 0 (inf, nan, 0 or less raise a
-            ValueError, as the reference does); None (default) means 1/sqrt(D).
+        scale: the factor on q.k before the softmax, a number from 1e-30 to 1e30 (float32 holds it in the
+            kernels; 0, negatives, inf, nan and values outside raise a ValueError); None (default) means 1/sqrt(D).
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
@@ -185,7 +189,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale: float | None = None
             each score s becomes softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap. Constants to the kernels: slopes that
-            require grad raise a ValueError (no gradient would reach them).
+            require grad raise a ValueError (no gradient would reach them). Their values are not read on the host
+            (on a GPU that would wait for it on every call): an inf or NaN slope gives that head NaN.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
             when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
@@ -321,8 +326,8 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
             ``F.scaled_dot_product_attention(is_causal=True)``. "bottom_right": query i sees keys
             j <= i + N_k - N_q, the last query lined up with the last key (new tokens after a KV cache).
             With N_q = N_k the two are the same mask.
-        scale: the factor on q.k before the softmax, a finite number > 0 (inf, nan, 0 or less raise a
-            ValueError, as the reference does); None (default) means 1/sqrt(D).
+        scale: the factor on q.k before the softmax, a number from 1e-30 to 1e30 (float32 holds it in the
+            kernels; 0, negatives, inf, nan and values outside raise a ValueError); None (default) means 1/sqrt(D).
         window: None (default) or (left, right), two ints >= -1: query i sees only keys
             c - left <= j <= c + right, where c is query i's key on the call's diagonal (below); -1 leaves that
             side unbounded. ``window=(255, 0)`` with ``causal=True`` is a sliding window of 256 keys.
@@ -330,7 +335,8 @@ def flash_attention(q, k, v, *, causal=False, scale: float | None = None, window
             each score s becomes softcap * tanh(s / softcap) (Gemma 2).
         alibi_slopes: None (default) or a (H_q,) float32 tensor on q's device: head h adds
             -alibi_slopes[h] * |c - j| to each score, after the softcap. Constants to the kernels: slopes that
-            require grad raise a ValueError (no gradient would reach them).
+            require grad raise a ValueError (no gradient would reach them). Their values are not read on the host
+            (on a GPU that would wait for it on every call): an inf or NaN slope gives that head NaN.
         document_ids: None (default) or a (B, N) int32/int64 tensor, N = N_q = N_k: query i sees key j only
             when both carry the same id (several sequences packed into one row). int64 ids are compared exactly.
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: flash-attn's varlen spelling of packed sequences,
@@ -484,7 +490,8 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
         block_table: None (default: contiguous cache) or (B, max_blocks) int32, each sequence's pages in
             order. ``page_size`` must be a power of two >= 16 (vLLM's default page is 16 rows); the table is
             read once per page, by tiles that never straddle a page edge.
-        scale: the factor on q.k; None (default) means 1/sqrt(D); inf and NaN are refused.
+        scale: the factor on q.k, from 1e-30 to 1e30 as for :func:`flash_attention`; None (default) means
+            1/sqrt(D).
         num_splits: pieces of the cache length; None (default) gives about one program per SM.
         k_scale, v_scale: None (default, a 16-bit cache) or, for a float8_e4m3fn cache, (B, H_kv) float32: the
             true K of sequence b, KV head h is ``k_cache * k_scale[b, h]`` (for a paged cache, on every page of
@@ -495,7 +502,7 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
             the last) sees only keys p - left .. p (with ``causal``; ``right`` reaches no key after the last
             token); only the windows' keys are read, the splits share out the windows, not the cache.
         softcap: None (default) or a float from 1e-30 to 1e30: scores s become softcap * tanh(s / softcap).
-        alibi_slopes: None (default) or (H_q,) float32, not requiring grad: head h adds -alibi_slopes[h] * (p - j)
+        alibi_slopes: None (default) or (H_q,) float32, not requiring grad: head h adds -alibi_slopes[h] * |p - j|
             for the token at position p.
         block_n, num_warps, num_stages: override the launch, for tuning (``block_n`` a power of two >= 16);
             None (default) takes ``configs.decode_config``'s.
@@ -541,3 +548,50 @@ def flash_decode(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, s
     return call.decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, k_scale, v_scale,
                             window, softcap, alibi_slopes, block_n, num_warps, num_stages, switches, causal,
                             cache_leftpad)
+
+
+def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None, cache_leftpad=None) -> Fp8KVCache:
+    """Quantise a KV cache to float8_e4m3fn with one scale per (sequence, KV head), for :func:`flash_decode`.
+
+    Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
+    largest and the rest keep 3 mantissa bits (a relative rounding error of at most 2^-4) down to 2^-6 of the
+    scale. Why this granularity: a decode kernel program reads one (sequence, KV head), so its two scales are two
+    scalar loads per program, folded into the score scale (K) and the output (V): nothing per key. e4m3 is
+    floating point, so values within 448 / 2^-6 of their head's largest keep all 3 mantissa bits whatever the
+    outliers; finer scales (per page or per token) only help ranges wider than that, at the cost of a scale read
+    per page or per row inside the loop (and a scale column beside the block table). Coarser ones (per head or
+    per tensor, what vLLM uses with a scale calibrated offline) let a serving engine write new tokens without
+    ever rescaling old ones: an amax taken after the fact, as here, suits a cache quantised once after prefill; a
+    growing cache whose new token exceeds the amax must clamp it or requantise.
+
+    Args:
+        k_cache, v_cache: float16, bfloat16 or float32, one shape: (B, H_kv, N_max, D) contiguous, or
+            (num_blocks, H_kv, page_size, D) pages with ``block_table``.
+        block_table: None (contiguous) or (B, max_blocks) int32: sequence b's scale comes from the pages of its
+            row (the first ceil(cache_seqlens[b] / page_size) of them); a page listed by several sequences gives
+            them all one scale, the largest their rows in use need. Pages no sequence lists keep a scale of
+            their own.
+        cache_seqlens: None (every row, or every listed page, in use), an int, a list of B ints or a (B,) int32
+            tensor, as :func:`flash_decode` takes it. One rule for both layouts: rows past a sequence's length
+            (stale or never written) do not count towards its scale, whether they lie in a contiguous cache or
+            on a paged sequence's last page; they are quantised with the others, clamped to e4m3's range (never
+            NaN), and the kernel never reads them.
+        cache_leftpad: None (no left padding) or (B,) int32, as :func:`flash_decode` takes it: rows before a
+            sequence's first real key do not count towards its scale either (padding may hold anything, NaN
+            included; it stays what it was, quantised, and is never read); block-table entries of pages wholly
+            inside the padding are not looked up.
+
+    Lengths, paddings and pages are checked as :func:`flash_decode` checks them (a ValueError names the value),
+    and so are the rows in use: an inf or NaN among them raises a ValueError, where its head's scale would not be
+    finite and the whole head would quantise to 0 or NaN.
+
+    Returns:
+        :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
+        (B, H_kv) float32 scales (true K = ``k * k_scale[b, h]``).
+
+    Example::
+
+        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)
+        o = flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale)  # half the bytes of a float16 cache
+    """
+    return call.quantize_call(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad)

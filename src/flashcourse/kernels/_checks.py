@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
+import operator
 from typing import NamedTuple
 
 import torch
 
-from ..validation import check_window, foreign_number_hint
+from ..validation import check_window, foreign_number_hint, shown_number
 from . import configs
 from .decode import DecodeSwitches
 from .rules import check_alibi_slopes, check_softcap
@@ -212,22 +212,30 @@ def check_gqa(q, k, enable_gqa) -> None:
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa is {enable_gqa!r}: expected True or False")
     if not enable_gqa and q.shape[1] != k.shape[1]:
+        group = q.shape[1] // k.shape[1] if k.shape[1] and q.shape[1] % k.shape[1] == 0 else 0
         raise ValueError(f"q has {q.shape[1]} heads and k has {k.shape[1]}: grouped-query attention must be asked "
-                         "for, as in F.scaled_dot_product_attention: pass enable_gqa=True (query head h then reads "
-                         f"K/V head h // {q.shape[1] // max(k.shape[1], 1)})")
+                         "for, as in F.scaled_dot_product_attention: pass enable_gqa=True"
+                         + (f" (query head h then reads K/V head h // {group})" if group else
+                            ", with H_q a multiple of H_kv"))
+
+
+MIN_SCALE, MAX_SCALE = 1e-30, 1e30  # the kernels hold scale * log2(e) in float32, as they hold the softcap
 
 
 def check_scale(scale) -> float | None:
-    """``scale`` as given (None: 1/sqrt(D)), or an error: as the reference, a finite number > 0. One rule for every
-    entry point, attention and decode alike (decode once had its own, which let 0 and negatives through)."""
+    """``scale`` as given (None: 1/sqrt(D)), or an error: a number from 1e-30 to 1e30. One rule for every entry
+    point, attention and decode alike (decode once had its own, which let 0 and negatives through). The bounds are
+    float32's, where the kernels hold it: 1e-300 is 0 there (a masked score, -inf, times 0 gave NaN), and past
+    1e30 ordinary scores overflow to inf (inf - inf: NaN)."""
     if scale is None:
         return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale is {scale!r} ({type(scale).__name__}): expected a number, e.g. 0.125, or None "
                         f"for 1/sqrt(D){foreign_number_hint('scale', scale)}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale is {scale}: expected a finite number > 0 (the factor on q.k before the softmax); "
-                         "pass None for 1/sqrt(D)")
+    if not (MIN_SCALE <= scale <= MAX_SCALE):  # False for nan; a Python int of any size compares exactly
+        raise ValueError(f"scale is {shown_number(scale)}: expected a number from {MIN_SCALE:g} to {MAX_SCALE:g} "
+                         "(the factor on q.k before the softmax, held in float32 by the kernels); pass None for "
+                         "1/sqrt(D)")
     return float(scale)
 
 
@@ -341,6 +349,25 @@ def _check_cache_scales(q, k_cache, k_scale, v_scale) -> None:
             raise ValueError(f"{name} is on {s.device}, q on {q.device}: move it with {name}.to(q.device)")
 
 
+def host_lengths(lengths, batch: int) -> list[int]:
+    """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
+    floats and other types are refused (int32 would truncate them), and so are bools (True is 1 to
+    ``operator.index``: a mask passed as lengths would run as one key)."""
+    try:
+        values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
+                  else [operator.index(n) for n in lengths])
+        if isinstance(lengths, bool) or (isinstance(lengths, (list, tuple))
+                                         and any(isinstance(n, bool) for n in lengths)):
+            raise TypeError
+    except TypeError:
+        raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
+                        "or a (B,) int32 tensor") from None
+    for b, n in enumerate(values):  # before they become an int32 tensor, whose overflow error names no argument
+        if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
+            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
+    return values
+
+
 def check_lengths(lengths: list[int], n_max: int, paged: bool) -> None:
     """Every length in 0 .. n_max, the rows a sequence can reach."""
     for b, n in enumerate(lengths):
@@ -379,10 +406,56 @@ def check_pages(block_table: torch.Tensor, lengths: list[int] | None, page_size:
         first = 0 if leftpads is None else leftpads[b] // page_size  # checked: 0 <= leftpad <= length
         for slot, page in enumerate(row[first:used], start=first):
             if not 0 <= page < num_pages:
-                raise ValueError(f"block_table[{b}, {slot}] = {page}: expected a page from 0 to {num_pages - 1} "
+                pages = f"a page from 0 to {num_pages - 1}" if num_pages else "a page, but the cache holds none"
+                raise ValueError(f"block_table[{b}, {slot}] = {page}: expected {pages} "
                                  f"(k_cache.shape[0] = {num_pages} pages); sequence {b} reads this slot (its "
                                  "length reaches it), and a page outside the cache would read memory that is not "
                                  "the cache")
+
+
+def check_quantize_inputs(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad) -> torch.Tensor | None:
+    """``quantize_kv_cache``'s arguments, checked as :func:`check_decode_inputs` and :func:`check_decode_call` check
+    a decode call's: a 4-dim 16- or 32-bit cache, one shape (pages with a (B, max_blocks) int32 ``block_table``);
+    lengths as an int, a list or a (B,) int32 tensor, each 0 .. the rows a sequence reaches; left paddings 0 ..
+    the length; every page a sequence uses inside the cache. Returns the lengths as a tensor (None: none given)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point() or t.dtype == FP8:
+            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} is {got}: expected a 4-dim float16, bfloat16 or float32 cache")
+    if k_cache.shape != v_cache.shape or k_cache.device != v_cache.device:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} on {k_cache.device} and v_cache {tuple(v_cache.shape)} on "
+                         f"{v_cache.device}: expected one shape on one device")
+    paged = block_table is not None
+    if paged and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2
+                  or block_table.dtype != torch.int32 or block_table.device != k_cache.device):
+        got = (f"{tuple(block_table.shape)} {block_table.dtype} on {block_table.device}"
+               if isinstance(block_table, torch.Tensor) else type(block_table).__name__)
+        raise ValueError(f"block_table is {got}: expected (B, max_blocks) int32 on the cache's device")
+    batch = block_table.shape[0] if paged else k_cache.shape[0]
+    n_max = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.tensor(host_lengths(cache_seqlens, batch), dtype=torch.int32, device=k_cache.device)
+    values = {}
+    for name, t, each in (("cache_seqlens", cache_seqlens, "length"),
+                          ("cache_leftpad", cache_leftpad, "first real key")):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} is a {type(t).__name__}: expected a ({batch},) int32 tensor")
+        if tuple(t.shape) != (batch,):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}: expected ({batch},), one {each} per "
+                             + ("block-table row" if paged else "sequence"))
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} has dtype {t.dtype}: expected int32, as flash_decode takes it")
+        values[name] = t.tolist()  # read once: quantising is a one-off step, not a per-token call
+    lengths = values.get("cache_seqlens")
+    if lengths is not None:
+        check_lengths(lengths, n_max, paged)
+    if "cache_leftpad" in values:
+        check_leftpad(values["cache_leftpad"], lengths if lengths is not None else [n_max] * batch, 1)
+    if paged:
+        check_pages(block_table, lengths, k_cache.shape[2], k_cache.shape[0], values.get("cache_leftpad"))
+    return cache_seqlens
 
 
 def check_new_tokens(lengths: list[int], n_new: int) -> None:

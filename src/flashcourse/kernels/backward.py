@@ -629,11 +629,10 @@ def run_backward(version: BackwardVersion, q, k, v, o, lse, do, *, causal=False,
     n_kv = k.shape[2]
     rules = causal_rules(causal) if rules is None else rules
     if dropout is not None and not version.takes_rules:
-        raise ValueError(f"backward version {version.name} has no dropout: use the default version "
-                         f"({DEFAULT_BACKWARD}) or backward_version='{DEFAULT_BACKWARD}'")
+        refuse_missing("backward", version.name, DEFAULT_BACKWARD, "dropout (dropout_p)")
     if not version.takes_rules:
-        refuse_missing("backward", version.name, DEFAULT_BACKWARD, "backward_version", rules,
-                       k.shape[1] != heads, n_q, n_kv)
+        refuse_missing("backward", version.name, DEFAULT_BACKWARD,
+                       rules.missing_in_numbered_version(k.shape[1] != heads, n_q, n_kv))
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from .common import LOG2E, visible
-from .rules import Rules, causal_alignment, check_window, document_ranks, mask_mod_constants
+from .rules import Rules, causal_alignment, check_window, document_ranks, mask_mod_constants, mask_mod_reads
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -483,6 +483,7 @@ class BlockMask:
     device: torch.device
     block_size: tuple[int, int]  # the sparse block: (query rows, key columns)
     kinds: torch.Tensor  # (B_mask, H_mask, cdiv(n_q, rows), cdiv(n_kv, columns)) int8, Rules.mask_extent
+    constants: tuple = ()  # the module values mask_mod read when the map was made (rules.mask_mod_constants)
     _lists: dict[TileSize, TileLists] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -490,10 +491,18 @@ class BlockMask:
               block_size: tuple[int, int]) -> BlockMask:
         """Classify every sparse block of ``rules`` (one run of :func:`_tile_kinds_kernel`), over the batch rows
         and heads the rule tells apart (``Rules.mask_extent``): one of each where it reads neither b nor h."""
+        reads = mask_mod_reads(rules.mask_mod) if rules.mask_mod is not None else None
+        for name, given, read, what, param in (("B", batch, reads and reads.batch, "batch row", "b"),
+                                               ("H", heads, reads and reads.head, "head", "h")):
+            if given is None and read:  # a map made at 0 would meet the real index in the kernels' partial tiles
+                raise ValueError(f"{name} is None (one mask for every {what}), but mask_mod {_show(rules.mask_mod)} "
+                                 f"reads its parameter {param} (or its source could not be read to show it does not): "
+                                 f"its mask may differ from {what} to {what}; pass {name}, the number of {what}s")
         mask_batch, mask_heads = rules.mask_extent(batch or 1, heads or 1)
         kinds = tile_kinds(rules, mask_batch, mask_heads, n_q, n_kv, *block_size, device)
+        constants = mask_mod_constants(rules.mask_mod) if rules.mask_mod is not None else ()
         return cls(rules=rules, batch=batch, heads=heads, n_q=n_q, n_kv=n_kv, device=device, block_size=block_size,
-                   kinds=kinds)
+                   kinds=kinds, constants=constants)
 
     @property
     def shape(self) -> tuple[int | None, int | None, int, int]:
@@ -507,19 +516,29 @@ class BlockMask:
             self._lists[size] = tile_lists(kinds.transpose(-1, -2) if by_key else kinds)
         return self._lists[size]
 
-    def call_options(self, *, causal, window, document_ids, mask_mod) -> dict:
+    def call_options(self, *, causal, window, document_ids, mask_mod, causal_given: bool = False) -> dict:
         """A call's mask options under this block mask: the block mask's, or the same given again; other values
-        raise a ValueError saying which option differs."""
+        raise a ValueError saying which option differs. ``causal`` False counts as given only with
+        ``causal_given`` (else it is the default, and the mask's causality stands)."""
         mine = self.rules
-        given = {"causal": (causal is not False and causal is not None, causal_alignment(causal), mine.causal),
+        given = {"causal": (causal_given or (causal is not False and causal is not None), causal_alignment(causal),
+                            mine.causal),
                  "window": (window is not None, check_window(window), mine.window),
                  "mask_mod": (mask_mod is not None, mask_mod, mine.mask_mod)}
         for name, (passed, value, built) in given.items():
             if passed and value != built:
+                if name == "causal":  # no alignment is causal=False, as the caller spells it
+                    value, built = value or False, built or False
                 raise ValueError(
                     f"block_mask was built with {name}={_show(built)}, but this call passes {name}={_show(value)}: "
                     f"leave {name} out (the block mask carries it) or rebuild the mask with "
                     f"create_block_mask(..., {name}={_show(value)})")
+        if mine.mask_mod is not None and (now := mask_mod_constants(mine.mask_mod)) != self.constants:
+            changed = sorted({name for name, _ in set(now) ^ set(self.constants)})
+            raise ValueError(
+                f"block_mask's mask_mod {_show(mine.mask_mod)} reads module values that changed since the mask was "
+                f"built ({', '.join(changed)}): its map classifies the old rule, its partial tiles would run the new "
+                "one (neither mask); rebuild it with create_block_mask(...)")
         if document_ids is not None and not _same_ids(document_ids, mine.document_ids):
             raise ValueError(
                 "block_mask was built from other document_ids than this call passes: leave document_ids out (the "

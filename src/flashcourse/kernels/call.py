@@ -21,12 +21,11 @@ kept: they are checked in full every time. Decode has the same door (:func:`deco
 
 from __future__ import annotations
 
-import operator
 from typing import NamedTuple
 
 import torch
 
-from . import _checks, configs, fp8, ops
+from . import _checks, configs, decode, fp8, ops
 from .blockmask import BlockMask
 from .dropout import Dropout, draw_seed, seed_tensor
 from .plan import PLANS, decode_plan_for, plan_for
@@ -97,9 +96,9 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
     implementation checks the tensors instead)."""
     if is_causal is not None:
         causal = _sdpa_causal(causal, is_causal)
-    if block_mask is not None:
-        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, window, document_ids,
-                                                                     mask_mod)
+    if block_mask is not None:  # is_causal=False is a choice (its default is None); causal=False may be the default
+        causal, window, document_ids, mask_mod = _block_mask_options(block_mask, causal, is_causal is not None,
+                                                                     window, document_ids, mask_mod)
     options = parse_options(causal, window, softcap, dropout_p)
     call = plan = None
     if (alibi_slopes is None and document_ids is None and mask_mod is None and block_mask is None
@@ -160,13 +159,15 @@ def _sdpa_causal(causal, is_causal):
     return causal
 
 
-def _block_mask_options(block_mask, causal, window, document_ids, mask_mod) -> tuple:
-    """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's."""
+def _block_mask_options(block_mask, causal, causal_given, window, document_ids, mask_mod) -> tuple:
+    """(causal, window, document_ids, mask_mod) of a call with a block mask: the block mask's. ``causal_given``: the
+    call chose ``causal`` even where it is False (by SDPA's ``is_causal``)."""
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask is a {type(block_mask).__module__}.{type(block_mask).__name__}: expected a "
                         "flashcourse.kernels.BlockMask from kernels.create_block_mask(...) (FlexAttention's "
                         "BlockMask holds other tiles)")
-    options = block_mask.call_options(causal=causal, window=window, document_ids=document_ids, mask_mod=mask_mod)
+    options = block_mask.call_options(causal=causal, causal_given=causal_given, window=window,
+                                      document_ids=document_ids, mask_mod=mask_mod)
     return options["causal"], options["window"], options["document_ids"], options["mask_mod"]
 
 
@@ -204,8 +205,6 @@ def forward_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, dropout_seed):
     """``kernels.flash_attention_forward``: 16- and 32-bit inputs described here and dispatched by
     ``ops.dispatch_forward``; FP8 inputs (last) to ``fp8.py``, which parses, checks and launches its own calls."""
-    if is_causal is not None:  # SDPA's spelling, for both paths
-        causal, is_causal = _sdpa_causal(causal, is_causal), None
     if getattr(q, "dtype", None) is not fp8.FP8:
         if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not torch.bfloat16:
             raise ValueError("q_descale, k_descale, v_descale and out_dtype are for float8_e4m3fn inputs; q is "
@@ -230,6 +229,10 @@ def forward_call(q, k, v, *, causal, scale, window, softcap, alibi_slopes, docum
         if value is not None:
             raise ValueError(f"{name} is given, but the FP8 forward runs plain and causal attention only: drop it, "
                              "or pass 16-bit inputs")
+    if is_causal is not None:  # SDPA's spelling
+        causal = _sdpa_causal(causal, is_causal)
+    fp8.check_fp8_qkv(q, k, v)
+    _checks.check_gqa(q, k, enable_gqa)  # as a 16-bit call: fewer K/V heads only when asked for
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p is {dropout_p!r}: the FP8 forward has no dropout; pass dropout_p=0.0, or "
                          "16-bit inputs")
@@ -279,7 +282,7 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
     lengths = None
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         # Known on the host (an int for all, or a list): checked on every call, at no GPU cost.
-        lengths = host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
+        lengths = _checks.host_lengths(cache_seqlens, q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0)
         cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=getattr(q, "device", None))
     tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad)
     options = (scale, num_splits, window, softcap, block_n, num_warps, num_stages, switches, causal)
@@ -289,6 +292,13 @@ def decode_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spli
             _refuse_gradients(q, k_cache, v_cache)  # inline above: this is on every call
         return decode_eager(tensors, options, lengths)
     return ops.decode_in_graph(tensors, options)  # one op in the graph: tracing our Python (and Triton's) fails
+
+
+def quantize_call(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad) -> decode.Fp8KVCache:
+    """``kernels.quantize_kv_cache``: its arguments checked as a decode call's (lengths, paddings, pages), then
+    ``decode.quantize_cache``."""
+    cache_seqlens = _checks.check_quantize_inputs(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad)
+    return decode.quantize_cache(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad)
 
 
 def _refuse_gradients(q, k_cache, v_cache) -> None:
@@ -363,22 +373,3 @@ def _decode_key(q, k_cache, v_cache, cache_seqlens, block_table, k_scale, v_scal
                            for t in (cache_seqlens, block_table, k_scale, v_scale, alibi_slopes, cache_leftpad))
     except AttributeError:
         return None
-
-
-def host_lengths(lengths, batch: int) -> list[int]:
-    """``cache_seqlens`` given on the host (an int for every sequence, or a list or tuple of B ints) as B ints;
-    floats and other types are refused (int32 would truncate them), and so are bools (True is 1 to
-    ``operator.index``: a mask passed as lengths would run as one key)."""
-    try:
-        values = ([operator.index(lengths)] * batch if not isinstance(lengths, (list, tuple))
-                  else [operator.index(n) for n in lengths])
-        if isinstance(lengths, bool) or (isinstance(lengths, (list, tuple))
-                                         and any(isinstance(n, bool) for n in lengths)):
-            raise TypeError
-    except TypeError:
-        raise TypeError(f"cache_seqlens is {lengths!r}: expected an int, a list of ints (one length per sequence) "
-                        "or a (B,) int32 tensor") from None
-    for b, n in enumerate(values):  # before they become an int32 tensor, whose overflow error names no argument
-        if not -(2**31) <= n < 2**31:  # the range, 0 .. N_max, is check_lengths's
-            raise ValueError(f"cache_seqlens[{b}] = {n}: expected a length from 0 to the keys the cache holds")
-    return values

@@ -395,78 +395,30 @@ def _sequence_amax(x: torch.Tensor, block_table: torch.Tensor, cache_seqlens,
     return seq, page
 
 
-def quantize_kv_cache(k_cache, v_cache, *, block_table=None, cache_seqlens=None, cache_leftpad=None) -> Fp8KVCache:
-    """Quantise a KV cache to float8_e4m3fn with one scale per (sequence, KV head), for :func:`flash_decode`.
-
-    Each scale is amax / 448 over everything that sequence's head stores, so the largest value lands on e4m3's
-    largest and the rest keep 3 mantissa bits (a relative rounding error of at most 2^-4) down to 2^-6 of the
-    scale. Why this granularity: a decode kernel program reads one (sequence, KV head), so its two scales are two
-    scalar loads per program, folded into the score scale (K) and the output (V): nothing per key. e4m3 is
-    floating point, so values within 448 / 2^-6 of their head's largest keep all 3 mantissa bits whatever the
-    outliers; finer scales (per page or per token) only help ranges wider than that, at the cost of a scale read
-    per page or per row inside the loop (and a scale column beside the block table). Coarser ones (per head or
-    per tensor, what vLLM uses with a scale calibrated offline) let a serving engine write new tokens without
-    ever rescaling old ones: an amax taken after the fact, as here, suits a cache quantised once after prefill; a
-    growing cache whose new token exceeds the amax must clamp it or requantise.
-
-    Args:
-        k_cache, v_cache: float16, bfloat16 or float32, one shape: (B, H_kv, N_max, D) contiguous, or
-            (num_blocks, H_kv, page_size, D) pages with ``block_table``.
-        block_table: None (contiguous) or (B, max_blocks) int32: sequence b's scale comes from the pages of its
-            row (the first ceil(cache_seqlens[b] / page_size) of them); a page listed by several sequences gives
-            them all one scale, the largest their rows in use need. Pages no sequence lists keep a scale of
-            their own.
-        cache_seqlens: None (every row, or every listed page, in use) or (B,) int32, as :func:`flash_decode`
-            takes it. One rule for both layouts: rows past a sequence's length (stale or never written) do not
-            count towards its scale, whether they lie in a contiguous cache or on a paged sequence's last
-            page; they are quantised with the others, clamped to e4m3's range (never NaN), and the kernel
-            never reads them.
-        cache_leftpad: None (no left padding) or (B,) int32, as :func:`flash_decode` takes it: rows before a
-            sequence's first real key do not count towards its scale either (padding may hold anything, NaN
-            included; it stays what it was, quantised, and is never read); block-table entries of pages wholly
-            inside the padding are not looked up.
-
-    Returns:
-        :class:`Fp8KVCache` ``(k, v, k_scale, v_scale)``: the cache in float8_e4m3fn, its shape and layout, and
-        (B, H_kv) float32 scales (true K = ``k * k_scale[b, h]``).
-
-    Example::
-
-        k8, v8, k_scale, v_scale = quantize_kv_cache(k_cache, v_cache)
-        o = flash_decode(q, k8, v8, k_scale=k_scale, v_scale=v_scale)  # half the bytes of a float16 cache
-    """
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point() or t.dtype == FP8:
-            got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} is {got}: expected a 4-dim float16, bfloat16 or float32 cache")
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}: expected one shape")
+def quantize_cache(k_cache, v_cache, block_table, cache_seqlens, cache_leftpad) -> Fp8KVCache:
+    """``kernels.quantize_kv_cache`` on checked arguments (``_checks.check_quantize_inputs``; the lengths a tensor):
+    one scale per (sequence, KV head), amax / 448 over the rows that sequence uses. A non-finite value among them
+    would make that scale inf or NaN (the whole head then quantises to 0 or NaN): a ValueError names it."""
     if block_table is None:
         in_use = torch.ones(k_cache.shape[0], 1, k_cache.shape[2], 1, dtype=torch.bool, device=k_cache.device)
         rows = torch.arange(k_cache.shape[2], device=k_cache.device)
         if cache_seqlens is not None:  # stale rows past a sequence's length must not set its scale
-            if tuple(cache_seqlens.shape) != (k_cache.shape[0],):
-                raise ValueError(f"cache_seqlens has shape {tuple(cache_seqlens.shape)}: expected "
-                                 f"({k_cache.shape[0]},), one length per sequence")
             in_use = (rows[None, :] < cache_seqlens.to(k_cache.device)[:, None])[:, None, :, None]
         if cache_leftpad is not None:  # nor may the padding before its first real key
-            if tuple(cache_leftpad.shape) != (k_cache.shape[0],):
-                raise ValueError(f"cache_leftpad has shape {tuple(cache_leftpad.shape)}: expected "
-                                 f"({k_cache.shape[0]},), one first real key per sequence")
             in_use = in_use & (rows[None, :] >= cache_leftpad.to(k_cache.device)[:, None])[:, None, :, None]
-        quantised = [(_to_e4m3(x, s), s) for x in (k_cache, v_cache)
-                     for s in [_amax_scale(torch.where(in_use, x.float().abs(), 0.0).amax(dim=(2, 3)))]]
+        amaxes = [(x, torch.where(in_use, x.float().abs(), 0.0).amax(dim=(2, 3))) for x in (k_cache, v_cache)]
+        quantised = [(_to_e4m3(x, _amax_scale(amax)), amax) for x, amax in amaxes]
     else:
-        if block_table.dim() != 2 or block_table.dtype != torch.int32:
-            raise ValueError(f"block_table has shape {tuple(block_table.shape)} and dtype {block_table.dtype}: "
-                             "expected (B, max_blocks) int32")
-        for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)):
-            if t is not None and tuple(t.shape) != (block_table.shape[0],):
-                raise ValueError(f"{name} has shape {tuple(t.shape)}: expected ({block_table.shape[0]},), one per "
-                                 "block-table row")
         quantised = []
         for x in (k_cache, v_cache):
             seq, page = _sequence_amax(x, block_table, cache_seqlens, cache_leftpad)
-            quantised.append((_to_e4m3(x, _amax_scale(page)), _amax_scale(seq)))
-    (k8, k_scale), (v8, v_scale) = quantised
-    return Fp8KVCache(k8, v8, k_scale, v_scale)
+            quantised.append((_to_e4m3(x, _amax_scale(page)), seq))
+    for name, (_, amax) in zip(("k_cache", "v_cache"), quantised, strict=True):
+        bad = (~torch.isfinite(amax)).nonzero()
+        if len(bad):
+            b, h = bad[0].tolist()
+            raise ValueError(f"{name} holds an inf or NaN in a row sequence {b} uses (KV head {h}): its scale, amax / "
+                             "448, would not be finite and the whole head would quantise to 0 or NaN; fix the "
+                             "cache, or leave the row out with cache_seqlens or cache_leftpad")
+    (k8, k_amax), (v8, v_amax) = quantised
+    return Fp8KVCache(k8, v8, _amax_scale(k_amax), _amax_scale(v_amax))

@@ -20,14 +20,13 @@ so a new seed never recompiles a kernel.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from ..validation import foreign_number_hint
+from ..validation import foreign_number_hint, shown_number
 from .common import online_softmax_weights
 
 SEED_RANGE = 2**62  # seeds are drawn from [0, 2**62): any int64 works, this keeps them positive
@@ -39,7 +38,7 @@ def check_dropout_p(dropout_p) -> float | None:
         raise TypeError(f"dropout_p is {dropout_p!r} ({type(dropout_p).__name__}): expected a float in [0, 1), "
                         "the probability of dropping each attention weight (0.0: no dropout)"
                         + foreign_number_hint("dropout_p", dropout_p))
-    if math.isnan(dropout_p):
+    if dropout_p != dropout_p:  # nan (math.isnan would raise OverflowError on a huge int)
         raise ValueError("dropout_p is nan: expected a float in [0, 1), the probability of dropping each "
                          "attention weight")
     if dropout_p == 1:
@@ -47,8 +46,8 @@ def check_dropout_p(dropout_p) -> float | None:
                          "zeros (SDPA returns zeros there); expected a float in [0, 1). For a zero output use "
                          "torch.zeros_like(q)")
     if not 0 <= dropout_p < 1:
-        raise ValueError(f"dropout_p is {dropout_p}: expected a float in [0, 1), the probability of dropping each "
-                         "attention weight (0.0: no dropout)")
+        raise ValueError(f"dropout_p is {shown_number(dropout_p)}: expected a float in [0, 1), the probability of "
+                         "dropping each attention weight (0.0: no dropout)")
     return float(dropout_p) if dropout_p > 0 else None
 
 

@@ -256,8 +256,7 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
     if batch * heads * n_q == 0:
         return o, lse
     if dropout is not None and not version.takes_rules:
-        raise ValueError(f"forward version {version.name} has no dropout: use the default version "
-                         f"({DEFAULT_FORWARD}) or version='{DEFAULT_FORWARD}'")
+        refuse_missing("forward", version.name, DEFAULT_FORWARD, "dropout (dropout_p)")
     key = None if dropout is not None else _launch_key(version, rules, scale, config, q, k, v)
     if version.needs_descriptors and key is not None:
         triton.set_allocator(tma_scratch(q.device))  # Triton's allocator is per thread: set it on every call
@@ -268,7 +267,8 @@ def run_forward(version: ForwardVersion, q, k, v, *, causal=False, scale: float 
             record.append(remembered)
         return o, lse
     if not version.takes_rules:
-        refuse_missing("forward", version.name, DEFAULT_FORWARD, "version", rules, k.shape[1] != heads, n_q, n_kv)
+        refuse_missing("forward", version.name, DEFAULT_FORWARD,
+                       rules.missing_in_numbered_version(k.shape[1] != heads, n_q, n_kv))
     scale = default_scale(head_dim, scale)
     block_d = padded_head_dim(head_dim)
     props = configs.device_props(q.device)

@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from triton.runtime.jit import KernelInterface
 
-from ..validation import check_window, foreign_number_hint  # the reference's window rule, written once
+from ..validation import check_window, foreign_number_hint, shown_number  # the reference's window rule, written once
 from .dropout import check_dropout_p
 
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
@@ -146,13 +146,13 @@ def check_softcap(softcap) -> float | None:
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
         raise TypeError(f"softcap is {softcap!r} ({type(softcap).__name__}): expected a positive number, "
                         "e.g. softcap=30.0 (Gemma 2's attention cap is 50)" + foreign_number_hint("softcap", softcap))
-    if not (math.isfinite(softcap) and softcap > 0):
-        raise ValueError(f"softcap is {softcap}: expected a finite number > 0 (scores become "
+    if not 0 < softcap < math.inf:  # False for nan; a Python int of any size compares exactly
+        raise ValueError(f"softcap is {shown_number(softcap)}: expected a finite number > 0 (scores become "
                          "softcap * tanh(score / softcap)); pass None for no cap")
     if softcap > MAX_SOFTCAP:
-        raise ValueError(f"softcap is {softcap:g}: expected at most {MAX_SOFTCAP:g}. The kernels hold the cap in "
-                         "float32 (past 2.35e38 it is inf, and every score NaN), and a cap this large changes no "
-                         "score below 1e26 by as much as float32 resolves: pass None for no cap")
+        raise ValueError(f"softcap is {shown_number(softcap)}: expected at most {MAX_SOFTCAP:g}. The kernels hold "
+                         "the cap in float32 (past 2.35e38 it is inf, and every score NaN), and a cap this large "
+                         "changes no score below 1e26 by as much as float32 resolves: pass None for no cap")
     if softcap < MIN_SOFTCAP:
         raise ValueError(f"softcap is {softcap:g}: expected at least {MIN_SOFTCAP:g}. The kernels hold the cap in "
                          "float32 (1e-300 is 0 there, and a score of 0 became 0 / 0 = NaN), and a cap this small "
@@ -192,7 +192,7 @@ def _document_ids(ids, batch: int | None, n_q: int, n_kv: int, device: torch.dev
     batch = ids.shape[0] if batch is None and ids.dim() == 2 else batch
     if tuple(ids.shape) != (batch, n_q) or ids.dtype not in (torch.int32, torch.int64, torch.int16):
         raise ValueError(f"document_ids has shape {tuple(ids.shape)} and dtype {ids.dtype}: expected "
-                         f"({batch}, {n_q}) int32 or int64, one document id per position")
+                         f"({'B' if batch is None else batch}, {n_q}) int32 or int64, one document id per position")
     if ids.device != device:
         raise ValueError(f"document_ids is on {ids.device}, but the attention runs on {device}: move it with "
                          f".to({str(device)!r})")
@@ -379,13 +379,12 @@ def causal_rules(causal) -> Rules:
     return TOP_LEFT_CAUSAL if alignment == "top_left" else Rules(causal=alignment)
 
 
-def refuse_missing(kind: str, name: str, default: str, keyword: str, rules: Rules, gqa: bool, n_q: int,
-                   n_kv: int) -> None:
-    """A numbered teaching version asked for an option it lacks: a ValueError naming it and what to use."""
-    missing = rules.missing_in_numbered_version(gqa, n_q, n_kv)
+def refuse_missing(kind: str, name: str, default: str, missing: str | None) -> None:
+    """A numbered teaching version asked for an option it lacks (``missing``, from
+    :meth:`Rules.missing_in_numbered_version`; None: nothing): a ValueError naming it and what to use."""
     if missing is not None:
-        raise ValueError(f"{kind} version {name} has no {missing}: use the default version ({default}) "
-                         f"or {keyword}='{default}'")
+        raise ValueError(f"{kind} version {name} has no {missing}: leave the version out (the default, {default}, "
+                         f"runs every option) or ask for {default}")
 
 
 def varlen_document_ids(q: torch.Tensor, k: torch.Tensor, document_ids, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
