@@ -51,7 +51,6 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 from flashcourse import kernels  # noqa: E402
 from flashcourse.kernels import blockmask, configs, fp8, rules  # noqa: E402
 from flashcourse.kernels._checks import FP8_CACHE_CAPABILITY  # noqa: E402
-from flashcourse.kernels.decode import quantize_kv_cache  # noqa: E402
 
 flashcourse.device.setup = lambda: "cpu"  # ...and then take CPU tensors, which the input checks want here
 
@@ -273,7 +272,7 @@ def run_cases(props: configs.DeviceProps, dtype: torch.dtype, head_dim: int, cas
                 kernels.flash_decode(q1, cache, cache, **options)
                 continue
             RECORDER.case += " fp8 cache"
-            k8, v8, k_scale, v_scale = quantize_kv_cache(cache, cache, block_table=options.get("block_table"))
+            k8, v8, k_scale, v_scale = kernels.quantize_kv_cache(cache, cache, block_table=options.get("block_table"))
             if props.capability >= FP8_CACHE_CAPABILITY:
                 kernels.flash_decode(q1, k8, v8, k_scale=k_scale, v_scale=v_scale, **options)
                 continue

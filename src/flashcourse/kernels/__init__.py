@@ -147,9 +147,9 @@ def create_block_mask(mask_mod, B: int | None, H: int | None, N_q: int, N_kv: in
         device = document_ids.device if isinstance(document_ids, torch.Tensor) else _device.setup()
     device = torch.device(device)
     if device.type not in ("cuda", "cpu") or (device.type == "cuda" and not torch.cuda.is_available()):
-        raise ValueError(f"device is {str(device)!r}: a block mask is classified by a kernel, on a CUDA GPU or (in "
-                         "Triton's interpreter) on the CPU" + ("; this machine has no CUDA GPU" if device.type == "cuda"
-                                                               else ""))
+        why = "this machine has no CUDA GPU" if device.type == "cuda" else "expected 'cuda' or 'cpu'"
+        raise ValueError(f"device is {str(device)!r}: a block mask is classified by a kernel, on a CUDA GPU or, in "
+                         f"Triton's interpreter, on the CPU ({why})")
     if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" must compare equal to q.device
         device = torch.device("cuda", torch.cuda.current_device())
     rules = parse_mask_rules(B, N_q, N_kv, device, causal=causal, window=window, document_ids=document_ids,

@@ -26,10 +26,12 @@ from typing import NamedTuple
 import torch
 
 from . import _checks, configs, decode, fp8, ops
+from .backward import BACKWARD_VERSIONS, DEFAULT_BACKWARD
 from .blockmask import BlockMask
 from .dropout import Dropout, draw_seed, seed_tensor
+from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS
 from .plan import PLANS, decode_plan_for, plan_for
-from .rules import parse_options, with_call_tensors
+from .rules import parse_options, refuse_missing, with_call_tensors
 
 _is_compiling = torch.compiler.is_compiling  # bound once: asked on every call
 _grad_enabled = torch.is_grad_enabled
@@ -131,6 +133,8 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
         rules = with_call_tensors(options, q, k, alibi_slopes=alibi_slopes, document_ids=document_ids,
                                   mask_mod=mask_mod, varlen=varlen)
         lacks = rules.missing_in_numbered_version(k.shape[1] != q.shape[1], q.shape[2], k.shape[2])
+        if lacks is not None:  # before any kernel runs (a backward's, not first inside .backward()), explain too
+            _refuse_what_a_version_lacks(forward_version, backward_version, lacks)
     dropout = None
     if rules.dropout_p is not None and seed is not _NO_SEED:
         how, value = seed
@@ -144,6 +148,16 @@ def describe(q, k, v, causal, scale, window, softcap, alibi_slopes, document_ids
     # tuple.__new__ builds the NamedTuple without its Python-level __new__ (a third of the time, on every call)
     return _new_tuple(Described, (call, plan, rules, lacks, props, block_mask, scale, enable_gqa, forward_version,
                                   backward_version, dropout))
+
+
+def _refuse_what_a_version_lacks(forward_version, backward_version, lacks: str) -> None:
+    """A numbered teaching version asked for by a call with an option it lacks: a ValueError naming both (an
+    unknown name is left to ``plan.choose_route``, which lists the known ones)."""
+    for kind, name, versions, default in (("forward", forward_version, FORWARD_VERSIONS, DEFAULT_FORWARD),
+                                          ("backward", backward_version, BACKWARD_VERSIONS, DEFAULT_BACKWARD)):
+        version = versions.get(name)
+        if version is not None and not version.takes_rules:
+            refuse_missing(kind, name, default, lacks)
 
 
 def _sdpa_causal(causal, is_causal):

@@ -39,7 +39,7 @@ from .blockmask import BlockMask
 from .common import LOG2E, default_scale, row_stats_allocator, strides, tma_scratch
 from .dropout import Dropout
 from .forward import DEFAULT_FORWARD, FORWARD_VERSIONS, descriptors_usable, run_forward
-from .rules import Rules, refuse_missing
+from .rules import Rules
 from .stepdown import launch_fitting
 
 # The forward that serves a call on Hopper, per (head dim, causal), in bands of N_q: the first band whose limit the
@@ -305,10 +305,6 @@ def choose_route(q, k, v, rules: Rules, *, props: configs.DeviceProps, lacks: st
     if backward_version is not None and backward_version not in BACKWARD_VERSIONS:
         raise ValueError(f"unknown backward version {backward_version!r}: expected one of "
                          f"{sorted(BACKWARD_VERSIONS)}")
-    if forward_version is not None and not FORWARD_VERSIONS[forward_version].takes_rules:
-        refuse_missing("forward", forward_version, DEFAULT_FORWARD, lacks)  # before a forward runs, as explain says
-    if backward_version is not None and not BACKWARD_VERSIONS[backward_version].takes_rules:
-        refuse_missing("backward", backward_version, DEFAULT_BACKWARD, lacks)  # not first at .backward()
     triton_version = triton.__version__ if triton_version is None else triton_version
     if forward_version is not None:
         forward, forward_why = forward_version, f"asked for (forward_version={forward_version!r})"
