@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashcourse import reference, tolerance
-from flashcourse.distributed import launch, schedule
+from flashcourse.distributed import _group, launch, schedule
 
 LAYOUTS = ("contiguous", "zigzag")
 WEIGHT = {"full": 1.0, "lower": 0.5, "skip": 0.0}  # a block's share of the work of a full block
@@ -161,6 +161,39 @@ def _compare_across_ranks(device: str, dtype_name: str, head_dim: int = 16) -> N
         distributed.ulysses_attention(*(torch.zeros(1, world + 1, 4, 16, device=device, dtype=dtype),) * 3)
     with pytest.raises(ValueError, match="even"):
         distributed.ring_attention(*(torch.zeros(1, 1, 3, 16, device=device, dtype=dtype),) * 3)
+
+    # Shards seen through a transpose (a (B, N, H, D) buffer as (B, H, N, D)) travel the ring as dense ones do
+    expected = _attention_float64(*(x.to(dtype) for x in (q, k, v, do)), True)
+    local = [distributed.shard(x.to(device, dtype)).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+             for x in (q, k, v)]
+    o = distributed.ring_attention(*local, causal=True)
+    o.backward(distributed.shard(do.to(device, dtype)))
+    got = [distributed.unshard(t) for t in (o.detach(), *(x.grad for x in local))]
+    for name, mine, ref in zip(("o", "dq", "dk", "dv"), got, expected, strict=True):
+        tolerance.assert_close(mine.float().cpu(), ref, dtype=dtype_name, what=f"{name} of ring from strided shards")
+
+    # A call the kernels refuse is refused before any rank sends: a transfer left in flight would hang the group
+    shard_shape = (1, heads, 4, head_dim)
+    refused = [({"scale": 0.0}, ValueError, "scale is 0"),
+               ({"dtype_v": torch.float64}, TypeError, "one dtype")]
+    sent = []
+    ring_shift = _group.Ring.shift
+
+    def counted_shift(ring, tensors):
+        sent.append(len(tensors))
+        return ring_shift(ring, tensors)
+
+    _group.Ring.shift = counted_shift
+    try:
+        for options, error, message in refused:
+            q_shard, k_shard = (torch.zeros(shard_shape, device=device, dtype=dtype) for _ in range(2))
+            v_shard = torch.zeros(shard_shape, device=device, dtype=options.pop("dtype_v", dtype))
+            for attention in (distributed.ring_attention, distributed.ulysses_attention):
+                with pytest.raises(error, match=message):
+                    attention(q_shard, k_shard, v_shard, **options)
+        assert sent == [], f"a refused call started {len(sent)} ring transfers"
+    finally:
+        _group.Ring.shift = ring_shift
 
 
 @pytest.mark.slow

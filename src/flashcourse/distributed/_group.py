@@ -24,6 +24,7 @@ class Ring:
 
     def shift(self, tensors: list[torch.Tensor]) -> _Shift:
         """Start sending ``tensors`` to rank + 1 and receiving the same shapes from rank - 1; returns at once."""
+        tensors = [t.contiguous() for t in tensors]  # gloo and NCCL send dense memory (a transposed view is not)
         received = [torch.empty_like(t) for t in tensors]
         after, before = self.global_rank((self.rank + 1) % self.world), self.global_rank((self.rank - 1) % self.world)
         ops = [dist.P2POp(dist.isend, t, after, self.group) for t in tensors]

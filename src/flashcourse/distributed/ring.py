@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import kernels
+from ..kernels._checks import check_call
 from ..kernels.rules import causal_alignment
 from ._group import Ring, current
 from .schedule import block_schedule, chunks_per_rank, kv_source, rank_chunks
@@ -186,4 +187,6 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         raise ValueError(
             f"the local shard has {q.shape[2]} positions, but a zigzag shard is two equal chunks, so an even "
             "number: shard the sequence with flashcourse.distributed.shard(x, layout='zigzag')")
+    # Before the first transfer: a call the kernels refuse at step 0 would leave the ranks' sends in flight
+    check_call(q, k, v, enable_gqa=False, scale=scale, block_mask=None)
     return _RingAttention.apply(q, k, v, causal, scale, layout, ring)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .. import kernels
+from ..kernels._checks import check_call
 from ._group import current
 
 __all__ = ["ulysses_attention"]
@@ -93,6 +94,7 @@ def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = No
             f"Ulysses splits the {heads} heads over {ring.world} ranks, so H must be a multiple of the number of "
             f"ranks, and {heads} % {ring.world} = {heads % ring.world}: use a number of ranks that divides H, or "
             "ring_attention, which has no such limit")
+    check_call(q, k, v, enable_gqa=False, scale=scale, block_mask=None)  # refused before any rank sends a byte
     # (B, H, N/P, D) -> (B, H/P, N, D): heads scattered over the ranks, sequence chunks gathered in rank order
     q_heads, k_heads, v_heads = (_AllToAll.apply(x, 1, 2, group) for x in (q, k, v))
     o_heads = kernels.flash_attention(q_heads, k_heads, v_heads, causal=causal, scale=scale)
