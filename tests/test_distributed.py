@@ -162,6 +162,25 @@ def _compare_across_ranks(device: str, dtype_name: str, head_dim: int = 16) -> N
     with pytest.raises(ValueError, match="even"):
         distributed.ring_attention(*(torch.zeros(1, 1, 3, 16, device=device, dtype=dtype),) * 3)
 
+    # Grouped-query attention: `world` K/V heads for the 6 query heads (G = 3 or 2), split over the ranks by Ulysses
+    k_few, v_few = k[:, :world], v[:, :world]
+    group_size = heads // world
+    expected = _attention_float64(q.to(dtype), *(x.to(dtype).repeat_interleave(group_size, dim=1)
+                                                 for x in (k_few, v_few)), do.to(dtype), True)
+    expected_dkv = [g.unflatten(1, (world, group_size)).sum(2) for g in expected[2:]]  # the group's heads summed
+    for method, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
+        local = [distributed.shard(x.to(device, dtype), layout=layout).requires_grad_() for x in (q, k_few, v_few)]
+        attention = distributed.ring_attention if method == "ring" else distributed.ulysses_attention
+        options = {"layout": layout} if method == "ring" else {}
+        with pytest.raises(ValueError, match="enable_gqa=True"):
+            attention(*local, causal=True, **options)
+        o = attention(*local, causal=True, enable_gqa=True, **options)
+        o.backward(distributed.shard(do.to(device, dtype), layout=layout))
+        got = [distributed.unshard(t, layout=layout) for t in (o.detach(), *(x.grad for x in local))]
+        for name, mine, ref in zip(("o", "dq", "dk", "dv"), got, [*expected[:2], *expected_dkv], strict=True):
+            tolerance.assert_close(mine.float().cpu(), ref, dtype=dtype_name,
+                                   what=f"{name} of {method} with {world} K/V heads over {world} ranks")
+
     # Shards seen through a transpose (a (B, N, H, D) buffer as (B, H, N, D)) travel the ring as dense ones do
     expected = _attention_float64(*(x.to(dtype) for x in (q, k, v, do)), True)
     local = [distributed.shard(x.to(device, dtype)).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()

@@ -75,7 +75,7 @@ def block_work(world: int, rank: int, step: int, *, n_local: int, causal: bool, 
                      causal=False)
 
 
-def _ring_forward(q, k, v, *, causal, scale, layout, ring: Ring):
+def _ring_forward(q, k, v, *, causal, scale, enable_gqa, layout, ring: Ring):
     n_local = q.shape[2]
     o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, H, n_local, D), merged in fp32
     lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)  # (B, H, n_local)
@@ -86,7 +86,8 @@ def _ring_forward(q, k, v, *, causal, scale, layout, ring: Ring):
         if work is not None:
             rows, cols = work.rows, work.cols
             o_block, lse_block = kernels.flash_attention_forward(
-                q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal=work.causal, scale=scale)
+                q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal=work.causal, scale=scale,
+                enable_gqa=enable_gqa)
             o[:, :, rows], lse[:, :, rows] = merge_partials(o[:, :, rows], lse[:, :, rows], o_block.float(),
                                                             lse_block)
         if incoming is not None:
@@ -94,21 +95,21 @@ def _ring_forward(q, k, v, *, causal, scale, layout, ring: Ring):
     return o.to(q.dtype), lse
 
 
-def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring: Ring):
+def _ring_backward(q, k, v, o, lse, do, *, causal, scale, enable_gqa, layout, ring: Ring):
     n_local = q.shape[2]
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # summed over P shards: fp32
     kv = [k, v]
     own = travelling = None  # own: dK/dV of our keys from our queries; travelling: an accumulator in flight
     for step in range(ring.world):
         incoming = ring.shift(kv) if step + 1 < ring.world else None
-        dk_part = torch.zeros(k.shape, dtype=torch.float32, device=k.device)  # (B, H, n_local, D)
+        dk_part = torch.zeros(k.shape, dtype=torch.float32, device=k.device)  # (B, H_kv, n_local, D)
         dv_part = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         work = block_work(ring.world, ring.rank, step, n_local=n_local, causal=causal, layout=layout)
         if work is not None:
             rows, cols = work.rows, work.cols
             dq_block, dk_block, dv_block = kernels.flash_attention_backward(
                 q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], o[:, :, rows],
-                lse[:, :, rows].contiguous(), do[:, :, rows], causal=work.causal, scale=scale)
+                lse[:, :, rows].contiguous(), do[:, :, rows], causal=work.causal, scale=scale, enable_gqa=enable_gqa)
             dq[:, :, rows] += dq_block
             dk_part[:, :, cols] += dk_block
             dv_part[:, :, cols] += dv_block
@@ -131,21 +132,21 @@ def _ring_backward(q, k, v, o, lse, do, *, causal, scale, layout, ring: Ring):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, layout, ring):
-        o, lse = _ring_forward(q, k, v, causal=causal, scale=scale, layout=layout, ring=ring)
+    def forward(ctx, q, k, v, causal, scale, enable_gqa, layout, ring):
+        o, lse = _ring_forward(q, k, v, causal=causal, scale=scale, enable_gqa=enable_gqa, layout=layout, ring=ring)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = {"causal": causal, "scale": scale, "layout": layout, "ring": ring}
+        ctx.options = {"causal": causal, "scale": scale, "enable_gqa": enable_gqa, "layout": layout, "ring": ring}
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(q, k, v, o, lse, do.contiguous(), **ctx.options)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None, layout: str = "zigzag",
-                   group=None) -> torch.Tensor:
+                   group=None, enable_gqa: bool = False) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence, its keys spread over the ranks of ``group``.
 
     K/V shards travel around the ring of P ranks, one step per rank, while each rank computes its queries
@@ -154,9 +155,11 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     Differentiable: the backward sends dK/dV around the ring the same way, recomputing from the merged o, lse.
 
     Args:
-        q, k, v: (B, H, N / P, D) each, this rank's shard in ``layout`` (from :func:`shard`); one shape, one
-            dtype, on every rank. Dtypes and head dims as ``kernels.flash_attention``'s (CPU tensors and gloo
-            run the kernels in Triton's interpreter; CUDA tensors use NCCL).
+        q: (B, H, N / P, D), k and v: (B, H_kv, N / P, D), this rank's shards in ``layout`` (from :func:`shard`);
+            the same shapes and one dtype on every rank. H_kv = H, or with ``enable_gqa=True`` a divisor of H
+            (grouped-query attention: the ring then carries H / H_kv times fewer K/V bytes). Dtypes and head
+            dims as ``kernels.flash_attention``'s (CPU tensors and gloo run the kernels in Triton's interpreter;
+            CUDA tensors use NCCL).
         causal: False (default) or True: key j hidden from query i when j > i, positions counted in the whole
             sequence's order (self-attention, so top-left and bottom-right coincide).
         scale: the factor on q.k; None (default) means 1/sqrt(D).
@@ -165,6 +168,8 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             causal mask every rank has the same work (``zigzag_indices(8, 2, 0)`` is [0, 1, 6, 7]).
         group: the process group (default: the whole world, ``torch.distributed``'s default group), already
             initialised; every rank of it must make the same call.
+        enable_gqa: False (default) or True: fewer K/V heads than query heads, as in
+            ``F.scaled_dot_product_attention``; query head h reads K/V head h // (H / H_kv).
 
     Returns:
         o: (B, H, N / P, D), q's dtype: this rank's rows of attention over all N positions, in ``layout``
@@ -179,14 +184,15 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     ring = current(group, what="ring_attention")
     if layout not in ("contiguous", "zigzag"):
         raise ValueError(f"layout must be 'contiguous' or 'zigzag', got {layout!r}")
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(
             f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: ring attention expects "
-            "three shards of one shape (B, H, N/P, D), each rank's part of one sequence (self-attention)")
+            "shards (B, H, N/P, D) of q and (B, H_kv, N/P, D) of k and v, each rank's part of one sequence "
+            "(self-attention)")
     if layout == "zigzag" and q.shape[2] % 2:
         raise ValueError(
             f"the local shard has {q.shape[2]} positions, but a zigzag shard is two equal chunks, so an even "
             "number: shard the sequence with flashcourse.distributed.shard(x, layout='zigzag')")
     # Before the first transfer: a call the kernels refuse at step 0 would leave the ranks' sends in flight
-    check_call(q, k, v, enable_gqa=False, scale=scale, block_mask=None)
-    return _RingAttention.apply(q, k, v, causal, scale, layout, ring)
+    check_call(q, k, v, enable_gqa=enable_gqa, scale=scale, block_mask=None)
+    return _RingAttention.apply(q, k, v, causal, scale, enable_gqa, layout, ring)

@@ -62,7 +62,8 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all(grad, split_dim=cat_dim, cat_dim=split_dim, group=ctx.group), None, None, None
 
 
-def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None) -> torch.Tensor:
+def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = None, group=None,
+                      enable_gqa: bool = False) -> torch.Tensor:
     """Attention over the whole sequence from contiguous shards, by a head split (DeepSpeed Ulysses).
 
     One all-to-all turns each rank's (B, H, N / P, D) into (B, H / P, N, D): a few whole heads, every position.
@@ -70,11 +71,15 @@ def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     Differentiable (the backward's all-to-alls go the other way).
 
     Args:
-        q, k, v: (B, H, N / P, D) each, this rank's contiguous chunk (``shard(x, layout="contiguous")``), one
-            shape on every rank. H must be a multiple of the number of ranks P (else :func:`ring_attention`).
+        q: (B, H, N / P, D), k and v: (B, H_kv, N / P, D), this rank's contiguous chunks
+            (``shard(x, layout="contiguous")``), the same shapes on every rank. H and H_kv must be multiples of the
+            number of ranks P (else :func:`ring_attention`); H_kv = H, or with ``enable_gqa=True`` a divisor of H.
         causal: False (default) or True: key j hidden from query i when j > i, in the whole sequence's order.
         scale: the factor on q.k; None (default) means 1/sqrt(D).
         group: the process group (default: the whole world), already initialised; every rank calls.
+        enable_gqa: False (default) or True: fewer K/V heads than query heads (grouped-query attention). Rank r
+            receives query heads r H / P to (r + 1) H / P - 1 and the K/V heads they read, so each rank's kernel
+            sees the same grouping.
 
     Returns:
         o: (B, H, N / P, D), q's dtype: this rank's rows of the whole attention.
@@ -85,17 +90,18 @@ def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     """
     ring = current(group, what="ulysses_attention")
     heads = q.shape[1] if q.dim() == 4 else None
-    if heads is None or q.shape != k.shape or k.shape != v.shape:
+    if heads is None or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
         raise ValueError(
-            f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: Ulysses expects three "
-            "shards of one shape (B, H, N/P, D)")
-    if heads % ring.world:
-        raise ValueError(
-            f"Ulysses splits the {heads} heads over {ring.world} ranks, so H must be a multiple of the number of "
-            f"ranks, and {heads} % {ring.world} = {heads % ring.world}: use a number of ranks that divides H, or "
-            "ring_attention, which has no such limit")
-    check_call(q, k, v, enable_gqa=False, scale=scale, block_mask=None)  # refused before any rank sends a byte
+            f"q, k, v have shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}: Ulysses expects shards "
+            "(B, H, N/P, D) of q and (B, H_kv, N/P, D) of k and v")
+    check_call(q, k, v, enable_gqa=enable_gqa, scale=scale, block_mask=None)  # refused before any rank sends a byte
+    for what, count, name in (("heads", heads, "H"), ("K/V heads", k.shape[1], "H_kv")):
+        if count % ring.world:
+            raise ValueError(
+                f"Ulysses splits the {count} {what} over {ring.world} ranks, so {name} must be a multiple of the "
+                f"number of ranks, and {count} % {ring.world} = {count % ring.world}: use a number of ranks that "
+                f"divides {name}, or ring_attention, which has no such limit")
     # (B, H, N/P, D) -> (B, H/P, N, D): heads scattered over the ranks, sequence chunks gathered in rank order
     q_heads, k_heads, v_heads = (_AllToAll.apply(x, 1, 2, group) for x in (q, k, v))
-    o_heads = kernels.flash_attention(q_heads, k_heads, v_heads, causal=causal, scale=scale)
+    o_heads = kernels.flash_attention(q_heads, k_heads, v_heads, causal=causal, scale=scale, enable_gqa=enable_gqa)
     return _AllToAll.apply(o_heads, 2, 1, group)  # (B, H/P, N, D) -> (B, H, N/P, D)
