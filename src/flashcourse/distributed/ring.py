@@ -155,11 +155,11 @@ def ring_attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     Differentiable: the backward sends dK/dV around the ring the same way, recomputing from the merged o, lse.
 
     Args:
-        q: (B, H, N / P, D), k and v: (B, H_kv, N / P, D), this rank's shards in ``layout`` (from :func:`shard`);
-            the same shapes and one dtype on every rank. H_kv = H, or with ``enable_gqa=True`` a divisor of H
-            (grouped-query attention: the ring then carries H / H_kv times fewer K/V bytes). Dtypes and head
-            dims as ``kernels.flash_attention``'s (CPU tensors and gloo run the kernels in Triton's interpreter;
-            CUDA tensors use NCCL).
+        q: (B, H, N / P, D), this rank's shard in ``layout`` (from :func:`shard`), the same shape and dtype on
+            every rank. Dtypes and head dims as ``kernels.flash_attention``'s (CPU tensors and gloo run the kernels
+            in Triton's interpreter; CUDA tensors use NCCL).
+        k, v: (B, H_kv, N / P, D), sharded as q, q's dtype. H_kv = H, or with ``enable_gqa=True`` a divisor of H
+            (grouped-query attention: the ring then carries H / H_kv times fewer K/V bytes).
         causal: False (default) or True: key j hidden from query i when j > i, positions counted in the whole
             sequence's order (self-attention, so top-left and bottom-right coincide).
         scale: the factor on q.k; None (default) means 1/sqrt(D).

@@ -71,9 +71,10 @@ def ulysses_attention(q, k, v, *, causal: bool = False, scale: float | None = No
     Differentiable (the backward's all-to-alls go the other way).
 
     Args:
-        q: (B, H, N / P, D), k and v: (B, H_kv, N / P, D), this rank's contiguous chunks
-            (``shard(x, layout="contiguous")``), the same shapes on every rank. H and H_kv must be multiples of the
-            number of ranks P (else :func:`ring_attention`); H_kv = H, or with ``enable_gqa=True`` a divisor of H.
+        q: (B, H, N / P, D), this rank's contiguous chunk (``shard(x, layout="contiguous")``), one shape on every
+            rank. H must be a multiple of the number of ranks P (else :func:`ring_attention`).
+        k, v: (B, H_kv, N / P, D), sharded as q. H_kv = H, or with ``enable_gqa=True`` a divisor of H; a multiple of
+            P too.
         causal: False (default) or True: key j hidden from query i when j > i, in the whole sequence's order.
         scale: the factor on q.k; None (default) means 1/sqrt(D).
         group: the process group (default: the whole world), already initialised; every rank calls.
