@@ -193,8 +193,8 @@ def _compare_across_ranks(device: str, dtype_name: str, head_dim: int = 16) -> N
 
     # A call the kernels refuse is refused before any rank sends: a transfer left in flight would hang the group
     shard_shape = (1, heads, 4, head_dim)
-    refused = [({"scale": 0.0}, ValueError, "scale is 0"),
-               ({"dtype_v": torch.float64}, TypeError, "one dtype")]
+    refused = [({"scale": 0.0}, dtype, ValueError, "scale is 0"),  # (options, v's dtype, error, message)
+               ({}, torch.float64, TypeError, "one dtype")]
     sent = []
     ring_shift = _group.Ring.shift
 
@@ -204,9 +204,9 @@ def _compare_across_ranks(device: str, dtype_name: str, head_dim: int = 16) -> N
 
     _group.Ring.shift = counted_shift
     try:
-        for options, error, message in refused:
+        for options, v_dtype, error, message in refused:
             q_shard, k_shard = (torch.zeros(shard_shape, device=device, dtype=dtype) for _ in range(2))
-            v_shard = torch.zeros(shard_shape, device=device, dtype=options.pop("dtype_v", dtype))
+            v_shard = torch.zeros(shard_shape, device=device, dtype=v_dtype)
             for attention in (distributed.ring_attention, distributed.ulysses_attention):
                 with pytest.raises(error, match=message):
                     attention(q_shard, k_shard, v_shard, **options)
