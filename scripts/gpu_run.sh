@@ -23,9 +23,14 @@
 #                                 in float16 and bfloat16 or the dtypes named, 520 s shared between them; each call
 #                                 writes <date>-<device>-variants.json to $OUT (a later dtype merges into the file);
 #                                 join the calls' files with `python -m flashcourse.bench merge variants <files>`
+#   scripts/gpu_run.sh tests1     `make test-gpu` in two calls of under 10 minutes each (on an H100 on 2026-12-07:
+#   scripts/gpu_run.sh tests2     330 s and 300 s): tests2 the seven test files heaviest in kernels, tests1 the
+#                                 others with the launch fit; each writes <date>-<device>-gpu-tests.json with its
+#                                 `files` (rename them -part1 / -part2 before committing). Under another Triton
+#                                 installed in a folder: PYTHONPATH=/tmp/t39 scripts/gpu_run.sh tests1
 #   scripts/gpu_run.sh SUBCOMMAND ARGS...   any `python -m flashcourse.bench` command, e.g. attention --quick
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/flashcourse-out}
 mkdir -p "$OUT"
 py=python3
@@ -107,6 +112,15 @@ gaps)  # ncu_limits.GAP_CASES, in order (tests/test_ncu_limits.py holds this lis
     ;;
 fa3_fp8)
     stage fa3_fp8 400 $py benchmarks/gpu_fa3_fp8.py --out "$OUT"
+    ;;
+tests1 | tests2)
+    heavy=(tests/test_decode.py tests/test_decode_new_tokens.py tests/test_dropout.py tests/test_edges.py
+           tests/test_edges_kernels.py tests/test_kernels_forward.py tests/test_plan.py)
+    if [ "$1" = tests1 ]; then
+        stage tests1 570 $py scripts/gpu_tests.py --out "$OUT" --exclude "${heavy[@]}"
+    else
+        stage tests2 570 $py scripts/gpu_tests.py --out "$OUT" --files "${heavy[@]}" --no-launch-fit
+    fi
     ;;
 variants_masks | variants_base)
     if [ "$1" = variants_masks ]; then

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from gpu_run_stub import stub_gpu_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,3 +66,36 @@ def test_the_json_keeps_why_each_test_failed_or_skipped(gpu_tests):
     assert len(failed["tests/test_a.py::test_bad[x]"]) == gpu_tests.FAILURE_CHARS  # the end of a long report
     assert failed["tests/test_b.py::test_err"] == "CUDA out of memory"
     assert gpu_tests.skip_reasons(suite) == {"needs two GPUs": 2}
+
+
+STUB_PYTHON = '''#!{python}
+"""python3 for scripts/gpu_run.sh: records its arguments and the PYTHONPATH it was given."""
+import json, os, sys
+with open(os.environ["STUB_CALLS"], "a") as calls:
+    calls.write(json.dumps([os.environ.get("PYTHONPATH", "")] + sys.argv[1:]) + "\\n")
+'''
+
+
+@pytest.mark.parametrize("extra_path", ["", "/tmp/t39"])
+def test_the_two_tier_stages_run_every_gpu_test_file_once(gpu_tests, tmp_path, extra_path):
+    """scripts/gpu_run.sh tests1 and tests2 (python3 and nvidia-smi stubbed) hand gpu_tests.py the GPU test files
+    between them, none twice and none left out, the launch fit in one of them, a Triton folder kept first."""
+    tools = stub_gpu_tools(tmp_path, STUB_PYTHON)
+    calls = tmp_path / "calls.jsonl"
+    env = dict(os.environ, PATH=f"{tools}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               STUB_CALLS=str(calls), PYTHONPATH=extra_path)
+    parsed = {}
+    for stage in ("tests1", "tests2"):
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), stage], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs = [json.loads(line) for line in calls.read_text().splitlines()]
+        (run,) = [r for r in runs if r[1:2] == ["scripts/gpu_tests.py"]]
+        assert run[0] == (f"{extra_path}:src" if extra_path else "src")
+        parsed[stage] = run[2:]
+        calls.unlink()
+    every = gpu_tests.gpu_test_files()
+    excluded = parsed["tests1"][parsed["tests1"].index("--exclude") + 1:]
+    chosen = parsed["tests2"][parsed["tests2"].index("--files") + 1:parsed["tests2"].index("--no-launch-fit")]
+    assert set(excluded) == set(chosen) and set(chosen) <= set(every) and len(set(chosen)) < len(every)
+    assert "--no-launch-fit" not in parsed["tests1"]
