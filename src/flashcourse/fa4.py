@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import reference
+
 FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn (OCP FP8 formats, 2022)
 FP16_MAX = 65504.0
 # FA4 scales P by 2^max_offset before converting it to FP8 (P lies in (0, 1], so the format's upper code points are
@@ -84,6 +86,11 @@ def exp2_relative_error(poly=EXP2_POLY3, *, points: int = 1 << 16) -> float:
     return float(np.max(np.abs(exp2_emulated(x, poly).astype(np.float64) / exact - 1.0)))
 
 
+def _check_threshold(threshold) -> None:
+    if not threshold >= 0:  # NaN fails too
+        raise ValueError(f"threshold={threshold!r}: a non-negative number of log2 units is expected")
+
+
 def row_stats_conditional(x, *, block: int, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The online softmax's statistics of each row of x (R, C), scores in log2 units, taken ``block`` columns at a
     time, rescaling only when a block's max exceeds the kept max by more than ``threshold`` (FA4's test: keep the
@@ -95,8 +102,7 @@ def row_stats_conditional(x, *, block: int, threshold: float) -> tuple[np.ndarra
         raise ValueError(f"x has shape {x.shape}: expected (rows, columns) with at least one column")
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block={block!r}: a positive number of columns is expected")
-    if not threshold >= 0:
-        raise ValueError(f"threshold={threshold!r}: a non-negative number of log2 units is expected")
+    _check_threshold(threshold)
     rows = x.shape[0]
     m = np.full(rows, -np.inf)
     l = np.zeros(rows)
@@ -134,6 +140,9 @@ def group_rescale_share(x, *, block: int, threshold: float, group: int = 64) -> 
     moved its max: how often a kernel that decides for ``group`` rows at once (the Gluon v9a stages decide for a
     warpgroup's 64) still rescales its output. x (R, C): scores in log2 units, R a multiple of ``group``."""
     x = np.asarray(x, dtype=np.float64)
+    reference.validate_block("block", block)
+    reference.validate_block("group", group)
+    _check_threshold(threshold)
     if x.ndim != 2 or x.shape[0] % group or x.shape[1] <= block:
         raise ValueError(f"x has shape {x.shape}: expected (rows, columns), rows a multiple of group={group} and "
                          f"more than one block of {block} columns")
@@ -161,9 +170,15 @@ def forward_conditional(q, k, v, *, threshold: float, block_k: int = 64, causal:
     (:func:`round_e4m3`, saturating at 448), as fa3_fp8.py's kernels quantise it, while l sums the unrounded p.
     With a kept max, p reaches 2^threshold; when threshold + p_shift passes log2(448) the largest weights
     saturate and the output shrinks (trap 2), which float64 attention of the same inputs shows."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    q, k, v = (a.astype(np.float64) for a in reference.validate_qkv(q, k, v))
+    if q.ndim != 2:
+        raise ValueError(f"q has shape {q.shape}: one head, (N_q, D), is expected; pass q[b, h] for a head")
+    _check_threshold(threshold)
+    reference.validate_block("block_k", block_k)
+    if p_shift is not None and not np.isfinite(p_shift):
+        raise ValueError(f"p_shift={p_shift!r}: a finite power of two is expected")
     n_q, d = q.shape
-    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    scale = reference.resolve_scale(scale, d)
     s = (q @ k.T) * scale * np.log2(np.e)  # log2 units, as the kernels keep them
     if causal:
         s = np.where(np.arange(k.shape[0])[None, :] > np.arange(n_q)[:, None], -np.inf, s)

@@ -160,6 +160,10 @@ def naive_attention_hbm_bytes(batch: int, heads: int, n: int, head_dim: int, *, 
     S = Q K^T (read Q, K; write S), P = softmax(S) (read S; write P), O = P V (read P, V; write O).
     Returns each step's bytes and the total.
     """
+    for name, value in (("batch", batch), ("heads", heads), ("n", n), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name}={value!r}: a count of zero or more is expected")
+    reference.validate_block("bytes_per_element", bytes_per_element)
     nd = batch * heads * n * head_dim * bytes_per_element
     nn = batch * heads * n * n * bytes_per_element
     steps = {
@@ -186,9 +190,11 @@ def flash_block_sizes(sram: int, d: int, n: int | None = None, *, order: str = "
     """
     if order not in ("fa1", "fa2"):
         raise ValueError(f'order must be "fa1" or "fa2", got {order!r}')
+    reference.validate_block("sram", sram)
+    reference.validate_block("d", d)
     big = max(1, -(-sram // (4 * d)))
     if n is not None:
-        big = min(big, n)
+        big = min(big, max(1, n))  # a block of one row when there are no rows: its loops then run zero times
 
     def need(b: int) -> int:
         small = min(b, d)

@@ -50,7 +50,13 @@ def attention_like_kernel(q, k, v, *, dtype: str = "float16", p_dtype: str | Non
     ``dtype`` at the end. ``p_dtype="float32"`` switches off the rounding of P alone.
     """
     p_dtype = dtype if p_dtype is None else p_dtype
+    for name, value in (("dtype", dtype), ("p_dtype", p_dtype)):
+        if value not in DTYPES:
+            raise ValueError(f"{name} must be one of {DTYPES}, got {value!r}")
+    reference.validate_block("block_k", block_k)
     q, k, v = (round_to(x, dtype) for x in reference.validate_qkv(q, k, v))
+    if q.ndim != 2:
+        raise ValueError(f"q has shape {q.shape}: one head, (N_q, D), is expected; pass q[b, h] for a head")
     scale = np.float32(reference.resolve_scale(scale, q.shape[-1]))
     n_q, n_k = q.shape[0], k.shape[0]
     m = np.full(n_q, -np.inf, dtype=np.float32)

@@ -191,6 +191,11 @@ def kv_tbps_implied(tflops: float, block_q: int, *, bytes_per_value: int = 2) ->
     reads every K/V tile once: a K/V pair of block_k x D is 2 block_k D bytes_per_value bytes for the two GEMMs'
     4 block_q block_k D FLOPs, so bytes / FLOPs = bytes_per_value / (2 block_q), whatever the head dim and key
     tile. Beyond what HBM gives, it must come from L2: a lower bound on what L2 delivers."""
+    if not 0 <= tflops < float("inf"):
+        raise ValueError(f"tflops={tflops!r}: a measured rate, zero or more TFLOP/s, is expected")
+    for name, value in (("block_q", block_q), ("bytes_per_value", bytes_per_value)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name}={value!r}: a positive integer is expected")
     return tflops * bytes_per_value / (2 * block_q)
 
 
