@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flashcourse import fa4, iomodel, precision, reference, schedule
+from flashcourse import fa4, iomodel, measure, precision, reference, schedule, trees
 
 _X = np.random.default_rng(0).standard_normal((64, 100))
 _Q = np.random.default_rng(1).standard_normal((6, 8))
+_TREE = [-1, 0, 0, 1]  # drafts 1 and 2 are siblings under draft 0; draft 3 is draft 1's child
+_KV = np.random.default_rng(2).standard_normal((3 + len(_TREE), 8))  # a cache of 3, then one key per draft
 
 REFUSED = [
     ("kv_tbps_implied, block_q 0", lambda: schedule.kv_tbps_implied(500.0, 0), "block_q=0"),
@@ -45,6 +47,15 @@ REFUSED = [
      "p_dtype"),
     ("attention_like_kernel, heads", lambda: precision.attention_like_kernel(_Q[None], _Q[None], _Q[None]),
      "one head"),
+    ("path_attention, siblings as a path", lambda: trees.path_attention(_KV[3:], _KV, _KV, _TREE, [0, 2, 1]),
+     "not a chain"),
+    ("path_attention, not from a root", lambda: trees.path_attention(_KV[3:], _KV, _KV, _TREE, [1, 3]),
+     "not a chain"),
+    ("path_attention, a draft past the tree", lambda: trees.path_attention(_KV[3:], _KV, _KV, _TREE, [0, 7]),
+     "from 0 to 3"),
+    ("matmul_gflops, n 0", lambda: measure.matmul_gflops(0), "n=0"),
+    ("copy_bandwidth_gbs, 0 MB", lambda: measure.copy_bandwidth_gbs(0), "megabytes=0"),
+    ("read_bandwidth_gbs, 0 MB", lambda: measure.read_bandwidth_gbs(0), "megabytes=0"),
 ]
 
 

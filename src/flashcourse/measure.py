@@ -66,8 +66,14 @@ def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - before
 
+def _check_size(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r}: a positive integer is expected (a size of zero would time nothing)")
+
+
 def matmul_gflops(n: int = 512, *, dtype=np.float32, repeats: int = 20) -> float:
     """Rate of an (n x n) @ (n x n) NumPy matmul in GFLOP/s (2 n^3 FLOPs: a multiply and an add per term)."""
+    _check_size("n", n)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
@@ -80,6 +86,7 @@ def copy_bandwidth_gbs(megabytes: int = 64, *, repeats: int = 10) -> float:
 
     The array (``megabytes`` MB) is much larger than the CPU caches, so the copy streams through main memory.
     """
+    _check_size("megabytes", megabytes)
     source = np.ones(megabytes * 1_000_000 // 8, dtype=np.float64)
     target = np.empty_like(source)
     timing = time_cpu(lambda: np.copyto(target, source), repeats=repeats)
@@ -92,6 +99,7 @@ def read_bandwidth_gbs(megabytes: int = 64, *, repeats: int = 10) -> float:
     A sum does one addition per 8 bytes read, far below what the processor can compute, so the time is the time
     to stream the array in from main memory. Nothing is written, unlike :func:`copy_bandwidth_gbs`.
     """
+    _check_size("megabytes", megabytes)
     source = np.ones(megabytes * 1_000_000 // 8, dtype=np.float64)
     timing = time_cpu(lambda: source.sum(), repeats=repeats)
     return source.nbytes / timing.best / 1e9

@@ -202,9 +202,17 @@ def tree_attention(q, k, v, parents, *, scale=None) -> np.ndarray:
 
 def path_attention(q, k, v, parents, path: Sequence[int], *, scale=None) -> np.ndarray:
     """Plain causal attention of one root-to-leaf path as if it were the only text after the cache:
-    (..., len(path), D). Queries ``q[path]``, keys the cache then ``k[n_cache + path]``, bottom-right causal."""
-    n_cache = k.shape[-2] - validate_parents(parents).size
+    (..., len(path), D). Queries ``q[path]``, keys the cache then ``k[n_cache + path]``, bottom-right causal.
+    ``path`` starts at a root and each draft is the child of the one before (as :func:`paths` lists them)."""
+    parents = validate_parents(parents)
+    n_cache = k.shape[-2] - parents.size
     rows = np.asarray(path, dtype=np.int64)
+    if rows.ndim != 1 or rows.size == 0 or (rows < 0).any() or (rows >= parents.size).any():
+        raise ValueError(f"path {list(path)}: expected draft indices from 0 to {parents.size - 1}, root first")
+    expected_parents = np.concatenate([[-1], rows[:-1]])
+    if not np.array_equal(parents[rows], expected_parents):
+        raise ValueError(f"path {rows.tolist()} is not a chain from a root: draft i's parent must be the draft "
+                         f"before it (their parents are {parents[rows].tolist()}); trees.paths lists the chains")
     keys = np.concatenate([np.arange(n_cache), n_cache + rows])
     return reference.attention(q[..., rows, :], k[..., keys, :], v[..., keys, :], scale=scale,
                                causal="bottom_right")
