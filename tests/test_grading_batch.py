@@ -338,3 +338,26 @@ def test_a_missing_solutions_folder_is_said(tmp_path, monkeypatch):
     results = batch.grade_all([path], tmp_path / "out", seed=1, timeout=60, progress=progress)
     assert "no solutions/ folder here" in progress.getvalue()
     assert results[0].points == FULL
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(timeout=-5), "timeout=-5"), (dict(timeout=0), "timeout=0"), (dict(timeout=float("nan")), "timeout=nan"),
+    (dict(timeout=float("inf")), "timeout=inf"), (dict(jobs=0), "jobs=0"), (dict(jobs=2.5), "jobs=2.5"),
+    (dict(missing=True), "not a file: .*nobody.ipynb"),
+])
+def test_a_batch_that_would_give_everyone_zero_is_refused_before_grading(tmp_path, options, match):
+    """A negative time limit timed every notebook out (0 points each, "timed out after -5 s"); a mistyped path was
+    graded as a student with 0 points. Both are the instructor's mistake: refused, nothing written."""
+    good = _submit(tmp_path, "lena", _notebook("solved"))
+    paths = [good, tmp_path / "nobody.ipynb"] if options.pop("missing", False) else [good]
+    out = tmp_path / "out"
+    with pytest.raises(batch.NothingGradedError, match=match):
+        batch.grade_all(paths, out, seed=1, progress=io.StringIO(), **{"timeout": 60, **options})
+    assert not out.exists()
+
+
+def test_the_command_line_says_nothing_was_graded(tmp_path):
+    good = _submit(tmp_path, "mona", _notebook("solved"))
+    proc = subprocess.run([sys.executable, "-m", "flashcourse", "grade", str(good), "--out", str(tmp_path / "out"),
+                           "--timeout", "-5"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "nothing graded: timeout=-5.0" in proc.stderr, proc.stderr

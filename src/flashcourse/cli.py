@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "interview":
         args.stats = args.stats if args.interview_command == "quiz" else True
         return _quiz(parser, args)
-    from .grading.batch import DuplicateSubmissionError, grade_all
+    from .grading.batch import NothingGradedError, grade_all
 
     try:
         results = grade_all(args.submissions, args.out, seed=args.seed, timeout=args.timeout,
                             exercise=args.exercise, solutions=args.solutions, jobs=args.jobs)
-    except DuplicateSubmissionError as error:
+    except NothingGradedError as error:
         print(f"flashcourse grade: nothing graded: {error}", file=sys.stderr)
         return 2
     print(f"wrote {args.out / 'grades.csv'}, {args.out / 'gradebook.csv'}, {args.out / 'grades.json'} and "

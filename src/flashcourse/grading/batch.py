@@ -119,7 +119,11 @@ def student_of(path: Path, *, alone: bool = False) -> str:
     return (_owner_folder(path) if alone else None) or stem
 
 
-class DuplicateSubmissionError(ValueError):
+class NothingGradedError(ValueError):
+    """A batch refused before any submission was graded: a bad option or submission list."""
+
+
+class DuplicateSubmissionError(NothingGradedError):
     """Two files resolve to the same student and exercise; grading both would let one overwrite the other."""
 
 
@@ -514,10 +518,22 @@ def grade_all(submissions: list[Path], out: Path, *, seed: int | None = None, ti
               progress=sys.stderr) -> list[SubmissionResult]:
     """Grade every submission, writing the tables after each one (so a stopped run keeps what it did).
 
-    Raises DuplicateSubmissionError, before grading anything, when two files are one student's one exercise.
+    Raises, before grading anything, DuplicateSubmissionError when two files are one student's one exercise, and
+    NothingGradedError for a time limit that is not a positive number of seconds, fewer than one job, or a
+    submission path that is not a file (a mistyped name or a pattern the shell left unexpanded would otherwise
+    grade as zero).
     """
+    if not 0 < timeout < float("inf"):  # NaN fails too
+        raise NothingGradedError(f"timeout={timeout!r}: a time limit of a positive, finite number of seconds is "
+                                 "expected (every notebook would run out of time)")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise NothingGradedError(f"jobs={jobs!r}: the number of submissions graded at once, 1 or more, is expected")
     paths = [Path(p) for p in submissions]
     students = identify(paths, exercise)
+    absent = [str(p) for p in paths if not p.is_file()]
+    if absent:
+        raise NothingGradedError(f"not a file: {', '.join(absent)} (check the names, or the pattern that should "
+                                 "have matched them)")
     seed = secrets.randbits(32) if seed is None else int(seed)
     if solutions is None and Path("solutions").is_dir():
         solutions = Path("solutions")
@@ -557,7 +573,7 @@ def grade_all(submissions: list[Path], out: Path, *, seed: int | None = None, ti
         _grader_children.update(_processes.descendants() if _processes.supported() else ())
     was_adopting = _processes.adopt_orphans(True)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(one, range(len(paths))))
         _processes.end_strays(_grader_children)
     finally:
