@@ -44,10 +44,27 @@ def test_hide_threshold_is_e_r_over_g_w():
     # at the threshold a causal step's compute time equals its transfer time
     n_local = cost.hide_positions(rate, link, group=4)
     world = 4
-    n = int(n_local * world)
+    n = round(n_local) * world  # whole positions on every rank
     compute_s = cost.ring_step_flops(B, H, n, D, world) / (rate * 1e12)
     send_s = cost.ring_step_bytes(B, H, n, D, world, kv_heads=H // 4) / link
     assert compute_s == pytest.approx(send_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("shape, match", [
+    ((B, H, 1000, D, 3), "n=1000 over world=3 ranks"), ((B, H, N, D, 0), "world=0"), ((0, H, N, D, 4), "batch=0"),
+    ((B, H, N, -64, 4), "head_dim=-64"), ((B, H, float(N), D, 4), "n=.*positive integer"),
+])
+def test_shapes_a_rank_cannot_hold_are_refused(shape, match):
+    """N not a multiple of P was floored (a rank of 333.3 positions counted as 333), P = 0 divided by zero."""
+    for count in (cost.ring_bytes, cost.ulysses_bytes, cost.ring_step_flops, cost.ring_backward_step_bytes):
+        with pytest.raises(ValueError, match=match):
+            count(*shape)
+
+
+def test_bad_rates_are_refused():
+    for tflops, link in ((0.0, 450e9), (400.0, -1.0), (float("nan"), 450e9), (400.0, float("inf"))):
+        with pytest.raises(ValueError, match="positive, finite rates"):
+            cost.hide_positions(tflops, link)
 
 
 def test_bad_group_sizes_are_refused():

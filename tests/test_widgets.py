@@ -152,3 +152,23 @@ def test_one_step_numbering_in_slider_readout_and_figure(rng):
         title = plots.online_softmax_state(x, stepper.steps, index).axes[0].get_title()
         assert title.startswith(f"step {index}:"), title
         stepper.next_button.click()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: widgets.online_softmax_stepper(np.zeros(0)), "at least one score"),
+    (lambda: widgets.tile_explorer(n=1000), "n=1000: the slider offers multiples of 16 from 16 to 256"),
+    (lambda: widgets.tile_explorer(block_q=0), "block_q=0"),
+    (lambda: widgets.tile_explorer(block_k=6), "block_k=6"),
+    (lambda: widgets.tile_explorer(d=0), "d must be a positive int"),
+    (lambda: widgets.io_explorer(n=100), "n=100 is not among the n values offered"),
+    (lambda: widgets.io_explorer(sram=5), "sram=5"),
+    (lambda: plots.ring_schedule(0), "world=0"),
+    (lambda: plots.step_time([4096], world=2, heads=8, head_dim=64, tflops=0.0, link_gbs=450.0), "rates"),
+    (lambda: plots.roofline({"a laptop": (100.0, 0.0)}), "a laptop: peak 100.0 GFLOP/s and bandwidth 0.0"),
+], ids=["empty row", "n past the slider", "block 0", "block off the step", "d 0", "n not offered",
+        "sram not offered", "no ranks", "zero rate", "zero bandwidth"])
+def test_a_value_the_controls_cannot_show_is_refused_by_name(make, match):
+    """The sliders would quietly move such a value into their range (n = 1000 shown as 256), an empty row raised
+    IndexError, a zero bandwidth ZeroDivisionError."""
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -69,6 +69,10 @@ def roofline(machines: Mapping[str, tuple[float, float]], intensities: Mapping[s
     machines: name -> (peak compute in GFLOP/s, memory bandwidth in GB/s).
     intensities: operation name -> arithmetic intensity in FLOP/byte, drawn as vertical lines.
     """
+    for name, (peak, bandwidth) in machines.items():
+        if not (0 < peak < float("inf") and 0 < bandwidth < float("inf")):
+            raise ValueError(f"{name}: peak {peak!r} GFLOP/s and bandwidth {bandwidth!r} GB/s must be positive "
+                             "and finite (a log-log plot)")
     fig, (ax,) = _figure(7.5, 4.8)
     all_ridges = [peak / bw for peak, bw in machines.values()]
     spots = list((intensities or {}).values())
@@ -452,6 +456,8 @@ def ring_schedule(world: int, layouts=("contiguous", "zigzag")):
     """Per layout, the causal chunk-by-chunk attention matrix, each block coloured by the rank computing it and
     labelled with the ring step (and "/2" for a diagonal block, of which only the lower triangle is computed);
     blank blocks are skipped."""
+    if isinstance(world, bool) or not isinstance(world, (int, np.integer)) or not 1 <= world <= 10:
+        raise ValueError(f"world={world!r}: from 1 to 10 ranks (one colour each) are drawn")
     fig = Figure(figsize=(5 * len(layouts), 4.6))
     axes = fig.subplots(1, len(layouts), squeeze=False)
     colours = ListedColormap(colormaps["tab10"].colors[:world])
@@ -487,6 +493,8 @@ def step_time(seq_lens, *, world: int, heads: int, head_dim: int, tflops: float,
     ``link_gbs`` GB/s, against the sequence length (causal, zigzag, B = 1). Compute grows as N^2, the transfer
     as N, so above the crossing the transfer hides behind the compute."""
     seq_lens = np.asarray(seq_lens)
+    if not (0 < tflops < float("inf") and 0 < link_gbs < float("inf")):
+        raise ValueError(f"tflops={tflops!r}, link_gbs={link_gbs!r}: positive, finite rates are expected")
     compute = [cost.ring_step_flops(1, heads, n, head_dim, world) / (tflops * 1e12) * 1e3 for n in seq_lens]
     transfer = [cost.ring_step_bytes(1, heads, n, head_dim, world, element_bytes) / (link_gbs * 1e9) * 1e3
                 for n in seq_lens]

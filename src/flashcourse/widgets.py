@@ -90,6 +90,8 @@ class OnlineSoftmaxStepper(w.VBox):
     def __init__(self, x, block: int, values=None):
         self.x = np.asarray(x)
         self.steps = list(reference.softmax_online_steps(self.x, block, values))
+        if not self.steps:
+            raise ValueError(f"x has shape {self.x.shape}: the stepper needs at least one score to step through")
         self.index = 0
         self.prev_button = w.Button(description="Prev", icon="arrow-left")
         self.next_button = w.Button(description="Next", icon="arrow-right")
@@ -146,6 +148,12 @@ class TileExplorer(w.VBox):
 
     def __init__(self, n: int = 64, d: int = 16, block_q: int = 16, block_k: int = 16, causal: bool = False,
                  seed: int = 0):
+        reference.validate_block("d", d)
+        for name, value, low, high, step in (("n", n, 16, 256, 16), ("block_q", block_q, 4, 64, 4),
+                                             ("block_k", block_k, 4, 64, 4)):
+            if not (isinstance(value, int) and low <= value <= high and value % step == 0):
+                # a slider would quietly move it to its range
+                raise ValueError(f"{name}={value!r}: the slider offers multiples of {step} from {low} to {high}")
         self.d, self.seed = d, seed
         self.n_slider = w.IntSlider(value=n, min=16, max=256, step=16, description="N")
         self.block_q_slider = w.IntSlider(value=block_q, min=4, max=64, step=4, description="block_q")
@@ -223,6 +231,9 @@ class IOExplorer(w.VBox):
                  d_values: Sequence[int] = (16, 32, 64, 128),
                  sram_values: Sequence[int] = (4096, 16384, 65536, 262144), *, n: int = 512, d: int = 64,
                  sram: int = 65536, seed: int = 0):
+        for name, value, values in (("n", n, n_values), ("d", d, d_values), ("sram", sram, sram_values)):
+            if value not in values:
+                raise ValueError(f"{name}={value!r} is not among the {name} values offered, {list(values)}")
         self.seed = seed
         self.n_slider = w.SelectionSlider(options=list(n_values), value=n, description="N")
         self.d_slider = w.SelectionSlider(options=list(d_values), value=d, description="d")

@@ -14,13 +14,26 @@ all-to-alls dO and then dQ, dK, dV.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 __all__ = ["allgather_kv_bytes", "hide_positions", "ring_backward_step_bytes", "ring_bytes", "ring_step_bytes",
            "ring_step_flops", "ulysses_bytes"]
 
 
+def _positions_per_rank(batch, heads, n, head_dim, world) -> int:
+    """N / P, the positions each rank holds, once the shape is checked."""
+    for name, value in (("batch", batch), ("heads", heads), ("n", n), ("head_dim", head_dim), ("world", world)):
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{name}={value!r}: a positive integer is expected")
+    if n % world:
+        raise ValueError(f"n={n} over world={world} ranks: every rank holds N/P positions, so N must be a multiple "
+                         "of P")
+    return n // world
+
+
 def _shard_elements(batch: int, heads: int, n: int, head_dim: int, world: int) -> int:
     """Elements of one tensor's shard: B x H x N/P x D."""
-    return batch * heads * (n // world) * head_dim
+    return batch * heads * _positions_per_rank(batch, heads, n, head_dim, world) * head_dim
 
 
 def _kv_heads(heads: int, kv_heads: int | None) -> int:
@@ -49,7 +62,7 @@ def ring_step_flops(batch, heads, n, head_dim, world, *, causal=True) -> float:
     """Forward matmul FLOPs of one ring step on one rank: an (N/P) x (N/P) block, 4 B H (N/P)^2 D; under a causal
     mask with the zigzag layout every step computes half of it (lesson 12's schedule). GQA changes nothing here:
     every query head still meets every key."""
-    block = 4.0 * batch * heads * (n // world) ** 2 * head_dim
+    block = 4.0 * batch * heads * _positions_per_rank(batch, heads, n, head_dim, world) ** 2 * head_dim
     return block / 2 if causal else block
 
 
@@ -80,5 +93,8 @@ def hide_positions(tflops: float, link_bytes_per_s: float, *, element_bytes: int
     the group size G of grouped-query attention divides the threshold."""
     if group < 1:
         raise ValueError(f"group={group}: the group size G = H_q / H_kv is at least 1")
+    if not (0 < tflops < float("inf") and 0 < link_bytes_per_s < float("inf")):
+        raise ValueError(f"tflops={tflops!r}, link_bytes_per_s={link_bytes_per_s!r}: positive, finite rates are "
+                         "expected")
     threshold = element_bytes * tflops * 1e12 / (group * link_bytes_per_s)
     return threshold if causal else threshold / 2
