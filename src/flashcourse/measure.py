@@ -66,6 +66,7 @@ def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int:
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() - before
 
+
 def _check_size(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name}={value!r}: a positive integer is expected (a size of zero would time nothing)")

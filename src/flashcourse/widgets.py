@@ -146,18 +146,15 @@ class TileExplorer(w.VBox):
     done, and the tiles a causal mask skips; the readout gives the tile, its kind and the query block's m, l.
     """
 
+    RANGES = {"n": (16, 256, 16), "block_q": (4, 64, 4), "block_k": (4, 64, 4)}  # each slider's min, max, step
+
     def __init__(self, n: int = 64, d: int = 16, block_q: int = 16, block_k: int = 16, causal: bool = False,
                  seed: int = 0):
         reference.validate_block("d", d)
-        for name, value, low, high, step in (("n", n, 16, 256, 16), ("block_q", block_q, 4, 64, 4),
-                                             ("block_k", block_k, 4, 64, 4)):
-            if not (isinstance(value, int) and low <= value <= high and value % step == 0):
-                # a slider would quietly move it to its range
-                raise ValueError(f"{name}={value!r}: the slider offers multiples of {step} from {low} to {high}")
         self.d, self.seed = d, seed
-        self.n_slider = w.IntSlider(value=n, min=16, max=256, step=16, description="N")
-        self.block_q_slider = w.IntSlider(value=block_q, min=4, max=64, step=4, description="block_q")
-        self.block_k_slider = w.IntSlider(value=block_k, min=4, max=64, step=4, description="block_k")
+        self.n_slider, self.block_q_slider, self.block_k_slider = (
+            self._slider(name, value, *self.RANGES[name]) for name, value in
+            (("n", n), ("block_q", block_q), ("block_k", block_k)))
         self.causal_checkbox = w.Checkbox(value=causal, description="causal")
         self.step_slider = w.IntSlider(value=0, min=0, max=0, description="step")
         self.readout = w.HTML()
@@ -171,6 +168,12 @@ class TileExplorer(w.VBox):
                          self.step_slider, self.readout])
         super().__init__([w.HBox([column, self.image])])
         self._run()
+
+    @staticmethod
+    def _slider(name: str, value, low: int, high: int, step: int) -> w.IntSlider:
+        if not (isinstance(value, int) and low <= value <= high and value % step == 0):  # a slider would move it
+            raise ValueError(f"{name}={value!r}: the slider offers multiples of {step} from {low} to {high}")
+        return w.IntSlider(value=value, min=low, max=high, step=step, description="N" if name == "n" else name)
 
     def _run(self) -> None:
         """New inputs or sizes: collect the forward's states once; drawing then only replays them."""
